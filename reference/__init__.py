@@ -1,0 +1,38 @@
+"""The reference implementation of protocol v1: the ground truth the spec suite compares against.
+
+Written with einops, in float64-exact form, CPU and CUDA. Every protocol name is re-exported here.
+"""
+
+from .attention import (
+    causal_mask,
+    flash_attention,
+    fused_attention,
+    multihead_self_attention,
+    repeat_kv,
+    scaled_dot_product_attention,
+)
+from .generation import generate
+from .kv_cache import KVCache, cache_kv, kv_cache_bytes, new_cache
+from .losses import cross_entropy, lm_loss
+from .mlp import gelu_mlp, swiglu
+from .model import build_model, canonical_state_dict, count_parameters, forward
+from .norms import layernorm, rmsnorm
+from .positions import rope, sinusoidal_positions
+from .primitives import embedding, linear, silu, softmax
+from .sampling import sample, sampling_probs
+from .training import evaluate, get_batch, train, train_step
+
+ROPE_STYLE = "interleaved"
+FAMILIES = ("llama", "gpt2")
+
+PROTOCOL_NAMES = (
+    "linear", "embedding", "softmax", "silu", "rmsnorm", "layernorm", "swiglu", "gelu_mlp",
+    "rope", "sinusoidal_positions", "causal_mask", "repeat_kv", "scaled_dot_product_attention",
+    "flash_attention", "multihead_self_attention", "cross_entropy", "lm_loss",
+    "sampling_probs", "sample",
+    "build_model", "canonical_state_dict", "forward", "new_cache", "cache_kv", "generate",
+    "count_parameters", "kv_cache_bytes",
+    "get_batch", "train_step", "train", "evaluate",
+)  # fmt: skip
+
+__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "KVCache", "fused_attention"]

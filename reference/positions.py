@@ -1,0 +1,95 @@
+"""Positional information: rotary embeddings (RoPE) and the sinusoidal table.
+
+RoPE rotates pairs of channels of queries and keys by ``position * theta**(-2i/d_head)``.
+Two pairings are in use and are the same model up to a permutation of q/k rows:
+
+- ``"interleaved"``: pair ``i`` is channels ``(2i, 2i+1)`` (RoFormer paper, the default);
+- ``"half"``: pair ``i`` is channels ``(i, i + d_head/2)`` (GPT-NeoX, Hugging Face).
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+
+ROPE_STYLES = ("interleaved", "half")
+
+# einops patterns that view the last axis as [pairs, 2] for each style.
+_PAIR_PATTERN = {
+    "interleaved": "... (pairs two) -> ... pairs two",
+    "half": "... (two pairs) -> ... pairs two",
+}
+_UNPAIR_PATTERN = {
+    "interleaved": "... pairs two -> ... (pairs two)",
+    "half": "... pairs two -> ... (two pairs)",
+}
+
+
+def check_rope_style(style: str) -> str:
+    if style not in ROPE_STYLES:
+        raise ValueError(f"rope style must be one of {ROPE_STYLES}, got {style!r}")
+    return style
+
+
+def rope_frequencies(d_head: int, theta: float = 10000.0) -> torch.Tensor:
+    """Inverse frequencies ``theta ** (-2i / d_head)`` for ``i < d_head/2``, float64 ``[d_head/2]``."""
+    if d_head % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got d_head={d_head}")
+    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head
+    return theta ** (-exponents)
+
+
+def rope_angles(positions: torch.Tensor, d_head: int, theta: float = 10000.0) -> torch.Tensor:
+    """Rotation angles ``positions[..., None] * freqs``: ``[...] -> [..., d_head/2]``, float64."""
+    freqs = rope_frequencies(d_head, theta).to(positions.device)
+    return positions.to(torch.float64)[..., None] * freqs
+
+
+def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "interleaved") -> torch.Tensor:
+    """Rotate channel pairs of ``x [..., T, d_head]`` by angles given as ``cos, sin [..., T, d_head/2]``.
+
+    cos/sin broadcast against x's leading axes. Returns a new tensor shaped like x.
+    """
+    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return rearrange(rotated, _UNPAIR_PATTERN[style])
+
+
+def rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    theta: float = 10000.0,
+    *,
+    style: str = "interleaved",
+) -> torch.Tensor:
+    """Rotary position embedding of queries or keys (never values).
+
+    x: ``[..., T, d_head]`` with even ``d_head``; positions: long ``[T]`` or broadcastable to
+    ``x.shape[:-1]``. Angles are computed in float64 and the rotation in x's dtype (at least float32).
+    """
+    d_head = x.shape[-1]
+    if d_head % 2:
+        raise ValueError(f"rope: d_head must be even, got x.shape={tuple(x.shape)} (d_head={d_head})")
+    if positions.is_floating_point():
+        raise ValueError(f"rope: positions must be integers, got dtype {positions.dtype}")
+    angles = rope_angles(positions.to(x.device), d_head, theta)
+    compute = torch.promote_types(x.dtype, torch.float32)
+    out = apply_rotation(x.to(compute), angles.cos().to(compute), angles.sin().to(compute), style)
+    return out.to(x.dtype)
+
+
+def sinusoidal_positions(n_positions: int, d_model: int, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The fixed sinusoidal table of "Attention Is All You Need", ``[n_positions, d_model]``.
+
+    ``pe[p, 2i] = sin(p / 10000**(2i/d_model))``, ``pe[p, 2i+1] = cos(p / 10000**(2i/d_model))``.
+    An odd ``d_model`` ends with a sine column. Computed in float64, returned in ``dtype``
+    (default: torch's default dtype).
+    """
+    if n_positions < 0 or d_model < 1:
+        raise ValueError(f"sinusoidal_positions: need n_positions >= 0 and d_model >= 1, got {n_positions}, {d_model}")
+    positions = torch.arange(n_positions, dtype=torch.float64)
+    freqs = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = positions[:, None] * freqs  # [P, ceil(d/2)]
+    table = rearrange(torch.stack((angles.sin(), angles.cos()), dim=-1), "p i two -> p (i two)")
+    return table[:, :d_model].to(dtype or torch.get_default_dtype())
