@@ -1,0 +1,115 @@
+"""The per-test ``spec`` object: run a computation on the implementation and on the reference
+(in float64, on the same inputs) and compare, with tolerance, message and diagnosis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from .assertions import assert_close, require
+from . import tolerance_measurement
+from .diagnosis import diagnose
+from .tolerances import tolerance
+
+
+def to_float64(value):
+    """Floating tensors (also inside dicts, lists and tuples) as float64; everything else as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float64) if value.is_floating_point() else value
+    if isinstance(value, Mapping):
+        return {k: to_float64(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_float64(v) for v in value)
+    return value
+
+
+def floating_dtype(value) -> torch.dtype | None:
+    """The dtype of the first floating tensor found in ``value`` (depth first)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype if value.is_floating_point() else None
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, list | tuple) else ()
+    for v in items:
+        found = floating_dtype(v)
+        if found is not None:
+            return found
+    return None
+
+
+def snapshot(value):
+    """Clones of every tensor in ``value``, keyed by its position (for detecting in-place edits)."""
+    found = {}
+
+    def walk(v, path):
+        if isinstance(v, torch.Tensor):
+            found[path] = v.detach().clone()
+        elif isinstance(v, Mapping):
+            for k, item in v.items():
+                walk(item, f"{path}[{k!r}]")
+        elif isinstance(v, list | tuple):
+            for i, item in enumerate(v):
+                walk(item, f"{path}[{i}]")
+
+    walk(value, "args")
+    return found
+
+
+def modified_inputs(before: dict, args) -> list[str]:
+    after = snapshot(args)
+    return [path for path, t in before.items() if not torch.equal(t, after[path])]
+
+
+class Spec:
+    """What a test needs: the implementation, expected values, and the device."""
+
+    def __init__(self, impl, expectations, device: str, nodeid: str):
+        self.impl, self.expectations, self.device, self.nodeid = impl, expectations, device, nodeid
+        self._labels: dict[str, int] = {}
+
+    def _key(self, label: str | None) -> str:
+        label = label or "value"
+        n = self._labels.get(label, 0)
+        self._labels[label] = n + 1
+        return f"{self.nodeid}::{label}#{n}"
+
+    def expected(self, compute: Callable, *args, label: str | None = None):
+        """``compute(reference, *args)`` with floating inputs promoted to float64."""
+        args64 = to_float64(args)
+        return self.expectations.value(self._key(label), lambda ref: compute(ref, *args64))
+
+    def check(
+        self,
+        compute: Callable,
+        *args,
+        behaviour: str,
+        component: str,
+        kind: str = "pointwise",
+        label: str | None = None,
+    ):
+        """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``.
+
+        The tolerance is the table's entry for ``kind`` at the inputs' dtype. Returns the actual value.
+        """
+        expected = self.expected(compute, *args, label=label)
+        before = snapshot(args)
+        actual = compute(self.impl, *args)
+        changed = modified_inputs(before, args)
+        require(
+            not changed,
+            behaviour="Inputs are never modified in place (protocol v1, Conventions)",
+            found=f"the implementation changed input(s) {changed} during the call",
+            component=component,
+        )
+        dtype = floating_dtype(args) or torch.float64
+        tol = tolerance(kind, dtype, self.device)
+        if dtype == torch.float32 and tolerance_measurement.enabled():
+            tolerance_measurement.record(kind, self.nodeid, actual, expected)
+        assert_close(
+            actual,
+            expected,
+            behaviour=behaviour,
+            tol=tol,
+            component=component,
+            diagnosis=lambda: diagnose(component, lambda bug: compute(bug, *args), actual, tol, self.impl.rope_style),
+        )
+        return actual

@@ -1,0 +1,93 @@
+"""Turning an ``--impl`` value into an implementation object.
+
+Accepted forms: ``reference``, ``student``, ``bug:<name>`` (a seeded bug from the catalog),
+a dotted module path ``pkg.mod``, ``pkg.mod:object``, or a path to a ``.py`` file or a package
+folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+ACCEPTED_FORMS = (
+    "reference | student | bug:<name> | pkg.mod | pkg.mod:object | path/to/file.py | path/to/package_dir"
+)
+
+
+class ImplUsageError(ValueError):
+    """The ``--impl`` value has none of the accepted forms."""
+
+
+class ImplImportError(RuntimeError):
+    """The implementation was found but raised while importing."""
+
+
+def _import_failure(where: str, exc: BaseException) -> ImplImportError:
+    frames = traceback.extract_tb(exc.__traceback__)
+    origin = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
+    at = f" (at {origin.filename}:{origin.lineno})" if origin else ""
+    return ImplImportError(f"implementation {where} failed to import: {type(exc).__name__}: {exc}{at}")
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise ImplUsageError(f"--impl={name}: no module named {exc.name!r}. Accepted forms: {ACCEPTED_FORMS}") from None
+        raise _import_failure(name, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - any error in the implementation's own import
+        raise _import_failure(name, exc) from exc
+
+
+def _import_path(path: Path):
+    path = path.resolve()
+    if path.is_dir():
+        init = path / "__init__.py"
+        if not init.exists():
+            raise ImplUsageError(f"--impl={path}: a folder must be a package with an __init__.py")
+        name, location, search = path.name, init, [str(path)]
+    else:
+        name, location, search = f"_spec_impl_{path.stem}", path, None
+    spec = importlib.util.spec_from_file_location(name, location, submodule_search_locations=search)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if search is None:  # let a single file import its neighbours
+        sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001
+        del sys.modules[name]
+        raise _import_failure(str(location), exc) from exc
+    return module
+
+
+def load_implementation(spec: str):
+    """The object behind an ``--impl`` value and a short label for messages."""
+    spec = spec.strip()
+    if not spec:
+        raise ImplUsageError(f"--impl is empty. Accepted forms: {ACCEPTED_FORMS}")
+    if spec.startswith("bug:"):
+        from .bugs import load_bug  # the catalog ships with the suite, not with handouts
+
+        return load_bug(spec[4:]), spec
+    looks_like_path = spec.endswith(".py") or "/" in spec or "\\" in spec or Path(spec).is_dir() and not spec.isidentifier()
+    if looks_like_path:
+        path = Path(spec)
+        if not path.exists():
+            raise ImplUsageError(f"--impl={spec}: no such file or folder. Accepted forms: {ACCEPTED_FORMS}")
+        return _import_path(path), spec
+    module_name, _, attr = spec.partition(":")
+    if not all(part.isidentifier() for part in module_name.split(".")) or (attr and not attr.isidentifier()):
+        raise ImplUsageError(f"--impl={spec} is not understood. Accepted forms: {ACCEPTED_FORMS}")
+    module = _import_module(module_name)
+    if not attr:
+        return module, spec
+    try:
+        return getattr(module, attr), spec
+    except AttributeError:
+        raise ImplUsageError(f"--impl={spec}: module {module_name} has no attribute {attr!r}") from None

@@ -1,0 +1,208 @@
+"""The pytest plugin behind ``pytest spec_tests --impl=NAME`` (registered as a ``pytest11`` entry
+point, and by ``spec_tests/conftest.py`` when the suite is not installed).
+
+It loads the implementation, provides the ``impl``, ``spec`` and ``device`` fixtures, turns
+"not provided" into skips and "not implemented" into one-line failures, applies the
+implementation's expected-failure list, and sets the Hypothesis profiles.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from .impl_loading import ACCEPTED_FORMS, ImplImportError, ImplUsageError, load_implementation
+
+HYPOTHESIS_PROFILES = {
+    # name: (max_examples, derandomize)
+    "dev": (40, False),
+    "ci": (10, True),
+    "grading": (10, True),
+}
+
+
+def _register_hypothesis_profiles() -> None:
+    from hypothesis import HealthCheck, settings
+
+    for name, (examples, derandomize) in HYPOTHESIS_PROFILES.items():
+        settings.register_profile(
+            name,
+            max_examples=examples,
+            derandomize=derandomize,
+            deadline=None,
+            database=None if derandomize else settings.default.database,
+            print_blob=False,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+        )
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("spec", "transformer spec suite")
+    group.addoption(
+        "--impl",
+        default=os.environ.get("SPEC_IMPL", "reference"),
+        help=f"implementation to check: {ACCEPTED_FORMS} (default: $SPEC_IMPL or reference)",
+    )
+    group.addoption("--device", default="cpu", choices=("cpu", "cuda"), help="device to run on (default cpu)")
+    group.addoption(
+        "--xfails-file",
+        default=None,
+        help="TOML file of expected failures, [xfail] 'test id' = 'reason' (default: the implementation's SPEC_XFAILS)",
+    )
+
+
+def pytest_configure(config):
+    for marker in (
+        "component(name): the protocol component a test checks",
+        "bug_class(*names): the classic bug classes a test is designed to catch",
+        "needs_live_reference: the test draws inputs at run time, so recorded expected values cannot serve it",
+    ):
+        config.addinivalue_line("markers", marker)
+    _register_hypothesis_profiles()
+    if config.getoption("hypothesis_profile", None) is None:
+        from hypothesis import settings
+
+        settings.load_profile(os.environ.get("SPEC_HYPOTHESIS_PROFILE", "ci"))
+    if config.getoption("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32
+        torch.backends.cudnn.allow_tf32 = False
+    config._spec_impl = None
+
+
+def _implementation(config):
+    """Load the implementation once per session (errors become a single usage error)."""
+    if config._spec_impl is None:
+        from .implementation import Implementation
+
+        spec = config.getoption("impl")
+        try:
+            obj, label = load_implementation(spec)
+            config._spec_impl = Implementation(obj, label)
+        except (ImplUsageError, ImplImportError, ValueError) as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config._spec_impl
+
+
+def _xfails(config, impl) -> dict[str, str]:
+    source = config.getoption("xfails_file") or getattr(impl.obj, "SPEC_XFAILS", None)
+    if source is None:
+        return {}
+    if isinstance(source, dict):
+        return dict(source)
+    path = Path(source)
+    if not path.is_absolute() and getattr(impl.obj, "__file__", None) and not path.exists():
+        path = Path(impl.obj.__file__).parent / path
+    try:
+        table = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise pytest.UsageError(f"expected-failure file {path}: {exc}") from None
+    return dict(table.get("xfail", {}))
+
+
+def pytest_sessionfinish(session):
+    from . import tolerance_measurement
+
+    tolerance_measurement.dump()
+
+
+def _is_spec_item(item) -> bool:
+    return "impl" in getattr(item, "fixturenames", ()) or "spec" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config, items):
+    spec_items = [item for item in items if _is_spec_item(item)]
+    if not spec_items:
+        return
+    impl = _implementation(config)
+    xfails = _xfails(config, impl)
+    for item in spec_items:
+        test_id = item.nodeid.split("spec_tests/", 1)[-1]
+        reason = xfails.get(test_id) or xfails.get(item.nodeid)
+        if reason:
+            item.add_marker(pytest.mark.xfail(reason=f"expected failure for {impl.label}: {reason}", strict=True))
+
+
+def pytest_report_header(config):
+    impl = config._spec_impl
+    try:
+        impl = impl or _implementation(config)
+    except pytest.UsageError:
+        return None
+    from hypothesis import settings
+
+    return (
+        f"spec suite: impl={impl.label} ROPE_STYLE={impl.rope_style} FAMILIES={','.join(impl.families)} "
+        f"device={config.getoption('device')} hypothesis-profile={settings._current_profile}"
+    )
+
+
+@pytest.fixture(scope="session")
+def impl(request):
+    """The implementation under test (``--impl``)."""
+    return _implementation(request.config)
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    return request.config.getoption("device")
+
+
+@pytest.fixture(scope="session")
+def expectations(impl):
+    from .expectations import LiveExpectations
+    from .reference_view import StyledReference, reference_module
+
+    return LiveExpectations(StyledReference(reference_module(), impl.rope_style))
+
+
+@pytest.fixture
+def spec(request, impl, expectations, device):
+    """Per-test access to the implementation, expected values and comparisons."""
+    from .checking import Spec
+
+    return Spec(impl, expectations, device, request.node.nodeid)
+
+
+@pytest.fixture(params=("llama", "gpt2"))
+def family(request, impl):
+    """Both model families; a family missing from the implementation's FAMILIES is skipped."""
+    impl.require_family(request.param)
+    return request.param
+
+
+def _one_line(exc: BaseException) -> str | None:
+    """The short report for failures the suite explains itself."""
+    from .assertions import SpecFailure
+    from .implementation import NotImplementedInImpl
+
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            line = _one_line(inner)
+            if line:
+                return line
+        return None
+    notes = "".join(f"\n  {n}" for n in getattr(exc, "__notes__", ()) if "Falsifying" in n or "draw" in n)
+    if isinstance(exc, NotImplementedInImpl):
+        return f"not implemented: {exc}"
+    if isinstance(exc, NotImplementedError):
+        return f"not implemented: {exc or 'NotImplementedError'}"
+    if isinstance(exc, SpecFailure):
+        return str(exc) + notes
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None and _is_spec_item(item):
+        line = _one_line(call.excinfo.value)
+        if line:
+            report.longrepr = line
