@@ -66,8 +66,12 @@ def pytest_configure(config):
         from hypothesis import settings
 
         settings.load_profile(os.environ.get("SPEC_HYPOTHESIS_PROFILE", "ci"))
+    import torch
+
+    # The suite's tensors are tiny: one thread is fastest, and on a shared 2-core machine a
+    # spinning thread pool makes a 50 us matmul take milliseconds. SPEC_TORCH_THREADS overrides.
+    torch.set_num_threads(int(os.environ.get("SPEC_TORCH_THREADS", "1")))
     if config.getoption("device") == "cuda":
-        import torch
 
         if not torch.cuda.is_available():
             raise pytest.UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
