@@ -100,9 +100,14 @@ def mismatch(actual, expected, tol: Tolerance, path: str = "") -> str | None:
             a = float(actual)
         except (TypeError, ValueError):
             return f"{prefix}expected a number, got {type(actual).__name__}"
-        if abs(a - expected) <= tol.atol + tol.rtol * abs(expected):
+        allowed = tol.atol + tol.rtol * abs(expected)
+        if abs(a - expected) <= allowed:
             return None
-        return f"{prefix}expected {_fmt_value(expected)}, got {_fmt_value(a)} (error {abs(a - expected):.3g}; {tol.describe()})"
+        ratio = abs(a - expected) / allowed if allowed else float("inf")
+        return (
+            f"{prefix}expected {_fmt_value(expected)}, got {_fmt_value(a)} "
+            f"(error {abs(a - expected):.3g}, {ratio:.3g}x the tolerance; {tol.describe()})"
+        )
     return None if actual == expected else f"{prefix}expected {expected!r}, got {actual!r}"
 
 
@@ -143,3 +148,17 @@ def require(condition: bool, *, behaviour: str, found: str, component: str = "")
     """Fail with a teaching message unless ``condition`` holds."""
     if not condition:
         raise SpecFailure(failure_message(behaviour, found, component=component))
+
+
+def require_value_error(call, *, behaviour: str, component: str = "", must_mention: tuple[str, ...] = ()) -> None:
+    """Fail unless ``call()`` raises ``ValueError`` whose message mentions every ``must_mention``."""
+    try:
+        call()
+    except ValueError as exc:
+        missing = [s for s in must_mention if s not in str(exc)]
+        require(not missing, component=component, behaviour=behaviour + ", naming the values",
+                found=f"ValueError({str(exc)!r}) does not mention {missing}")  # fmt: skip
+        return
+    except Exception as exc:  # noqa: BLE001 - any other error type is the failure being reported
+        require(False, component=component, behaviour=behaviour, found=f"raised {type(exc).__name__}: {exc}")
+    require(False, component=component, behaviour=behaviour, found="no error was raised")

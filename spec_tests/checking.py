@@ -36,27 +36,26 @@ def floating_dtype(value) -> torch.dtype | None:
     return None
 
 
-def snapshot(value):
-    """Clones of every tensor in ``value``, keyed by its position (for detecting in-place edits)."""
-    found = {}
-
-    def walk(v, path):
-        if isinstance(v, torch.Tensor):
-            found[path] = v.detach().clone()
-        elif isinstance(v, Mapping):
-            for k, item in v.items():
-                walk(item, f"{path}[{k!r}]")
-        elif isinstance(v, list | tuple):
-            for i, item in enumerate(v):
-                walk(item, f"{path}[{i}]")
-
-    walk(value, "args")
-    return found
+def clone_tensors(value):
+    """A copy of ``value`` with every tensor (also inside dicts, lists, tuples) cloned."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: clone_tensors(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(clone_tensors(v) for v in value)
+    return value
 
 
-def modified_inputs(before: dict, args) -> list[str]:
-    after = snapshot(args)
-    return [path for path, t in before.items() if not torch.equal(t, after[path])]
+def modified_inputs(pristine, args, path: str = "args") -> list[str]:
+    """Where ``args`` no longer equals its earlier copy ``pristine``."""
+    if isinstance(pristine, torch.Tensor):
+        return [] if torch.equal(pristine, args) else [path]
+    if isinstance(pristine, Mapping):
+        return [p for k in pristine for p in modified_inputs(pristine[k], args[k], f"{path}[{k!r}]")]
+    if isinstance(pristine, list | tuple):
+        return [p for i, (a, b) in enumerate(zip(pristine, args)) for p in modified_inputs(a, b, f"{path}[{i}]")]
+    return []
 
 
 class Spec:
@@ -90,16 +89,16 @@ class Spec:
 
         The tolerance is the table's entry for ``kind`` at the inputs' dtype. Returns the actual value.
         """
-        expected = self.expected(compute, *args, label=label)
-        before = snapshot(args)
+        pristine = clone_tensors(args)
         actual = compute(self.impl, *args)
-        changed = modified_inputs(before, args)
+        changed = modified_inputs(pristine, args)
         require(
             not changed,
             behaviour="Inputs are never modified in place (protocol v1, Conventions)",
             found=f"the implementation changed input(s) {changed} during the call",
             component=component,
         )
+        expected = self.expected(compute, *pristine, label=label)
         dtype = floating_dtype(args) or torch.float64
         tol = tolerance(kind, dtype, self.device)
         if dtype == torch.float32 and tolerance_measurement.enabled():

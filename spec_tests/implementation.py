@@ -13,8 +13,13 @@ import pytest
 from .protocol import ALL_FAMILIES, DEFAULT_ROPE_STYLE, PROTOCOL_NAMES, ROPE_STYLES
 
 
-class NotImplementedInImpl(NotImplementedError):
-    """Raised when a protocol function reports ``NotImplementedError``; carries its name."""
+class NotImplementedInImpl(BaseException):
+    """Raised when a protocol function reports ``NotImplementedError``; carries its name.
+
+    A ``BaseException`` on purpose: Hypothesis then stops at the first example instead of
+    shrinking a failure that every input reproduces, and no ``except Exception`` in a test or in
+    the implementation can swallow it.
+    """
 
     def __init__(self, name: str, inner: str):
         self.name, self.inner = name, inner

@@ -7,10 +7,9 @@ import torch
 from hypothesis import given
 
 from . import inputs, models
-from .assertions import assert_close, require
+from .assertions import assert_close, require, require_value_error
 from .models import CONFIGS
 from .strategies import chunkings
-from .test_model import expect_value_error
 from .tolerances import EXACT
 
 pytestmark = pytest.mark.component("kv_cache")
@@ -92,5 +91,5 @@ def test_cache_overflow_raises(spec, config):
     ids = inputs.token_ids(1, ctx + 1, vocab=config["vocab_size"], seed=28, device=spec.device)
     cache = spec.impl.new_cache(model, 1)
     spec.impl.forward(model, ids[:, : ctx - 2], cache)
-    expect_value_error(spec, lambda: spec.impl.forward(model, ids[:, ctx - 2 :], cache),
+    require_value_error(lambda: spec.impl.forward(model, ids[:, ctx - 2 :], cache),
                        behaviour=f"{ctx - 2} cached + 3 new tokens with context_length={ctx} raise ValueError")  # fmt: skip

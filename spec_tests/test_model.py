@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import inputs, models
-from .assertions import assert_close, require
+from .assertions import assert_close, require, require_value_error
 from .models import CONFIGS
 from .strategies import seeds
 from .tolerances import BIT_IDENTICAL, EXACT, tolerance
@@ -176,34 +176,19 @@ def test_kv_cache_bytes(spec, dtype):
                 found=f"got {got}, expected {want}")  # fmt: skip
 
 
-def expect_value_error(spec, call, *, behaviour: str, names_in_message: tuple[str, ...] = ()):
-    try:
-        call()
-    except ValueError as exc:
-        missing = [n for n in names_in_message if n not in str(exc)]
-        require(not missing, component="model", behaviour=behaviour + ", naming the values",
-                found=f"ValueError({str(exc)!r}) does not mention {missing}")  # fmt: skip
-        return
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        require(False, component="model", behaviour=behaviour, found=f"raised {type(exc).__name__}: {exc}")
-    require(False, component="model", behaviour=behaviour, found="no error was raised")
-
-
 @pytest.mark.bug_class("validation")
 def test_config_errors_name_the_values(spec, family):
     """d_model % n_heads != 0, n_heads % n_kv_heads != 0 and an odd RoPE head dim raise ValueError naming the values (symptoms table: ValueError on d_model and n_heads)."""
     base = models.LLAMA_GQA if family == "llama" else models.GPT2
     bad_heads = dict(base, d_model=base["d_model"] + 3)
-    expect_value_error(spec, lambda: spec.impl.build_model(bad_heads), names_in_message=(str(bad_heads["d_model"]), str(base["n_heads"])),
+    require_value_error(lambda: spec.impl.build_model(bad_heads), must_mention=(str(bad_heads["d_model"]), str(base["n_heads"])),
                        behaviour=f"d_model={bad_heads['d_model']} with n_heads={base['n_heads']} raises ValueError")  # fmt: skip
     bad_kv = dict(base, n_kv_heads=base["n_heads"] - 1)
-    expect_value_error(spec, lambda: spec.impl.build_model(bad_kv), names_in_message=(str(base["n_heads"]), str(bad_kv["n_kv_heads"])),
+    require_value_error(lambda: spec.impl.build_model(bad_kv), must_mention=(str(base["n_heads"]), str(bad_kv["n_kv_heads"])),
                        behaviour=f"n_heads={base['n_heads']} with n_kv_heads={bad_kv['n_kv_heads']} raises ValueError")  # fmt: skip
     if family == "llama":
         odd = dict(base, d_model=3 * 8, n_heads=8, n_kv_heads=2)  # d_head = 3
-        expect_value_error(spec, lambda: spec.impl.build_model(odd), names_in_message=("3",),
+        require_value_error(lambda: spec.impl.build_model(odd), must_mention=("3",),
                            behaviour="an odd RoPE head dimension (d_head=3) raises ValueError")  # fmt: skip
 
 
@@ -212,7 +197,7 @@ def test_forward_past_context_raises(spec, config):
     """More than context_length tokens in one forward raise ValueError (symptoms table: seq_len exceeds max_context_length)."""
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=10, device=spec.device))
     ids = ids_for(config, b=1, t=config["context_length"] + 1, device=spec.device)
-    expect_value_error(spec, lambda: spec.impl.forward(model, ids),
+    require_value_error(lambda: spec.impl.forward(model, ids),
                        behaviour=f"{config['context_length'] + 1} tokens with context_length={config['context_length']} raise ValueError")  # fmt: skip
     full = ids[:, : config["context_length"]]
     out = spec.impl.forward(model, full)

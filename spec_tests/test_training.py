@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from . import inputs, models
-from .assertions import assert_close, require
+from .assertions import assert_close, require, require_value_error
 from .tolerances import EXACT
 
 pytestmark = pytest.mark.component("training")
@@ -52,15 +52,8 @@ def test_get_batch_reaches_every_start(spec):
 @pytest.mark.bug_class("validation")
 def test_get_batch_rejects_too_little_data(spec):
     """get_batch with fewer than context_length + 1 tokens raises ValueError (protocol: get_batch)."""
-    try:
-        spec.impl.get_batch(torch.arange(8), 2, 8)
-    except ValueError:
-        return
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        require(False, component="training", behaviour="too little data raises ValueError", found=f"{type(exc).__name__}: {exc}")
-    require(False, component="training", behaviour="8 tokens for context_length 8 raise ValueError", found="no error")
+    require_value_error(lambda: spec.impl.get_batch(torch.arange(8), 2, 8), component="training",
+                        behaviour="get_batch of 8 tokens for context_length 8 raises ValueError")  # fmt: skip
 
 
 def one_step(m, sd, x, y, optimizer_name, max_grad_norm):
