@@ -50,7 +50,8 @@ def tensor_mismatch(actual, expected: torch.Tensor, tol: Tolerance) -> str | Non
             f"got {_fmt_value(a[where].item())} ({int((~finite_a).sum())} non-finite in actual)"
         )
     both = finite_a & finite_e
-    if not torch.equal(a[~both], e[~both]):  # same pattern of inf/nan, but different infinities
+    a_nf, e_nf = a[~both], e[~both]
+    if not ((a_nf == e_nf) | (a_nf.isnan() & e_nf.isnan())).all():  # same inf/nan pattern, different kinds (NaN matches NaN)
         return "non-finite values differ in sign or kind"
     err = torch.where(both, (a - e).abs(), torch.zeros_like(a))
     allowed = tol.atol + tol.rtol * e.abs()
@@ -136,12 +137,6 @@ def assert_close(actual, expected, *, behaviour: str, tol: Tolerance, component:
     if found:
         diag = diagnosis() if diagnosis else None
         raise SpecFailure(failure_message(behaviour, found, component=component, note=shape_note(actual, expected), diagnosis=diag))
-
-
-def assert_identical(actual: torch.Tensor, expected: torch.Tensor, *, behaviour: str, component: str = "") -> None:
-    """Bit-for-bit equality (used for causality and batch independence of the same computation)."""
-    exact = Tolerance(0.0, 0.0, "bit-identical")
-    assert_close(actual, expected, behaviour=behaviour, tol=exact, component=component)
 
 
 def require(condition: bool, *, behaviour: str, found: str, component: str = "") -> None:

@@ -118,7 +118,7 @@ def test_sinusoidal_table(spec, d_model):
     expected = spec.expected(lambda m, n, d: m.sinusoidal_positions(n, d, dtype=torch.float64), n, d_model)
     # The protocol leaves the table's dtype open: float32 tables are held to float32 rounding of
     # values in [-1, 1] at arguments up to 36 rad (2**-24 * 36 ~ 2e-6; x8 = 2e-5).
-    tol = EXACT if table.dtype == torch.float64 else type(EXACT)(2e-5, 0.0, "float32 sin/cos of arguments up to 36 rad")
+    tol = EXACT if table.dtype == torch.float64 else type(EXACT)(2e-5, 0.0, "float32 sin/cos of arguments up to 36 rad", "float32 table")
     assert_close(table, expected, tol=tol, component="sinusoidal_positions",
                  behaviour=f"sinusoidal_positions({n}, {d_model})")  # fmt: skip
     require(math.isclose(float(table[0, 1]), 1.0), behaviour="pe[0, 1] = cos(0) = 1", component="sinusoidal_positions",

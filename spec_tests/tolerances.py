@@ -22,15 +22,18 @@ class Tolerance:
     atol: float
     rtol: float
     why: str
+    label: str = ""
 
     def describe(self) -> str:
-        return f"atol {self.atol:.0e} + rtol {self.rtol:.0e}·|expected| ({self.why})"
+        label = f" ({self.label})" if self.label else ""
+        return f"atol {self.atol:.0e} + rtol {self.rtol:.0e}·|expected|{label}"
 
 
 EXACT = Tolerance(
     1e-10, 1e-10,
     "float64: correct implementations differ by rounding only; the reference's three attention "
     "paths give logits within 1.5e-14 of each other on the suite's models",
+    "float64, exact to rounding",
 )  # fmt: skip
 
 # kind -> tolerance for float32 on CPU; atol = rtol = safety factor x the measured metric
@@ -52,7 +55,7 @@ FLOAT32 = {
 CUDA_FACTOR = 4.0
 
 KINDS = (*FLOAT32, "training")
-BIT_IDENTICAL = Tolerance(0.0, 0.0, "bit-identical: the same computation on the same values")
+BIT_IDENTICAL = Tolerance(0.0, 0.0, "the same computation on the same values", "bit-identical")
 
 
 def tolerance(kind: str, dtype: torch.dtype, device: str = "cpu") -> Tolerance:
@@ -67,5 +70,6 @@ def tolerance(kind: str, dtype: torch.dtype, device: str = "cpu") -> Tolerance:
         raise ValueError(f"{kind!r} comparisons are float64 only (see tolerances.py)")
     tol = FLOAT32[kind]
     if device == "cuda":
-        return Tolerance(tol.atol * CUDA_FACTOR, tol.rtol * CUDA_FACTOR, tol.why + f"; CUDA x{CUDA_FACTOR:g}")
-    return tol
+        return Tolerance(tol.atol * CUDA_FACTOR, tol.rtol * CUDA_FACTOR, tol.why + f"; CUDA x{CUDA_FACTOR:g}",
+                         f"float32 {kind}, CUDA")  # fmt: skip
+    return Tolerance(tol.atol, tol.rtol, tol.why, f"float32 {kind}")
