@@ -1,0 +1,260 @@
+"""The rubric: how many points each test is worth, who sees it, and how it is tagged.
+
+Read from a TOML file (default ``rubric.toml`` at the repository root; see its comments)::
+
+    total = 100                         # the full rubric is worth this many points
+
+    [components]                        # relative weights of the components (test modules'
+    attention = 16                      # ``component(...)`` markers); normalised over the
+    ...                                 # components present, so they always sum to ``total``
+
+    [defaults]
+    component_weight = 5                # a component not listed above
+    test_weight = 1                     # a test function inside its component; its
+                                        # parametrised cases share it equally
+    visibility = "visible"
+
+    [gradescope]
+    hidden_message = "..."              # shown instead of the output of concealed tests
+    conceal = ["hidden", "after_due_date", "after_published"]
+
+    [limits]
+    test_timeout_s = 60                 # per test
+    run_timeout_s = 1200                # the whole submission
+    memory_mb = 4096                    # address space of the process running graded code
+
+    [[tests]]                           # overrides, applied in order, later wins
+    match = "test_generation.py::*"     # fnmatch on "file::function[params]"; or any of
+    component = "generation"            #   component = "...", bug_class = "...", live = true
+    weight = 2                          # sets the test function's weight
+    visibility = "after_due_date"
+
+Tests can also carry ``@pytest.mark.points(w)`` (weight) and ``@pytest.mark.visibility(v)``; the
+rubric file's ``[[tests]]`` entries take precedence over markers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
+DEFAULT_HIDDEN_MESSAGE = "This test is hidden: it counts towards your score, but its details are not shown."
+
+
+class RubricError(ValueError):
+    """The rubric file is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Override:
+    match: str | None = None
+    component: str | None = None
+    bug_class: str | None = None
+    live: bool | None = None
+    weight: float | None = None
+    visibility: str | None = None
+
+    def applies(self, test: dict) -> bool:
+        test_id = test["id"]
+        if self.match is not None and not (
+            fnmatch.fnmatchcase(test_id, self.match) or fnmatch.fnmatchcase(f"{test['file']}::{test['function']}", self.match)
+        ):
+            return False
+        if self.component is not None and test["component"] != self.component:
+            return False
+        if self.bug_class is not None and self.bug_class not in test["bug_classes"]:
+            return False
+        if self.live is not None and bool(test["live"]) != self.live:
+            return False
+        return True
+
+
+@dataclass
+class Rubric:
+    total: float = 100.0
+    components: dict[str, float] = field(default_factory=dict)
+    component_weight: float = 5.0
+    test_weight: float = 1.0
+    visibility: str = "visible"
+    hidden_message: str = DEFAULT_HIDDEN_MESSAGE
+    conceal: tuple[str, ...] = ("hidden", "after_due_date", "after_published")
+    test_timeout_s: float = 60.0
+    run_timeout_s: float = 1200.0
+    memory_mb: int = 4096
+    overrides: list[Override] = field(default_factory=list)
+    source: str = "(defaults)"
+
+
+def _number(value, where: str, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RubricError(f"{where} must be a number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise RubricError(f"{where} must be {'positive' if positive else 'non-negative'}, got {value!r}")
+    return float(value)
+
+
+def _visibility(value, where: str) -> str:
+    if value not in VISIBILITIES:
+        raise RubricError(f"{where} must be one of {', '.join(VISIBILITIES)}, got {value!r}")
+    return value
+
+
+def load_rubric(path) -> Rubric:
+    """Parse and validate a rubric file (``RubricError`` naming the problem)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RubricError(f"rubric {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RubricError(f"rubric {path}: {exc}") from None
+    where = str(path)
+    known = {"total", "components", "defaults", "gradescope", "limits", "tests"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RubricError(f"rubric {where}: unknown keys {unknown}; known: {sorted(known)}")
+    r = Rubric(source=where)
+    r.total = _number(data.get("total", 100), f"{where}: total", positive=True)
+    comps = data.get("components", {})
+    if not isinstance(comps, dict):
+        raise RubricError(f"{where}: [components] must be a table of name = weight")
+    r.components = {str(k): _number(v, f"{where}: components.{k}") for k, v in comps.items()}
+    defaults = data.get("defaults", {})
+    r.component_weight = _number(defaults.get("component_weight", r.component_weight), f"{where}: defaults.component_weight")
+    r.test_weight = _number(defaults.get("test_weight", r.test_weight), f"{where}: defaults.test_weight")
+    r.visibility = _visibility(defaults.get("visibility", r.visibility), f"{where}: defaults.visibility")
+    gs = data.get("gradescope", {})
+    r.hidden_message = str(gs.get("hidden_message", r.hidden_message))
+    conceal = gs.get("conceal", list(r.conceal))
+    if not isinstance(conceal, list):
+        raise RubricError(f"{where}: gradescope.conceal must be a list of visibilities")
+    r.conceal = tuple(_visibility(v, f"{where}: gradescope.conceal") for v in conceal)
+    limits = data.get("limits", {})
+    r.test_timeout_s = _number(limits.get("test_timeout_s", r.test_timeout_s), f"{where}: limits.test_timeout_s", positive=True)
+    r.run_timeout_s = _number(limits.get("run_timeout_s", r.run_timeout_s), f"{where}: limits.run_timeout_s", positive=True)
+    r.memory_mb = int(_number(limits.get("memory_mb", r.memory_mb), f"{where}: limits.memory_mb"))
+    tests = data.get("tests", [])
+    if not isinstance(tests, list):
+        raise RubricError(f"{where}: tests must be an array of tables ([[tests]])")
+    for i, entry in enumerate(tests):
+        w = f"{where}: tests[{i}]"
+        allowed = {"match", "component", "bug_class", "live", "weight", "visibility"}
+        bad = sorted(set(entry) - allowed)
+        if bad:
+            raise RubricError(f"{w}: unknown keys {bad}; allowed: {sorted(allowed)}")
+        if not {"match", "component", "bug_class", "live"} & set(entry):
+            raise RubricError(f"{w}: needs a selector (match, component, bug_class or live)")
+        if not {"weight", "visibility"} & set(entry):
+            raise RubricError(f"{w}: sets nothing (weight or visibility)")
+        r.overrides.append(
+            Override(
+                match=entry.get("match"),
+                component=entry.get("component"),
+                bug_class=entry.get("bug_class"),
+                live=entry.get("live"),
+                weight=_number(entry["weight"], f"{w}: weight") if "weight" in entry else None,
+                visibility=_visibility(entry["visibility"], f"{w}: visibility") if "visibility" in entry else None,
+            )
+        )
+    return r
+
+
+@dataclass
+class GradedTest:
+    """One test as graded: identity, how it is shown, and what it is worth."""
+
+    id: str
+    component: str
+    function: str
+    params: str
+    name: str
+    doc: str
+    tags: list[str]
+    visibility: str
+    max_score: float
+    number: str
+    live: bool
+
+
+def display_name(test: dict) -> str:
+    first = (test.get("doc") or "").strip().splitlines()
+    name = first[0] if first else test["function"].replace("_", " ")
+    return f"{name} [{test['params']}]" if test.get("params") else name
+
+
+def assign(tests: list[dict], rubric: Rubric) -> list[GradedTest]:
+    """Points, visibility, tags and numbers for ``tests`` (manifest entries), in manifest order."""
+    order: list[str] = []
+    for t in tests:
+        if t["component"] not in order:
+            order.append(t["component"])
+    cw = {c: rubric.components.get(c, rubric.component_weight) for c in order}
+    cw_total = sum(cw.values())
+    # weights belong to test functions (shared by their cases), visibility to cases;
+    # default < marker < rubric overrides (in file order, later wins)
+    functions: dict[tuple[str, str], list[dict]] = {}
+    for t in tests:
+        functions.setdefault((t["file"], t["function"]), []).append(t)
+    fn_weight: dict[tuple[str, str], float] = {}
+    for key, fn_cases in functions.items():
+        marked = [c["points"] for c in fn_cases if c.get("points") is not None]
+        weight = marked[0] if marked else rubric.test_weight
+        for o in rubric.overrides:
+            if o.weight is not None and any(o.applies(c) for c in fn_cases):
+                weight = o.weight
+        fn_weight[key] = weight
+    visibility: dict[str, str] = {}
+    for t in tests:
+        vis = t.get("visibility") or rubric.visibility
+        for o in rubric.overrides:
+            if o.visibility is not None and o.applies(t):
+                vis = o.visibility
+        visibility[t["id"]] = vis
+    cases: dict[tuple[str, str], int] = {}
+    for t in tests:
+        cases[(t["file"], t["function"])] = cases.get((t["file"], t["function"]), 0) + 1
+    case_weight = {t["id"]: fn_weight[(t["file"], t["function"])] / cases[(t["file"], t["function"])] for t in tests}
+    comp_sum = {c: sum(case_weight[t["id"]] for t in tests if t["component"] == c) for c in order}
+    # exact shares, then rounded to cents so that tests sum to their component and components to the total
+    comp_cents = apportion([rubric.total * cw[c] / cw_total if cw_total else 0.0 for c in order], round(rubric.total * 100))
+    cents: dict[str, int] = {}
+    for c, total_cents in zip(order, comp_cents):
+        members = [t for t in tests if t["component"] == c]
+        shares = [case_weight[t["id"]] / comp_sum[c] * total_cents if comp_sum[c] else 0.0 for t in members]
+        cents.update({t["id"]: v for t, v in zip(members, apportion(shares, total_cents if comp_sum[c] else 0))})
+    graded, counters = [], {}
+    for t in tests:
+        c = t["component"]
+        points = cents[t["id"]] / 100
+        counters[c] = counters.get(c, 0) + 1
+        graded.append(
+            GradedTest(
+                id=t["id"], component=c, function=t["function"], params=t.get("params", ""),
+                name=display_name(t), doc=t.get("doc", ""), tags=[c, *t["bug_classes"]],
+                visibility=visibility[t["id"]], max_score=points,
+                number=f"{order.index(c) + 1}.{counters[c]}", live=bool(t["live"]),
+            )
+        )  # fmt: skip
+    return graded
+
+
+def apportion(shares: list[float], total: int) -> list[int]:
+    """Integers summing to ``total``, proportional to ``shares`` (largest remainder; ties by position)."""
+    whole = sum(shares)
+    if not shares or whole <= 0:
+        return [0] * len(shares)
+    exact = [s * total / whole for s in shares]
+    base = [int(x) for x in exact]
+    left = total - sum(base)
+    by_remainder = sorted(range(len(shares)), key=lambda i: (-(exact[i] - base[i]), i))
+    for i in by_remainder[:left]:
+        base[i] += 1
+    return base
+
+
+def unknown_components(tests: list[dict], rubric: Rubric) -> list[str]:
+    present = {t["component"] for t in tests}
+    return sorted(set(rubric.components) - present)

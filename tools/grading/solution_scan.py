@@ -1,0 +1,74 @@
+"""Finding the reference's code elsewhere: function bodies compared as syntax trees.
+
+Used by the handout checks (no reference function may appear in a handout) and by grading (a
+submission that contains the reference's functions is flagged for staff). A body counts when it is
+more than a docstring, ``pass``, ``...`` or ``raise NotImplementedError``; renaming the function
+does not hide it, renaming its variables does.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+from .recording import ROOT
+
+
+def _trivial(body: list[ast.stmt]) -> bool:
+    if len(body) > 1:
+        return False
+    if not body:
+        return True
+    stmt = body[0]
+    if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+        return True
+    if isinstance(stmt, ast.Raise):
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return False
+
+
+def _bodies(source: str, filename: str):
+    """``(qualified name, digest)`` of every non-trivial function body in ``source``."""
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError:
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                body = body[1:]
+            if _trivial(body):
+                continue
+            dump = "\n".join(ast.dump(stmt, annotate_fields=False, include_attributes=False) for stmt in body)
+            if len(dump) < 120:  # one-liners such as ``return x`` are too common to mean anything
+                continue
+            yield node.name, hashlib.sha256(dump.encode()).hexdigest()
+
+
+def reference_bodies(reference_dir: Path | None = None) -> dict[str, str]:
+    """digest -> ``reference/<file>:<function>`` for every non-trivial reference function."""
+    reference_dir = Path(reference_dir or ROOT / "reference")
+    out = {}
+    for path in sorted(reference_dir.glob("*.py")):
+        for name, digest in _bodies(path.read_text(encoding="utf-8"), str(path)):
+            out.setdefault(digest, f"reference/{path.name}:{name}")
+    return out
+
+
+def find_reference_code(paths, bodies: dict[str, str] | None = None) -> list[str]:
+    """``"<file>:<function> is reference/<file>:<function>"`` for each copied function in ``paths``."""
+    bodies = reference_bodies() if bodies is None else bodies
+    found = []
+    for path in paths:
+        path = Path(path)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for name, digest in _bodies(source, str(path)):
+            if digest in bodies:
+                found.append(f"{path}:{name} is {bodies[digest]}")
+    return found
