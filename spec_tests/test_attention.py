@@ -49,7 +49,7 @@ def test_repeat_kv_interleaves(spec, n_rep):
 @pytest.mark.bug_class("attention_scale", "softmax_dim", "mask_broadcast")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_sdpa_matches_reference(spec, dtype):
-    """Attention is softmax over keys of q k^T / sqrt(d_head), masked, times v (course notes: attention equation)."""
+    """Attention is softmax over keys of q k^T / sqrt(d_head), masked, times v (course notes: attention equation; why divide by sqrt(d_k); symptoms table: learning stalls, scores not scaled)."""
     q, k, v = qkv(S.B, S.H, S.H, S.T, S.T, S.D_HEAD, seed=52, dtype=dtype, device=spec.device)
     mask = torch.ones(S.T, S.T, dtype=torch.bool).tril().to(spec.device)
     spec.check(lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v), q, k, v, kind="attention",
@@ -62,7 +62,7 @@ def test_sdpa_matches_reference(spec, dtype):
 
 @pytest.mark.bug_class("mask_broadcast")
 def test_sdpa_mask_broadcast(spec):
-    """A mask broadcast over batch and heads masks keys of each query row; a [B, 1, Tq, Tk] padding mask differs per sequence (protocol: scaled_dot_product_attention)."""
+    """A mask broadcast over batch and heads masks keys of each query row; a [B, 1, Tq, Tk] padding mask differs per sequence (course notes: mask broadcast shape wrong; protocol: scaled_dot_product_attention)."""
     t_q, t_k = 5, S.T
     q, k, v = qkv(S.B, S.H, S.H, t_q, t_k, S.D_HEAD, seed=53, device=spec.device)
     lengths = torch.tensor([t_k, t_k - 3, t_k - 6])  # each sequence hides a different tail of keys
@@ -93,7 +93,7 @@ def test_sdpa_gqa_mapping(spec, dtype):
 @pytest.mark.parametrize("block_size", [1, 4, 5, 64])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_flash_attention_matches_reference(spec, block_size, causal):
-    """flash_attention equals exact attention for any block size, T not a multiple of it, GQA, T_q != T_k (course notes: flash is exact)."""
+    """flash_attention equals exact attention for any block size, T not a multiple of it, GQA, T_q != T_k (course notes: is Flash Attention approximate? no)."""
     q, k, v = qkv(S.B, S.H, S.H_KV, 7, S.T + 4, S.D_HEAD, seed=56, device=spec.device)
     spec.check(lambda m, q, k, v: m.flash_attention(q, k, v, causal=causal, block_size=block_size), q, k, v,
                kind="attention", component="flash_attention",
@@ -159,7 +159,7 @@ def test_multihead_attention_with_rope(spec, h_kv):
 @pytest.mark.bug_class("causality")
 @given(seed=seeds, cut=st.integers(1, S.T - 1))
 def test_multihead_attention_is_causal(spec, seed, cut):
-    """Changing tokens after position t leaves attention outputs up to t bit-identical (course notes: causal masking)."""
+    """Changing tokens after position t leaves attention outputs up to t bit-identical (course notes: causal masking; why -inf in the mask: future positions get zero weight)."""
     x = inputs.randn(2, S.T, S.d_model, seed=seed, device=spec.device)
     weights = mha_weights(S.H, S.H_KV, seed=seed + 7, device=spec.device)
     changed = x.clone()

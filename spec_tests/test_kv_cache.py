@@ -60,7 +60,7 @@ def test_cache_equals_no_cache_for_any_chunking(spec, config, chunks):
 
 @pytest.mark.bug_class("kv_cache", "rope_on_values")
 def test_cache_layout_rotated_keys_plain_values(spec, config):
-    """cache_kv(cache, layer) is [B, n_kv_heads, T_cached, d_head]: keys after RoPE, values as projected, appended in time order (protocol: KV cache)."""
+    """cache_kv(cache, layer) is [B, n_kv_heads, T_cached, d_head]: keys after RoPE, values as projected, appended in time order (course notes: KV cache concatenated along the wrong axis; protocol: KV cache)."""
     sd = models.random_state_dict(config, seed=25, device=spec.device)
     ids = inputs.token_ids(2, 9, vocab=config["vocab_size"], seed=26, device=spec.device)
 

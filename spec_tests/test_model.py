@@ -45,7 +45,7 @@ def test_canonical_state_dict_roundtrip(spec, config):
 @pytest.mark.bug_class("layout", "attention_scale", "prenorm", "rope", "gqa", "mlp")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_logits_match_reference(spec, config, dtype):
-    """Logits of a pre-norm decoder with the given canonical weights equal the reference's (course notes: decoder-only forward pass)."""
+    """Logits of a pre-norm decoder with the given canonical weights equal the reference's (course notes: decoder-only forward pass, add positions x = tok + pos; symptoms table: deep stack diverges, use pre-LN)."""
     sd = models.random_state_dict(config, seed=2, dtype=dtype, device=spec.device)
     ids = ids_for(config, seed=3, device=spec.device)
     spec.check(lambda m, sd, ids: models.logits(m, config, sd, ids), sd, ids, kind="model", component="model",
@@ -168,7 +168,7 @@ def test_count_parameters_gpt2_small_on_meta(spec):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
 def test_kv_cache_bytes(spec, dtype):
-    """kv_cache_bytes = 2 * n_layers * n_kv_heads * d_head * seq_len * batch * element size (course notes: KV bytes per token per layer)."""
+    """kv_cache_bytes = 2 * n_layers * n_kv_heads * d_head * seq_len * batch * element size (course notes: KV bytes per token per layer; why GQA: it cuts KV cache memory by N/G)."""
     for name, cfg in CONFIGS.items():
         got = spec.impl.kv_cache_bytes(cfg, 3, 17, dtype)
         want = spec.expected(lambda m, c: m.kv_cache_bytes(c, 3, 17, dtype), cfg, label=name)

@@ -27,7 +27,7 @@ def rope_pairs(x: torch.Tensor, style: str) -> tuple[torch.Tensor, torch.Tensor]
 @pytest.mark.bug_class("rope")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_rope_exact(spec, dtype):
-    """rope rotates channel pairs of the declared ROPE_STYLE by position * theta**(-2i/d_head), positions from 5 (course notes: RoPE)."""
+    """rope rotates channel pairs of the declared ROPE_STYLE by position * theta**(-2i/d_head), positions from 5, honouring theta (course notes: RoPE, base 10000; symptoms table: raise the RoPE base for longer context)."""
     x = inputs.per_head(S.B, S.H, S.T, S.D_HEAD, seed=41, dtype=dtype, device=spec.device)
     pos = inputs.positions(S.T, device=spec.device)
     spec.check(lambda m, x, p: m.rope(x, p), x, pos, behaviour="rope(x [B, H, T, d_head], positions [T])",
