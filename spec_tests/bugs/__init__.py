@@ -1,0 +1,70 @@
+"""The bug catalog: the reference with exactly one plausible mistake each.
+
+``--impl=bug:<name>`` runs the suite against one of them (``load_bug``); a failing comparison
+tries the bugs of its component on the same inputs (``candidates_for``, used by
+``spec_tests.diagnosis``) and names the one whose output the implementation reproduces.
+``python tools/bugcheck.py`` checks that the suite kills every entry, with margin.
+
+- ``bug.py``: what a bug is (``Bug``: a source patch on one reference file);
+- ``classes.py``: the bug classes and the test files meant to catch each;
+- ``components.py``, ``attention.py``, ``model.py``, ``sampling.py``, ``training.py``: the entries;
+- ``model_components.py``: the model-level ``component=`` names, in one place;
+- ``loading.py``: importing a patched private copy of the reference package.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import attention, components, model, sampling, training
+from .bug import Bug
+from .classes import BUG_CLASSES, related_files
+from .loading import apply_patch, import_patched, reference_sources
+
+
+def _catalog() -> dict[str, Bug]:
+    catalog: dict[str, Bug] = {}
+    for group in (components, attention, model, sampling, training):
+        for bug in group.BUGS:
+            if bug.name in catalog:
+                raise ValueError(f"bug name {bug.name!r} is catalogued twice")
+            related_files(bug.bug_class)  # an unknown class is an error at import
+            catalog[bug.name] = bug
+    return catalog
+
+
+CATALOG: dict[str, Bug] = _catalog()
+
+
+def bug_names() -> list[str]:
+    """Every catalogued bug's name, in catalog order."""
+    return list(CATALOG)
+
+
+def get_bug(name: str) -> Bug:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise ValueError(f"no catalogued bug named {name!r}; known: {', '.join(CATALOG)}") from None
+
+
+@functools.cache
+def load_bug(name: str):
+    """The implementation module of bug ``name`` (package ``_spec_bug_<name>``), loaded once."""
+    return import_patched(get_bug(name))
+
+
+@functools.cache
+def _candidates(component: str) -> tuple:
+    return tuple((bug, load_bug(bug.name)) for bug in CATALOG.values() if component in bug.components)
+
+
+def candidates_for(component: str) -> list[tuple[Bug, object]]:
+    """``[(bug, module), ...]`` for the catalogued bugs that change ``component``'s output."""
+    return list(_candidates(component))
+
+
+__all__ = [
+    "BUG_CLASSES", "CATALOG", "Bug", "apply_patch", "bug_names", "candidates_for", "get_bug", "load_bug",
+    "reference_sources", "related_files",
+]  # fmt: skip

@@ -1,0 +1,177 @@
+"""Catalogued mistakes in masks, head sharing, the three attention paths and multi-head attention.
+
+The model computes attention with ``fused_attention`` (``F.scaled_dot_product_attention``) by
+default, so model-level attention mistakes are patched there; the component functions
+(``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``) carry their own.
+"""
+
+from __future__ import annotations
+
+from .bug import Bug
+from .model_components import MODEL
+
+MHA = "multihead_self_attention"
+SDPA = "scaled_dot_product_attention"
+
+BUGS = (
+    # ------------------------------------------------------------------ masks and head sharing
+    Bug(
+        "causal_mask_top_left", "causal_mask", ("causal_mask",),
+        "attention.py",
+        old="    q_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)",
+        new="    q_pos = torch.arange(t_q, device=device)[:, None]",
+        explanation="causal_mask is aligned top-left (torch.tril): with t_q < t_k the new queries cannot see the newest keys",
+        fix="bottom-right alignment: query i may attend key j iff j <= i + (t_k - t_q)",
+        corner=True,
+    ),
+    Bug(
+        "repeat_kv_tiled", "gqa", ("repeat_kv", SDPA, "flash_attention", MHA),
+        "attention.py",
+        old='    return repeat(x, "... h_kv t d -> ... (h_kv rep) t d", rep=n_rep)',
+        new='    return repeat(x, "... h_kv t d -> ... (rep h_kv) t d", rep=n_rep)',
+        explanation="kv heads are tiled (x.repeat): query head h reads kv head h % n_kv_heads instead of h // n_rep",
+        fix="repeat_interleave along the head axis: x.repeat_interleave(n_rep, dim=-3)",
+    ),
+    # ------------------------------------------------------------------ scaled_dot_product_attention
+    Bug(
+        "attention_missing_scale", "attention_scale", (SDPA, MHA),
+        "attention.py",
+        old='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])',
+        new='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk")',
+        explanation="attention scores are not divided by sqrt(d_head), so the softmax saturates",
+        fix="scores = q @ k.transpose(-2, -1) / sqrt(d_head)",
+    ),
+    Bug(
+        "attention_scale_sqrt_d_model", "attention_scale", (SDPA, MHA),
+        "attention.py",
+        old='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])',
+        new='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1] * q.shape[-3])',
+        explanation="attention scores are divided by sqrt(d_model) = sqrt(n_heads * d_head) instead of sqrt(d_head)",
+        fix="scale by 1/sqrt(d_head), the size of the vectors in each dot product",
+    ),
+    Bug(
+        "softmax_over_queries", "softmax_dim", (SDPA, MHA),
+        "attention.py",
+        old="    weights = softmax(scores, dim=-1)\n    return einsum(weights, v,",
+        new="    weights = softmax(scores, dim=-2)\n    return einsum(weights, v,",
+        explanation="attention weights are normalised over the queries (dim -2) instead of over the keys",
+        fix="softmax over the last axis (keys): each query's weights sum to 1",
+    ),
+    Bug(
+        "mask_transposed", "mask_broadcast", (SDPA, MHA),
+        "attention.py",
+        old='        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))',
+        new='        scores = scores.masked_fill(~mask.to(torch.bool).transpose(-1, -2), float("-inf"))',
+        explanation="the mask is applied transposed: it hides queries instead of keys (and a causal mask becomes anti-causal)",
+        fix="the mask's last axis indexes keys: masked_fill(~mask, -inf) on scores [..., Tq, Tk] as given",
+    ),
+    Bug(
+        "mask_after_softmax", "masking", (SDPA, MHA),
+        "attention.py",
+        old="""    if mask is not None:
+        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))
+    weights = softmax(scores, dim=-1)""",
+        new="""    weights = softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask.to(torch.bool), 0.0)""",
+        explanation="masked weights are zeroed after the softmax, so each row no longer sums to 1",
+        fix="fill masked scores with -inf before the softmax",
+    ),
+    # ------------------------------------------------------------------ flash_attention
+    Bug(
+        "flash_missing_rescale", "flash", ("flash_attention",),
+        "attention.py",
+        old='            acc = acc * correction + einsum(p, v_blk, "... h tq tk, ... h tk d -> ... h tq d")',
+        new='            acc = acc + einsum(p, v_blk, "... h tq tk, ... h tk d -> ... h tq d")',
+        explanation="flash attention rescales the normaliser but not the accumulated output when the running max grows",
+        fix="acc = acc * exp(m_old - m_new) + p @ v, like l",
+    ),
+    Bug(
+        "flash_causal_skip_top_left", "flash", ("flash_attention",),
+        "attention.py",
+        old="        last_key = q_start + n_q - 1 + offset if causal else t_k - 1",
+        new="        last_key = q_start + n_q - 1 if causal else t_k - 1",
+        explanation="flash attention skips key blocks as if the causal mask were top-left, dropping keys the queries may see when t_q < t_k",
+        fix="the last key a query block sees is its last query index + (t_k - t_q)",
+        corner=True,
+    ),
+    # ------------------------------------------------------------------ multihead_self_attention
+    Bug(
+        "mha_no_causal_mask", "causality", (MHA,),
+        "attention.py",
+        old="    out = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2], k.shape[-2], device=x.device))",
+        new="    out = scaled_dot_product_attention(q, k, v)",
+        explanation="self-attention has no causal mask: every position attends to the future",
+        fix="mask the upper triangle of the scores with -inf (causal_mask) before the softmax",
+    ),
+    Bug(
+        "mha_rope_on_values", "rope_on_values", (MHA,),
+        "attention.py",
+        old="        k = rope(k, positions, theta, style=rope_style)\n",
+        new="        k = rope(k, positions, theta, style=rope_style)\n        v = rope(v, positions, theta, style=rope_style)\n",
+        explanation="RoPE is applied to the values as well as the queries and keys",
+        fix="rotate q and k only; values carry content, not position",
+    ),
+    Bug(
+        "mha_rope_q_only", "rope_q_only", (MHA,),
+        "attention.py",
+        old="        k = rope(k, positions, theta, style=rope_style)\n",
+        new="",
+        explanation="RoPE rotates the queries but not the keys, so scores depend on absolute, not relative, position",
+        fix="rotate both q and k with the same positions",
+    ),
+    Bug(
+        "mha_ignores_positions", "rope", (MHA,),
+        "attention.py",
+        old="""        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)""",
+        new="""        positions = torch.arange(x.shape[1], device=x.device)""",
+        explanation="multihead_self_attention always rotates at positions 0..T-1, ignoring the positions it is given",
+        fix="use the given positions; default to arange(T) only when none are given",
+        corner=True,
+    ),
+    Bug(
+        "merge_heads_without_transpose", "layout", (MHA, *MODEL),
+        "attention.py",
+        old='    return rearrange(x, "b h t d -> b t (h d)")',
+        new="    return x.reshape(x.shape[0], x.shape[2], -1)",
+        explanation="heads are merged by reshaping [B, H, T, d] straight to [B, T, H*d], without moving H next to d first",
+        fix="x.transpose(1, 2).contiguous().view(B, T, H * d_head)",
+    ),
+    Bug(
+        "split_heads_without_transpose", "layout", (MHA, *MODEL),
+        "attention.py",
+        old='    return rearrange(x, "b t (h d) -> b h t d", h=n_heads)',
+        new="    return x.reshape(x.shape[0], n_heads, x.shape[1], -1)",
+        explanation="heads are split by reshaping [B, T, H*d] straight to [B, H, T, d], mixing time steps into heads",
+        fix="x.view(B, T, H, d_head).transpose(1, 2)",
+    ),
+    # ------------------------------------------------------------------ the model's attention (fused path)
+    Bug(
+        "model_no_causal_mask", "causality", MODEL,
+        "attention.py",
+        old="    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)",
+        new="    return F.scaled_dot_product_attention(q, k, v, enable_gqa=n_rep > 1)",
+        explanation="the model's attention has no causal mask: logits at t depend on tokens after t",
+        fix="pass a causal mask (is_causal=True when Tq == Tk, a bottom-right mask otherwise)",
+    ),
+    Bug(
+        "model_gqa_tiled", "gqa", MODEL,
+        "attention.py",
+        old="    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)",
+        new="    return F.scaled_dot_product_attention(\n"
+        "        q, k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1), attn_mask=mask, is_causal=is_causal\n"
+        "    )",
+        explanation="the model tiles kv heads with k.repeat(1, n_rep, 1, 1): query head h reads kv head h % n_kv_heads",
+        fix="k.repeat_interleave(n_rep, dim=1) (or enable_gqa=True): query head h reads kv head h // n_rep",
+    ),
+    Bug(
+        "model_top_left_mask_with_cache", "causal_mask", MODEL,
+        "attention.py",
+        old="    if causal and t_q == t_k:",
+        new="    if causal and t_q > 1:",
+        explanation="several new tokens on top of a cache get is_causal=True, which is top-left aligned: they miss the newest keys",
+        fix="is_causal=True only when Tq == Tk; with a cache use a bottom-right mask (j <= i + Tk - Tq)",
+        corner=True,
+    ),
+)

@@ -1,0 +1,158 @@
+"""Catalogued mistakes in the component functions: primitives, norms, positions, MLPs, losses."""
+
+from __future__ import annotations
+
+from .bug import Bug
+from .model_components import MODEL_GPT2, MODEL_LLAMA
+
+BUGS = (
+    # ------------------------------------------------------------------ primitives
+    Bug(
+        "linear_weight_not_transposed", "layout", ("linear", "multihead_self_attention", "swiglu", "gelu_mlp"),
+        "primitives.py",
+        old='"... d_in, d_out d_in -> ... d_out"',
+        new='"... d_in, d_in d_out -> ... d_out"',
+        explanation="linear computes x @ W instead of x @ W.T, reading W as [in_features, out_features]",
+        fix="weights are stored [out_features, in_features]: compute x @ W.T (+ b)",
+    ),
+    Bug(
+        "softmax_ignores_dim", "softmax_dim", ("softmax",),
+        "primitives.py",
+        old="""    shifted = x - x.amax(dim=dim, keepdim=True)
+    e = shifted.exp()
+    return e / e.sum(dim=dim, keepdim=True)""",
+        new="""    shifted = x - x.amax(dim=-1, keepdim=True)
+    e = shifted.exp()
+    return e / e.sum(dim=-1, keepdim=True)""",
+        explanation="softmax always normalises over the last axis, whatever dim it is given",
+        fix="take the max and the sum over the dim argument",
+        corner=True,
+    ),
+    Bug(
+        "softmax_no_max_subtraction", "stability", ("softmax",),
+        "primitives.py",
+        old="    shifted = x - x.amax(dim=dim, keepdim=True)",
+        new="    shifted = x",
+        explanation="softmax takes exp of the raw inputs, which overflows to inf (then NaN) for inputs near 1e4",
+        fix="subtract the row max before exp: softmax(x) = softmax(x - max(x))",
+        corner=True,
+    ),
+    # ------------------------------------------------------------------ norms
+    Bug(
+        "rmsnorm_eps_outside_root", "rmsnorm", ("rmsnorm", *MODEL_LLAMA),
+        "norms.py",
+        old="    normed = xf * torch.rsqrt(mean_last(xf * xf) + eps)",
+        new="    normed = xf / (torch.sqrt(mean_last(xf * xf)) + eps)",
+        explanation="rmsnorm divides by sqrt(mean(x**2)) + eps, with eps outside the square root",
+        fix="divide by sqrt(mean(x**2) + eps): eps goes inside the root",
+        corner=True,
+    ),
+    Bug(
+        "layernorm_unbiased_variance", "layernorm", ("layernorm", *MODEL_GPT2),
+        "norms.py",
+        old="    var = mean_last(centred * centred)",
+        new="    var = centred.var(dim=-1, keepdim=True)",
+        explanation="layernorm uses the unbiased variance (divides by d - 1), unlike F.layer_norm",
+        fix="use the biased variance mean((x - mean)**2), e.g. x.var(dim=-1, unbiased=False)",
+    ),
+    Bug(
+        "norm_statistics_in_input_dtype", "precision", ("rmsnorm", "layernorm"),
+        "norms.py",
+        old="    return torch.promote_types(x.dtype, torch.float32)",
+        new="    return x.dtype",
+        explanation="norm statistics are computed in the input dtype, so float16 squares overflow to inf",
+        fix="upcast to at least float32 for mean(x**2) and the variance, cast the result back",
+        corner=True,
+    ),
+    # ------------------------------------------------------------------ positions
+    Bug(
+        "rope_frequency_exponent", "rope_frequency", ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        "positions.py",
+        old="    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head",
+        new="    exponents = torch.arange(0, d_head // 2, dtype=torch.float64) / d_head",
+        explanation="RoPE pair i turns at theta**(-i/d_head) instead of theta**(-2i/d_head)",
+        fix="use exponents 2i/d_head for i < d_head/2, i.e. torch.arange(0, d_head, 2) / d_head",
+    ),
+    Bug(
+        "rope_rotation_reversed", "rope", ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        "positions.py",
+        old="    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)",
+        new="    rotated = torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1)",
+        explanation="RoPE rotates each pair by minus the angle (the sin terms have the wrong sign)",
+        fix="(x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)",
+    ),
+    Bug(
+        "rope_half_pairs_declared_interleaved", "rope", ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        "positions.py",
+        old="""    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return rearrange(rotated, _UNPAIR_PATTERN[style])""",
+        new="""    pairs = rearrange(x, _PAIR_PATTERN["half"], two=2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return rearrange(rotated, _UNPAIR_PATTERN["half"])""",
+        explanation="RoPE rotates pairs (i, i + d/2) (GPT-NeoX/Hugging Face) while ROPE_STYLE says interleaved (2i, 2i+1)",
+        fix="rotate the pairs of the style you declare, or declare ROPE_STYLE = 'half'",
+    ),
+    Bug(
+        "sinusoidal_sin_cos_halves", "sinusoidal", ("sinusoidal_positions",),
+        "positions.py",
+        old='"p i two -> p (i two)"',
+        new='"p i two -> p (two i)"',
+        explanation="the sinusoidal table puts all sines first and all cosines after, instead of interleaving them",
+        fix="pe[:, 0::2] = sin(angle), pe[:, 1::2] = cos(angle)",
+    ),
+    # ------------------------------------------------------------------ MLPs
+    Bug(
+        "swiglu_gate_up_swapped", "swiglu", ("swiglu",),
+        "mlp.py",
+        old="    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)",
+        new="    return linear(linear(x, w_gate) * silu(linear(x, w_up)), w_down)",
+        explanation="SiLU is applied to the up projection instead of the gate",
+        fix="silu(x @ w_gate.T) * (x @ w_up.T): only the gate goes through SiLU",
+    ),
+    Bug(
+        "gelu_exact_instead_of_tanh", "gelu", ("gelu_mlp", *MODEL_GPT2),
+        "mlp.py",
+        old="    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))",
+        new="    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))",
+        explanation="the GPT-2 MLP uses the exact (erf) GELU instead of the tanh approximation GPT-2 was trained with",
+        fix="use the tanh approximation: F.gelu(x, approximate='tanh')",
+    ),
+    # ------------------------------------------------------------------ losses
+    Bug(
+        "lm_loss_unshifted_labels", "unshifted_labels", ("lm_loss",),
+        "losses.py",
+        old='rearrange(logits[:, :-1], "b t v -> (b t) v"), rearrange(ids[:, 1:], "b t -> (b t)")',
+        new='rearrange(logits, "b t v -> (b t) v"), rearrange(ids, "b t -> (b t)")',
+        explanation="lm_loss scores the logits at t against the token at t (the input itself), not the next one",
+        fix="cross_entropy(logits[:, :-1], ids[:, 1:]): position t predicts token t+1",
+    ),
+    Bug(
+        "lm_loss_shifted_backwards", "unshifted_labels", ("lm_loss",),
+        "losses.py",
+        old='rearrange(logits[:, :-1], "b t v -> (b t) v"), rearrange(ids[:, 1:], "b t -> (b t)")',
+        new='rearrange(logits[:, 1:], "b t v -> (b t) v"), rearrange(ids[:, :-1], "b t -> (b t)")',
+        explanation="lm_loss shifts the wrong way: logits at t+1 are scored against the token at t",
+        fix="cross_entropy(logits[:, :-1], ids[:, 1:]): drop the last logit and the first id",
+    ),
+    Bug(
+        "cross_entropy_counts_ignored", "ignore_index", ("cross_entropy", "lm_loss"),
+        "losses.py",
+        old="    return nll.sum() / (targets != ignore_index).sum()",
+        new="    return nll.mean()",
+        explanation="cross_entropy averages over every target, so ignored targets count as zero-loss tokens",
+        fix="divide the summed NLL by the number of targets != ignore_index",
+        corner=True,
+    ),
+    Bug(
+        "cross_entropy_no_max_subtraction", "stability", ("cross_entropy", "lm_loss"),
+        "losses.py",
+        old="    shifted = x - x.amax(dim=dim, keepdim=True)",
+        new="    shifted = x",
+        explanation="log-softmax takes exp of raw logits, so the loss is inf/NaN for logits near 1e4",
+        fix="log_softmax(x) = x - max - log(sum(exp(x - max)))",
+        corner=True,
+    ),
+)

@@ -1,0 +1,180 @@
+"""Catalogued mistakes in the model, its configuration, the KV cache and generation."""
+
+from __future__ import annotations
+
+from .bug import Bug
+from .model_components import CACHE, EVALUATION, FORWARD, GENERATION, INIT, MODEL, TRAINING
+
+BUGS = (
+    # ------------------------------------------------------------------ the block and the model
+    Bug(
+        "post_ln", "norm_placement", MODEL,
+        "model.py",
+        old="""        x = x + self.drop(self.attn(self.attn_norm(x), rotary, start, cache, layer))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))""",
+        new="""        x = self.attn_norm(x + self.drop(self.attn(x, rotary, start, cache, layer)))
+        return self.mlp_norm(x + self.drop(self.mlp(x)))""",
+        explanation="the block is post-LN, norm(x + f(x)), instead of pre-LN, x + f(norm(x))",
+        fix="x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x)): normalise the sublayer input, not the residual",
+    ),
+    Bug(
+        "missing_final_norm", "norm_placement", MODEL,
+        "model.py",
+        old="        return self.lm_head(self.final_norm(x))",
+        new="        return self.lm_head(x)",
+        explanation="the LM head reads the residual stream without the final norm",
+        fix="logits = lm_head(final_norm(x))",
+    ),
+    Bug(
+        "model_rope_on_values", "rope_on_values", MODEL,
+        "model.py",
+        old="            q, k = rotary(q, start), rotary(k, start)",
+        new="            q, k, v = rotary(q, start), rotary(k, start), rotary(v, start)",
+        explanation="the model applies RoPE to the values as well as the queries and keys",
+        fix="rotate q and k only",
+    ),
+    Bug(
+        "model_rope_q_only", "rope_q_only", MODEL,
+        "model.py",
+        old="            q, k = rotary(q, start), rotary(k, start)",
+        new="            q = rotary(q, start)",
+        explanation="the model rotates the queries but not the keys",
+        fix="rotate both q and k with the same positions",
+    ),
+    Bug(
+        "model_swiglu_gate_up_swapped", "swiglu", MODEL,
+        "model.py",
+        old="        return self.w_down(silu(self.w_gate(x)) * self.w_up(x))",
+        new="        return self.w_down(self.w_gate(x) * silu(self.w_up(x)))",
+        explanation="the model's SwiGLU applies SiLU to the up projection instead of the gate",
+        fix="w_down(silu(w_gate(x)) * w_up(x))",
+    ),
+    Bug(
+        "tied_weights_copied", "tied_weights", MODEL,
+        "model.py",
+        old="            self.lm_head.weight = self.tok_embeddings.weight  # one parameter, two uses",
+        new="            self.lm_head.weight = nn.Parameter(self.tok_embeddings.weight.detach().clone())",
+        explanation="the LM head gets a copy of the embedding matrix, not the same parameter: two tensors that drift apart",
+        fix="assign the same parameter: lm_head.weight = tok_embeddings.weight",
+    ),
+    Bug(
+        "count_parameters_counts_tied_twice", "tied_weights", FORWARD,
+        "model.py",
+        old="    return sum(p.numel() for p in model.parameters())",
+        new="    return sum(p.numel() for p in model.state_dict().values())",
+        explanation="count_parameters sums the state dict, which lists a tied matrix under both names",
+        fix="count unique parameters: sum(p.numel() for p in model.parameters())",
+        corner=True,
+    ),
+    Bug(
+        "missing_residual_init_scaling", "init", INIT,
+        "model.py",
+        old="    residual_std = 0.02 / math.sqrt(2 * model.config.n_layers)",
+        new="    residual_std = 0.02",
+        explanation="residual output projections (wo, w_down, w_proj) are initialised with std 0.02, not 0.02/sqrt(2 n_layers)",
+        fix="scale the residual projections' std by 1/sqrt(2 * n_layers)",
+        corner=True,
+    ),
+    Bug(
+        "d_model_not_divisible_accepted", "validation", FORWARD,
+        "config.py",
+        old="""    if cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
+""",
+        new="",
+        explanation="a d_model not divisible by n_heads is accepted and d_head silently rounds down",
+        fix="raise ValueError naming d_model and n_heads when d_model % n_heads != 0",
+        corner=True,
+    ),
+    # ------------------------------------------------------------------ the KV cache
+    Bug(
+        "cache_positions_restart", "cache_positions", (*CACHE, *GENERATION, *FORWARD),
+        "model.py",
+        old="        start = 0 if cache is None else cache.length",
+        new="        start = 0",
+        explanation="positions restart at 0 for every call with a cache instead of continuing from the cached length",
+        fix="new tokens sit at positions cache.length, cache.length + 1 and onwards",
+    ),
+    Bug(
+        "cache_keys_before_rope", "kv_cache", (*CACHE, *GENERATION, *FORWARD),
+        "model.py",
+        old="""        if rotary is not None:
+            q, k = rotary(q, start), rotary(k, start)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)""",
+        new="""        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        if rotary is not None:
+            q, k = rotary(q, start), rotary(k, start)""",
+        explanation="keys are cached before RoPE and the whole cache is then rotated as if it started at the new tokens' position",
+        fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
+    ),
+    Bug(
+        "kv_cache_prepended", "kv_cache", (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache.py",
+        old="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=-2)
+        self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=-2)""",
+        new="""        self.keys[layer] = torch.cat((k, self.keys[layer].to(k.dtype)), dim=-2)
+        self.values[layer] = torch.cat((v, self.values[layer].to(v.dtype)), dim=-2)""",
+        explanation="new keys/values are prepended to the cache instead of appended (invisible to one-token decoding)",
+        fix="torch.cat((cached, new), dim=-2): the cache is in time order",
+        corner=True,
+    ),
+    Bug(
+        "kv_cache_wrong_axis", "kv_cache", (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache.py",
+        old="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=-2)
+        self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=-2)""",
+        new="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=1)
+        self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=1)""",
+        explanation="the cache concatenates new keys/values along the head axis (dim 1) instead of time",
+        fix="append along the time axis of [B, n_kv_heads, T, d_head]: dim=-2",
+    ),
+    Bug(
+        "kv_cache_bytes_ignores_gqa", "memory", FORWARD,
+        "kv_cache.py",
+        old="    return 2 * cfg.n_layers * cfg.kv_heads * cfg.d_head * seq_len * batch_size * element_size",
+        new="    return 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * seq_len * batch_size * element_size",
+        explanation="kv_cache_bytes counts n_heads key/value heads, ignoring that GQA caches only n_kv_heads",
+        fix="2 * n_layers * n_kv_heads * d_head * seq_len * batch_size * element_size",
+        corner=True,
+    ),
+    # ------------------------------------------------------------------ generation
+    Bug(
+        "generate_dropout_on", "dropout_generation", GENERATION,
+        "generation.py",
+        old="    with eval_mode(model):",
+        new="    with torch.no_grad():",
+        explanation="generate runs in the module's current mode, so dropout stays on when the model is in training mode",
+        fix="switch to eval mode for generation (and restore the previous mode afterwards)",
+        corner=True,
+    ),
+    Bug(
+        "mode_not_restored", "mode_restore", (*GENERATION, *TRAINING, *EVALUATION),
+        "modes.py",
+        old="""        for m, was_training in modes:
+            m.training = was_training""",
+        new="""        model.train()""",
+        explanation="after generation or evaluation the model is put in training mode, whatever mode it was in before",
+        fix="remember each submodule's training flag and restore it",
+        corner=True,
+    ),
+    Bug(
+        "generate_no_prompt_cropping", "prompt_cropping", GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -ctx:], cache)",
+        new="                logits = model(ids, cache)",
+        explanation="generate feeds the whole sequence, so prompts longer than context_length (or generation past it) fail",
+        fix="condition on the last context_length tokens: model(ids[:, -context_length:])",
+        corner=True,
+    ),
+    Bug(
+        "generate_cache_past_context", "prompt_cropping", GENERATION,
+        "generation.py",
+        old="            if cache is not None and ids.shape[1] <= ctx:",
+        new="            if cache is not None:",
+        explanation="with the cache, generation keeps appending one token past context_length instead of re-encoding the last window",
+        fix="once the sequence exceeds context_length, positions shift: re-encode the last context_length tokens",
+        corner=True,
+    ),
+)

@@ -1,0 +1,67 @@
+"""Catalogued mistakes in turning logits into the distribution that is sampled, and drawing from it."""
+
+from __future__ import annotations
+
+from .bug import Bug
+from .model_components import GENERATION, SAMPLING
+
+BUGS = (
+    Bug(
+        "sample_ignores_transforms", "sampling_order", (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    probs = sampling_probs(logits, temperature, top_k, top_p)",
+        new="    probs = sampling_probs(logits)",
+        explanation="sample draws from softmax(logits): temperature, top-k and top-p never reach the distribution sampled",
+        fix="sample from the transformed distribution: scale by 1/temperature, filter top-k and top-p, then softmax and draw",
+    ),
+    Bug(
+        "top_p_before_temperature", "sampling_order", (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="        scaled = top_p_filter(scaled, top_p)",
+        new='        scaled = scaled.masked_fill(top_p_filter(logits, top_p).isinf(), float("-inf"))',
+        explanation="the top-p nucleus is chosen from the untempered distribution softmax(logits), not softmax(logits / T)",
+        fix="divide by the temperature first, then choose the nucleus of that distribution",
+        corner=True,
+    ),
+    Bug(
+        "top_p_before_top_k", "sampling_order", (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="""    if top_k is not None:
+        scaled = top_k_filter(scaled, top_k)
+    if top_p is not None:
+        scaled = top_p_filter(scaled, top_p)""",
+        new="""    if top_p is not None:
+        scaled = top_p_filter(scaled, top_p)
+    if top_k is not None:
+        scaled = top_k_filter(scaled, top_k)""",
+        explanation="the top-p nucleus is chosen from the full distribution before top-k, not from the renormalised top-k",
+        fix="order: temperature, then top-k, then top-p on what top-k kept, then renormalise",
+        corner=True,
+    ),
+    Bug(
+        "top_p_drops_crossing_token", "top_p", (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs",
+        new="    mass_before = sorted_probs.cumsum(dim=-1)",
+        explanation="top-p drops the token whose probability makes the mass cross top_p (and everything, when the top token alone reaches it)",
+        fix="drop a token only when the mass of the tokens ranked above it already reaches top_p (shift the cumsum by one)",
+        corner=True,
+    ),
+    Bug(
+        "top_k_off_by_one", "top_k", (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    kth = logits.topk(k, dim=-1).values[..., -1:]",
+        new="    kth = logits.sort(dim=-1, descending=True).values[..., k : k + 1]",
+        explanation="top-k keeps k + 1 tokens: the threshold is sorted[k] (0-based), the (k+1)-th largest logit",
+        fix="the threshold is the k-th largest logit, sorted[k - 1] (or topk(k).values[..., -1])",
+        corner=True,
+    ),
+    Bug(
+        "temperature_multiplies", "sampling_order", (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    scaled = logits / temperature",
+        new="    scaled = logits * temperature",
+        explanation="logits are multiplied by the temperature, so a low temperature flattens the distribution instead of sharpening it",
+        fix="divide the logits by the temperature",
+    ),
+)

@@ -1,0 +1,101 @@
+"""Catalogued mistakes in batching, the training step and evaluation."""
+
+from __future__ import annotations
+
+from .bug import Bug
+from .model_components import EVALUATION, TRAINING
+
+BUGS = (
+    Bug(
+        "get_batch_unshifted_targets", "unshifted_labels", TRAINING,
+        "training.py",
+        old="    x, y = tokens[offsets], tokens[offsets + 1]",
+        new="    x, y = tokens[offsets], tokens[offsets]",
+        explanation="get_batch returns y equal to x, so the model learns to copy its input instead of predicting the next token",
+        fix="y = data[start + 1 : start + 1 + context_length]: targets are the inputs shifted one token ahead",
+    ),
+    Bug(
+        "get_batch_last_start_unreachable", "get_batch", TRAINING,
+        "training.py",
+        old="    starts = torch.randint(0, len(tokens) - context_length, (batch_size,), generator=generator)",
+        new="    starts = torch.randint(0, len(tokens) - context_length - 1, (batch_size,), generator=generator)",
+        explanation="the last window start len - context_length - 1 is never drawn (randint's upper bound is exclusive)",
+        fix="torch.randint(0, len(data) - context_length, ...): starts 0 .. len - context_length - 1 inclusive",
+        corner=True,
+    ),
+    Bug(
+        "train_step_no_zero_grad", "training", TRAINING,
+        "training.py",
+        old="    optimizer.zero_grad(set_to_none=True)\n",
+        new="",
+        explanation="train_step never clears the gradients, so each step uses the sum of all gradients so far",
+        fix="optimizer.zero_grad() before backward",
+    ),
+    Bug(
+        "train_step_not_in_training_mode", "mode_restore", TRAINING,
+        "training.py",
+        old="    model.train()\n",
+        new="",
+        explanation="train_step runs in whatever mode the model is in, so after evaluation dropout stays off while training",
+        fix="call model.train() at the start of every training step",
+        corner=True,
+    ),
+    Bug(
+        "clip_per_parameter", "gradient_clipping", TRAINING,
+        "training.py",
+        old="        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+        new="        for p in model.parameters():\n            torch.nn.utils.clip_grad_norm_(p, max_grad_norm)",
+        explanation="gradients are clipped one parameter at a time instead of by their global norm",
+        fix="one call over all parameters: clip_grad_norm_(model.parameters(), max_grad_norm)",
+        corner=True,
+    ),
+    Bug(
+        "clip_after_step", "gradient_clipping", TRAINING,
+        "training.py",
+        old="""    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()""",
+        new="""    optimizer.step()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)""",
+        explanation="gradients are clipped after optimizer.step(), so the step uses the unclipped gradients",
+        fix="clip between backward() and optimizer.step()",
+        corner=True,
+    ),
+    Bug(
+        "evaluate_mean_of_batch_means", "evaluation", EVALUATION,
+        "training.py",
+        old="""    total = torch.zeros((), dtype=torch.float64)
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                total += token_nll(model(x), y).sum().double().cpu()
+    loss = (total / n_pred).item()""",
+        new="""    batch_means = []
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                batch_means.append(token_nll(model(x), y).mean().double().cpu())
+    loss = torch.stack(batch_means).mean().item()""",
+        explanation="evaluate averages per-batch mean losses, so a short last batch weighs as much as a full one",
+        fix="sum the NLL of every predicted token and divide by their number (len(data) - 1)",
+        corner=True,
+    ),
+    Bug(
+        "evaluate_in_training_mode", "evaluation", EVALUATION,
+        "training.py",
+        old="    with eval_mode(model):",
+        new="    with torch.no_grad():",
+        explanation="evaluate runs in the module's current mode: torch.no_grad() does not switch dropout off",
+        fix="evaluate in eval mode (model.eval(), restoring the previous mode afterwards)",
+        corner=True,
+    ),
+)

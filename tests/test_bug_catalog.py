@@ -1,0 +1,203 @@
+"""The bug catalog (``spec_tests/bugs``): every patch applies once, every bug module imports as an
+independent copy of the reference, and the suite's diagnosis names a bug by its outputs, also
+for an independently written implementation with the same mistake.
+
+Whether the suite *kills* every bug is ``tools/bugcheck.py``'s job (it runs the whole suite once
+per bug); these checks are the fast structural ones.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import reference
+from spec_tests import bugs
+from spec_tests.bugs import CATALOG, BUG_CLASSES, apply_patch, candidates_for, load_bug, reference_sources
+from spec_tests.diagnosis import diagnose
+from spec_tests.tolerances import tolerance
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures_bugs"
+NAMES = list(CATALOG)
+
+# The classes issue 4 asks the catalog to cover (course notes, symptoms table, and beyond).
+REQUIRED_CLASSES = (
+    "layout", "mask_broadcast", "softmax_dim", "rope_on_values", "rope_q_only", "kv_cache", "gqa",
+    "unshifted_labels", "dropout_generation", "sampling_order", "causality", "stability", "attention_scale",
+    "norm_placement", "tied_weights", "cache_positions", "validation", "prompt_cropping", "rmsnorm", "top_p",
+    "top_k", "evaluation", "causal_mask", "rope_frequency", "swiglu", "init",
+)  # fmt: skip
+
+
+def test_catalog_has_at_least_30_bugs_covering_every_required_class():
+    used = {b.bug_class for b in CATALOG.values()}
+    assert len(CATALOG) >= 30, len(CATALOG)
+    assert not set(REQUIRED_CLASSES) - used, sorted(set(REQUIRED_CLASSES) - used)
+    assert used <= set(BUG_CLASSES)
+
+
+def test_catalog_keeps_corner_only_bugs():
+    """Bugs visible only in a corner (e.g. a prepended cache, invisible to one-token decoding) are kept."""
+    corner = {b.name for b in CATALOG.values() if b.corner}
+    assert {"kv_cache_prepended", "model_top_left_mask_with_cache", "evaluate_mean_of_batch_means"} <= corner
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_patch_applies_exactly_once(name):
+    bug = CATALOG[name]
+    sources = reference_sources()
+    source = sources[bug.file.removesuffix(".py")]
+    assert source.count(bug.old) == 1, f"{name}: old text occurs {source.count(bug.old)} times in reference/{bug.file}"
+    patched = apply_patch(bug, sources)
+    assert patched[bug.file.removesuffix(".py")] != source
+    assert {k: v for k, v in patched.items() if k != bug.file.removesuffix(".py")} == {
+        k: v for k, v in sources.items() if k != bug.file.removesuffix(".py")
+    }, "a patch changes exactly one file"
+
+
+def test_a_patch_that_does_not_apply_is_an_error():
+    bug = CATALOG[NAMES[0]]
+    broken = type(bug)(**{**bug.__dict__, "old": "this text is not in the reference"})
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        apply_patch(broken, reference_sources())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bug_module_imports_and_differs_from_the_reference(name):
+    bug = CATALOG[name]
+    module = load_bug(name)
+    stem = bug.file.removesuffix(".py")
+    sub = getattr(module, stem)
+    assert module.__name__ == f"_spec_bug_{name}" and sub.__name__ == f"_spec_bug_{name}.{stem}"
+    assert module is not reference and sub is not getattr(reference, stem, None)
+    source = sub.__loader__.get_source(sub.__name__)
+    assert source != (ROOT / "reference" / bug.file).read_text()
+    assert bug.new in source and (ROOT / "reference" / bug.file).read_text().count(bug.old) == 1
+    assert set(reference.PROTOCOL_NAMES) <= set(dir(module)), "a bug module offers every protocol name"
+    assert load_bug(name) is module, "loaded once and cached"
+
+
+def test_bug_copies_and_the_reference_coexist():
+    """Loading bugs leaves the live reference untouched, and each bug is its own copy."""
+    top_left = load_bug("causal_mask_top_left")
+    tiled = load_bug("repeat_kv_tiled")
+    want = torch.ones(2, 5, dtype=torch.bool).tril(diagonal=3)
+    assert torch.equal(reference.causal_mask(2, 5), want)
+    assert not torch.equal(top_left.causal_mask(2, 5), want)
+    assert torch.equal(tiled.causal_mask(2, 5), want)
+    x = torch.arange(2.0).reshape(1, 2, 1, 1)
+    assert reference.repeat_kv(x, 2).flatten().tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert tiled.repeat_kv(x, 2).flatten().tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert reference.attention.repeat_kv.__module__ == "reference.attention"
+
+
+def test_unknown_bug_name_is_a_value_error_listing_the_catalog():
+    with pytest.raises(ValueError, match="no catalogued bug named 'nope'.*post_ln"):
+        load_bug("nope")
+
+
+def suite_component_names() -> set[str]:
+    """Every ``component="..."`` string in the spec test files."""
+    names = set()
+    for path in (ROOT / "spec_tests").glob("test_*.py"):
+        names.update(re.findall(r'component="([a-z_0-9]+)"', path.read_text()))
+    return names
+
+
+def test_every_catalog_component_is_checked_by_the_suite():
+    """A bug's components are names the suite's checks pass, so diagnosis can reach it."""
+    known = suite_component_names()
+    unknown = {f"{b.name}: {c}" for b in CATALOG.values() for c in b.components if c not in known}
+    assert not unknown, sorted(unknown)
+
+
+def test_every_bug_class_names_existing_test_files():
+    files = {p.stem for p in (ROOT / "spec_tests").glob("test_*.py")}
+    for bug_class, (_, related) in BUG_CLASSES.items():
+        assert related and set(related) <= files, (bug_class, related)
+
+
+def test_candidates_for_a_component():
+    names = {bug.name for bug, _ in candidates_for("multihead_self_attention")}
+    assert {"mha_rope_on_values", "merge_heads_without_transpose", "attention_missing_scale"} <= names
+    assert all(module is load_bug(bug.name) for bug, module in candidates_for("rope"))
+    assert candidates_for("no_such_component") == []
+    assert bugs.candidates_for is candidates_for
+
+
+# ----------------------------------------------------------------------------- diagnosis
+
+
+def load_fixture(stem: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_fixture_bug_{stem}", FIXTURES / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mha_inputs():
+    from spec_tests import inputs
+    from spec_tests.inputs import S
+
+    x = inputs.randn(S.B, S.T, S.d_model, seed=60)
+    d, dh = S.d_model, S.D_HEAD
+    weights = (inputs.fan_in_weight(S.H * dh, d, seed=61), inputs.fan_in_weight(S.H_KV * dh, d, seed=62),
+               inputs.fan_in_weight(S.H_KV * dh, d, seed=63), inputs.fan_in_weight(d, S.H * dh, seed=64))  # fmt: skip
+    return x, weights, S.H, S.H_KV
+
+
+def test_independent_implementation_gets_the_catalog_diagnosis():
+    """An MHA written from scratch (view/transpose, complex RoPE) with RoPE on values is diagnosed
+    as mha_rope_on_values: the diagnosis compares outputs, not code."""
+    fixture = load_fixture("mha_rope_on_values")
+    x, weights, h, h_kv = mha_inputs()
+
+    def compute(m):
+        return m.multihead_self_attention(x, *weights, h, h_kv, theta=10000.0)
+
+    actual = compute(fixture)
+    tol = tolerance("attention", torch.float64)
+    assert (actual - compute(reference)).abs().max() > 1e-3, "the fixture really is wrong"
+    line = diagnose("multihead_self_attention", compute, actual, tol, "interleaved")
+    assert line is not None and line.startswith("matches known bug mha_rope_on_values: ")
+    assert "Fix: rotate q and k only" in line
+    assert diagnose("multihead_self_attention", compute, compute(reference) + 0.1, tol, "interleaved") is None
+
+
+def test_independent_sampling_implementation_gets_the_catalog_diagnosis():
+    fixture = load_fixture("top_p_drops_crossing_token")
+    from spec_tests import inputs
+
+    logits = inputs.randn(4, 67, seed=31) * torch.tensor([0.3, 1.0, 2.5, 5.0], dtype=torch.float64)[:, None]
+
+    def compute(m):
+        return m.sampling_probs(logits, temperature=0.5, top_p=0.9)
+
+    line = diagnose("sampling", compute, compute(fixture), tolerance("pointwise", torch.float64), "interleaved")
+    assert line is not None and "matches known bug top_p_drops_crossing_token" in line
+
+
+def run_suite(impl: str, *selection: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(ROOT / "spec_tests"), "-q", f"--impl={impl}", "-p", "no:cacheprovider",
+         *selection],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("impl", ["bug:mha_rope_on_values", "tests/fixtures_bugs/mha_rope_on_values.py"])
+def test_pytest_output_names_the_bug(impl):
+    """The failure pytest prints says which known bug the output matches, and its fix."""
+    out = run_suite(impl, "-k", "multihead_attention_with_rope")
+    assert "2 failed" in out, out[-3000:]
+    assert out.count("matches known bug mha_rope_on_values: RoPE is applied to the values") == 2, out[-3000:]
+    assert "Fix: rotate q and k only" in out
