@@ -12,7 +12,7 @@ Three providers, chosen by :func:`expectations_for` from the command line:
   component's catalogued bugs (so that diagnosis works without the catalog). Written at the end of
   the session to ``DIR/expected-<ROPE_STYLE>.pt``.
 - ``ReplayExpectations`` (``--replay-expectations DIR``, or the suite's own ``spec_tests/recorded/``
-  when the reference is not installed): values come from the recording; an input whose fingerprint
+  when it ships one, as a handout does): values come from the recording; an input whose fingerprint
   was not recorded is a one-line failure saying so, never a silently wrong comparison.
 
 Recordings hold plain data only (tensors, numbers, strings, containers) and load with
@@ -395,13 +395,17 @@ def reference_available() -> bool:
 
 
 def replay_directory(config) -> Path | None:
-    """The recording directory to replay from, or None to use the live reference."""
+    """The recording directory to replay from, or None to use the live reference.
+
+    ``--replay-expectations`` wins; otherwise a suite that ships recordings (a student handout,
+    ``spec_tests/recorded/``) uses them even where a reference happens to be importable.
+    """
     if config.getoption("record_expectations", None):
         return None
     explicit = config.getoption("replay_expectations", None)
     if explicit:
         return Path(explicit)
-    if not reference_available() and BUNDLED_DIR.is_dir():
+    if BUNDLED_DIR.is_dir() and any(BUNDLED_DIR.glob("expected-*.pt")):
         return BUNDLED_DIR
     return None
 

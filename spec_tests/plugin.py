@@ -57,7 +57,7 @@ def pytest_addoption(parser):
                     help="also record every expected value (live reference) to DIR/expected-<ROPE_STYLE>.pt")
     group.addoption("--replay-expectations", metavar="DIR", default=None,
                     help="take expected values from DIR/expected-<ROPE_STYLE>.pt instead of the live reference "
-                         "(default when the reference is not installed: the suite's bundled recordings)")
+                         "(default where the suite ships recordings, as a handout does: spec_tests/recorded/)")
 
 
 def pytest_configure(config):

@@ -52,8 +52,8 @@ def parse_args(argv):
     p.add_argument("--markdown", metavar="FILE", help="write a Markdown report here")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report here")
     p.add_argument("--csv", metavar="FILE", help="write a gradebook (one row per submission) here")
-    p.add_argument("--out-dir", metavar="DIR", help="batch: per-submission reports go to DIR/<submission>/ "
-                                                    "(file names from --gradescope/--markdown/--junit)")  # fmt: skip
+    p.add_argument("--out-dir", metavar="DIR", help="per-submission reports go to DIR/<submission>/ (file names "
+                                                    "from --gradescope/--markdown/--junit); required for a batch")  # fmt: skip
     p.add_argument("--rubric", metavar="FILE", default=str(DEFAULT_RUBRIC), help="rubric file (default: rubric.toml)")
     p.add_argument("--jobs", type=int, default=0, help="submissions graded at once (default: CPU count)")
     p.add_argument("--test-timeout", type=float, metavar="S", help="per-test limit (default: the rubric's)")
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     ordered = [grades[s.label] for s in submissions]
 
     for g in ordered:
-        out_dir = Path(args.out_dir) / g.submission if batch else None
+        out_dir = Path(args.out_dir) / g.submission if args.out_dir else None
 
         def target(name):
             return out_dir / Path(name).name if out_dir else Path(name)

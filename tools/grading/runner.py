@@ -30,6 +30,7 @@ class Limits:
     memory_mb: int = 4096
     max_restarts: int = 20
     startup_s: float = 180.0  # import torch + collection, before the first test
+    kill_grace_s: float = 5.0  # a test is killed at test_timeout_s * 1.25 + this (its own alarm failed)
 
 
 @dataclass
@@ -66,17 +67,18 @@ def _signal_text(rc: int) -> str:
 
 
 def child_command(submission: Path, recordings: Path, events: Path, run_list: Path, limits: Limits,
-                  protect: list[Path], device: str = "cpu") -> list[str]:
+                  protect: list[Path], device: str = "cpu", files: list[str] | None = None) -> list[str]:
+    targets = [f"spec_tests/{f}" for f in files] if files else ["spec_tests"]
     cmd = [
-        sys.executable, "-m", "pytest", "spec_tests", "-q", "--no-header", "--tb=no", "-rN",
+        sys.executable, "-m", "pytest", *targets, "-q", "--no-header", "--tb=no", "-rN",
         "-p", "no:cacheprovider", "-o", "addopts=", "-p", "tools.grading.child",
-        f"--impl={submission}", "--replay-expectations", str(recordings), f"--device={device}",
-        "--hypothesis-profile=grading", "--grading-events", str(events), "--grading-run", str(run_list),
-        "--grading-timeout", f"{limits.test_timeout_s:g}", "--grading-memory-mb", str(limits.memory_mb),
-        "--grading-submission", str(submission), "--xfails-file", str(events.parent / "no-xfails.toml"),
+        f"--impl={submission}", f"--replay-expectations={recordings}", f"--device={device}",
+        "--hypothesis-profile=grading", f"--grading-events={events}", f"--grading-run={run_list}",
+        f"--grading-timeout={limits.test_timeout_s:g}", f"--grading-memory-mb={limits.memory_mb}",
+        f"--grading-submission={submission}", f"--xfails-file={events.parent / 'no-xfails.toml'}",
     ]  # fmt: skip
     for folder in protect:
-        cmd += ["--grading-protect", str(folder)]
+        cmd += [f"--grading-protect={folder}"]
     return cmd
 
 
@@ -99,7 +101,9 @@ def run_submission(submission: Path, test_ids: list[str], recordings: Path, limi
         events, run_list, log = work / f"events-{attempt}.jsonl", work / f"run-{attempt}.txt", work / f"child-{attempt}.log"
         run_list.write_text("\n".join(remaining) + "\n")
         events.write_text("")
-        cmd = child_command(submission, recordings, events, run_list, limits, protected_folders(recordings), device)
+        files = sorted({test_id.split("::", 1)[0] for test_id in remaining})
+        cmd = child_command(submission, recordings, events, run_list, limits, protected_folders(recordings), device,
+                            files)  # fmt: skip
         with open(log, "w") as log_file:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL, stdout=log_file,
                                     stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -210,7 +214,7 @@ def _watch(proc, events: Path, limits: Limits, started: float, result: RunResult
         now = time.monotonic()
         if now - started > limits.run_timeout_s:
             stop = "run_timeout"
-        elif current is not None and now - current_since > limits.test_timeout_s * 1.5 + 10:
+        elif current is not None and now - current_since > limits.test_timeout_s * 1.25 + limits.kill_grace_s:
             stop = "test_timeout"
         elif current is None and now - last_event > limits.startup_s + limits.test_timeout_s:
             stop = "test_timeout" if seen else "startup_timeout"
