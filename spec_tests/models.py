@@ -21,6 +21,7 @@ GPT2 = dict(
 )  # fmt: skip
 
 CONFIGS = {"llama_gqa": LLAMA_GQA, "llama_mha": LLAMA_MHA, "gpt2": GPT2}
+EMBEDDING_STD = 0.1
 
 
 def configs_of(family: str) -> dict[str, dict]:
@@ -65,7 +66,10 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 def random_state_dict(cfg: dict, *, seed: int, dtype=torch.float64, device="cpu") -> dict[str, torch.Tensor]:
     """Canonical weights at a scale that keeps activations O(1) and every component visible.
 
-    Matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm gains in [0.5, 1.5], biases ~ N(0, 0.3²).
+    Matrices ~ N(0, 1/fan_in), norm gains in [0.5, 1.5], biases ~ N(0, 0.3²), embeddings
+    ~ N(0, 0.1²): small embeddings leave the residual stream to attention and the MLP, so logits
+    (and greedy tokens) depend on the whole context. With N(0, 1) embeddings (tied) a model mostly
+    echoes its last token, and cropping or sliding mistakes in generation go unseen.
     """
     sd = {}
     for i, (name, shape) in enumerate(canonical_shapes(cfg).items()):
@@ -75,7 +79,7 @@ def random_state_dict(cfg: dict, *, seed: int, dtype=torch.float64, device="cpu"
         elif name.endswith(".bias"):
             sd[name] = inputs.randn(*shape, seed=s, scale=0.3, dtype=dtype, device=device)
         elif "embeddings" in name:
-            sd[name] = inputs.randn(*shape, seed=s, dtype=dtype, device=device)
+            sd[name] = inputs.randn(*shape, seed=s, scale=EMBEDDING_STD, dtype=dtype, device=device)
         else:
             sd[name] = inputs.fan_in_weight(*shape, seed=s, dtype=dtype, device=device)
     return sd

@@ -12,6 +12,13 @@ from .models import CONFIGS
 pytestmark = pytest.mark.component("generation")
 
 PROMPT_T = 6
+CROP_SEEDS = (47, 48)  # (weights, prompt); tests/test_suite_inputs.py checks they expose a missing crop
+SLIDE_SEEDS = (49, 50)  # likewise for a missing slide
+
+
+def slide_steps(cfg) -> int:
+    """New tokens that take a PROMPT_T-token prompt 8 tokens past the context."""
+    return cfg["context_length"] + 8 - PROMPT_T
 
 
 @pytest.fixture(params=list(CONFIGS))
@@ -88,9 +95,9 @@ def test_generation_ignores_dropout_and_restores_mode(spec, family, mode):
 @pytest.mark.bug_class("cropping")
 def test_long_prompt_is_cropped(spec, config):
     """A prompt longer than context_length conditions on its last context_length tokens (symptoms table: crop to the last context_length tokens)."""
-    sd = models.random_state_dict(config, seed=47, device=spec.device)
+    sd = models.random_state_dict(config, seed=CROP_SEEDS[0], device=spec.device)
     ctx = config["context_length"]
-    prompt = prompt_for(config, t=ctx + 7, seed=48, device=spec.device)
+    prompt = prompt_for(config, t=ctx + 7, seed=CROP_SEEDS[1], device=spec.device)
     out = greedy(spec.impl, config, sd, prompt, 5)
     check_tokens(out[:, : ctx + 7], prompt, behaviour="generate returns the whole (uncropped) prompt first")
     cropped = greedy(spec.impl, config, sd, prompt[:, -ctx:], 5)
@@ -103,9 +110,9 @@ def test_long_prompt_is_cropped(spec, config):
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_generation_slides_past_the_context(spec, config, use_cache):
     """Generating beyond context_length keeps going on the last context_length tokens, equal to the reference (protocol: generate)."""
-    sd = models.random_state_dict(config, seed=49, device=spec.device)
-    prompt = prompt_for(config, t=PROMPT_T, seed=50, device=spec.device)
-    n = config["context_length"] + 5 - PROMPT_T + 3  # 8 tokens past the context
+    sd = models.random_state_dict(config, seed=SLIDE_SEEDS[0], device=spec.device)
+    prompt = prompt_for(config, t=PROMPT_T, seed=SLIDE_SEEDS[1], device=spec.device)
+    n = slide_steps(config)
     out = greedy(spec.impl, config, sd, prompt, n, use_cache=use_cache)
     expected = spec.expected(lambda m, sd, p: greedy(m, config, sd, p, n), sd, prompt)
     check_tokens(out, expected, behaviour=f"generating {n} tokens from {PROMPT_T} slides past context {config['context_length']}")

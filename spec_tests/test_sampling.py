@@ -69,15 +69,17 @@ def test_top_k_keeps_exactly_k(spec, k):
 def test_top_p_keeps_the_crossing_token(spec, top_p, n_kept, dtype):
     """Nucleus = smallest top set whose mass reaches top_p; the token that crosses top_p is kept (protocol: sampling_probs).
 
-    On [0.5, 0.3, 0.1, 0.1] the masses 0.5 and 0.8 are boundaries; p is set 1e-4 either side, far
-    outside float32 rounding (~1e-7), so the answer does not depend on how sums are rounded.
+    On [0.5, 0.3, 0.12, 0.08] the masses 0.5 and 0.8 are boundaries; p is set 1e-4 either side, far
+    outside float32 rounding (~1e-7), so the answer does not depend on how sums are rounded. (No
+    ties: with [.., 0.1, 0.1] either tail token could be "the" third.)
     """
-    logits = inputs.probs_to_logits([0.5, 0.3, 0.1, 0.1], dtype=dtype, device=spec.device)
+    probs_in = [0.5, 0.3, 0.12, 0.08]
+    logits = inputs.probs_to_logits(probs_in, dtype=dtype, device=spec.device)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
     require(kept(probs) == list(range(n_kept)), component="sampling",
-            behaviour=f"top_p={top_p:.4f} on [0.5, 0.3, 0.1, 0.1] keeps the top {n_kept}",
+            behaviour=f"top_p={top_p:.4f} on {probs_in} keeps the top {n_kept}",
             found=f"kept {kept(probs)} with probabilities {[round(p, 4) for p in probs.tolist()]}")  # fmt: skip
-    mass = sum([0.5, 0.3, 0.1, 0.1][:n_kept])
+    mass = sum(probs_in[:n_kept])
     spec.check(lambda m, lg: m.sampling_probs(lg, top_p=top_p), logits, component="sampling",
                behaviour=f"kept tokens renormalised to sum 1 (each divided by {mass})")  # fmt: skip
 

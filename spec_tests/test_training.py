@@ -16,6 +16,12 @@ pytestmark = pytest.mark.component("training")
 CFG = models.LLAMA_GQA
 
 
+@pytest.fixture
+def llama(impl):
+    """Tests that build a model use the llama GQA config: skipped for implementations without llama."""
+    impl.require_family("llama")
+
+
 @pytest.mark.bug_class("unshifted_labels", "get_batch")
 @pytest.mark.parametrize("as_numpy", [True, False], ids=["numpy", "tensor"])
 def test_get_batch_windows_and_shift(spec, as_numpy):
@@ -68,7 +74,7 @@ def one_step(m, sd, x, y, optimizer_name, max_grad_norm):
 @pytest.mark.bug_class("unshifted_labels", "clipping", "train_step")
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adamw"])
 @pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no-clip", "clip0.5"])
-def test_train_step_matches_reference(spec, optimizer_name, max_grad_norm):
+def test_train_step_matches_reference(spec, llama, optimizer_name, max_grad_norm):
     """train_step's loss and updated weights equal the reference's with the same optimizer, clipping by global norm when asked (protocol: train_step)."""
     sd = models.random_state_dict(CFG, seed=61, device=spec.device)
     ids = inputs.token_ids(3, 12, vocab=CFG["vocab_size"], seed=62, device=spec.device)
@@ -78,7 +84,7 @@ def test_train_step_matches_reference(spec, optimizer_name, max_grad_norm):
                behaviour=f"one train_step with {optimizer_name} (max_grad_norm={max_grad_norm}): returned loss and new weights")  # fmt: skip
 
 
-def test_train_step_runs_in_training_mode(spec):
+def test_train_step_runs_in_training_mode(spec, llama):
     """train_step runs the forward pass in training mode, even for a model handed over in eval mode (protocol: train_step)."""
     sd = models.random_state_dict(CFG, seed=63, device=spec.device)
     model = models.build(spec.impl, CFG, sd).eval()
@@ -93,7 +99,7 @@ def test_train_step_runs_in_training_mode(spec):
 CORPUS = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3] * 12)
 
 
-def test_tiny_model_overfits_tiny_corpus(spec):
+def test_tiny_model_overfits_tiny_corpus(spec, llama):
     """A small model trained with `train` memorises a repeating 16-token corpus (course notes: tiny training loop)."""
     cfg = dict(CFG, vocab_size=10, dropout=0.0)
     torch.manual_seed(0)
@@ -108,7 +114,7 @@ def test_tiny_model_overfits_tiny_corpus(spec):
             found=f"first {losses[0]:.3f}, mean of last five {final:.3f}")  # fmt: skip
 
 
-def test_train_is_deterministic_for_a_seed(spec):
+def test_train_is_deterministic_for_a_seed(spec, llama):
     """`train` from the same weights with the same seed gives the same losses (protocol: train)."""
     cfg = dict(CFG, dropout=0.1)
     sd = models.random_state_dict(cfg, seed=65, dtype=torch.float32, device=spec.device)
@@ -122,7 +128,7 @@ EVAL_DATA = inputs.token_ids(61, vocab=CFG["vocab_size"], seed=66)  # 60 predict
 
 @pytest.mark.bug_class("evaluation")
 @pytest.mark.parametrize("batch_size", [2, 8])
-def test_evaluate_matches_reference(spec, batch_size):
+def test_evaluate_matches_reference(spec, llama, batch_size):
     """evaluate's loss is total NLL / number of predicted tokens over consecutive windows (a short last one counts by its tokens) and perplexity = exp(loss) (course notes: evaluation loss and perplexity)."""
     sd = models.random_state_dict(CFG, seed=67, device=spec.device)
     result = spec.check(lambda m, sd: m.evaluate(models.build(m, CFG, sd), EVAL_DATA, 11, batch_size=batch_size), sd,
@@ -133,7 +139,7 @@ def test_evaluate_matches_reference(spec, batch_size):
 
 
 @pytest.mark.bug_class("evaluation", "dropout_generation")
-def test_evaluate_without_dropout_or_grad_and_mode_restored(spec):
+def test_evaluate_without_dropout_or_grad_and_mode_restored(spec, llama):
     """evaluate uses no dropout and no gradients, and leaves the model in the mode it found (protocol: evaluate)."""
     cfg = dict(CFG, dropout=0.5)
     sd = models.random_state_dict(cfg, seed=68, device=spec.device)
