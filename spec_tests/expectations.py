@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import os
 import re
 import struct
 import sys
@@ -42,6 +43,7 @@ from .protocol import ROPE_STYLES
 from .tolerances import EXACT
 
 FORMAT = 1
+MAX_BUG_BYTES_ENV = "SPEC_RECORD_MAX_BUG_BYTES"  # recorded bug outputs larger than this are dropped
 BUNDLED_DIR = Path(__file__).resolve().parent / "recorded"
 
 
@@ -127,6 +129,16 @@ def plain(value):
     raise Unrecordable(f"a {type(value).__qualname__} cannot be recorded")
 
 
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, Mapping):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 8
+
+
 def to_device(value, device: str):
     """A fresh copy of a recorded value, tensors on ``device``."""
     if isinstance(value, torch.Tensor):
@@ -185,7 +197,8 @@ class RecordingExpectations(LiveExpectations):
         """Keep the outputs of ``component``'s catalogued bugs for the check just recorded.
 
         ``compute_on(module_like)`` recomputes the check's quantity on the original inputs, exactly as
-        ``diagnosis.diagnose`` does. Outputs equal to the reference's (to 1e-10) are not kept.
+        ``diagnosis.diagnose`` does. Outputs equal to the reference's (to 1e-10) are not kept, nor
+        (for handouts) those larger than ``$SPEC_RECORD_MAX_BUG_BYTES`` bytes.
         """
         entry = self.entries.get(self.current_key)
         if entry is None:
@@ -196,12 +209,16 @@ class RecordingExpectations(LiveExpectations):
             return
         from .reference_view import StyledReference
 
+        limit = int(os.environ.get(MAX_BUG_BYTES_ENV, "-1"))
         for bug, module in candidates_for(component):
             try:
                 out = compute_on(StyledReference(module, self.rope_style, label=f"bug:{bug.name}"))
                 if mismatch(out, entry["value"], EXACT) is None:
                     continue
-                entry["bugs"][bug.name] = plain(out)
+                out = plain(out)
+                if 0 <= limit < _nbytes(out):
+                    continue
+                entry["bugs"][bug.name] = out
             except Exception:  # noqa: BLE001 - a bug that cannot run on these inputs cannot be the one
                 continue
             self.catalog[bug.name] = {"explanation": str(bug.explanation), "fix": str(bug.fix)}

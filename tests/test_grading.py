@@ -112,14 +112,14 @@ def grade(*args, cwd=None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    """The batch graded into out1/, and its chaos and buggy submissions again into out2/ (determinism)."""
+    """The batch graded into out1/, and its chaos submission again into out2/ (determinism)."""
     tmp = tmp_path_factory.mktemp("grading")
     cache = tmp / "cache"
     names = make_submissions(tmp / "subs", cache)
     rubric = tmp / "rubric.toml"
     rubric.write_text(RUBRIC)
     runs = []
-    again = [str(tmp / "subs" / n) for n in names if n in ("chaos", "buggy")]
+    again = [str(tmp / "subs" / "chaos")]  # the richest: timeouts, a crash, limits, refusals
     for n, impls in ((1, [str(tmp / "subs")]), (2, again)):
         out = tmp / f"out{n}"
         started = time.monotonic()
@@ -237,8 +237,6 @@ def test_diagnosis_reaches_the_report(batch):
 def test_grading_is_deterministic(batch):
     (p1, out1, t1), (p2, out2, t2) = batch["runs"]
     assert p2.returncode == 0, p2.stderr
-    if len(batch["again"]) < 2:  # without the catalog, grade chaos alone: still a batch-shaped output
-        pytest.skip("bug catalog not available")
     for name in batch["again"]:
         a, b = results(batch, name, 0), results(batch, name, 1)
         a.pop("execution_time"), b.pop("execution_time")

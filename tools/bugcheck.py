@@ -3,12 +3,15 @@
     python tools/bugcheck.py                   # every bug, all cores
     python tools/bugcheck.py --jobs 2 --json bugcheck.json
     python tools/bugcheck.py --bugs kv_cache_prepended,post_ln
+    python tools/bugcheck.py --list            # the catalog, one line per bug
 
 For each bug of ``spec_tests.bugs`` (and first for the reference itself) the suite runs as
 ``pytest spec_tests --impl=bug:<name>``, several at a time: each worker process imports torch
 once and runs the suite in-process for one implementation after another (a fresh pytest
 session each, the global torch seed reset), Hypothesis derandomised as in CI but without
-shrinking (a kill does not need the smallest example).
+shrinking (a kill does not need the smallest example). A failing comparison tries only the bug
+under test in its diagnosis (``--full-diagnosis``: every bug of the component, as pytest does),
+which is enough to report whether the failure names the bug.
 
 Exit status 1 when the reference fails, when a bug survives, when a bug is caught only by test
 files unrelated to its class (``spec_tests/bugs/classes.py``), or when its best kill in a
@@ -136,18 +139,44 @@ def _worker_init() -> None:
     _register_profile()
 
 
-def run_suite(impl: str) -> dict:
-    """Run the whole suite against ``impl`` in this process; the per-test outcomes and exit code."""
+@contextlib.contextmanager
+def own_diagnosis_only(impl: str):
+    """While running ``bug:<name>``, diagnosis tries that bug alone (not every bug of the component).
+
+    Whether the failure names the bug is all the matrix needs; trying every candidate of a model
+    component on every failing check would dominate the run time.
+    """
+    import spec_tests.bugs as catalog
+
+    if not impl.startswith("bug:"):
+        yield
+        return
+    bug = catalog.get_bug(impl[4:])
+    everyone = catalog.candidates_for
+    catalog.candidates_for = lambda component: [(bug, catalog.load_bug(bug.name))] if component in bug.components else []
+    try:
+        yield
+    finally:
+        catalog.candidates_for = everyone
+
+
+def run_suite(task: str | tuple[str, bool]) -> dict:
+    """Run the whole suite against ``impl`` in this process; the per-test outcomes and exit code.
+
+    ``task``: ``impl`` or ``(impl, full_diagnosis)``.
+    """
     import pytest
     import torch
 
+    impl, full_diagnosis = (task, False) if isinstance(task, str) else task
     torch.manual_seed(_INITIAL_SEED)  # as a fresh interpreter would start
     recorder = Recorder()
     args = [str(ROOT / "spec_tests"), f"--impl={impl}", "-q", "-p", "no:cacheprovider",
             f"--hypothesis-profile={PROFILE}", "--rootdir", str(ROOT), "-W", "ignore"]  # fmt: skip
     out = io.StringIO()
     start = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+    diagnosis = contextlib.nullcontext() if full_diagnosis else own_diagnosis_only(impl)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), diagnosis:
         code = int(pytest.main(args, plugins=[recorder]))
     tests = []
     for nodeid, outcome in recorder.tests.items():
@@ -172,6 +201,7 @@ class Verdict:
     margin: float | None  # best ratio among failing tests in related files (inf = categorical)
     status: str  # ok | survived | unrelated | near-miss | error
     marked: bool  # a killing test carries a bug_class marker equal to the bug's class
+    diagnosed: bool  # a failure message says "matches known bug <this bug>"
     seconds: float
     detail: str = ""
 
@@ -188,6 +218,7 @@ def judge(bug, result: dict) -> Verdict:
     ratios = [math.inf if t["ratio"] is None else t["ratio"] for t in in_related]
     margin = max(ratios) if ratios else None
     marked = any(bug.bug_class in t["markers"] for t in failed)
+    diagnosed = any(f"matches known bug {bug.name}:" in t["message"] for t in failed)
     detail = ""
     if result["exit_code"] not in (0, 1) or result["collect_errors"]:
         status = "error"
@@ -203,7 +234,7 @@ def judge(bug, result: dict) -> Verdict:
         detail = f"best kill {best['nodeid']} at {margin:.3g}x"
     else:
         status = "ok"
-    return Verdict(bug.name, bug.bug_class, bug.corner, killed_by, related, margin, status, marked,
+    return Verdict(bug.name, bug.bug_class, bug.corner, killed_by, related, margin, status, marked, diagnosed,
                    result["seconds"], detail)  # fmt: skip
 
 
@@ -235,7 +266,7 @@ def fmt_margin(m: float | None) -> str:
 
 def print_matrix(verdicts: list[Verdict], out=sys.stdout) -> None:
     name_w = max(len(v.name) for v in verdicts)
-    head = f"{'bug':<{name_w}}  " + " ".join(f"{s:>5}" for s in FILES.values()) + "   margin       status"
+    head = f"{'bug':<{name_w}}  " + " ".join(f"{s:>5}" for s in FILES.values()) + "   margin       diag  status"
     print(head, file=out)
     print("-" * len(head), file=out)
     for v in verdicts:
@@ -246,8 +277,11 @@ def print_matrix(verdicts: list[Verdict], out=sys.stdout) -> None:
             cells.append(f"{(str(n) if n else '.') + mark:>5}")
         status = v.status.upper() if v.status != "ok" else "ok"
         corner = " (corner)" if v.corner else ""
-        print(f"{v.name:<{name_w}}  " + " ".join(cells) + f"   {fmt_margin(v.margin):<12} {status}{corner}", file=out)
-    print("(cell: failing tests in that file; * = a file meant to catch the bug's class)", file=out)
+        diag = "yes" if v.diagnosed else "-"
+        print(f"{v.name:<{name_w}}  " + " ".join(cells) + f"   {fmt_margin(v.margin):<12} {diag:<5} {status}{corner}",
+              file=out)  # fmt: skip
+    print("(cell: failing tests in that file; * = a file meant to catch the bug's class; diag: a failure says "
+          "'matches known bug <name>')", file=out)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -255,12 +289,20 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     parser.add_argument("--bugs", default="", help="comma-separated bug names (default: the whole catalog)")
     parser.add_argument("--json", dest="json_path", default=None, help="write every verdict and failure here")
+    parser.add_argument("--full-diagnosis", action="store_true",
+                        help="diagnose with every catalogued bug of the component, as pytest does (slower)")
+    parser.add_argument("--list", action="store_true", help="print the catalog (name, class, explanation) and exit")
     parser.add_argument("--stall-timeout", type=float, default=300.0, help="abort when no run finishes for this long (s)")
     args = parser.parse_args(argv)
 
     from spec_tests.bugs import CATALOG, apply_patch, get_bug, reference_sources
 
     names = [n.strip() for n in args.bugs.split(",") if n.strip()] or list(CATALOG)
+    if args.list:
+        for bug in (get_bug(n) for n in names):
+            corner = ", corner" if bug.corner else ""
+            print(f"{bug.name} ({bug.bug_class}{corner}; reference/{bug.file}): {bug.explanation}. Fix: {bug.fix}")
+        return 0
     bugs = [get_bug(n) for n in names]
     sources = reference_sources()
     for bug in bugs:  # a patch that no longer applies is an error before anything runs
@@ -273,7 +315,7 @@ def main(argv=None) -> int:
     results: dict[str, dict] = {}
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes=max(1, min(args.jobs, len(impls))), initializer=_worker_init) as pool:
-        pending = pool.imap_unordered(run_suite, impls)
+        pending = pool.imap_unordered(run_suite, [(impl, args.full_diagnosis) for impl in impls])
         for _ in impls:
             try:
                 result = pending.next(timeout=args.stall_timeout)
@@ -309,6 +351,8 @@ def main(argv=None) -> int:
     if finite:
         worst = min((v for v in verdicts if v.margin in finite), key=lambda v: v.margin)
         print(f"margins: smallest numeric {worst.margin:.3g}x ({worst.name}); {n_cat} bugs killed categorically")
+    print(f"diagnosed by name in a failure: {sum(v.diagnosed for v in verdicts)}/{killed} killed bugs "
+          "(the others fail only in checks that do not compare with the reference's output)")  # fmt: skip
     print(f"reference: {len(ref['tests'])} tests, {len(ref_failures)} failing, {ref['seconds']:.1f}s")
     print(f"bugcheck: {len(impls)} suite runs on {args.jobs} workers in {elapsed:.0f}s")
     if args.json_path:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.grading.recording import RecordingError, record  # noqa: E402
+from tools.grading.recording import RecordingError, record, torch_version  # noqa: E402
 from tools.grading.rubric import RubricError, load_rubric  # noqa: E402
 
 STYLES = ("interleaved", "half")
@@ -49,39 +49,10 @@ def copy_tree(src: Path, dst: Path, test_files: list[str] | None = None) -> None
     shutil.copytree(src, dst, ignore=ignore)
 
 
-def prune_bug_outputs(path: Path, max_bytes: int) -> tuple[int, int]:
-    """Drop recorded bug outputs larger than ``max_bytes`` (0 drops them all); returns (kept, dropped)."""
-    import torch
-
-    def size(value) -> int:
-        if isinstance(value, torch.Tensor):
-            return value.numel() * value.element_size()
-        if isinstance(value, dict):
-            return sum(size(v) for v in value.values())
-        if isinstance(value, list | tuple):
-            return sum(size(v) for v in value)
-        return 8
-
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    kept = dropped = 0
-    for entry in data["entries"].values():
-        bugs = entry.get("bugs", {})
-        for name in list(bugs):
-            if max_bytes <= 0 or size(bugs[name]) > max_bytes:
-                del bugs[name]
-                dropped += 1
-            else:
-                kept += 1
-    used = {name for entry in data["entries"].values() for name in entry.get("bugs", {})}
-    data["catalog"] = {name: info for name, info in data.get("catalog", {}).items() if name in used}
-    torch.save(data, path)
-    return kept, dropped
-
-
 def readme(rubric, styles, torch_version: str, live_left_out: int) -> str:
     rows = "\n".join(f"| {name} | {weight:g} |" for name, weight in rubric.components.items())
-    extra = (f" and {live_left_out} more tests that need the reference itself (not in this handout)"
-             if live_left_out else "")
+    extra = (f", plus {live_left_out} test{'s' if live_left_out != 1 else ''} that need{'s' if live_left_out == 1 else ''} "
+             "the reference itself (not in this handout)" if live_left_out else "")
     if rubric.visibility != "visible" or any(o.visibility not in (None, "visible") for o in rubric.overrides):
         extra += "; some tests are hidden or shown only later"
     return f"""# Build a transformer from scratch: your handout
@@ -114,8 +85,9 @@ Pick the RoPE pairing you implement with `ROPE_STYLE` in `student/__init__.py`
 
 ## How you are graded
 
-Your submission is graded with the same suite{extra}. Points per component (relative weights,
-total {rubric.total:g}):
+Your submission is graded with the same suite{extra}.
+
+Points per component (relative weights, total {rubric.total:g}):
 
 | component | weight |
 |---|---:|
@@ -169,20 +141,18 @@ def main(argv=None) -> int:
     copy_tree(ROOT / "spec_tests", out / "spec_tests", test_files)
     recorded = out / "spec_tests" / "recorded"
     try:
-        record(styles, recorded, manifest=False, live=False, files=test_files)
+        max_bytes = int(args.diagnosis_max_kib * 1024)
+        record(styles, recorded, manifest=False, live=False, files=test_files,
+               env={"SPEC_RECORD_MAX_BUG_BYTES": str(max_bytes if max_bytes > 0 else 0)})
     except RecordingError as exc:
         print(f"tools/make_handout.py: {exc}", file=sys.stderr)
         return 1
     for log in recorded.glob("record-*.log"):
         log.unlink()
-    import torch
-
-    for style in styles:
-        prune_bug_outputs(recorded / f"expected-{style}.pt", int(args.diagnosis_max_kib * 1024))
     live_left_out = _count_live_tests(test_files)
-    version = str(torch.__version__).split("+")[0]
+    version = torch_version().split("+")[0]
     (out / "README.md").write_text(readme(rubric, styles, version, live_left_out), encoding="utf-8")
-    (out / "pytest.ini").write_text("[pytest]\ntestpaths = spec_tests\naddopts = -p no:cacheprovider\n")
+    (out / "pytest.ini").write_text("[pytest]\ntestpaths = spec_tests\naddopts = -p no:cacheprovider --impl=student\n")
     (out / "requirements.txt").write_text(
         f"torch=={version}\nnumpy\neinops\npytest>=8\nhypothesis>=6.100\n", encoding="utf-8"
     )

@@ -90,7 +90,7 @@ def _record_command(style: str, out: Path, select: str | None, manifest: Path | 
 
 
 def record(styles, out: Path, *, select: str | None = None, manifest: bool = True, live: bool = True,
-           files: list[str] | None = None, timeout: float = 1800) -> dict | None:
+           files: list[str] | None = None, env: dict | None = None, timeout: float = 1800) -> dict | None:
     """Run the trusted pass(es) into ``out``; returns the manifest (when asked for)."""
     out.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -98,7 +98,7 @@ def record(styles, out: Path, *, select: str | None = None, manifest: bool = Tru
         man = out / "manifest.json" if manifest and i == 0 else None
         log = open(out / f"record-{style}.log", "w")
         cmd = _record_command(style, out, select, man, live, files)
-        procs.append((style, subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
+        procs.append((style, subprocess.Popen(cmd, cwd=ROOT, env={**child_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL), log))  # fmt: skip
     for style, proc, log in procs:
         try:

@@ -71,6 +71,7 @@ class Grade:
     staff_notes: list[str] = field(default_factory=list)
     execution_time_s: float = 0.0
     rope_style: str = ""
+    vm_peak_mb: int = 0
 
     @property
     def score_cents(self) -> int:
@@ -113,7 +114,8 @@ def build_grade(submission: str, graded: list[GradedTest], run: RunResult, rubri
         outcome = run.outcomes.get(test.id, Outcome("not_run", "not run"))
         results.append(TestResult(test, outcome.outcome, outcome.message))
     return Grade(submission, results, rubric, could_not_run=run.could_not_run, blocked=list(run.blocked),
-                 staff_notes=list(run.staff_notes), execution_time_s=run.elapsed_s, **extra)  # fmt: skip
+                 staff_notes=list(run.staff_notes), execution_time_s=run.elapsed_s, vm_peak_mb=run.vm_peak_mb,
+                 **extra)  # fmt: skip
 
 
 def _pts(cents: int) -> str:
@@ -153,6 +155,10 @@ def terminal_report(grade: Grade, *, failures: bool = False) -> str:
     for flag in grade.staff_flags:
         out.append(f"FLAG (staff): {flag}")
     if failures:
+        if grade.vm_peak_mb:
+            out.append(f"(staff) largest address space of a grading process: {grade.vm_peak_mb} MiB")
+        for note in grade.staff_notes:
+            out.append("(staff) " + note.replace("\n", "\n  "))
         for r in grade.results:
             if not r.passed:
                 out += ["", f"FAILED {r.test.id} [{r.test.visibility}]", "  " + r.text.replace("\n", "\n  ")]
