@@ -141,7 +141,11 @@ def run_submission(submission: Path, test_ids: list[str], recordings: Path, limi
             break
         tail = log.read_text(errors="replace")[-2000:]
         if done_now == 0:  # the child ended without running anything: give up rather than loop
-            reason = (f"the test process ended (exit status {proc.returncode}) before running the remaining tests")
+            how = (_signal_text(proc.returncode) if proc.returncode is not None and proc.returncode < 0
+                   else f"ended (exit status {proc.returncode})")  # fmt: skip
+            when = "before running any test (while importing your implementation?)" if not result.outcomes else \
+                "before running the remaining tests"
+            reason = f"the test process {how} {when}"
             result.staff_notes.append(f"{reason}; log tail:\n{tail}")
             if not result.outcomes:
                 result.could_not_run = reason
