@@ -9,7 +9,6 @@ import torch
 
 from .assertions import assert_close, require
 from . import tolerance_measurement
-from .diagnosis import diagnose
 from .tolerances import tolerance
 
 
@@ -74,7 +73,7 @@ class Spec:
     def expected(self, compute: Callable, *args, label: str | None = None):
         """``compute(reference, *args)`` with floating inputs promoted to float64."""
         args64 = to_float64(args)
-        return self.expectations.value(self._key(label), lambda ref: compute(ref, *args64))
+        return self.expectations.value(self._key(label), lambda ref: compute(ref, *args64), args64)
 
     def check(
         self,
@@ -98,7 +97,11 @@ class Spec:
             found=f"the implementation changed input(s) {changed} during the call",
             component=component,
         )
-        expected = self.expected(compute, *pristine, label=label)
+        key = self._key(label)
+        args64 = to_float64(pristine)
+        expected = self.expectations.value(key, lambda ref: compute(ref, *args64), args64)
+        on_bug = lambda bug: compute(bug, *pristine)  # noqa: E731 - a catalogued bug, same inputs
+        self.expectations.observe_check(key, component, on_bug)
         dtype = floating_dtype(args) or torch.float64
         tol = tolerance(kind, dtype, self.device)
         if dtype == torch.float32 and tolerance_measurement.enabled():
@@ -109,6 +112,6 @@ class Spec:
             behaviour=behaviour,
             tol=tol,
             component=component,
-            diagnosis=lambda: diagnose(component, lambda bug: compute(bug, *args), actual, tol, self.impl.rope_style),
+            diagnosis=lambda: self.expectations.diagnose(key, component, on_bug, actual, tol, self.impl.rope_style),
         )
         return actual

@@ -27,6 +27,11 @@ def diagnose(component: str, compute, actual, tol: Tolerance, rope_style: str) -
             continue
         if mismatch(actual, out, tol) is None:
             matches.append(bug)
-    if not matches:
+    return describe_matches(matches)
+
+
+def describe_matches(bugs) -> str | None:
+    """The diagnosis lines for bugs (objects with ``name``, ``explanation``, ``fix``), or None."""
+    if not bugs:
         return None
-    return "\n  ".join(f"matches known bug {b.name}: {b.explanation}. Fix: {b.fix}" for b in matches)
+    return "\n  ".join(f"matches known bug {b.name}: {b.explanation}. Fix: {b.fix}" for b in bugs)

@@ -1,8 +1,11 @@
 """Where expected values come from: the live reference in float64, or a recording of it.
 
-Every expected value a test needs goes through ``Expectations.value(key, compute)``, keyed by the
-test id and a per-test label, so that a recording of them can stand in for the reference where
-its source is not available (a student handout, or a grading process that must not see it).
+Every expected value a test needs goes through ``provider.value(key, compute, inputs)``, keyed by
+the test id and a per-test label and fingerprinted by its float64 inputs, so that a recording of
+them can stand in for the reference where its source is not available (a student handout, or a
+grading process that must not see it). Each provider also answers ``diagnose(...)`` for a failed
+check (from the live catalog, or from recorded bug outputs) and sees every check through
+``observe_check(...)`` (a recording keeps the catalogued bugs' outputs there).
 
 Three providers, chosen by :func:`expectations_for` from the command line:
 
@@ -31,7 +34,6 @@ import importlib.util
 import os
 import re
 import struct
-import sys
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -161,8 +163,16 @@ class LiveExpectations:
     def __init__(self, reference):
         self.reference = reference
 
-    def value(self, key: str, compute):
+    def value(self, key: str, compute, inputs=()):
         return compute(self.reference)
+
+    def observe_check(self, key: str, component: str, compute_on) -> None:
+        """Called after every ``spec.check``; ``compute_on(module_like)`` recomputes its quantity."""
+
+    def diagnose(self, key: str, component: str, compute_on, actual, tol, rope_style: str) -> str | None:
+        from .diagnosis import diagnose
+
+        return diagnose(component, compute_on, actual, tol, rope_style)
 
 
 class RecordingExpectations(LiveExpectations):
@@ -175,32 +185,24 @@ class RecordingExpectations(LiveExpectations):
         self.catalog: dict[str, dict] = {}
         self.unrecordable: dict[str, str] = {}
         self.live_tests: set[str] = set()
-        self.next_fingerprint: str | None = None
-        self.current_key: str | None = None
 
-    @property
-    def spec_class(self):
-        return _spec_classes()[0]
-
-    def value(self, key: str, compute):
+    def value(self, key: str, compute, inputs=()):
         key = normalize_key(key)
-        fp, self.next_fingerprint = self.next_fingerprint, None
         result = compute(self.reference)
-        self.current_key = key
         try:
-            self.entries[key] = {"fingerprint": fp, "value": plain(result), "bugs": {}}
+            self.entries[key] = {"fingerprint": fingerprint(inputs), "value": plain(result), "bugs": {}}
         except Unrecordable as exc:
             self.unrecordable[key] = str(exc)
         return result
 
-    def record_bugs(self, component: str, compute_on) -> None:
-        """Keep the outputs of ``component``'s catalogued bugs for the check just recorded.
+    def observe_check(self, key: str, component: str, compute_on) -> None:
+        """Keep the outputs of ``component``'s catalogued bugs for this check.
 
         ``compute_on(module_like)`` recomputes the check's quantity on the original inputs, exactly as
         ``diagnosis.diagnose`` does. Outputs equal to the reference's (to 1e-10) are not kept, nor
         (for handouts) those larger than ``$SPEC_RECORD_MAX_BUG_BYTES`` bytes.
         """
-        entry = self.entries.get(self.current_key)
+        entry = self.entries.get(normalize_key(key))
         if entry is None:
             return
         try:
@@ -273,7 +275,7 @@ def preload(directory) -> list[str]:
 
 
 class ReplayExpectations:
-    """Expected values read back from a recording; no reference needed."""
+    """Expected values read back from a recording; no reference (and no bug catalog) needed."""
 
     def __init__(self, data: dict, device: str, source: str):
         self.data, self.device, self.source = data, device, source
@@ -283,25 +285,36 @@ class ReplayExpectations:
         for key, entry in self.entries.items():
             self.by_fingerprint.setdefault((_prefix(key), entry["fingerprint"]), key)
             self.prefixes.add(_prefix(key))
-        self.next_fingerprint: str | None = None
-        self.current_key: str | None = None
+        self.served: dict[str, str] = {}  # the key asked for -> the recorded entry that answered it
 
-    @property
-    def spec_class(self):
-        return _spec_classes()[1]
-
-    def value(self, key: str, compute):
+    def value(self, key: str, compute, inputs=()):
         key = normalize_key(key)
-        fp, self.next_fingerprint = self.next_fingerprint, None
+        fp = fingerprint(inputs)
         found = key
         entry = self.entries.get(key)
-        if entry is None or (fp is not None and entry["fingerprint"] != fp):
+        if entry is None or entry["fingerprint"] != fp:
             found = self.by_fingerprint.get((_prefix(key), fp))
             entry = self.entries.get(found) if found else None
         if entry is None:
             self._miss(key)
-        self.current_key = found
+        self.served[key] = found
         return to_device(entry["value"], self.device)
+
+    def observe_check(self, key: str, component: str, compute_on) -> None:
+        pass
+
+    def diagnose(self, key: str, component: str, compute_on, actual, tol, rope_style: str) -> str | None:
+        """Compare ``actual`` with the bug outputs recorded for this check's inputs."""
+        from .diagnosis import describe_matches
+
+        entry = self.entries.get(self.served.get(normalize_key(key), ""), {})
+        catalog = self.data.get("catalog", {})
+        matches = [
+            types.SimpleNamespace(name=name, **catalog[name])
+            for name, out in entry.get("bugs", {}).items()
+            if name in catalog and mismatch(actual, to_device(out, self.device), tol) is None
+        ]
+        return describe_matches(matches)
 
     def _miss(self, key: str):
         reason = self.data.get("unrecordable", {}).get(key)
@@ -321,82 +334,6 @@ class ReplayExpectations:
             "inputs; they differ from the ones recorded (another torch version may draw other random inputs)"
         )
         raise RecordingMiss(f"cannot check {key}: {why}. This check needs the live reference.")
-
-    # diagnosis from recorded bug outputs -------------------------------------------------------
-
-    def recorded_candidates(self, component: str):
-        """``(bug, module)`` pairs for ``diagnosis.diagnose``: the bugs recorded for the current check."""
-        entry = self.entries.get(self.current_key or "", {})
-        catalog = self.data.get("catalog", {})
-        return [
-            (types.SimpleNamespace(name=name, **catalog[name]), RecordedBug(name, self))
-            for name in entry.get("bugs", {})
-            if name in catalog
-        ]
-
-    def bug_output(self, name: str):
-        return to_device(self.entries[self.current_key]["bugs"][name], self.device)
-
-    def install_catalog(self) -> None:
-        """Serve ``spec_tests.bugs`` from the recording (the catalog itself ships only with the suite)."""
-        if not self.data.get("catalog"):
-            return
-        module = types.ModuleType(__package__ + ".bugs", "The bug catalog, replayed from recorded outputs.")
-        module.candidates_for = self.recorded_candidates
-
-        def load_bug(name):
-            raise ValueError(f"bug:{name}: the bug catalog is not available while replaying recorded values")
-
-        module.load_bug = load_bug
-        sys.modules[module.__name__] = module
-
-
-class RecordedBug:
-    """Stands for one catalogued bug in diagnosis: its recorded output replaces the recomputation."""
-
-    def __init__(self, name: str, provider: ReplayExpectations):
-        self.name, self.provider = name, provider
-
-    def __getattr__(self, attr):
-        raise AttributeError(f"recorded bug {self.name} has no live {attr}")
-
-
-def _spec_classes():
-    """``Spec`` subclasses that hand each check's inputs (and bug outputs) to the provider."""
-    global _SPEC_CLASSES
-    if _SPEC_CLASSES is None:
-        from .checking import Spec, to_float64
-        from .reference_view import StyledReference
-
-        class RecordingSpec(Spec):
-            def expected(self, compute, *args, label=None):
-                self.expectations.next_fingerprint = fingerprint(to_float64(args))
-                return super().expected(compute, *args, label=label)
-
-            def check(self, compute, *args, component: str, **kwargs):
-                result = super().check(compute, *args, component=component, **kwargs)
-                self.expectations.record_bugs(component, lambda bug: compute(bug, *args))
-                return result
-
-        class ReplaySpec(Spec):
-            def expected(self, compute, *args, label=None):
-                self.expectations.next_fingerprint = fingerprint(to_float64(args))
-                return super().expected(compute, *args, label=label)
-
-            def check(self, compute, *args, **kwargs):
-                def compute_or_recorded(m, *a):
-                    target = m.module if isinstance(m, StyledReference) else None
-                    if isinstance(target, RecordedBug):
-                        return target.provider.bug_output(target.name)
-                    return compute(m, *a)
-
-                return super().check(compute_or_recorded, *args, **kwargs)
-
-        _SPEC_CLASSES = (RecordingSpec, ReplaySpec)
-    return _SPEC_CLASSES
-
-
-_SPEC_CLASSES = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -463,9 +400,7 @@ def expectations_for(config, impl, device: str):
             data = _replay_data(directory, impl.rope_style)
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-        provider = ReplayExpectations(data, device, source=str(recording_path(directory, impl.rope_style).name))
-        provider.install_catalog()
-        return provider
+        return ReplayExpectations(data, device, source=str(recording_path(directory, impl.rope_style).name))
     if not reference_available():
         raise pytest.UsageError(
             "the reference implementation is not installed and no recorded expected values were found "

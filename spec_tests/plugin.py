@@ -196,8 +196,7 @@ def spec(request, impl, expectations, device):
     """Per-test access to the implementation, expected values and comparisons."""
     from .checking import Spec
 
-    spec_class = getattr(expectations, "spec_class", Spec)  # recording/replay subclasses (issue 5)
-    return spec_class(impl, expectations, device, request.node.nodeid)
+    return Spec(impl, expectations, device, request.node.nodeid)
 
 
 @pytest.fixture(params=("llama", "gpt2"))

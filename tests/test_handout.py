@@ -173,13 +173,11 @@ def test_replay_refuses_inputs_it_did_not_record():
         "entries": {"test_a.py::test_b::value#0": {"fingerprint": fingerprint((x,)), "value": x * 2, "bugs": {}}},
     }  # fmt: skip
     replay = ReplayExpectations(data, "cpu", source="expected-interleaved.pt")
-    replay.next_fingerprint = fingerprint((x,))
-    assert torch.equal(replay.value("spec_tests/test_a.py::test_b::value#0", None), x * 2)
-    replay.next_fingerprint = fingerprint((x + 1,))
+    assert torch.equal(replay.value("spec_tests/test_a.py::test_b::value#0", None, (x,)), x * 2)
     with pytest.raises(SpecFailure, match="holds no expected value for these inputs"):
-        replay.value("spec_tests/test_a.py::test_b::value#0", None)
+        replay.value("spec_tests/test_a.py::test_b::value#0", None, (x + 1,))
     with pytest.raises(SpecFailure, match="could not be recorded"):
-        replay.value("spec_tests/test_a.py::test_b::other#0", None)
+        replay.value("spec_tests/test_a.py::test_b::other#0", None, (x,))
 
 
 def test_make_handout_refuses_to_overwrite(tmp_path):
