@@ -201,3 +201,40 @@ def test_pytest_output_names_the_bug(impl):
     assert "2 failed" in out, out[-3000:]
     assert out.count("matches known bug mha_rope_on_values: RoPE is applied to the values") == 2, out[-3000:]
     assert "Fix: rotate q and k only" in out
+
+
+# ----------------------------------------------------------------------------- tools/bugcheck.py verdicts
+
+
+def bugcheck():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import bugcheck as module
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return module
+
+
+def test_bugcheck_reads_the_margin_from_failure_messages():
+    bc = bugcheck()
+    assert bc.failure_ratio("max abs error 1.39, 1.01e+10x the tolerance, at [1]") == 1.01e10
+    assert bc.failure_ratio("expected 2.5, got 2.6 (error 0.1, 12.5x the tolerance; atol ...)") == 12.5
+    assert bc.failure_ratio("max abs error 0.1, infx the tolerance") == float("inf")
+    assert bc.failure_ratio("kept [0, 1]") is None  # categorical: no tolerance involved
+
+
+def synthetic_run(*failures: tuple[str, float | None]) -> dict:
+    tests = [{"nodeid": f"spec_tests/{f}.py::t", "file": f, "outcome": "failed", "message": "", "ratio": r, "markers": []}
+             for f, r in failures]  # fmt: skip
+    tests.append({"nodeid": "spec_tests/test_mlp.py::ok", "file": "test_mlp", "outcome": "passed", "message": "",
+                  "ratio": None, "markers": []})  # fmt: skip
+    return {"impl": "bug:x", "exit_code": 1 if failures else 0, "seconds": 1.0, "tests": tests, "collect_errors": []}
+
+
+def test_bugcheck_verdicts():
+    bc, bug = bugcheck(), CATALOG["kv_cache_prepended"]  # related: test_kv_cache, test_generation
+    assert bc.judge(bug, synthetic_run()).status == "survived"
+    assert bc.judge(bug, synthetic_run(("test_model", 1e9))).status == "unrelated"
+    assert bc.judge(bug, synthetic_run(("test_kv_cache", 3.0), ("test_model", 1e9))).status == "near-miss"
+    ok = bc.judge(bug, synthetic_run(("test_kv_cache", 3.0), ("test_generation", None)))
+    assert ok.status == "ok" and ok.margin == float("inf") and ok.killed_by == {"test_kv_cache": 1, "test_generation": 1}

@@ -16,7 +16,7 @@ SDPA = "scaled_dot_product_attention"
 BUGS = (
     # ------------------------------------------------------------------ masks and head sharing
     Bug(
-        "causal_mask_top_left", "causal_mask", ("causal_mask",),
+        "causal_mask_top_left", "causal_mask", ("causal_mask", *MODEL),  # the model's fused path uses it when Tq != Tk
         "attention.py",
         old="    q_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)",
         new="    q_pos = torch.arange(t_q, device=device)[:, None]",
