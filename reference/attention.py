@@ -116,9 +116,15 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     ``is_causal`` in PyTorch is top-left aligned, which is only right when ``Tq == Tk``;
     a single new query sees every key; other shapes get an explicit bottom-right mask.
+    A single query with GQA (a decoding step) attends as ``[B, Hkv, n_rep, d]`` queries against
+    the unrepeated keys, so the cache is never expanded to ``n_heads``.
     """
     n_rep = _group_size(q, k)
     t_q, t_k = q.shape[-2], k.shape[-2]
+    if t_q == 1 and n_rep > 1:  # one new query sees every key; fold each kv head's query heads into its rows
+        grouped = rearrange(q, "... (h_kv rep) 1 d -> ... h_kv rep d", rep=n_rep)
+        out = F.scaled_dot_product_attention(grouped, k, v)
+        return rearrange(out, "... h_kv rep d -> ... (h_kv rep) 1 d")
     mask, is_causal = None, False
     if causal and t_q == t_k:
         is_causal = True
