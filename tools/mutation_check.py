@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,12 +48,22 @@ class MutantTimeout(BaseException):
     """Raised by the alarm when one mutant's suite run takes too long."""
 
 
-def enumerate_mutations() -> list[dict]:
+def reference_texts(base: str | None = None) -> dict[str, str]:
+    """Module stem -> source of reference/*.py: the working tree, or commit ``base`` (``git show``)."""
+    stems = sorted(p.stem for p in (ROOT / "reference").glob("*.py"))
+    if base is None:
+        return {stem: (ROOT / "reference" / f"{stem}.py").read_text() for stem in stems}
+    show = lambda stem: subprocess.run(["git", "show", f"{base}:reference/{stem}.py"], cwd=ROOT, check=True,  # noqa: E731
+                                       capture_output=True, text=True).stdout  # fmt: skip
+    return {stem: show(stem) for stem in stems}
+
+
+def enumerate_mutations(base: str | None = None) -> list[dict]:
     """Every (file, operator, occurrence) cosmic-ray's core operators produce on reference/*.py."""
     import cosmic_ray.plugins
     from cosmic_ray.ast import ast_nodes, get_ast
 
-    sources = {p.stem: p.read_text() for p in sorted((ROOT / "reference").glob("*.py"))}
+    sources = reference_texts(base)
     found = []
     for stem, source in sources.items():
         nodes = list(ast_nodes(get_ast(source)))
@@ -89,12 +100,12 @@ def annotation_only(original: str, mutated: str) -> bool:
         return False
 
 
-def mutant_sources(m: dict) -> tuple[dict[str, str], str] | None:
+def mutant_sources(m: dict, base: str | None = None) -> tuple[dict[str, str], str] | None:
     """The reference sources with mutation ``m`` applied, and a one-line diff; None if unchanged."""
     import cosmic_ray.plugins
     from cosmic_ray.mutating import mutate_code
 
-    sources = {p.stem: p.read_text() for p in sorted((ROOT / "reference").glob("*.py"))}
+    sources = reference_texts(base)
     op = cosmic_ray.plugins.get_operator(m["operator"])()
     mutated = mutate_code(sources[m["stem"]], op, m["occurrence"])
     if mutated is None or mutated == sources[m["stem"]]:
@@ -110,20 +121,20 @@ def _alarm(signum, frame):
     raise MutantTimeout()
 
 
-def run_mutant(task: tuple[int, dict, int]) -> dict:
+def run_mutant(task: tuple[int, dict, int, str | None]) -> dict:
     """Import mutant ``index`` as ``_spec_mut_<index>`` and run the suite against it with ``-x``."""
     import pytest
     import torch
 
     from spec_tests.bugs.loading import import_sources
 
-    index, m, timeout = task
-    made = mutant_sources(m)
+    index, m, timeout, base = task
+    made = mutant_sources(m, base)
     result = {**m, "index": index, "diff": "", "outcome": "", "detail": "", "seconds": 0.0}
     if made is None:
         return {**result, "outcome": "unchanged"}
     sources, result["diff"] = made
-    if annotation_only((ROOT / "reference" / f"{m['stem']}.py").read_text(), sources[m["stem"]]):
+    if annotation_only(reference_texts(base)[m["stem"]], sources[m["stem"]]):
         return {**result, "outcome": "equivalent", "detail": "changes only a type annotation"}
     package = f"_spec_mut_{index}"
     start = time.perf_counter()
@@ -161,13 +172,16 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout", type=int, default=180, help="seconds per mutant before it counts as a timeout")
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--base", default=None, metavar="COMMIT",
+                        help="mutate reference/ as of this git commit (default: the working tree); expected values "
+                             "still come from the working tree's reference")
     parser.add_argument("--rerun", default=None, metavar="JSON",
                         help="rerun the survivors of an earlier --json result (e.g. after the suite changed) and "
                              "report the merged outcome")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    population = enumerate_mutations()
+    population = enumerate_mutations(args.base)
     earlier = json.loads(Path(args.rerun).read_text())["results"] if args.rerun else None
     if earlier is not None:
         chosen = [{k: r[k] for k in ("stem", "operator", "occurrence", "line")} for r in earlier if r["outcome"] == "survived"]
@@ -179,7 +193,8 @@ def main(argv=None) -> int:
     results = []
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes=max(1, args.jobs), initializer=bugcheck._worker_init) as pool:
-        for r in pool.imap_unordered(run_mutant, [(i, m, args.timeout) for i, m in enumerate(chosen)]):
+        tasks = [(i, m, args.timeout, args.base) for i, m in enumerate(chosen)]
+        for r in pool.imap_unordered(run_mutant, tasks):
             results.append(r)
             progress.step(f"{r['outcome']:<11} {r['stem']}:{r['line']} {r['operator'].split('/')[-1]}")
     results.sort(key=lambda r: r["index"])
@@ -198,7 +213,8 @@ def main(argv=None) -> int:
             print(f"  {r['outcome'].upper():<8} reference/{r['stem']}.py:{r['line']} {r['operator']}: {r['diff']}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(
-            {"population": len(population), "sample": len(chosen), "seed": args.seed, "counts": counts, "score": score,
+            {"population": len(population), "sample": len(results), "seed": args.seed, "base": args.base,
+             "counts": counts, "score": score,
              "elapsed_seconds": round(elapsed, 1), "results": results}, indent=1))  # fmt: skip
     return 0
 
