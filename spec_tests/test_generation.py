@@ -55,10 +55,9 @@ def test_greedy_matches_reference(spec, config, use_cache):
     sd = models.random_state_dict(config, seed=42, device=spec.device)
     prompt = prompt_for(config, device=spec.device)
     n = 12
-    out = greedy(spec.impl, config, sd, prompt, n, use_cache=use_cache)
+    out = spec.check(lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache), sd, prompt, component="generation",
+                     behaviour=f"greedy generate(use_cache={use_cache}) of {n} tokens equals the reference")  # fmt: skip
     check_tokens(out[:, :PROMPT_T], prompt, behaviour="generate returns the prompt followed by the new tokens")
-    expected = spec.expected(lambda m, sd, p: greedy(m, config, sd, p, n), sd, prompt)
-    check_tokens(out, expected, behaviour=f"greedy generate(use_cache={use_cache}) of {n} tokens equals the reference")
 
 
 @pytest.mark.bug_class("kv_cache")
@@ -98,12 +97,11 @@ def test_long_prompt_is_cropped(spec, config):
     sd = models.random_state_dict(config, seed=CROP_SEEDS[0], device=spec.device)
     ctx = config["context_length"]
     prompt = prompt_for(config, t=ctx + 7, seed=CROP_SEEDS[1], device=spec.device)
-    out = greedy(spec.impl, config, sd, prompt, 5)
+    out = spec.check(lambda m, sd, p: greedy(m, config, sd, p, 5), sd, prompt, component="generation",
+                     behaviour=f"a {ctx + 7}-token prompt, context {ctx}: generation equals the reference's")  # fmt: skip
     check_tokens(out[:, : ctx + 7], prompt, behaviour="generate returns the whole (uncropped) prompt first")
     cropped = greedy(spec.impl, config, sd, prompt[:, -ctx:], 5)
     check_tokens(out[:, ctx + 7 :], cropped[:, ctx:], behaviour=f"a {ctx + 7}-token prompt continues like its last {ctx} tokens")
-    expected = spec.expected(lambda m, sd, p: greedy(m, config, sd, p, 5), sd, prompt)
-    check_tokens(out, expected, behaviour="cropped-prompt generation equals the reference")
 
 
 @pytest.mark.bug_class("cropping", "kv_cache")
@@ -113,9 +111,8 @@ def test_generation_slides_past_the_context(spec, config, use_cache):
     sd = models.random_state_dict(config, seed=SLIDE_SEEDS[0], device=spec.device)
     prompt = prompt_for(config, t=PROMPT_T, seed=SLIDE_SEEDS[1], device=spec.device)
     n = slide_steps(config)
-    out = greedy(spec.impl, config, sd, prompt, n, use_cache=use_cache)
-    expected = spec.expected(lambda m, sd, p: greedy(m, config, sd, p, n), sd, prompt)
-    check_tokens(out, expected, behaviour=f"generating {n} tokens from {PROMPT_T} slides past context {config['context_length']}")
+    spec.check(lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache), sd, prompt, component="generation",
+               behaviour=f"generating {n} tokens from {PROMPT_T} slides past context {config['context_length']}")  # fmt: skip
 
 
 @pytest.mark.bug_class("sampling_order", "top_k")

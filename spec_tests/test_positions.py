@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from . import inputs
+from . import inputs, models
 from .assertions import assert_close, require, require_value_error
 from .inputs import S
 from .strategies import seeds
@@ -114,12 +114,14 @@ def test_rope_rejects_odd_head_dim(spec):
 def test_sinusoidal_table(spec, d_model):
     """pe[p, 2i] = sin(p / 10000**(2i/d)), pe[p, 2i+1] = cos(same) (course notes: fill sinusoidal table)."""
     n = 37
-    table = spec.impl.sinusoidal_positions(n, d_model)
-    expected = spec.expected(lambda m, n, d: m.sinusoidal_positions(n, d, dtype=torch.float64), n, d_model)
-    # The protocol leaves the table's dtype open: float32 tables are held to float32 rounding of
-    # values in [-1, 1] at arguments up to 36 rad (2**-24 * 36 ~ 2e-6; x8 = 2e-5).
-    tol = EXACT if table.dtype == torch.float64 else type(EXACT)(2e-5, 0.0, "float32 sin/cos of arguments up to 36 rad", "float32 table")
-    assert_close(table, expected, tol=tol, component="sinusoidal_positions",
-                 behaviour=f"sinusoidal_positions({n}, {d_model})")  # fmt: skip
+    # The protocol leaves the table's dtype open: under float64 as the default dtype, a table in
+    # float64 is held to 1e-10; one that stays float32 to float32 rounding of values in [-1, 1] at
+    # arguments up to 36 rad (2**-24 * 36 ~ 2e-6; x8 = 2e-5).
+    float32_table = type(EXACT)(2e-5, 0.0, "float32 sin/cos of arguments up to 36 rad", "float32 table")
+    with models.default_dtype(torch.float64):
+        table = spec.impl.sinusoidal_positions(n, d_model)
+        spec.check(lambda m, n, d: m.sinusoidal_positions(n, d), n, d_model, component="sinusoidal_positions",
+                   tol=EXACT if table.dtype == torch.float64 else float32_table,
+                   behaviour=f"sinusoidal_positions({n}, {d_model})")  # fmt: skip
     require(math.isclose(float(table[0, 1]), 1.0), behaviour="pe[0, 1] = cos(0) = 1", component="sinusoidal_positions",
             found=f"pe[0, 1] = {float(table[0, 1])}")  # fmt: skip
