@@ -87,18 +87,28 @@ def pytest_report_header(config):
     return f"benchmarks: mode={mode} sizes={config._bench_profile} dtype={sizes.dtype} threads={torch.get_num_threads()}"
 
 
+@pytest.hookimpl(trylast=True)  # after the @parametrize marks, so that the parameters below vary fastest
 def pytest_generate_tests(metafunc):
-    """Parametrise over the sizes of this run (they depend on --device and the mode)."""
+    """Parametrise over the sizes of this run (they depend on --device and the mode).
+
+    Contenders (and attention kernels) vary fastest, so the runs being compared are measured
+    one after the other, under the same load.
+    """
     sizes = bench_sizes(metafunc.config)
+    if "heads" in metafunc.fixturenames:
+        metafunc.parametrize("heads", list(sizes.attention_heads))
+    if "attention_length" in metafunc.fixturenames:
+        metafunc.parametrize("attention_length", sizes.attention_lengths, ids=lambda t: f"T{t}")
+    if "kernel" in metafunc.fixturenames:
+        metafunc.parametrize("kernel", ATTENTION_KERNELS)
+    if "decode_context" in metafunc.fixturenames:
+        metafunc.parametrize("decode_context", sizes.decode_contexts, ids=lambda c: f"ctx{c}")
     if "contender_name" in metafunc.fixturenames:
         names = [n for n in contenders.CONTENDERS if n in metafunc.config.getoption("bench_contenders").split(",")]
         metafunc.parametrize("contender_name", names)
-    if "attention_length" in metafunc.fixturenames:
-        metafunc.parametrize("attention_length", sizes.attention_lengths, ids=lambda t: f"T{t}")
-    if "heads" in metafunc.fixturenames:
-        metafunc.parametrize("heads", list(sizes.attention_heads))
-    if "decode_context" in metafunc.fixturenames:
-        metafunc.parametrize("decode_context", sizes.decode_contexts, ids=lambda c: f"ctx{c}")
+
+
+ATTENTION_KERNELS = ("naive", "flash", "sdpa")
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -71,25 +71,9 @@ def _passes(value: float, comparison: str, threshold: float) -> bool:
 
 def interleaved_medians(fns: dict[str, Callable], device: str, *, setups: dict | None = None, rounds: int = 5,
                         warmup: int = 1, max_seconds: float = 20.0) -> dict[str, float]:  # fmt: skip
-    """Median seconds of each function, timed in alternation so that load on a shared machine
-    hits all of them alike. ``setups[name]`` (untimed) returns the call's arguments."""
-    setups, now = setups or {}, timing.clock(device)
-    run = {name: timing.synchronized(fn, device) for name, fn in fns.items()}
-    for _ in range(warmup):
-        for name in fns:
-            run[name](*(setups[name]() if name in setups else ()))
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    began = time.perf_counter()
-    for _ in range(rounds):
-        for name in fns:
-            args = setups[name]() if name in setups else ()
-            timing.synchronize(device)
-            start = now()
-            run[name](*args)
-            times[name].append(now() - start)
-        if time.perf_counter() - began > max_seconds:
-            break
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    """Median time of each function, timed in alternation (``timing.interleaved_times``)."""
+    times = timing.interleaved_times(fns, device, setups=setups, rounds=rounds, warmup=warmup, max_seconds=max_seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _ids(batch: int, length: int, vocab: int, device: str) -> torch.Tensor:

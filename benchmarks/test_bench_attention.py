@@ -4,12 +4,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
-
-KERNELS = ("naive", "flash", "sdpa")
-
 
 def qkv(sizes, heads: str, length: int, device: str):
     n_heads, n_kv_heads = sizes.attention_heads[heads]
@@ -19,7 +15,6 @@ def qkv(sizes, heads: str, length: int, device: str):
     return make(n_heads), make(n_kv_heads), make(n_kv_heads)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 def test_attention(impl, measure, sizes, device, heads, attention_length, kernel):
     q, k, v = qkv(sizes, heads, attention_length, device)
     n_heads, n_kv_heads = q.shape[1], k.shape[1]

@@ -115,3 +115,37 @@ def peak_memory_bytes(fn: Callable[[], object], device: str | torch.device) -> i
     before = _resident_kib("VmRSS")
     fn()
     return max(0, _resident_kib("VmHWM") - before) * 1024
+
+
+def interleaved_times(
+    fns: dict[str, Callable],
+    device: str | torch.device,
+    *,
+    setups: dict[str, Callable[[], tuple]] | None = None,
+    rounds: int = 5,
+    warmup: int = 1,
+    max_seconds: float = 60.0,
+) -> dict[str, list[float]]:
+    """Times (``clock(device)``) of each function over ``rounds``, the functions taken in turn
+    within every round, so that load on a shared machine falls on all of them alike.
+
+    ``setups[name]`` (untimed) returns the arguments of each call of ``fns[name]``. Stops after
+    the round in which ``max_seconds`` of wall time have passed.
+    """
+    setups, now = setups or {}, clock(device)
+    run = {name: synchronized(fn, device) for name, fn in fns.items()}
+    for _ in range(warmup):
+        for name in fns:
+            run[name](*(setups[name]() if name in setups else ()))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    began = time.perf_counter()
+    for _ in range(max(1, rounds)):
+        for name in fns:
+            args = setups[name]() if name in setups else ()
+            synchronize(device)
+            start = now()
+            run[name](*args)
+            times[name].append(now() - start)
+        if time.perf_counter() - began > max_seconds:
+            break
+    return times
