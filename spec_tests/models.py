@@ -39,7 +39,7 @@ def d_head(cfg: dict) -> int:
 def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Canonical weight names of protocol v1 and their shapes for ``cfg``."""
     d, v, f, dh = cfg["d_model"], cfg["vocab_size"], cfg["d_ff"], d_head(cfg)
-    hq, hkv, gpt2 = cfg["n_heads"] * dh, n_kv(cfg) * dh, cfg["family"] == "gpt2"
+    hq, hkv, gpt2 = cfg["n_heads"] * dh, n_kv(cfg) * dh, cfg.get("family", "llama") == "gpt2"
     shapes = {"tok_embeddings.weight": (v, d)}
     if gpt2:
         shapes["pos_embeddings.weight"] = (cfg["context_length"], d)

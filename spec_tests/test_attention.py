@@ -78,14 +78,15 @@ def test_sdpa_mask_broadcast(spec):
 
 @pytest.mark.bug_class("gqa")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
-def test_sdpa_gqa_mapping(spec, dtype):
-    """With GQA, query head h attends with kv head h // (H / H_kv), T_q != T_k (protocol: Conventions, GQA)."""
+@pytest.mark.parametrize("h_kv", [S.H_KV, 1], ids=["gqa", "mqa"])
+def test_sdpa_gqa_mapping(spec, dtype, h_kv):
+    """With GQA, query head h attends with kv head h // (H / H_kv), T_q != T_k; one kv head is multi-query attention (protocol: Conventions, GQA)."""
     t_q = 6
-    q, k, v = qkv(S.B, S.H, S.H_KV, t_q, S.T, S.D_HEAD, seed=55, dtype=dtype, device=spec.device)
+    q, k, v = qkv(S.B, S.H, h_kv, t_q, S.T, S.D_HEAD, seed=55, dtype=dtype, device=spec.device)
     mask = (torch.arange(S.T)[None, :] <= torch.arange(t_q)[:, None] + (S.T - t_q)).to(spec.device)
     spec.check(lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask), q, k, v, mask,
                kind="attention", component="scaled_dot_product_attention",
-               behaviour=f"GQA attention: {S.H} query heads over {S.H_KV} kv heads, bottom-right causal mask")  # fmt: skip
+               behaviour=f"GQA attention: {S.H} query heads over {h_kv} kv heads, bottom-right causal mask")  # fmt: skip
 
 
 @pytest.mark.bug_class("flash")

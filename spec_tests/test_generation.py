@@ -60,6 +60,14 @@ def test_greedy_matches_reference(spec, config, use_cache):
     check_tokens(out[:, :PROMPT_T], prompt, behaviour="generate returns the prompt followed by the new tokens")
 
 
+def test_generation_from_a_single_token(spec, config):
+    """A one-token prompt is extended like any other, equal to the reference (protocol: generate)."""
+    sd = models.random_state_dict(config, seed=55, device=spec.device)
+    prompt = prompt_for(config, t=1, seed=56, device=spec.device)
+    spec.check(lambda m, sd, p: greedy(m, config, sd, p, 6), sd, prompt, component="generation",
+               behaviour="greedy generation of 6 tokens from a 1-token prompt")  # fmt: skip
+
+
 @pytest.mark.bug_class("kv_cache")
 def test_cache_does_not_change_greedy_output(spec, config):
     """use_cache changes speed, never the result of greedy decoding (protocol: generate)."""

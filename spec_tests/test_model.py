@@ -53,6 +53,19 @@ def test_logits_match_reference(spec, config, dtype):
                          f"n_kv_heads {models.n_kv(config)}) for ids [3, 11]")  # fmt: skip
 
 
+REQUIRED_KEYS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
+
+
+def test_config_defaults(spec, family):
+    """Omitted config keys take protocol defaults: n_kv_heads = n_heads, rope_theta 10000, norm_eps 1e-5, tied, no dropout, family llama (protocol: Model)."""
+    base = models.LLAMA_MHA if family == "llama" else models.GPT2
+    minimal = {k: base[k] for k in REQUIRED_KEYS} | ({} if family == "llama" else {"family": "gpt2"})
+    sd = models.random_state_dict(dict(minimal, n_kv_heads=minimal["n_heads"]), seed=11, device=spec.device)
+    ids = ids_for(base, seed=12, device=spec.device)
+    spec.check(lambda m, sd, ids: models.logits(m, minimal, sd, ids), sd, ids, kind="model", component="model",
+               behaviour=f"logits of a {family} model configured only by {list(minimal)}")  # fmt: skip
+
+
 @pytest.mark.bug_class("causality")
 @given(seed=seeds, cut=st.integers(1, 10))
 def test_future_tokens_do_not_change_earlier_logits(spec, config, seed, cut):
@@ -169,7 +182,8 @@ def test_count_parameters_gpt2_small_on_meta(spec):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
 def test_kv_cache_bytes(spec, dtype):
     """kv_cache_bytes = 2 * n_layers * n_kv_heads * d_head * seq_len * batch * element size (course notes: KV bytes per token per layer; why GQA: it cuts KV cache memory by N/G)."""
-    for name, cfg in CONFIGS.items():
+    variants = dict(CONFIGS, llama_mqa_3_layers=dict(models.LLAMA_GQA, n_layers=3, n_kv_heads=1))
+    for name, cfg in variants.items():
         got = spec.impl.kv_cache_bytes(cfg, 3, 17, dtype)
         want = spec.expected(lambda m, c: m.kv_cache_bytes(c, 3, 17, dtype), cfg, label=name)
         require(got == want, component="model", behaviour=f"kv_cache_bytes({name}, batch 3, seq 17, {dtype})",

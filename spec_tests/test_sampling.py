@@ -37,6 +37,18 @@ def test_sampling_probs_match_reference(spec, kw):
                behaviour=f"sampling_probs(logits [4, V], {kw}) for rows of different spread")  # fmt: skip
 
 
+@pytest.mark.parametrize("shape", [(S.V,), (2, 3, S.V)], ids=["[V]", "[B,T,V]"])
+def test_sampling_probs_any_leading_shape(spec, shape):
+    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own (protocol: sampling_probs)."""
+    logits = inputs.randn(*shape, seed=37, scale=2.0, device=spec.device)
+    spec.check(lambda m, lg: m.sampling_probs(lg, temperature=0.8, top_k=9, top_p=0.7), logits, component="sampling",
+               behaviour=f"sampling_probs of logits shaped {list(shape)}")  # fmt: skip
+    ids = spec.impl.sample(logits, top_k=1)
+    require(tuple(ids.shape) == shape[:-1] and torch.equal(ids.cpu(), logits.argmax(-1).cpu()), component="sampling",
+            behaviour=f"sample(top_k=1) of logits {list(shape)} is the argmax, shaped {list(shape[:-1])}",
+            found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}")  # fmt: skip
+
+
 @pytest.mark.bug_class("sampling_order")
 def test_top_p_uses_temperature_scaled_distribution(spec):
     """The nucleus is taken from the temperature-scaled distribution: at temperature 2 more tokens are needed to reach top_p (course notes: sampling before the temperature/top-p transforms)."""

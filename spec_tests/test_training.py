@@ -55,6 +55,15 @@ def test_get_batch_reaches_every_start(spec):
             found=f"never drawn {sorted(want - starts)}, out of range {sorted(starts - want)}")  # fmt: skip
 
 
+@pytest.mark.bug_class("get_batch")
+def test_get_batch_with_exactly_enough_data(spec):
+    """With exactly context_length + 1 tokens the only window is the whole data (protocol: get_batch)."""
+    x, y = spec.impl.get_batch(torch.arange(10, 19), 1, 8, generator=torch.Generator().manual_seed(0))
+    require(x.tolist() == [list(range(10, 18))] and y.tolist() == [list(range(11, 19))], component="training",
+            behaviour="get_batch(9 tokens, batch 1, context 8) returns the one window there is",
+            found=f"x {x.tolist()}, y {y.tolist()}")  # fmt: skip
+
+
 @pytest.mark.bug_class("validation")
 def test_get_batch_rejects_too_little_data(spec):
     """get_batch with fewer than context_length + 1 tokens raises ValueError (protocol: get_batch)."""
@@ -130,13 +139,15 @@ EVAL_DATA = inputs.token_ids(61, vocab=CFG["vocab_size"], seed=66)  # 60 predict
 
 
 @pytest.mark.bug_class("evaluation")
-@pytest.mark.parametrize("batch_size", [2, 8])
-def test_evaluate_matches_reference(spec, llama, batch_size):
+@pytest.mark.parametrize("n_tokens,context_length,batch_size", [(61, 11, 2), (61, 11, 8), (40, 7, 3), (2, 5, 8)],
+                         ids=["61/11/b2", "61/11/b8", "40/7/b3", "2-tokens"])  # fmt: skip
+def test_evaluate_matches_reference(spec, llama, n_tokens, context_length, batch_size):
     """evaluate's loss is total NLL / number of predicted tokens over consecutive windows (a short last one counts by its tokens) and perplexity = exp(loss) (course notes: evaluation loss and perplexity)."""
     sd = models.random_state_dict(CFG, seed=67, device=spec.device)
-    result = spec.check(lambda m, sd: m.evaluate(models.build(m, CFG, sd), EVAL_DATA, 11, batch_size=batch_size), sd,
-                        kind="loss", component="evaluate",
-                        behaviour=f"evaluate(model, 61 tokens, context_length 11, batch_size {batch_size})")  # fmt: skip
+    data = EVAL_DATA[:n_tokens]
+    result = spec.check(lambda m, sd: m.evaluate(models.build(m, CFG, sd), data, context_length, batch_size=batch_size),
+                        sd, kind="loss", component="evaluate",
+                        behaviour=f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size})")  # fmt: skip
     require(math.isclose(result["perplexity"], math.exp(result["loss"]), rel_tol=1e-12), component="evaluate",
             behaviour="perplexity = exp(loss)", found=f"perplexity {result['perplexity']}, exp(loss) {math.exp(result['loss'])}")  # fmt: skip
 
