@@ -13,6 +13,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .attention import ATTENTION_PATHS, merge_heads, split_heads
 from .config import ModelConfig, parse_config
@@ -20,7 +21,6 @@ from .kv_cache import KVCache
 from .mlp import gelu_tanh
 from .norms import layernorm, rmsnorm
 from .positions import apply_rotation, check_rope_style, rope_angles
-from .primitives import silu
 
 
 class RMSNorm(nn.Module):
@@ -102,7 +102,7 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x):
-        return self.w_down(silu(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # F.silu: x * sigmoid(x), one kernel
 
 
 class GeluMLP(nn.Module):

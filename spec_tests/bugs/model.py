@@ -44,8 +44,8 @@ BUGS = (
     Bug(
         "model_swiglu_gate_up_swapped", "swiglu", MODEL,
         "model.py",
-        old="        return self.w_down(silu(self.w_gate(x)) * self.w_up(x))",
-        new="        return self.w_down(self.w_gate(x) * silu(self.w_up(x)))",
+        old="        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))",
+        new="        return self.w_down(self.w_gate(x) * F.silu(self.w_up(x)))",
         explanation="the model's SwiGLU applies SiLU to the up projection instead of the gate",
         fix="w_down(silu(w_gate(x)) * w_up(x))",
     ),
