@@ -17,7 +17,7 @@ heads, then key, then value heads). Only what litgpt implements is exposed: its 
 cache, ``utils.num_parameters`` and ``generate.base.generate``. Every other protocol name is left
 undefined and reported as not provided.
 
-Mapping decisions (see docs/check-your-own.md):
+Mapping decisions (see the README, "Check your own implementation"):
 - litgpt has no weight tying: for ``tie_embeddings`` the head gets a copy of the embedding, as
   litgpt's own checkpoint converters do (``state_dict["lm_head.weight"] =
   state_dict["transformer.wte.weight"]``); the tying tests are expected failures.
