@@ -39,6 +39,11 @@ def _register_hypothesis_profiles() -> None:
         )
 
 
+# Registered on import, not in pytest_configure: Hypothesis's own plugin may load the profile
+# named by --hypothesis-profile before this plugin's pytest_configure runs.
+_register_hypothesis_profiles()
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("spec", "transformer spec suite")
     group.addoption(
@@ -70,7 +75,6 @@ def pytest_configure(config):
         "visibility(name): Gradescope visibility when graded: visible | hidden | after_due_date | after_published",
     ):
         config.addinivalue_line("markers", marker)
-    _register_hypothesis_profiles()
     if config.getoption("hypothesis_profile", None) is None:
         from hypothesis import settings
 
