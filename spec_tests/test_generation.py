@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from . import inputs, models
-from .assertions import require
+from .assertions import require, require_value_error
 from .models import CONFIGS
 
 pytestmark = pytest.mark.component("generation")
@@ -66,6 +66,16 @@ def test_generation_from_a_single_token(spec, config):
     prompt = prompt_for(config, t=1, seed=56, device=spec.device)
     spec.check(lambda m, sd, p: greedy(m, config, sd, p, 6), sd, prompt, component="generation",
                behaviour="greedy generation of 6 tokens from a 1-token prompt")  # fmt: skip
+
+
+@pytest.mark.bug_class("validation")
+def test_generate_rejects_an_empty_prompt(spec, family):
+    """A prompt with no tokens raises ValueError: there is nothing to condition on (project rule: bad input is a ValueError)."""
+    config = models.LLAMA_GQA if family == "llama" else models.GPT2
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=57, device=spec.device))
+    empty = torch.zeros(2, 0, dtype=torch.long, device=spec.device)
+    require_value_error(lambda: spec.impl.generate(model, empty, 3, temperature=0.0), component="generation",
+                        behaviour="generate from a [2, 0] prompt raises ValueError")  # fmt: skip
 
 
 @pytest.mark.bug_class("kv_cache")

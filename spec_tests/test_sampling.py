@@ -43,10 +43,13 @@ def test_sampling_probs_any_leading_shape(spec, shape):
     logits = inputs.randn(*shape, seed=37, scale=2.0, device=spec.device)
     spec.check(lambda m, lg: m.sampling_probs(lg, temperature=0.8, top_k=9, top_p=0.7), logits, component="sampling",
                behaviour=f"sampling_probs of logits shaped {list(shape)}")  # fmt: skip
-    ids = spec.impl.sample(logits, top_k=1)
-    require(tuple(ids.shape) == shape[:-1] and torch.equal(ids.cpu(), logits.argmax(-1).cpu()), component="sampling",
-            behaviour=f"sample(top_k=1) of logits {list(shape)} is the argmax, shaped {list(shape[:-1])}",
-            found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}")  # fmt: skip
+    spec.check(lambda m, lg: m.sampling_probs(lg, temperature=0.0), logits, component="sampling", label="greedy",
+               behaviour=f"sampling_probs(temperature=0) of logits shaped {list(shape)}: one-hot at each row's argmax")  # fmt: skip
+    for kw in (dict(top_k=1), dict(temperature=0.0)):
+        ids = spec.impl.sample(logits, **kw)
+        require(tuple(ids.shape) == shape[:-1] and torch.equal(ids.cpu(), logits.argmax(-1).cpu()), component="sampling",
+                behaviour=f"sample({kw}) of logits {list(shape)} is the argmax, shaped {list(shape[:-1])}",
+                found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}")  # fmt: skip
 
 
 @pytest.mark.bug_class("sampling_order")

@@ -133,6 +133,12 @@ def test_train_is_deterministic_for_a_seed(spec, llama):
     runs = [spec.impl.train(models.build(spec.impl, cfg, sd).train(), CORPUS % cfg["vocab_size"], steps=4, batch_size=4,
                             context_length=10, seed=3) for _ in range(2)]  # fmt: skip
     require(runs[0] == runs[1], component="training", behaviour="same seed, same losses", found=f"{runs[0]} vs {runs[1]}")
+    default = spec.impl.train(models.build(spec.impl, cfg, sd).train(), CORPUS % cfg["vocab_size"], steps=4, batch_size=4,
+                              context_length=10)  # fmt: skip
+    seed0 = spec.impl.train(models.build(spec.impl, cfg, sd).train(), CORPUS % cfg["vocab_size"], steps=4, batch_size=4,
+                            context_length=10, seed=0)  # fmt: skip
+    require(default == seed0, component="training", behaviour="train's default seed is 0 (protocol: train)",
+            found=f"{default} without a seed vs {seed0} with seed=0")  # fmt: skip
 
 
 EVAL_DATA = inputs.token_ids(61, vocab=CFG["vocab_size"], seed=66)  # 60 predictions: 5 windows of 11 + one of 5
