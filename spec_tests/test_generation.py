@@ -70,7 +70,7 @@ def test_generation_from_a_single_token(spec, config):
 
 @pytest.mark.bug_class("validation")
 def test_generate_rejects_an_empty_prompt(spec, family):
-    """A prompt with no tokens raises ValueError: there is nothing to condition on (project rule: bad input is a ValueError)."""
+    """A prompt with no tokens raises ValueError: there is nothing to condition on (protocol: generate, prompt [B, T]; bad input is a ValueError)."""
     config = models.LLAMA_GQA if family == "llama" else models.GPT2
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=57, device=spec.device))
     empty = torch.zeros(2, 0, dtype=torch.long, device=spec.device)
