@@ -180,25 +180,30 @@ def test_llama_logits_match_float64_hf(float64_llama):
                                    atol=1e-10, rtol=0)
 
 
-@torch.no_grad()
-def test_llama_cached_decoding_matches_hf(float64_llama):
-    """Prefill then one token at a time: per-step logits and the cached post-RoPE keys and values equal HF's cache."""
-    hf, sd = hf_llama("sdpa", seed=2)
-    ref = build_reference(LLAMA, sd, rope_style="half")
-    ids = ids_for(61, 3, 17, seed=2)
-    out = hf(ids[:, :6], use_cache=True)
-    cache, hf_cache = R.new_cache(ref, 3), out_cache(out)
-    torch.testing.assert_close(R.forward(ref, ids[:, :6], cache), out.logits, atol=1e-10, rtol=0)
-    for t in range(6, 17):
+def assert_cached_decoding_matches(hf, ref, ids, prefill: int, kv_shape: tuple[int, ...]) -> None:
+    """Prefill ``prefill`` tokens, then one token at a time: per-step logits, then the cached keys
+    and values of every layer, equal HF's."""
+    out = hf(ids[:, :prefill], use_cache=True)
+    cache, hf_cache = R.new_cache(ref, ids.shape[0]), out_cache(out)
+    torch.testing.assert_close(R.forward(ref, ids[:, :prefill], cache), out.logits, atol=1e-10, rtol=0)
+    for t in range(prefill, ids.shape[1]):
         out = hf(ids[:, t : t + 1], use_cache=True, **{CACHE_KW: hf_cache})
         hf_cache = out_cache(out)
         torch.testing.assert_close(R.forward(ref, ids[:, t : t + 1], cache), out.logits, atol=1e-10, rtol=0)
     for layer in range(2):
         k, v = R.cache_kv(cache, layer)
         hk, hv = hf_cache_kv(hf_cache, layer)
-        assert k.shape == hk.shape == (3, 2, 17, 8)
+        assert k.shape == hk.shape == kv_shape
         torch.testing.assert_close(k, hk, atol=1e-10, rtol=0)
         torch.testing.assert_close(v, hv, atol=1e-10, rtol=0)
+
+
+@torch.no_grad()
+def test_llama_cached_decoding_matches_hf(float64_llama):
+    """Prefill then one token at a time: per-step logits and the cached post-RoPE keys and values equal HF's cache."""
+    hf, sd = hf_llama("sdpa", seed=2)
+    ref = build_reference(LLAMA, sd, rope_style="half")
+    assert_cached_decoding_matches(hf, ref, ids_for(61, 3, 17, seed=2), prefill=6, kv_shape=(3, 2, 17, 8))
 
 
 @torch.no_grad()
@@ -233,20 +238,7 @@ def test_gpt2_cached_decoding_matches_hf():
     """Prefill then one token at a time: per-step logits and cached keys/values equal HF GPT-2's cache."""
     hf, sd = hf_gpt2("eager", seed=1)
     ref = build_reference(GPT2, sd)
-    ids = ids_for(53, 3, 19, seed=1)
-    out = hf(ids[:, :7], use_cache=True)
-    cache, hf_cache = R.new_cache(ref, 3), out_cache(out)
-    torch.testing.assert_close(R.forward(ref, ids[:, :7], cache), out.logits, atol=1e-10, rtol=0)
-    for t in range(7, 19):
-        out = hf(ids[:, t : t + 1], use_cache=True, **{CACHE_KW: hf_cache})
-        hf_cache = out_cache(out)
-        torch.testing.assert_close(R.forward(ref, ids[:, t : t + 1], cache), out.logits, atol=1e-10, rtol=0)
-    for layer in range(2):
-        k, v = R.cache_kv(cache, layer)
-        hk, hv = hf_cache_kv(hf_cache, layer)
-        assert k.shape == hk.shape == (3, 5, 19, 8)
-        torch.testing.assert_close(k, hk, atol=1e-10, rtol=0)
-        torch.testing.assert_close(v, hv, atol=1e-10, rtol=0)
+    assert_cached_decoding_matches(hf, ref, ids_for(53, 3, 19, seed=1), prefill=7, kv_shape=(3, 5, 19, 8))
 
 
 @torch.no_grad()
