@@ -9,6 +9,7 @@ adapter lets it, and the divergence is listed, with its reason, in the adapter's
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,25 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.loss.loss_utils import ForCausalLMLoss, fixed_cross_entropy
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A bool mask (True = may attend) in transformers' additive form: 0 kept, ``finfo(dtype).min`` masked."""
+    if mask is None:
+        return None
+    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def eager_attention(attention_forward, q, k, v, mask=None, **module_attributes) -> torch.Tensor:
+    """A model's own ``eager_attention_forward`` on per-head tensors: ``[B, H, Tq, d]`` out.
+
+    transformers' function reads ``training`` (and, for GQA, ``num_key_value_groups``) from the
+    attention module passed in, and returns ``[B, Tq, H, d]`` ready for the output projection,
+    which is transposed back here.
+    """
+    module = types.SimpleNamespace(training=False, **module_attributes)
+    out, _ = attention_forward(module, q, k, v, additive_mask(mask, q.dtype), scaling=q.shape[-1] ** -0.5)
+    return out.transpose(1, 2)
 
 
 def make_config(config_class, **kwargs):

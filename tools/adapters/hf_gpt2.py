@@ -43,22 +43,12 @@ def gelu_mlp(x, w_fc, b_fc, w_proj, b_proj):
     return torch.func.functional_call(mlp, params, (x,))
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A bool mask (True = may attend) in transformers' additive form: 0 kept, ``finfo(dtype).min`` masked."""
-    if mask is None:
-        return None
-    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
 def scaled_dot_product_attention(q, k, v, mask=None):
     """GPT-2's ``eager_attention_forward`` for ``q [B, H, Tq, d]``, ``k, v [B, H, Tk, d]`` -> ``[B, H, Tq, d]``.
 
-    GPT-2 has one key/value head per query head: the function has no grouped-query path. Its
-    output is ``[B, Tq, H, d]`` (ready for ``c_proj``), transposed back here.
+    GPT-2 has one key/value head per query head: the function has no grouped-query path.
     """
-    module = types.SimpleNamespace(training=False)
-    out, _ = eager_attention_forward(module, q, k, v, additive_mask(mask, q.dtype), scaling=q.shape[-1] ** -0.5)
-    return out.transpose(1, 2)
+    return hf_common.eager_attention(eager_attention_forward, q, k, v, mask)
 
 
 cross_entropy = hf_common.cross_entropy

@@ -93,22 +93,12 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return _hf_repeat_kv(x, n_rep)
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A bool mask (True = may attend) in transformers' additive form: 0 kept, ``finfo(dtype).min`` masked."""
-    if mask is None:
-        return None
-    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
 def scaled_dot_product_attention(q, k, v, mask=None):
     """Llama's ``eager_attention_forward`` for ``q [B, Hq, Tq, d]``, ``k, v [B, Hkv, Tk, d]`` -> ``[B, Hq, Tq, d]``.
 
-    The function takes the attention module for ``num_key_value_groups`` and ``training``; its
-    output is ``[B, Tq, Hq, d]`` (ready for ``o_proj``), transposed back here.
+    The key/value heads are shared through the module's ``num_key_value_groups``.
     """
-    module = types.SimpleNamespace(num_key_value_groups=q.shape[-3] // k.shape[-3], training=False)
-    out, _ = eager_attention_forward(module, q, k, v, additive_mask(mask, q.dtype), scaling=q.shape[-1] ** -0.5)
-    return out.transpose(1, 2)
+    return hf_common.eager_attention(eager_attention_forward, q, k, v, mask, num_key_value_groups=q.shape[-3] // k.shape[-3])
 
 
 cross_entropy = hf_common.cross_entropy
