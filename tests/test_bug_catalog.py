@@ -9,7 +9,6 @@ per bug); these checks are the fast structural ones.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from spec_tests import bugs
 from spec_tests.bugs import CATALOG, BUG_CLASSES, apply_patch, candidates_for, load_bug, reference_sources
 from spec_tests.diagnosis import diagnose
 from spec_tests.tolerances import tolerance
+from suite_subprocess import run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures_bugs"
@@ -185,19 +185,11 @@ def test_independent_sampling_implementation_gets_the_catalog_diagnosis():
     assert line is not None and "matches known bug top_p_drops_crossing_token" in line
 
 
-def run_suite(impl: str, *selection: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(ROOT / "spec_tests"), "-q", f"--impl={impl}", "-p", "no:cacheprovider",
-         *selection],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    return proc.stdout + proc.stderr
-
-
 @pytest.mark.parametrize("impl", ["bug:mha_rope_on_values", "tests/fixtures_bugs/mha_rope_on_values.py"])
 def test_pytest_output_names_the_bug(impl):
     """The failure pytest prints says which known bug the output matches, and its fix."""
-    out = run_suite(impl, "-k", "multihead_attention_with_rope")
+    proc = run_suite(f"--impl={impl}", "-k", "multihead_attention_with_rope")
+    out = proc.stdout + proc.stderr
     assert "2 failed" in out, out[-3000:]
     # Count in the failure reports only: on CI (env CI set) pytest prints the short summary untruncated,
     # so the diagnosis appears there a second time.

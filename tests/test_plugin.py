@@ -2,17 +2,10 @@
 "not implemented" one-liners, import failures, usage errors and expected-failure files.
 Each test runs pytest in a subprocess on a small slice of the suite."""
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_suite(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "spec_tests"), "-q", "-p", "no:cacheprovider", "-p", "no:warnings", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+from suite_subprocess import ROOT, run_suite
 
 
 def write(path: Path, source: str) -> Path:
