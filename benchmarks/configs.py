@@ -13,21 +13,47 @@ import torch
 
 # The issue's CPU goal configuration; context 1024 so decoding at context 896 fits.
 LLAMA_SMALL = dict(
-    family="llama", vocab_size=8192, context_length=1024, d_model=256, n_layers=4, n_heads=8,
-    n_kv_heads=2, d_ff=704, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="llama",
+    vocab_size=8192,
+    context_length=1024,
+    d_model=256,
+    n_layers=4,
+    n_heads=8,
+    n_kv_heads=2,
+    d_ff=704,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 
 # Llama family at GPT-2-small size (GQA 12/4), for the side-by-side runs on a GPU.
 LLAMA_GPT2_SIZE = dict(
-    family="llama", vocab_size=32000, context_length=2048, d_model=768, n_layers=12, n_heads=12,
-    n_kv_heads=4, d_ff=2048, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="llama",
+    vocab_size=32000,
+    context_length=2048,
+    d_model=768,
+    n_layers=12,
+    n_heads=12,
+    n_kv_heads=4,
+    d_ff=2048,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 
 # GPT-2 small as in protocol v1 (124,439,808 parameters), for model FLOPs utilisation.
 GPT2_SMALL = dict(
-    family="gpt2", vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12,
-    n_kv_heads=12, d_ff=3072, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="gpt2",
+    vocab_size=50257,
+    context_length=1024,
+    d_model=768,
+    n_layers=12,
+    n_heads=12,
+    n_kv_heads=12,
+    d_ff=3072,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 
 
 @dataclass(frozen=True)
@@ -52,42 +78,85 @@ class DeviceSizes:
 
 SIZES = {
     "cpu": DeviceSizes(
-        dtype=torch.float32, model=LLAMA_SMALL, batch=8, seq_len=256,
-        decode_batch=8, decode_contexts=(64, 128, 256, 512, 896),
-        attention_batch=1, attention_heads={"mha": (8, 8), "gqa": (8, 2)}, attention_d_head=64,
-        attention_lengths=(128, 256, 512, 1024, 2048), flash_block_size=64,
+        dtype=torch.float32,
+        model=LLAMA_SMALL,
+        batch=8,
+        seq_len=256,
+        decode_batch=8,
+        decode_contexts=(64, 128, 256, 512, 896),
+        attention_batch=1,
+        attention_heads={"mha": (8, 8), "gqa": (8, 2)},
+        attention_d_head=64,
+        attention_lengths=(128, 256, 512, 1024, 2048),
+        flash_block_size=64,
         mfu_model=None,
     ),
     "cuda": DeviceSizes(
-        dtype=torch.bfloat16, model=LLAMA_GPT2_SIZE, batch=8, seq_len=1024,
-        decode_batch=8, decode_contexts=(64, 256, 512, 1024, 1792),
-        attention_batch=4, attention_heads={"mha": (16, 16), "gqa": (16, 4)}, attention_d_head=64,
-        attention_lengths=(512, 1024, 2048, 4096, 8192), flash_block_size=128,
-        mfu_model=GPT2_SMALL, mfu_batch=16, mfu_seq_len=1024,
+        dtype=torch.bfloat16,
+        model=LLAMA_GPT2_SIZE,
+        batch=8,
+        seq_len=1024,
+        decode_batch=8,
+        decode_contexts=(64, 256, 512, 1024, 1792),
+        attention_batch=4,
+        attention_heads={"mha": (16, 16), "gqa": (16, 4)},
+        attention_d_head=64,
+        attention_lengths=(512, 1024, 2048, 4096, 8192),
+        flash_block_size=128,
+        mfu_model=GPT2_SMALL,
+        mfu_batch=16,
+        mfu_seq_len=1024,
     ),
-}  # fmt: skip
+}
 
 
 # The smoke run (plain ``pytest benchmarks``) runs every benchmark body once at these sizes.
 LLAMA_TINY = dict(
-    family="llama", vocab_size=512, context_length=128, d_model=64, n_layers=2, n_heads=4,
-    n_kv_heads=2, d_ff=160, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="llama",
+    vocab_size=512,
+    context_length=128,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=160,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 GPT2_TINY = dict(
-    family="gpt2", vocab_size=512, context_length=128, d_model=64, n_layers=2, n_heads=4,
-    n_kv_heads=4, d_ff=256, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="gpt2",
+    vocab_size=512,
+    context_length=128,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    d_ff=256,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 
 
 def smoke_sizes(device: str) -> DeviceSizes:
     """Every code path of the full sizes, small enough to run each benchmark once in seconds."""
     full = sizes_for(device)
     return replace(
-        full, model=LLAMA_TINY, batch=2, seq_len=32, decode_batch=2, decode_contexts=(16, 48),
-        attention_batch=1, attention_heads={"mha": (4, 4), "gqa": (4, 2)}, attention_d_head=16,
-        attention_lengths=(64, 128), flash_block_size=32,
-        mfu_model=GPT2_TINY if full.mfu_model else None, mfu_batch=2, mfu_seq_len=32,
-    )  # fmt: skip
+        full,
+        model=LLAMA_TINY,
+        batch=2,
+        seq_len=32,
+        decode_batch=2,
+        decode_contexts=(16, 48),
+        attention_batch=1,
+        attention_heads={"mha": (4, 4), "gqa": (4, 2)},
+        attention_d_head=16,
+        attention_lengths=(64, 128),
+        flash_block_size=32,
+        mfu_model=GPT2_TINY if full.mfu_model else None,
+        mfu_batch=2,
+        mfu_seq_len=32,
+    )
 
 
 def sizes_for(device: str, profile: str = "full") -> DeviceSizes:
@@ -118,9 +187,17 @@ def train_flops_per_token(config: dict, seq_len: int) -> float:
 
 # Dense bf16 tensor-core peak, FLOP/s, by GPU name fragment (vendor datasheets, no sparsity).
 PEAK_BF16_FLOPS = {
-    "H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12,
-    "A10G": 70e12, "L4": 121e12, "RTX 4090": 165e12,
-}  # fmt: skip
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,
+    "GH200": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+}
 
 
 def peak_bf16_flops(gpu_name: str) -> float | None:

@@ -42,11 +42,18 @@ MEASURE_OPTIONS = ("benchmark_only", "benchmark_enable", "benchmark_json", "benc
 
 def pytest_addoption(parser):
     group = parser.getgroup("bench", "transformer spec benchmarks")
-    group.addoption("--bench-sizes", choices=("smoke", "full"), default=None,
-                    help="sizes to run at (default: smoke when benchmarks are disabled, full when measuring)")
+    group.addoption(
+        "--bench-sizes",
+        choices=("smoke", "full"),
+        default=None,
+        help="sizes to run at (default: smoke when benchmarks are disabled, full when measuring)",
+    )
     group.addoption("--bench-threads", type=int, default=None, help="torch.set_num_threads for CPU runs")
-    group.addoption("--bench-contenders", default=",".join(contenders.CONTENDERS),
-                    help="comma-separated subset of impl,reference,hf to run side by side")  # fmt: skip
+    group.addoption(
+        "--bench-contenders",
+        default=",".join(contenders.CONTENDERS),
+        help="comma-separated subset of impl,reference,hf to run side by side",
+    )
 
 
 DEFAULT_TIMER = "time.perf_counter"  # pytest-benchmark's default --benchmark-timer
@@ -84,7 +91,9 @@ def bench_sizes(config) -> configs.DeviceSizes:
 def pytest_report_header(config):
     sizes = bench_sizes(config)
     mode = "measure" if measuring(config) else "smoke (each benchmark runs once; --benchmark-only measures)"
-    return f"benchmarks: mode={mode} sizes={config._bench_profile} dtype={sizes.dtype} threads={torch.get_num_threads()}"
+    return (
+        f"benchmarks: mode={mode} sizes={config._bench_profile} dtype={sizes.dtype} threads={torch.get_num_threads()}"
+    )
 
 
 @pytest.hookimpl(trylast=True)  # after the @parametrize marks, so that the parameters below vary fastest

@@ -47,8 +47,13 @@ def machine() -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
 
 
 def summary(times: list[float]) -> dict:
@@ -73,8 +78,11 @@ def measure_goals(impls: dict[str, object], *, train_rounds: int = 10, decode_ro
     optimizers = {name: m.optimizer() for name, m in models.items()}
     train = timing.interleaved_times(
         {name: (lambda m=m, o=optimizers[name]: m.train_step(o, x, y)) for name, m in models.items()},
-        device, rounds=train_rounds, warmup=1, max_seconds=600,
-    )  # fmt: skip
+        device,
+        rounds=train_rounds,
+        warmup=1,
+        max_seconds=600,
+    )
     decode_ids = torch.randint(0, config["vocab_size"], (sizes.decode_batch, max(CONTEXTS) + 1), generator=generator)
     prefilled = {(name, c): m.prefill(decode_ids[:, :c]) for name, m in models.items() for c in CONTEXTS}
     fns, setups = {}, {}
@@ -83,12 +91,19 @@ def measure_goals(impls: dict[str, object], *, train_rounds: int = 10, decode_ro
         setups[f"{name}@{c}"] = lambda cache=cache, c=c: (copy.deepcopy(cache), decode_ids[:, c : c + 1])
     decode = timing.interleaved_times(fns, device, setups=setups, rounds=decode_rounds, warmup=2, max_seconds=600)
     result = {
-        "config": config, "batch": sizes.batch, "T": sizes.seq_len, "decode_batch": sizes.decode_batch,
-        "threads": torch.get_num_threads(), "clock": timing.clock_name(device), "torch": torch.__version__,
+        "config": config,
+        "batch": sizes.batch,
+        "T": sizes.seq_len,
+        "decode_batch": sizes.decode_batch,
+        "threads": torch.get_num_threads(),
+        "clock": timing.clock_name(device),
+        "torch": torch.__version__,
         "train_step": {name: summary(t) for name, t in train.items()},
         "decode": {name: summary(t) for name, t in decode.items()},
-        "hf_label": hf.label, "machine": machine(), "goals": {},
-    }  # fmt: skip
+        "hf_label": hf.label,
+        "machine": machine(),
+        "goals": {},
+    }
     lo, hi = CONTEXTS
     for label in impls:
         goals = {}
@@ -97,12 +112,14 @@ def measure_goals(impls: dict[str, object], *, train_rounds: int = 10, decode_ro
             d = {c: result["decode"][f"{label}@{c}"][stat] for c in CONTEXTS}
             d_hf = {c: result["decode"][f"hf@{c}"][stat] for c in CONTEXTS}
             goals[stat.removesuffix("_s")] = {
-                "train_step_vs_hf": train_ratio, "train_step_goal_met": train_ratio <= 1.0,
-                "decode_growth": d[hi] / d[lo], "decode_growth_goal_met": d[hi] / d[lo] <= GROWTH_LIMIT,
+                "train_step_vs_hf": train_ratio,
+                "train_step_goal_met": train_ratio <= 1.0,
+                "decode_growth": d[hi] / d[lo],
+                "decode_growth_goal_met": d[hi] / d[lo] <= GROWTH_LIMIT,
                 "hf_decode_growth": d_hf[hi] / d_hf[lo],
                 "decode_vs_hf": {c: d[c] / d_hf[c] for c in CONTEXTS},
                 "decode_vs_hf_goal_met": all(d[c] <= d_hf[c] for c in CONTEXTS),
-            }  # fmt: skip
+            }
         result["goals"][label] = goals
     return result
 
@@ -114,14 +131,20 @@ def format_goals(result: dict) -> str:
         lines.append(f"{label} (vs {result['hf_label']}), median [min] over interleaved rounds:")
         med, mn = goals["median"], goals["min"]
         verdict = lambda key: "met" if med[key] else "not met"  # noqa: E731
-        lines.append(f"  training step / HF          {med['train_step_vs_hf']:.2f} [{mn['train_step_vs_hf']:.2f}]"
-                     f"   goal <= 1: {verdict('train_step_goal_met')}")  # fmt: skip
-        lines.append(f"  cached decode {hi} / {lo}      {med['decode_growth']:.2f} [{mn['decode_growth']:.2f}]"
-                     f"   goal <= {GROWTH_LIMIT}: {verdict('decode_growth_goal_met')}"
-                     f"   (HF: {med['hf_decode_growth']:.2f} [{mn['hf_decode_growth']:.2f}])")  # fmt: skip
-        lines.append("  cached decode / HF          "
-                     + ", ".join(f"ctx {c}: {med['decode_vs_hf'][c]:.2f} [{mn['decode_vs_hf'][c]:.2f}]" for c in CONTEXTS)
-                     + f"   goal <= 1: {verdict('decode_vs_hf_goal_met')}")  # fmt: skip
+        lines.append(
+            f"  training step / HF          {med['train_step_vs_hf']:.2f} [{mn['train_step_vs_hf']:.2f}]"
+            f"   goal <= 1: {verdict('train_step_goal_met')}"
+        )
+        lines.append(
+            f"  cached decode {hi} / {lo}      {med['decode_growth']:.2f} [{mn['decode_growth']:.2f}]"
+            f"   goal <= {GROWTH_LIMIT}: {verdict('decode_growth_goal_met')}"
+            f"   (HF: {med['hf_decode_growth']:.2f} [{mn['hf_decode_growth']:.2f}])"
+        )
+        lines.append(
+            "  cached decode / HF          "
+            + ", ".join(f"ctx {c}: {med['decode_vs_hf'][c]:.2f} [{mn['decode_vs_hf'][c]:.2f}]" for c in CONTEXTS)
+            + f"   goal <= 1: {verdict('decode_vs_hf_goal_met')}"
+        )
     for name, s in result["train_step"].items():
         lines.append(f"  train_step {name:<14} {1e3 * s['median_s']:8.1f} ms [{1e3 * s['min_s']:.1f}]")
     for name, s in result["decode"].items():

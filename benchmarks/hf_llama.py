@@ -75,8 +75,10 @@ HF_NAMES = {
 def hf_state_dict(canonical: dict, config: dict, rope_style: str) -> dict[str, torch.Tensor]:
     """Canonical llama weights under Hugging Face names (q/k rows permuted for ``interleaved``)."""
     n_heads, n_kv = config["n_heads"], config.get("n_kv_heads") or config["n_heads"]
-    out = {"model.embed_tokens.weight": canonical["tok_embeddings.weight"],
-           "model.norm.weight": canonical["final_norm.weight"]}  # fmt: skip
+    out = {
+        "model.embed_tokens.weight": canonical["tok_embeddings.weight"],
+        "model.norm.weight": canonical["final_norm.weight"],
+    }
     if "lm_head.weight" in canonical:
         out["lm_head.weight"] = canonical["lm_head.weight"]
     for i in range(config["n_layers"]):

@@ -31,9 +31,9 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -45,8 +45,10 @@ from . import configs, contenders, timing  # noqa: E402
 
 DECODE_CONTEXT = 512
 TRAIN_BATCH, TRAIN_T = 4, 128
-ATTENTION = {"cpu": dict(T=1024, batch=1, heads=8, kv_heads=2, d_head=64, block_size=64, dtype=torch.float32),
-             "cuda": dict(T=4096, batch=4, heads=16, kv_heads=4, d_head=64, block_size=128, dtype=torch.bfloat16)}  # fmt: skip
+ATTENTION = {
+    "cpu": dict(T=1024, batch=1, heads=8, kv_heads=2, d_head=64, block_size=64, dtype=torch.float32),
+    "cuda": dict(T=4096, batch=4, heads=16, kv_heads=4, d_head=64, block_size=128, dtype=torch.bfloat16),
+}
 
 
 @dataclass
@@ -69,8 +71,15 @@ def _passes(value: float, comparison: str, threshold: float) -> bool:
     return {">=": value >= threshold, "<=": value <= threshold, "<": value < threshold}[comparison]
 
 
-def interleaved_medians(fns: dict[str, Callable], device: str, *, setups: dict | None = None, rounds: int = 5,
-                        warmup: int = 1, max_seconds: float = 20.0) -> dict[str, float]:  # fmt: skip
+def interleaved_medians(
+    fns: dict[str, Callable],
+    device: str,
+    *,
+    setups: dict | None = None,
+    rounds: int = 5,
+    warmup: int = 1,
+    max_seconds: float = 20.0,
+) -> dict[str, float]:
     """Median time of each function, timed in alternation (``timing.interleaved_times``)."""
     times = timing.interleaved_times(fns, device, setups=setups, rounds=rounds, warmup=warmup, max_seconds=max_seconds)
     return {name: statistics.median(t) for name, t in times.items()}
@@ -90,14 +99,22 @@ def check_decode_cache_speedup(impl, device: str, dtype: torch.dtype, config: di
 
     medians = interleaved_medians(
         {"cached": lambda cache, token: model.decode(cache, token), "uncached": lambda: model.logits(ids)},
-        device, setups={"cached": cached_setup}, rounds=7,
-    )  # fmt: skip
+        device,
+        setups={"cached": cached_setup},
+        rounds=7,
+    )
     value = medians["uncached"] / medians["cached"]
     return PerfCheck(
-        "decode_cache_speedup", f"KV-cache decoding speedup at context {DECODE_CONTEXT} (uncached / cached time)",
-        value, 5.0, ">=", _passes(value, ">=", 5.0), "desc", device,
+        "decode_cache_speedup",
+        f"KV-cache decoding speedup at context {DECODE_CONTEXT} (uncached / cached time)",
+        value,
+        5.0,
+        ">=",
+        _passes(value, ">=", 5.0),
+        "desc",
+        device,
         {"cached_s": medians["cached"], "uncached_s": medians["uncached"], "context": DECODE_CONTEXT, "batch": 1},
-    )  # fmt: skip
+    )
 
 
 def check_train_step_vs_reference(impl, device: str, dtype: torch.dtype, config: dict, baseline) -> PerfCheck:
@@ -111,14 +128,21 @@ def check_train_step_vs_reference(impl, device: str, dtype: torch.dtype, config:
     opt_ours, opt_theirs = ours.optimizer(), theirs.optimizer()
     medians = interleaved_medians(
         {"impl": lambda: ours.train_step(opt_ours, x, y), "reference": lambda: theirs.train_step(opt_theirs, x, y)},
-        device, rounds=5,
-    )  # fmt: skip
+        device,
+        rounds=5,
+    )
     value = medians["impl"] / medians["reference"]
     return PerfCheck(
-        "train_step_vs_reference", f"training step time relative to the reference (batch {TRAIN_BATCH}, T {TRAIN_T})",
-        value, 3.0, "<=", _passes(value, "<=", 3.0), "asc", device,
+        "train_step_vs_reference",
+        f"training step time relative to the reference (batch {TRAIN_BATCH}, T {TRAIN_T})",
+        value,
+        3.0,
+        "<=",
+        _passes(value, "<=", 3.0),
+        "asc",
+        device,
         {"impl_s": medians["impl"], "reference_s": medians["reference"], "batch": TRAIN_BATCH, "T": TRAIN_T},
-    )  # fmt: skip
+    )
 
 
 def check_flash_vs_naive(impl, device: str) -> PerfCheck:
@@ -128,26 +152,43 @@ def check_flash_vs_naive(impl, device: str) -> PerfCheck:
     q, k, v = make(a["heads"]), make(a["kv_heads"]), make(a["kv_heads"])
     mask = torch.ones(a["T"], a["T"], dtype=torch.bool, device=device).tril()
     medians = interleaved_medians(
-        {"flash": lambda: impl.flash_attention(q, k, v, causal=True, block_size=a["block_size"]),
-         "naive": lambda: impl.scaled_dot_product_attention(q, k, v, mask)},
-        device, rounds=5,
-    )  # fmt: skip
+        {
+            "flash": lambda: impl.flash_attention(q, k, v, causal=True, block_size=a["block_size"]),
+            "naive": lambda: impl.scaled_dot_product_attention(q, k, v, mask),
+        },
+        device,
+        rounds=5,
+    )
     value = medians["flash"] / medians["naive"]
     threshold, comparison = (2.0, "<=") if device == "cpu" else (1.0, "<")
     return PerfCheck(
-        "flash_vs_naive", f"flash_attention time relative to naive attention at T {a['T']} "
-        f"({'within 2x' if device == 'cpu' else 'faster'})", value, threshold, comparison,
-        _passes(value, comparison, threshold), "asc", device,
-        {"flash_s": medians["flash"], "naive_s": medians["naive"], "T": a["T"], "block_size": a["block_size"],
-         "heads": a["heads"], "kv_heads": a["kv_heads"], "dtype": str(a["dtype"]).removeprefix("torch.")},
-    )  # fmt: skip
+        "flash_vs_naive",
+        f"flash_attention time relative to naive attention at T {a['T']} "
+        f"({'within 2x' if device == 'cpu' else 'faster'})",
+        value,
+        threshold,
+        comparison,
+        _passes(value, comparison, threshold),
+        "asc",
+        device,
+        {
+            "flash_s": medians["flash"],
+            "naive_s": medians["naive"],
+            "T": a["T"],
+            "block_size": a["block_size"],
+            "heads": a["heads"],
+            "kv_heads": a["kv_heads"],
+            "dtype": str(a["dtype"]).removeprefix("torch."),
+        },
+    )
 
 
 CHECK_NAMES = ("decode_cache_speedup", "train_step_vs_reference", "flash_vs_naive")
 
 
-def run_perf_checks(impl, device: str = "cpu", *, baseline=None, only: tuple[str, ...] = CHECK_NAMES,
-                    threads: int | None = 1) -> list[dict]:
+def run_perf_checks(
+    impl, device: str = "cpu", *, baseline=None, only: tuple[str, ...] = CHECK_NAMES, threads: int | None = 1
+) -> list[dict]:
     """Run the graded performance checks on ``impl`` and return one dict per check (``PerfCheck``
     fields: name, description, value, threshold, comparison, passed, order, device, detail, error).
 
@@ -166,8 +207,9 @@ def run_perf_checks(impl, device: str = "cpu", *, baseline=None, only: tuple[str
     config = configs.LLAMA_SMALL
     runners = {
         "decode_cache_speedup": lambda: check_decode_cache_speedup(impl, device, dtype, config),
-        "train_step_vs_reference": lambda: check_train_step_vs_reference(impl, device, dtype, config,
-                                                                         baseline or _reference()),  # fmt: skip
+        "train_step_vs_reference": lambda: check_train_step_vs_reference(
+            impl, device, dtype, config, baseline or _reference()
+        ),
         "flash_vs_naive": lambda: check_flash_vs_naive(impl, device),
     }
     results, threads_before = [], torch.get_num_threads()
@@ -190,8 +232,11 @@ def _reference():
     return reference
 
 
-FAILED_DESCRIPTIONS = {"decode_cache_speedup": (5.0, ">=", "desc"), "train_step_vs_reference": (3.0, "<=", "asc"),
-                       "flash_vs_naive": (2.0, "<=", "asc")}  # fmt: skip
+FAILED_DESCRIPTIONS = {
+    "decode_cache_speedup": (5.0, ">=", "desc"),
+    "train_step_vs_reference": (3.0, "<=", "asc"),
+    "flash_vs_naive": (2.0, "<=", "asc"),
+}
 
 
 def _failed(name: str, device: str, exc: BaseException) -> PerfCheck:
@@ -244,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         print("perf_checks: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
     try:
-        checks = run_perf_checks(impl, args.device, only=tuple(filter(None, args.only.split(","))),
-                                 threads=args.threads)  # fmt: skip
+        checks = run_perf_checks(
+            impl, args.device, only=tuple(filter(None, args.only.split(","))), threads=args.threads
+        )
     except ValueError as exc:
         print(f"perf_checks: {exc}", file=sys.stderr)
         return 2

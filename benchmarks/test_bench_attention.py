@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+
 def qkv(sizes, heads: str, length: int, device: str):
     n_heads, n_kv_heads = sizes.attention_heads[heads]
     b, d = sizes.attention_batch, sizes.attention_d_head
@@ -26,10 +27,18 @@ def test_attention(impl, measure, sizes, device, heads, attention_length, kernel
     else:
         fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_heads != n_kv_heads)  # noqa: E731
     out = measure(
-        fn, group=f"attention {heads} T={attention_length:05d}", bench="attention", kernel=kernel, heads=heads,
-        T=attention_length, batch=q.shape[0], n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=q.shape[-1],
+        fn,
+        group=f"attention {heads} T={attention_length:05d}",
+        bench="attention",
+        kernel=kernel,
+        heads=heads,
+        T=attention_length,
+        batch=q.shape[0],
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_head=q.shape[-1],
         dtype=str(sizes.dtype).removeprefix("torch."),
         # causal attention: q k^T and p v over the lower triangle, 2 FLOPs per multiply-add
         flops=2 * 2 * q.shape[0] * n_heads * attention_length * (attention_length + 1) // 2 * q.shape[-1],
-    )  # fmt: skip
+    )
     assert out.shape == q.shape, f"{kernel} attention returned {tuple(out.shape)}, expected {tuple(q.shape)}"

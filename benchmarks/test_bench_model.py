@@ -11,6 +11,7 @@ import torch
 
 from benchmarks import configs, timing
 
+
 def dtype_name(sizes) -> str:
     return str(sizes.dtype).removeprefix("torch.")
 
@@ -19,9 +20,16 @@ def test_forward(make_contender, measure, sizes, token_ids, contender_name):
     contender = make_contender(contender_name)
     ids = token_ids(sizes.batch, sizes.seq_len)
     logits = measure(
-        lambda: contender.logits(ids), group="forward", bench="forward", contender=contender_name,
-        label=contender.label, batch=sizes.batch, T=sizes.seq_len, tokens=ids.numel(), dtype=dtype_name(sizes),
-    )  # fmt: skip
+        lambda: contender.logits(ids),
+        group="forward",
+        bench="forward",
+        contender=contender_name,
+        label=contender.label,
+        batch=sizes.batch,
+        T=sizes.seq_len,
+        tokens=ids.numel(),
+        dtype=dtype_name(sizes),
+    )
     assert logits.shape == (*ids.shape, sizes.model["vocab_size"])
 
 
@@ -31,10 +39,18 @@ def train_step_benchmark(contender, measure, sizes, ids, group: str, device: str
     config = contender.model_config
     flops = configs.train_flops_per_token(config, x.shape[1]) * x.numel()
     loss = measure(
-        lambda: contender.train_step(optimizer, x, y), group=group, bench="train_step", contender=contender.name,
-        label=contender.label, batch=x.shape[0], T=x.shape[1], tokens=x.numel(), flops=flops,
-        dtype=str(next(contender.model.parameters()).dtype).removeprefix("torch."), family=config.get("family", "llama"),
-    )  # fmt: skip
+        lambda: contender.train_step(optimizer, x, y),
+        group=group,
+        bench="train_step",
+        contender=contender.name,
+        label=contender.label,
+        batch=x.shape[0],
+        T=x.shape[1],
+        tokens=x.numel(),
+        flops=flops,
+        dtype=str(next(contender.model.parameters()).dtype).removeprefix("torch."),
+        family=config.get("family", "llama"),
+    )
     if not measure.smoke:  # after warm-up: the optimizer state already exists
         peak = timing.peak_memory_bytes(lambda: contender.train_step(optimizer, x, y), device)
         measure.benchmark.extra_info["peak_memory_bytes"] = peak
@@ -69,11 +85,20 @@ def test_prefill(make_contender, measure, sizes, token_ids, device, impl, conten
     contender = make_contender(contender_name)
     ids = token_ids(sizes.batch, sizes.seq_len)
     cache = measure(
-        lambda: contender.prefill(ids), group="prefill", bench="prefill", contender=contender_name,
-        label=contender.label, batch=sizes.batch, T=sizes.seq_len, tokens=ids.numel(), dtype=dtype_name(sizes),
-    )  # fmt: skip
+        lambda: contender.prefill(ids),
+        group="prefill",
+        bench="prefill",
+        contender=contender_name,
+        label=contender.label,
+        batch=sizes.batch,
+        T=sizes.seq_len,
+        tokens=ids.numel(),
+        dtype=dtype_name(sizes),
+    )
     if not measure.smoke:
-        measure.benchmark.extra_info["peak_memory_bytes"] = timing.peak_memory_bytes(lambda: contender.prefill(ids), device)
+        measure.benchmark.extra_info["peak_memory_bytes"] = timing.peak_memory_bytes(
+            lambda: contender.prefill(ids), device
+        )
     logical, storage = kv_memory(contender, cache)
     kv_bytes = (impl if contender_name == "impl" else _formula()).kv_cache_bytes(
         sizes.model, sizes.batch, sizes.seq_len, sizes.dtype
@@ -104,9 +129,15 @@ def test_decode(make_contender, measure, sizes, token_ids, contender_name, decod
     contender = make_contender(contender_name)
     ids = token_ids(sizes.decode_batch, decode_context + 1)
     extra = dict(
-        bench="decode", contender=contender_name, label=contender.label, context=decode_context, cached=cached,
-        batch=sizes.decode_batch, tokens=sizes.decode_batch, dtype=dtype_name(sizes),
-    )  # fmt: skip
+        bench="decode",
+        contender=contender_name,
+        label=contender.label,
+        context=decode_context,
+        cached=cached,
+        batch=sizes.decode_batch,
+        tokens=sizes.decode_batch,
+        dtype=dtype_name(sizes),
+    )
     group = f"decode {'cache' if cached else 'no cache'} ctx={decode_context:04d}"
     if not cached:
         logits = measure(lambda: contender.logits(ids)[:, -1], group=group, warmup=1, min_rounds=3, **extra)

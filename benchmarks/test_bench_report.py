@@ -28,16 +28,40 @@ def synthetic(decode_ref: dict, decode_hf: dict, train: dict) -> dict:
     benchmarks = []
     for contender, times in (("impl", decode_ref), ("hf", decode_hf)):
         for ctx, seconds in times.items():
-            common = dict(bench="decode", contender=contender, label=contender, context=ctx, batch=8, tokens=8,
-                          dtype="float32")  # fmt: skip
+            common = dict(
+                bench="decode", contender=contender, label=contender, context=ctx, batch=8, tokens=8, dtype="float32"
+            )
             benchmarks.append(entry(seconds, cached=True, **common))
             benchmarks.append(entry(seconds * 20, cached=False, **common))
     for contender, seconds in train.items():
-        benchmarks.append(entry(seconds, bench="train_step", contender=contender, label=contender, batch=8, T=256,
-                                tokens=2048, dtype="float32", family="llama"))  # fmt: skip
+        benchmarks.append(
+            entry(
+                seconds,
+                bench="train_step",
+                contender=contender,
+                label=contender,
+                batch=8,
+                T=256,
+                tokens=2048,
+                dtype="float32",
+                family="llama",
+            )
+        )
     for kernel, seconds in (("naive", 0.04), ("flash", 0.06), ("sdpa", 0.01)):
-        benchmarks.append(entry(seconds, bench="attention", kernel=kernel, heads="gqa", T=1024, batch=1, n_heads=8,
-                                n_kv_heads=2, d_head=64, dtype="float32"))  # fmt: skip
+        benchmarks.append(
+            entry(
+                seconds,
+                bench="attention",
+                kernel=kernel,
+                heads="gqa",
+                T=1024,
+                batch=1,
+                n_heads=8,
+                n_kv_heads=2,
+                d_head=64,
+                dtype="float32",
+            )
+        )
     machine = {"transformer_bench": {"device": "cpu", "impl": "reference", "dtype": "float32", "sizes": "full"}}
     return {"benchmarks": benchmarks, "machine_info": machine, "datetime": "now", "commit_info": {"id": "abc"}}
 
@@ -68,12 +92,26 @@ def test_report_includes_the_interleaved_goal_measurement(tmp_path):
     tool = load_tool()
     data = synthetic({64: 0.010, 896: 0.014}, {64: 0.011, 896: 0.020}, {"impl": 1.2, "hf": 1.0})
     (tmp_path / "run.json").write_text(json.dumps(data))
-    stats = {"median": {"train_step_vs_hf": 1.2, "train_step_goal_met": False, "decode_growth": 1.4,
-                        "decode_growth_goal_met": True, "hf_decode_growth": 1.8, "decode_vs_hf": {"64": 0.9, "896": 0.7},
-                        "decode_vs_hf_goal_met": True}}  # fmt: skip
+    stats = {
+        "median": {
+            "train_step_vs_hf": 1.2,
+            "train_step_goal_met": False,
+            "decode_growth": 1.4,
+            "decode_growth_goal_met": True,
+            "hf_decode_growth": 1.8,
+            "decode_vs_hf": {"64": 0.9, "896": 0.7},
+            "decode_vs_hf_goal_met": True,
+        }
+    }
     stats["min"] = stats["median"]
-    goals = {"goals": {"reference": stats}, "train_step": {"hf": {"rounds": 10}}, "decode": {"hf@64": {"rounds": 60}},
-             "clock": "process_time", "threads": 1, "machine": {"load_average": [1.0, 2.0, 3.0]}}  # fmt: skip
+    goals = {
+        "goals": {"reference": stats},
+        "train_step": {"hf": {"rounds": 10}},
+        "decode": {"hf@64": {"rounds": 60}},
+        "clock": "process_time",
+        "threads": 1,
+        "machine": {"load_average": [1.0, 2.0, 3.0]},
+    }
     (tmp_path / "run_goals.json").write_text(json.dumps(goals))
     assert tool.main([str(tmp_path / "run.json")]) == 0
     report = (tmp_path / "run.md").read_text()

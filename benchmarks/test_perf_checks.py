@@ -18,8 +18,9 @@ def not_implemented(name):
 
 
 def test_checks_of_an_unimplemented_skeleton_fail_with_the_reason():
-    skeleton = types.SimpleNamespace(**{n: not_implemented(n) for n in ("build_model", "flash_attention",
-                                                                        "scaled_dot_product_attention")})  # fmt: skip
+    skeleton = types.SimpleNamespace(
+        **{n: not_implemented(n) for n in ("build_model", "flash_attention", "scaled_dot_product_attention")}
+    )
     checks = perf_checks.run_perf_checks(skeleton, "cpu", threads=None)
     assert [c["name"] for c in checks] == list(perf_checks.CHECK_NAMES)
     for c in checks:

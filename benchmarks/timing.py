@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -217,7 +217,9 @@ def load_canonical(model: Transformer, state_dict: dict) -> None:
         raise ValueError(f"state_dict does not match the canonical names: missing {missing}, unexpected {unexpected}")
     for name, value in state_dict.items():
         if tuple(value.shape) != tuple(params[name].shape):
-            raise ValueError(f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(params[name].shape)}")
+            raise ValueError(
+                f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(params[name].shape)}"
+            )
         params[name].copy_(value)
 
 

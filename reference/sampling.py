@@ -73,5 +73,7 @@ def sample(
     if temperature == 0:
         return probs.argmax(dim=-1)
     flat = rearrange(probs, "... v -> (...) v")
-    ids = torch.multinomial(flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, 1, generator=generator)
+    ids = torch.multinomial(
+        flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, 1, generator=generator
+    )
     return ids.reshape(probs.shape[:-1])

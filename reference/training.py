@@ -54,8 +54,16 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_grad_norm
     return loss.item()
 
 
-def train(model, data, steps: int, batch_size: int, context_length: int, lr: float = 1e-3,
-          max_grad_norm: float = 1.0, seed: int = 0) -> list[float]:
+def train(
+    model,
+    data,
+    steps: int,
+    batch_size: int,
+    context_length: int,
+    lr: float = 1e-3,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+) -> list[float]:
     """AdamW for ``steps`` steps on random windows of ``data``; deterministic for ``seed``.
 
     Returns the loss of every step.

@@ -51,7 +51,9 @@ def tensor_mismatch(actual, expected: torch.Tensor, tol: Tolerance) -> str | Non
         )
     both = finite_a & finite_e
     a_nf, e_nf = a[~both], e[~both]
-    if not ((a_nf == e_nf) | (a_nf.isnan() & e_nf.isnan())).all():  # same inf/nan pattern, different kinds (NaN matches NaN)
+    if not (
+        (a_nf == e_nf) | (a_nf.isnan() & e_nf.isnan())
+    ).all():  # same inf/nan pattern, different kinds (NaN matches NaN)
         return "non-finite values differ in sign or kind"
     err = torch.where(both, (a - e).abs(), torch.zeros_like(a))
     allowed = tol.atol + tol.rtol * e.abs()
@@ -118,7 +120,9 @@ def shape_note(actual, expected) -> str:
     return ""
 
 
-def failure_message(behaviour: str, found: str, *, component: str = "", note: str = "", diagnosis: str | None = None) -> str:
+def failure_message(
+    behaviour: str, found: str, *, component: str = "", note: str = "", diagnosis: str | None = None
+) -> str:
     head = f"[{component}] {behaviour}" if component else behaviour
     lines = [head, f"  {found}"]
     if note:
@@ -136,7 +140,9 @@ def assert_close(actual, expected, *, behaviour: str, tol: Tolerance, component:
     found = mismatch(actual, expected, tol)
     if found:
         diag = diagnosis() if diagnosis else None
-        raise SpecFailure(failure_message(behaviour, found, component=component, note=shape_note(actual, expected), diagnosis=diag))
+        raise SpecFailure(
+            failure_message(behaviour, found, component=component, note=shape_note(actual, expected), diagnosis=diag)
+        )
 
 
 def require(condition: bool, *, behaviour: str, found: str, component: str = "") -> None:
@@ -151,8 +157,12 @@ def require_value_error(call, *, behaviour: str, component: str = "", must_menti
         call()
     except ValueError as exc:
         missing = [s for s in must_mention if s not in str(exc)]
-        require(not missing, component=component, behaviour=behaviour + ", naming the values",
-                found=f"ValueError({str(exc)!r}) does not mention {missing}")  # fmt: skip
+        require(
+            not missing,
+            component=component,
+            behaviour=behaviour + ", naming the values",
+            found=f"ValueError({str(exc)!r}) does not mention {missing}",
+        )
         return
     except Exception as exc:  # noqa: BLE001 - any other error type is the failure being reported
         require(False, component=component, behaviour=behaviour, found=f"raised {type(exc).__name__}: {exc}")

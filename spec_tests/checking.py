@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from .assertions import assert_close, require
 from . import tolerance_measurement
+from .assertions import assert_close, require
 from .tolerances import Tolerance, tolerance
 
 

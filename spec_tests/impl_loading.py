@@ -13,9 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-ACCEPTED_FORMS = (
-    "reference | student | bug:<name> | pkg.mod | pkg.mod:object | path/to/file.py | path/to/package_dir"
-)
+ACCEPTED_FORMS = "reference | student | bug:<name> | pkg.mod | pkg.mod:object | path/to/file.py | path/to/package_dir"
 
 
 class ImplUsageError(ValueError):
@@ -38,7 +36,9 @@ def _import_module(name: str):
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-            raise ImplUsageError(f"--impl={name}: no module named {exc.name!r}. Accepted forms: {ACCEPTED_FORMS}") from None
+            raise ImplUsageError(
+                f"--impl={name}: no module named {exc.name!r}. Accepted forms: {ACCEPTED_FORMS}"
+            ) from None
         raise _import_failure(name, exc) from exc
     except Exception as exc:  # noqa: BLE001 - any error in the implementation's own import
         raise _import_failure(name, exc) from exc
@@ -75,7 +75,9 @@ def load_implementation(spec: str):
         from .bugs import load_bug  # the catalog ships with the suite, not with handouts
 
         return load_bug(spec[4:]), spec
-    looks_like_path = spec.endswith(".py") or "/" in spec or "\\" in spec or Path(spec).is_dir() and not spec.isidentifier()
+    looks_like_path = (
+        spec.endswith(".py") or "/" in spec or "\\" in spec or Path(spec).is_dir() and not spec.isidentifier()
+    )
     if looks_like_path:
         path = Path(spec)
         if not path.exists():

@@ -11,14 +11,31 @@ from .inputs import S
 
 # All sizes distinct; GQA with n_kv_heads = 2, n_rep = 4; d_head = 10.
 LLAMA_GQA = dict(
-    family="llama", vocab_size=S.V, context_length=29, d_model=S.d_model, n_layers=2,
-    n_heads=S.H, n_kv_heads=S.H_KV, d_ff=S.D_FF, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="llama",
+    vocab_size=S.V,
+    context_length=29,
+    d_model=S.d_model,
+    n_layers=2,
+    n_heads=S.H,
+    n_kv_heads=S.H_KV,
+    d_ff=S.D_FF,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 LLAMA_MHA = dict(LLAMA_GQA, n_kv_heads=S.H, tie_embeddings=False, rope_theta=500.0)
 GPT2 = dict(
-    family="gpt2", vocab_size=S.V, context_length=29, d_model=42, n_layers=2, n_heads=6,
-    n_kv_heads=6, d_ff=50, norm_eps=1e-5, tie_embeddings=True,
-)  # fmt: skip
+    family="gpt2",
+    vocab_size=S.V,
+    context_length=29,
+    d_model=42,
+    n_layers=2,
+    n_heads=6,
+    n_kv_heads=6,
+    d_ff=50,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+)
 
 CONFIGS = {"llama_gqa": LLAMA_GQA, "llama_mha": LLAMA_MHA, "gpt2": GPT2}
 EMBEDDING_STD = 0.1
@@ -45,13 +62,29 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         shapes["pos_embeddings.weight"] = (cfg["context_length"], d)
     for i in range(cfg["n_layers"]):
         p = f"layers.{i}."
-        layer = {"attn_norm.weight": (d,), "attn.wq.weight": (hq, d), "attn.wk.weight": (hkv, d),
-                 "attn.wv.weight": (hkv, d), "attn.wo.weight": (d, hq), "mlp_norm.weight": (d,)}  # fmt: skip
+        layer = {
+            "attn_norm.weight": (d,),
+            "attn.wq.weight": (hq, d),
+            "attn.wk.weight": (hkv, d),
+            "attn.wv.weight": (hkv, d),
+            "attn.wo.weight": (d, hq),
+            "mlp_norm.weight": (d,),
+        }
         if gpt2:
-            layer.update({"attn_norm.bias": (d,), "attn.wq.bias": (hq,), "attn.wk.bias": (hkv,),
-                          "attn.wv.bias": (hkv,), "attn.wo.bias": (d,), "mlp_norm.bias": (d,),
-                          "mlp.w_fc.weight": (f, d), "mlp.w_fc.bias": (f,), "mlp.w_proj.weight": (d, f),
-                          "mlp.w_proj.bias": (d,)})  # fmt: skip
+            layer.update(
+                {
+                    "attn_norm.bias": (d,),
+                    "attn.wq.bias": (hq,),
+                    "attn.wk.bias": (hkv,),
+                    "attn.wv.bias": (hkv,),
+                    "attn.wo.bias": (d,),
+                    "mlp_norm.bias": (d,),
+                    "mlp.w_fc.weight": (f, d),
+                    "mlp.w_fc.bias": (f,),
+                    "mlp.w_proj.weight": (d, f),
+                    "mlp.w_proj.bias": (d,),
+                }
+            )
         else:
             layer.update({"mlp.w_gate.weight": (f, d), "mlp.w_up.weight": (f, d), "mlp.w_down.weight": (d, f)})
         shapes.update({p + k: s for k, s in layer.items()})

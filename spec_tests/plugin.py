@@ -35,7 +35,11 @@ def _register_hypothesis_profiles() -> None:
             deadline=None,
             database=None if derandomize else settings.default.database,
             print_blob=False,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.data_too_large,
+                HealthCheck.function_scoped_fixture,
+            ],
         )
 
 
@@ -58,11 +62,19 @@ def pytest_addoption(parser):
         help="TOML file of expected failures, [xfail] 'test id' = 'reason' (default: the implementation's SPEC_XFAILS)",
     )
     # recording / replaying expected values (issue 5; see expectations.py)
-    group.addoption("--record-expectations", metavar="DIR", default=None,
-                    help="also record every expected value (live reference) to DIR/expected-<ROPE_STYLE>.pt")
-    group.addoption("--replay-expectations", metavar="DIR", default=None,
-                    help="take expected values from DIR/expected-<ROPE_STYLE>.pt instead of the live reference "
-                         "(default where the suite ships recordings, as a handout does: spec_tests/recorded/)")
+    group.addoption(
+        "--record-expectations",
+        metavar="DIR",
+        default=None,
+        help="also record every expected value (live reference) to DIR/expected-<ROPE_STYLE>.pt",
+    )
+    group.addoption(
+        "--replay-expectations",
+        metavar="DIR",
+        default=None,
+        help="take expected values from DIR/expected-<ROPE_STYLE>.pt instead of the live reference "
+        "(default where the suite ships recordings, as a handout does: spec_tests/recorded/)",
+    )
 
 
 def pytest_configure(config):
@@ -85,7 +97,6 @@ def pytest_configure(config):
     # spinning thread pool makes a 50 us matmul take milliseconds. SPEC_TORCH_THREADS overrides.
     torch.set_num_threads(int(os.environ.get("SPEC_TORCH_THREADS", "1")))
     if config.getoption("device") == "cuda":
-
         if not torch.cuda.is_available():
             raise pytest.UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32

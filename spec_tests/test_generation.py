@@ -38,14 +38,22 @@ def prompt_for(cfg, t=PROMPT_T, seed=41, device="cpu"):
 
 
 def check_tokens(actual, expected, *, behaviour: str) -> None:
-    require(tuple(actual.shape) == tuple(expected.shape), component="generation", behaviour=behaviour,
-            found=f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")  # fmt: skip
+    require(
+        tuple(actual.shape) == tuple(expected.shape),
+        component="generation",
+        behaviour=behaviour,
+        found=f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}",
+    )
     diff = torch.nonzero(actual.cpu() != expected.cpu())
     if len(diff):
         b, t = diff[0].tolist()
-        require(False, component="generation", behaviour=behaviour,
-                found=f"first difference at sequence {b}, position {t}: expected token {int(expected[b, t])}, "
-                      f"got {int(actual[b, t])} ({len(diff)} tokens differ)")  # fmt: skip
+        require(
+            False,
+            component="generation",
+            behaviour=behaviour,
+            found=f"first difference at sequence {b}, position {t}: expected token {int(expected[b, t])}, "
+            f"got {int(actual[b, t])} ({len(diff)} tokens differ)",
+        )
 
 
 @pytest.mark.bug_class("generation", "kv_cache")
@@ -55,8 +63,13 @@ def test_greedy_matches_reference(spec, config, use_cache):
     sd = models.random_state_dict(config, seed=42, device=spec.device)
     prompt = prompt_for(config, device=spec.device)
     n = 12
-    out = spec.check(lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache), sd, prompt, component="generation",
-                     behaviour=f"greedy generate(use_cache={use_cache}) of {n} tokens equals the reference")  # fmt: skip
+    out = spec.check(
+        lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache),
+        sd,
+        prompt,
+        component="generation",
+        behaviour=f"greedy generate(use_cache={use_cache}) of {n} tokens equals the reference",
+    )
     check_tokens(out[:, :PROMPT_T], prompt, behaviour="generate returns the prompt followed by the new tokens")
 
 
@@ -64,8 +77,13 @@ def test_generation_from_a_single_token(spec, config):
     """A one-token prompt is extended like any other, equal to the reference (protocol: generate)."""
     sd = models.random_state_dict(config, seed=55, device=spec.device)
     prompt = prompt_for(config, t=1, seed=56, device=spec.device)
-    spec.check(lambda m, sd, p: greedy(m, config, sd, p, 6), sd, prompt, component="generation",
-               behaviour="greedy generation of 6 tokens from a 1-token prompt")  # fmt: skip
+    spec.check(
+        lambda m, sd, p: greedy(m, config, sd, p, 6),
+        sd,
+        prompt,
+        component="generation",
+        behaviour="greedy generation of 6 tokens from a 1-token prompt",
+    )
 
 
 @pytest.mark.bug_class("validation")
@@ -74,8 +92,11 @@ def test_generate_rejects_an_empty_prompt(spec, family):
     config = models.LLAMA_GQA if family == "llama" else models.GPT2
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=57, device=spec.device))
     empty = torch.zeros(2, 0, dtype=torch.long, device=spec.device)
-    require_value_error(lambda: spec.impl.generate(model, empty, 3, temperature=0.0), component="generation",
-                        behaviour="generate from a [2, 0] prompt raises ValueError")  # fmt: skip
+    require_value_error(
+        lambda: spec.impl.generate(model, empty, 3, temperature=0.0),
+        component="generation",
+        behaviour="generate from a [2, 0] prompt raises ValueError",
+    )
 
 
 @pytest.mark.bug_class("kv_cache")
@@ -103,10 +124,15 @@ def test_generation_ignores_dropout_and_restores_mode(spec, family, mode):
     torch.manual_seed(0)
     out = spec.impl.generate(model, prompt, 10, temperature=0.0)
     modes = {m.training for m in model.modules()}
-    require(modes == {mode == "train"}, component="generation",
-            behaviour=f"generate leaves a model in {mode} mode in {mode} mode",
-            found=f"after generate, module training flags are {sorted(modes)}")  # fmt: skip
-    check_tokens(out, reference_run, behaviour=f"generation in {mode} mode with dropout 0.5 equals eval-mode generation")
+    require(
+        modes == {mode == "train"},
+        component="generation",
+        behaviour=f"generate leaves a model in {mode} mode in {mode} mode",
+        found=f"after generate, module training flags are {sorted(modes)}",
+    )
+    check_tokens(
+        out, reference_run, behaviour=f"generation in {mode} mode with dropout 0.5 equals eval-mode generation"
+    )
 
 
 @pytest.mark.bug_class("cropping")
@@ -115,11 +141,18 @@ def test_long_prompt_is_cropped(spec, config):
     sd = models.random_state_dict(config, seed=CROP_SEEDS[0], device=spec.device)
     ctx = config["context_length"]
     prompt = prompt_for(config, t=ctx + 7, seed=CROP_SEEDS[1], device=spec.device)
-    out = spec.check(lambda m, sd, p: greedy(m, config, sd, p, 5), sd, prompt, component="generation",
-                     behaviour=f"a {ctx + 7}-token prompt, context {ctx}: generation equals the reference's")  # fmt: skip
+    out = spec.check(
+        lambda m, sd, p: greedy(m, config, sd, p, 5),
+        sd,
+        prompt,
+        component="generation",
+        behaviour=f"a {ctx + 7}-token prompt, context {ctx}: generation equals the reference's",
+    )
     check_tokens(out[:, : ctx + 7], prompt, behaviour="generate returns the whole (uncropped) prompt first")
     cropped = greedy(spec.impl, config, sd, prompt[:, -ctx:], 5)
-    check_tokens(out[:, ctx + 7 :], cropped[:, ctx:], behaviour=f"a {ctx + 7}-token prompt continues like its last {ctx} tokens")
+    check_tokens(
+        out[:, ctx + 7 :], cropped[:, ctx:], behaviour=f"a {ctx + 7}-token prompt continues like its last {ctx} tokens"
+    )
 
 
 @pytest.mark.bug_class("cropping", "kv_cache")
@@ -129,8 +162,13 @@ def test_generation_slides_past_the_context(spec, config, use_cache):
     sd = models.random_state_dict(config, seed=SLIDE_SEEDS[0], device=spec.device)
     prompt = prompt_for(config, t=PROMPT_T, seed=SLIDE_SEEDS[1], device=spec.device)
     n = slide_steps(config)
-    spec.check(lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache), sd, prompt, component="generation",
-               behaviour=f"generating {n} tokens from {PROMPT_T} slides past context {config['context_length']}")  # fmt: skip
+    spec.check(
+        lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache),
+        sd,
+        prompt,
+        component="generation",
+        behaviour=f"generating {n} tokens from {PROMPT_T} slides past context {config['context_length']}",
+    )
 
 
 @pytest.mark.bug_class("sampling_order", "top_k")
@@ -141,7 +179,9 @@ def test_generate_applies_sampling_filters(spec, config):
     prompt = prompt_for(config, seed=52, device=spec.device)
     want = spec.impl.generate(model, prompt, 8, temperature=0.0)
     for kw in (dict(top_k=1), dict(top_p=1e-6)):
-        got = spec.impl.generate(model, prompt, 8, temperature=1.7, generator=torch.Generator(spec.device).manual_seed(3), **kw)
+        got = spec.impl.generate(
+            model, prompt, 8, temperature=1.7, generator=torch.Generator(spec.device).manual_seed(3), **kw
+        )
         check_tokens(got, want, behaviour=f"generate(temperature=1.7, {kw}) equals greedy decoding")
 
 
@@ -150,6 +190,8 @@ def test_sampled_generation_is_reproducible(spec, config):
     sd = models.random_state_dict(config, seed=53, device=spec.device)
     model = models.build(spec.impl, config, sd)
     prompt = prompt_for(config, seed=54, device=spec.device)
-    run = lambda: spec.impl.generate(model, prompt, 10, temperature=1.2, top_p=0.9, generator=torch.Generator(spec.device).manual_seed(5))  # noqa: E731
+    run = lambda: spec.impl.generate(
+        model, prompt, 10, temperature=1.2, top_p=0.9, generator=torch.Generator(spec.device).manual_seed(5)
+    )  # noqa: E731
     first = run()
     check_tokens(run(), first, behaviour="the same generator seed gives the same sampled continuation")

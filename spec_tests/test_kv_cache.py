@@ -37,14 +37,22 @@ def cached_logits(m, cfg, sd, ids, chunks):
 
 @pytest.mark.bug_class("kv_cache", "positions")
 @pytest.mark.parametrize(
-    "chunks", [[1] * T, [T], [6, 1, 1, 9], [4, 7, 6], [1, 16]], ids=["token-by-token", "one-prefill", "prefill+decode+chunk", "chunked-prefill", "1+rest"]
-)  # fmt: skip
+    "chunks",
+    [[1] * T, [T], [6, 1, 1, 9], [4, 7, 6], [1, 16]],
+    ids=["token-by-token", "one-prefill", "prefill+decode+chunk", "chunked-prefill", "1+rest"],
+)
 def test_cached_logits_match_reference(spec, config, chunks):
     """Logits computed chunk by chunk through the cache equal the reference's full forward (course notes: KV cache; symptom: positions do not continue)."""
     sd = models.random_state_dict(config, seed=21, device=spec.device)
     ids = inputs.token_ids(2, T, vocab=config["vocab_size"], seed=22, device=spec.device)
-    spec.check(lambda m, sd, ids: cached_logits(m, config, sd, ids, chunks), sd, ids, kind="model",
-               component="kv_cache", behaviour=f"cached forward in chunks {chunks} equals the full forward")  # fmt: skip
+    spec.check(
+        lambda m, sd, ids: cached_logits(m, config, sd, ids, chunks),
+        sd,
+        ids,
+        kind="model",
+        component="kv_cache",
+        behaviour=f"cached forward in chunks {chunks} equals the full forward",
+    )
 
 
 @pytest.mark.bug_class("kv_cache", "positions", "causal_mask")
@@ -54,8 +62,13 @@ def test_cache_equals_no_cache_for_any_chunking(spec, config, chunks):
     sd = models.random_state_dict(config, seed=23, device=spec.device)
     ids = inputs.token_ids(2, T, vocab=config["vocab_size"], seed=24, device=spec.device)
     full = spec.impl.forward(models.build(spec.impl, config, sd), ids)
-    assert_close(cached_logits(spec.impl, config, sd, ids, chunks), full, tol=EXACT, component="kv_cache",
-                 behaviour=f"cached forward in chunks {chunks} equals one uncached forward")  # fmt: skip
+    assert_close(
+        cached_logits(spec.impl, config, sd, ids, chunks),
+        full,
+        tol=EXACT,
+        component="kv_cache",
+        behaviour=f"cached forward in chunks {chunks} equals one uncached forward",
+    )
 
 
 @pytest.mark.bug_class("kv_cache", "rope_on_values")
@@ -74,12 +87,21 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
     want_shape = (2, models.n_kv(config), 9, models.d_head(config))
     got = cache_contents(spec.impl, sd, ids)
     for layer, (k, v) in enumerate(got):
-        require(tuple(k.shape) == want_shape and tuple(v.shape) == want_shape, component="kv_cache",
-                behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want_shape}",
-                found=f"k {tuple(k.shape)}, v {tuple(v.shape)}")  # fmt: skip
-    spec.check(cache_contents, sd, ids, kind="model", component="kv_cache",
-               behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected), in time order; "
-                         "[i] is layer i, [i][0] keys, [i][1] values")  # fmt: skip
+        require(
+            tuple(k.shape) == want_shape and tuple(v.shape) == want_shape,
+            component="kv_cache",
+            behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want_shape}",
+            found=f"k {tuple(k.shape)}, v {tuple(v.shape)}",
+        )
+    spec.check(
+        cache_contents,
+        sd,
+        ids,
+        kind="model",
+        component="kv_cache",
+        behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected), in time order; "
+        "[i] is layer i, [i][0] keys, [i][1] values",
+    )
 
 
 @pytest.mark.bug_class("context_overflow")
@@ -91,5 +113,7 @@ def test_cache_overflow_raises(spec, config):
     ids = inputs.token_ids(1, ctx + 1, vocab=config["vocab_size"], seed=28, device=spec.device)
     cache = spec.impl.new_cache(model, 1)
     spec.impl.forward(model, ids[:, : ctx - 2], cache)
-    require_value_error(lambda: spec.impl.forward(model, ids[:, ctx - 2 :], cache),
-                       behaviour=f"{ctx - 2} cached + 3 new tokens with context_length={ctx} raise ValueError")  # fmt: skip
+    require_value_error(
+        lambda: spec.impl.forward(model, ids[:, ctx - 2 :], cache),
+        behaviour=f"{ctx - 2} cached + 3 new tokens with context_length={ctx} raise ValueError",
+    )

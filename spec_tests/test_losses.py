@@ -18,11 +18,23 @@ def test_cross_entropy_mean_nll(spec, dtype):
     """cross_entropy is the mean negative log-likelihood of the targets (protocol: cross_entropy)."""
     logits = inputs.randn(N, S.V, seed=31, scale=3.0, dtype=dtype, device=spec.device)
     targets = inputs.token_ids(N, seed=32, device=spec.device)
-    spec.check(lambda m, lg, t: m.cross_entropy(lg, t), logits, targets,
-               behaviour="cross_entropy(logits [N, V], targets [N])", component="cross_entropy", kind="loss")  # fmt: skip
-    spec.check(lambda m, lg, t: m.cross_entropy(lg, t), logits.reshape(S.B, S.T, S.V), targets.reshape(S.B, S.T),
-               behaviour="cross_entropy(logits [B, T, V], targets [B, T]), as lm_loss calls it",
-               component="cross_entropy", kind="loss", label="3d")  # fmt: skip
+    spec.check(
+        lambda m, lg, t: m.cross_entropy(lg, t),
+        logits,
+        targets,
+        behaviour="cross_entropy(logits [N, V], targets [N])",
+        component="cross_entropy",
+        kind="loss",
+    )
+    spec.check(
+        lambda m, lg, t: m.cross_entropy(lg, t),
+        logits.reshape(S.B, S.T, S.V),
+        targets.reshape(S.B, S.T),
+        behaviour="cross_entropy(logits [B, T, V], targets [B, T]), as lm_loss calls it",
+        component="cross_entropy",
+        kind="loss",
+        label="3d",
+    )
 
 
 @pytest.mark.bug_class("ignore_index")
@@ -31,15 +43,26 @@ def test_cross_entropy_ignores_ignore_index(spec):
     logits = inputs.randn(N, S.V, seed=33, scale=3.0, device=spec.device)
     targets = inputs.token_ids(N, seed=34, device=spec.device)
     targets[::3] = -100
-    spec.check(lambda m, lg, t: m.cross_entropy(lg, t), logits, targets,
-               behaviour="mean over the non-ignored targets only (default ignore_index=-100)",
-               component="cross_entropy", kind="loss")  # fmt: skip
+    spec.check(
+        lambda m, lg, t: m.cross_entropy(lg, t),
+        logits,
+        targets,
+        behaviour="mean over the non-ignored targets only (default ignore_index=-100)",
+        component="cross_entropy",
+        kind="loss",
+    )
     custom = targets.clone()
     custom[custom == -100] = 7
     custom[1::4] = 7
-    spec.check(lambda m, lg, t: m.cross_entropy(lg, t, ignore_index=7), logits, custom,
-               behaviour="cross_entropy honours a custom ignore_index", component="cross_entropy", kind="loss",
-               label="custom")  # fmt: skip
+    spec.check(
+        lambda m, lg, t: m.cross_entropy(lg, t, ignore_index=7),
+        logits,
+        custom,
+        behaviour="cross_entropy honours a custom ignore_index",
+        component="cross_entropy",
+        kind="loss",
+        label="custom",
+    )
 
 
 @pytest.mark.bug_class("stability")
@@ -48,10 +71,20 @@ def test_cross_entropy_stable_for_large_logits(spec, dtype):
     """cross_entropy is finite and exact for logits near ±1e4 (symptoms table: exp of a large number)."""
     logits = inputs.randn(N, S.V, seed=35, dtype=dtype, device=spec.device) * 1e4
     targets = inputs.token_ids(N, seed=36, device=spec.device)
-    loss = spec.check(lambda m, lg, t: m.cross_entropy(lg, t), logits, targets,
-                      behaviour="cross_entropy with logits near ±1e4", component="cross_entropy", kind="loss")  # fmt: skip
-    require(bool(torch.isfinite(torch.as_tensor(loss))), behaviour="cross_entropy is finite for logits near ±1e4",
-            found=f"loss = {loss}", component="cross_entropy")  # fmt: skip
+    loss = spec.check(
+        lambda m, lg, t: m.cross_entropy(lg, t),
+        logits,
+        targets,
+        behaviour="cross_entropy with logits near ±1e4",
+        component="cross_entropy",
+        kind="loss",
+    )
+    require(
+        bool(torch.isfinite(torch.as_tensor(loss))),
+        behaviour="cross_entropy is finite for logits near ±1e4",
+        found=f"loss = {loss}",
+        component="cross_entropy",
+    )
 
 
 @pytest.mark.bug_class("unshifted_labels")
@@ -60,6 +93,11 @@ def test_lm_loss_predicts_the_next_token(spec, dtype):
     """lm_loss scores logits at t against ids at t+1 (course notes: loss computed on unshifted labels)."""
     logits = inputs.randn(S.B, S.T, S.V, seed=37, scale=3.0, dtype=dtype, device=spec.device)
     ids = inputs.token_ids(S.B, S.T, seed=38, device=spec.device)
-    spec.check(lambda m, lg, i: m.lm_loss(lg, i), logits, ids,
-               behaviour="lm_loss(logits, ids) = cross_entropy(logits[:, :-1], ids[:, 1:])",
-               component="lm_loss", kind="loss")  # fmt: skip
+    spec.check(
+        lambda m, lg, i: m.lm_loss(lg, i),
+        logits,
+        ids,
+        behaviour="lm_loss(logits, ids) = cross_entropy(logits[:, :-1], ids[:, 1:])",
+        component="lm_loss",
+        kind="loss",
+    )

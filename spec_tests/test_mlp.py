@@ -19,8 +19,16 @@ def test_swiglu(spec, dtype):
     w_gate = inputs.fan_in_weight(S.D_FF, S.d_model, seed=22, dtype=dtype, device=spec.device)
     w_up = inputs.fan_in_weight(S.D_FF, S.d_model, seed=23, dtype=dtype, device=spec.device)
     w_down = inputs.fan_in_weight(S.d_model, S.D_FF, seed=24, dtype=dtype, device=spec.device)
-    spec.check(lambda m, *a: m.swiglu(*a), x, w_gate, w_up, w_down,
-               behaviour="swiglu(x, w_gate, w_up, w_down)", component="swiglu", kind="matmul")  # fmt: skip
+    spec.check(
+        lambda m, *a: m.swiglu(*a),
+        x,
+        w_gate,
+        w_up,
+        w_down,
+        behaviour="swiglu(x, w_gate, w_up, w_down)",
+        component="swiglu",
+        kind="matmul",
+    )
 
 
 @pytest.mark.bug_class("gelu")
@@ -32,5 +40,14 @@ def test_gelu_mlp(spec, dtype):
     b_fc = inputs.randn(S.D_FF, seed=27, dtype=dtype, device=spec.device)
     w_proj = inputs.fan_in_weight(S.d_model, S.D_FF, seed=28, dtype=dtype, device=spec.device)
     b_proj = inputs.randn(S.d_model, seed=29, dtype=dtype, device=spec.device)
-    spec.check(lambda m, *a: m.gelu_mlp(*a), x, w_fc, b_fc, w_proj, b_proj,
-               behaviour="gelu_mlp(x, w_fc, b_fc, w_proj, b_proj), tanh GELU", component="gelu_mlp", kind="matmul")  # fmt: skip
+    spec.check(
+        lambda m, *a: m.gelu_mlp(*a),
+        x,
+        w_fc,
+        b_fc,
+        w_proj,
+        b_proj,
+        behaviour="gelu_mlp(x, w_fc, b_fc, w_proj, b_proj), tanh GELU",
+        component="gelu_mlp",
+        kind="matmul",
+    )

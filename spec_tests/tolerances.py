@@ -30,11 +30,12 @@ class Tolerance:
 
 
 EXACT = Tolerance(
-    1e-10, 1e-10,
+    1e-10,
+    1e-10,
     "float64: correct implementations differ by rounding only; the reference's three attention "
     "paths give logits within 1.5e-14 of each other on the suite's models",
     "float64, exact to rounding",
-)  # fmt: skip
+)
 
 # kind -> tolerance for float32 on CPU; atol = rtol = safety factor x the measured metric
 # max |ref_f32 - ref_f64| / (1 + |ref_f64|) over the suite's own float32 comparisons, as printed
@@ -70,6 +71,10 @@ def tolerance(kind: str, dtype: torch.dtype, device: str = "cpu") -> Tolerance:
         raise ValueError(f"{kind!r} comparisons are float64 only (see tolerances.py)")
     tol = FLOAT32[kind]
     if device == "cuda":
-        return Tolerance(tol.atol * CUDA_FACTOR, tol.rtol * CUDA_FACTOR, tol.why + f"; CUDA x{CUDA_FACTOR:g}",
-                         f"float32 {kind}, CUDA")  # fmt: skip
+        return Tolerance(
+            tol.atol * CUDA_FACTOR,
+            tol.rtol * CUDA_FACTOR,
+            tol.why + f"; CUDA x{CUDA_FACTOR:g}",
+            f"float32 {kind}, CUDA",
+        )
     return Tolerance(tol.atol, tol.rtol, tol.why, f"float32 {kind}")

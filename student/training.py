@@ -29,8 +29,13 @@ def get_batch(data, batch_size: int, context_length: int, generator=None, device
     raise NotImplementedError("get_batch")
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               max_grad_norm: float | None = None) -> float:
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    max_grad_norm: float | None = None,
+) -> float:
     """One optimisation step on a batch -> the loss (a Python ``float``) *before* the step.
 
     ``x, y``: long ``[B, T]``; ``y`` is already shifted (``y[:, t]`` is the target of ``x[:, t]``).
@@ -48,8 +53,16 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     raise NotImplementedError("train_step")
 
 
-def train(model: nn.Module, data, steps: int, batch_size: int, context_length: int, lr: float = 1e-3,
-          max_grad_norm: float = 1.0, seed: int = 0) -> list[float]:
+def train(
+    model: nn.Module,
+    data,
+    steps: int,
+    batch_size: int,
+    context_length: int,
+    lr: float = 1e-3,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+) -> list[float]:
     """The tiny training loop -> the list of ``steps`` per-step losses.
 
     AdamW with learning rate ``lr`` over all parameters; each step a fresh ``get_batch`` of

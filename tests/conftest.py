@@ -98,8 +98,9 @@ def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> tor
 def tiny_config(family: str = "llama", **overrides) -> dict:
     """A small config with distinct sizes: V=37, ctx=16, d=48, H=8, Hkv=2 (n_rep 4), d_head=6, d_ff=40,
     2 layers (gpt2: Hkv = H); tests use batch 3."""
-    cfg = dict(vocab_size=37, context_length=16, d_model=48, n_layers=2, n_heads=8, n_kv_heads=2, d_ff=40,
-               family=family)
+    cfg = dict(
+        vocab_size=37, context_length=16, d_model=48, n_layers=2, n_heads=8, n_kv_heads=2, d_ff=40, family=family
+    )
     if family == "gpt2":
         cfg["n_kv_heads"] = 8
     cfg.update(overrides)

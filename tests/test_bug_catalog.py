@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from suite_subprocess import run_suite
 
 import reference
 from spec_tests import bugs
-from spec_tests.bugs import CATALOG, BUG_CLASSES, apply_patch, candidates_for, load_bug, reference_sources
+from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, candidates_for, load_bug, reference_sources
 from spec_tests.diagnosis import diagnose
 from spec_tests.tolerances import tolerance
-from suite_subprocess import run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures_bugs"
@@ -28,11 +28,33 @@ NAMES = list(CATALOG)
 
 # The classes issue 4 asks the catalog to cover (course notes, symptoms table, and beyond).
 REQUIRED_CLASSES = (
-    "layout", "mask_broadcast", "softmax_dim", "rope_on_values", "rope_q_only", "kv_cache", "gqa",
-    "unshifted_labels", "dropout_generation", "sampling_order", "causality", "stability", "attention_scale",
-    "norm_placement", "tied_weights", "cache_positions", "validation", "prompt_cropping", "rmsnorm", "top_p",
-    "top_k", "evaluation", "causal_mask", "rope_frequency", "swiglu", "init",
-)  # fmt: skip
+    "layout",
+    "mask_broadcast",
+    "softmax_dim",
+    "rope_on_values",
+    "rope_q_only",
+    "kv_cache",
+    "gqa",
+    "unshifted_labels",
+    "dropout_generation",
+    "sampling_order",
+    "causality",
+    "stability",
+    "attention_scale",
+    "norm_placement",
+    "tied_weights",
+    "cache_positions",
+    "validation",
+    "prompt_cropping",
+    "rmsnorm",
+    "top_p",
+    "top_k",
+    "evaluation",
+    "causal_mask",
+    "rope_frequency",
+    "swiglu",
+    "init",
+)
 
 
 def test_catalog_has_at_least_30_bugs_covering_every_required_class():
@@ -149,8 +171,12 @@ def mha_inputs():
 
     x = inputs.randn(S.B, S.T, S.d_model, seed=60)
     d, dh = S.d_model, S.D_HEAD
-    weights = (inputs.fan_in_weight(S.H * dh, d, seed=61), inputs.fan_in_weight(S.H_KV * dh, d, seed=62),
-               inputs.fan_in_weight(S.H_KV * dh, d, seed=63), inputs.fan_in_weight(d, S.H * dh, seed=64))  # fmt: skip
+    weights = (
+        inputs.fan_in_weight(S.H * dh, d, seed=61),
+        inputs.fan_in_weight(S.H_KV * dh, d, seed=62),
+        inputs.fan_in_weight(S.H_KV * dh, d, seed=63),
+        inputs.fan_in_weight(d, S.H * dh, seed=64),
+    )
     return x, weights, S.H, S.H_KV
 
 
@@ -219,10 +245,20 @@ def test_bugcheck_reads_the_margin_from_failure_messages():
 
 
 def synthetic_run(*failures: tuple[str, float | None]) -> dict:
-    tests = [{"nodeid": f"spec_tests/{f}.py::t", "file": f, "outcome": "failed", "message": "", "ratio": r, "markers": []}
-             for f, r in failures]  # fmt: skip
-    tests.append({"nodeid": "spec_tests/test_mlp.py::ok", "file": "test_mlp", "outcome": "passed", "message": "",
-                  "ratio": None, "markers": []})  # fmt: skip
+    tests = [
+        {"nodeid": f"spec_tests/{f}.py::t", "file": f, "outcome": "failed", "message": "", "ratio": r, "markers": []}
+        for f, r in failures
+    ]
+    tests.append(
+        {
+            "nodeid": "spec_tests/test_mlp.py::ok",
+            "file": "test_mlp",
+            "outcome": "passed",
+            "message": "",
+            "ratio": None,
+            "markers": [],
+        }
+    )
     return {"impl": "bug:x", "exit_code": 1 if failures else 0, "seconds": 1.0, "tests": tests, "collect_errors": []}
 
 
@@ -232,4 +268,6 @@ def test_bugcheck_verdicts():
     assert bc.judge(bug, synthetic_run(("test_model", 1e9))).status == "unrelated"
     assert bc.judge(bug, synthetic_run(("test_kv_cache", 3.0), ("test_model", 1e9))).status == "near-miss"
     ok = bc.judge(bug, synthetic_run(("test_kv_cache", 3.0), ("test_generation", None)))
-    assert ok.status == "ok" and ok.margin == float("inf") and ok.killed_by == {"test_kv_cache": 1, "test_generation": 1}
+    assert (
+        ok.status == "ok" and ok.margin == float("inf") and ok.killed_by == {"test_kv_cache": 1, "test_generation": 1}
+    )

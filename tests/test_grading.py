@@ -41,7 +41,7 @@ match = "test_norms.py::test_rmsnorm"
 weight = 2
 """
 
-CHAOS = '''
+CHAOS = """
 
 import glob as _glob
 import os as _os
@@ -78,7 +78,7 @@ def layernorm(x, weight, bias, eps=1e-5):
     if x.dtype == torch.float32 and not small:
         _subprocess.run(["cat", "/etc/hostname"], check=True)
     return _good_layernorm(x, weight, bias, eps)
-'''
+"""
 
 
 def copy_package(src: Path, dst: Path) -> Path:
@@ -124,9 +124,28 @@ def batch(tmp_path_factory):
         out = tmp / f"out{n}"
         started = time.monotonic()
         impl_args = [a for impl in impls for a in ("--impl", impl)]
-        proc = grade(*impl_args, "--select", SELECT, "--cache-dir", str(cache), "--rubric", str(rubric),
-                     "--out-dir", str(out), "--gradescope", "results.json", "--markdown", "report.md",
-                     "--junit", "report.xml", "--csv", str(out / "gradebook.csv"), "--jobs", "3", "--failures")  # fmt: skip
+        proc = grade(
+            *impl_args,
+            "--select",
+            SELECT,
+            "--cache-dir",
+            str(cache),
+            "--rubric",
+            str(rubric),
+            "--out-dir",
+            str(out),
+            "--gradescope",
+            "results.json",
+            "--markdown",
+            "report.md",
+            "--junit",
+            "report.xml",
+            "--csv",
+            str(out / "gradebook.csv"),
+            "--jobs",
+            "3",
+            "--failures",
+        )
         runs.append((proc, out, time.monotonic() - started))
     return {"tmp": tmp, "names": names, "again": [Path(p).name for p in again], "runs": runs, "cache": cache}
 
@@ -179,7 +198,9 @@ def test_hidden_tests_show_a_fixed_message(batch):
     for name in ("skeleton", "chaos"):
         hidden = [t for t in results(batch, name)["tests"] if t["visibility"] == "hidden"]
         assert len(hidden) == 2
-        assert {t["output"] for t in hidden} == {"This test is hidden: it counts towards your score, but its details are not shown."}
+        assert {t["output"] for t in hidden} == {
+            "This test is hidden: it counts towards your score, but its details are not shown."
+        }
     md = (batch["runs"][0][1] / "chaos" / "report.md").read_text()
     assert "memory" not in md and "2 hidden tests" in md
 
@@ -273,10 +294,21 @@ def test_default_rubric_loads_and_sums_to_its_total():
 
     rubric = load_rubric(ROOT / "rubric.toml")
     tests = [
-        {"id": f"test_{c}.py::test_x[{i}]", "file": f"test_{c}.py", "function": "test_x", "params": str(i), "doc": "",
-         "component": c, "bug_classes": [], "points": None, "visibility": None, "live": False}
-        for c in rubric.components for i in range(3)
-    ]  # fmt: skip
+        {
+            "id": f"test_{c}.py::test_x[{i}]",
+            "file": f"test_{c}.py",
+            "function": "test_x",
+            "params": str(i),
+            "doc": "",
+            "component": c,
+            "bug_classes": [],
+            "points": None,
+            "visibility": None,
+            "live": False,
+        }
+        for c in rubric.components
+        for i in range(3)
+    ]
     graded = assign(tests, rubric)
     assert round(sum(t.max_score for t in graded), 2) == rubric.total
 
@@ -296,8 +328,9 @@ def test_watchdog_kills_a_child_that_ignores_its_alarm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     result = RunResult()
     started = time.monotonic()
-    stop, current, seen = _watch(proc, events, Limits(test_timeout_s=0.2, kill_grace_s=0.5), started, result,
-                                 ["t1", "t2"], None)  # fmt: skip
+    stop, current, seen = _watch(
+        proc, events, Limits(test_timeout_s=0.2, kill_grace_s=0.5), started, result, ["t1", "t2"], None
+    )
     assert (stop, current, seen) == ("test_timeout", "t1", 0)
     assert proc.returncode == -signal.SIGKILL and time.monotonic() - started < 10
     proc2 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
@@ -312,20 +345,20 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 from tools.grading.guard import Guard, BlockedImport, BlockedAccess
 seen = []
-Guard([{str(ROOT / 'reference')!r}], None, on_block=lambda what, where: seen.append(what)).install()
+Guard([{str(ROOT / "reference")!r}], None, on_block=lambda what, where: seen.append(what)).install()
 try:
     import reference
 except BlockedImport as exc:
     print("import:", exc)
 try:
-    open({str(ROOT / 'reference' / '__init__.py')!r}).read()
+    open({str(ROOT / "reference" / "__init__.py")!r}).read()
 except BlockedAccess as exc:
     print("open:", exc)
 try:
-    open({str(tmp_path / 'expected-half.pt')!r}, "w")
+    open({str(tmp_path / "expected-half.pt")!r}, "w")
 except BlockedAccess as exc:
     print("recording:", exc)
-print("allowed:", len(open({str(ROOT / 'rubric.toml')!r}).read()) > 0, len(seen))
+print("allowed:", len(open({str(ROOT / "rubric.toml")!r}).read()) > 0, len(seen))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "import: grading: importing 'reference' is not allowed while grading" in out

@@ -42,8 +42,12 @@ build_model = functools.partial(_impl.build_model, rope_style="half")
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("handout") / "handout"
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_handout.py"), str(out), "--tests", ",".join(TEST_FILES)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_handout.py"), str(out), "--tests", ",".join(TEST_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -57,8 +61,14 @@ def run_pytest(folder: Path, junit: Path) -> subprocess.Popen:
     trap.mkdir(parents=True, exist_ok=True)
     (trap / "__init__.py").write_text("raise ImportError('the handout imported a reference package')\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(trap.parent)}
-    return subprocess.Popen([sys.executable, "-m", "pytest", "spec_tests", "--impl=student", "-q", f"--junitxml={junit}"],
-                            cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "spec_tests", "--impl=student", "-q", f"--junitxml={junit}"],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def junit_cases(path: Path) -> list[tuple[str, str, str]]:
@@ -68,7 +78,9 @@ def junit_cases(path: Path) -> list[tuple[str, str, str]]:
         failure = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")
         outcome = "failed" if failure is not None else "skipped" if skipped is not None else "passed"
-        message = (failure.get("message") if failure is not None else skipped.get("message") if skipped is not None else "")
+        message = (
+            failure.get("message") if failure is not None else skipped.get("message") if skipped is not None else ""
+        )
         cases.append((f"{case.get('classname')}::{case.get('name')}", outcome, message or ""))
     return cases
 
@@ -133,7 +145,9 @@ def test_skeleton_fails_every_test_as_not_implemented(handout_runs):
     code, output, cases = handout_runs["skeleton"]
     assert code == 1, output
     assert cases and all(outcome == "failed" for _, outcome, _ in cases), output
-    assert all(msg.startswith("not implemented: ") for _, _, msg in cases), [c for c in cases if "not implemented" not in c[2]][:3]
+    assert all(msg.startswith("not implemented: ") for _, _, msg in cases), [
+        c for c in cases if "not implemented" not in c[2]
+    ][:3]
 
 
 @pytest.mark.parametrize("style", ["interleaved", "half"])
@@ -157,8 +171,13 @@ def test_suite_reaches_the_reference_only_through_expectations():
                 names = [node.module or ""] + [a.name for a in node.names]
             elif isinstance(node, ast.Name) and node.id == "reference_module":
                 names = ["reference_module"]
-            if any(n == "reference" or n.startswith("reference.") or n in ("reference_view", "reference_module", "bugs")
-                   or n.endswith(".bugs") for n in names):  # fmt: skip
+            if any(
+                n == "reference"
+                or n.startswith("reference.")
+                or n in ("reference_view", "reference_module", "bugs")
+                or n.endswith(".bugs")
+                for n in names
+            ):
                 offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, f"test files that use the reference directly (mark them needs_live_reference): {offenders}"
 
@@ -169,9 +188,12 @@ def test_replay_refuses_inputs_it_did_not_record():
 
     x = torch.arange(6.0)
     data = {
-        "format": 1, "torch": "x", "catalog": {}, "unrecordable": {"test_a.py::test_b::other#0": "a Module cannot be recorded"},
+        "format": 1,
+        "torch": "x",
+        "catalog": {},
+        "unrecordable": {"test_a.py::test_b::other#0": "a Module cannot be recorded"},
         "entries": {"test_a.py::test_b::value#0": {"fingerprint": fingerprint((x,)), "value": x * 2, "bugs": {}}},
-    }  # fmt: skip
+    }
     replay = ReplayExpectations(data, "cpu", source="expected-interleaved.pt")
     assert torch.equal(replay.value("spec_tests/test_a.py::test_b::value#0", None, (x,)), x * 2)
     with pytest.raises(SpecFailure, match="holds no expected value for these inputs"):
@@ -182,7 +204,11 @@ def test_replay_refuses_inputs_it_did_not_record():
 
 def test_make_handout_refuses_to_overwrite(tmp_path):
     (tmp_path / "keep.txt").write_text("x")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_handout.py"), str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_handout.py"), str(tmp_path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "not empty" in proc.stderr
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "make_handout.py"), str(ROOT), "--force"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "make_handout.py"), str(ROOT), "--force"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "refusing" in proc.stderr

@@ -30,7 +30,11 @@ def randn(*shape, seed=0):
 
 
 def qkv(t_q, t_k, h=H, h_kv=HKV, seed=0):
-    return randn(B, h, t_q, DH, seed=seed), randn(B, h_kv, t_k, DH, seed=seed + 1), randn(B, h_kv, t_k, DH, seed=seed + 2)
+    return (
+        randn(B, h, t_q, DH, seed=seed),
+        randn(B, h_kv, t_k, DH, seed=seed + 1),
+        randn(B, h_kv, t_k, DH, seed=seed + 2),
+    )
 
 
 def bottom_right(t_q, t_k):
@@ -286,7 +290,10 @@ def test_flash_attention_equals_naive_and_F_sdpa(block_size, causal, t_q, t_k):
 
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(
-    t_q=st.integers(1, 13), extra=st.integers(0, 6), block=st.integers(1, 9), n_rep=st.sampled_from([1, 2, 4]),
+    t_q=st.integers(1, 13),
+    extra=st.integers(0, 6),
+    block=st.integers(1, 9),
+    n_rep=st.sampled_from([1, 2, 4]),
     causal=st.booleans(),
 )
 def test_flash_attention_property(t_q, extra, block, n_rep, causal):
@@ -344,8 +351,10 @@ def test_multihead_self_attention_positions_offset(oracles):
     """Explicit positions shift the RoPE angles: positions p..p+T-1 equal the oracle at those positions."""
     d_model = H * DH
     x = randn(B, TQ, d_model, seed=47)
-    wq, wk, wv, wo = (randn(r, c, seed=48 + i) / 4 for i, (r, c) in
-                      enumerate([(d_model, d_model), (HKV * DH, d_model), (HKV * DH, d_model), (d_model, d_model)]))
+    wq, wk, wv, wo = (
+        randn(r, c, seed=48 + i) / 4
+        for i, (r, c) in enumerate([(d_model, d_model), (HKV * DH, d_model), (HKV * DH, d_model), (d_model, d_model)])
+    )
     pos = torch.arange(9, 9 + TQ)
     q = oracles.rope(F.linear(x, wq).view(B, TQ, H, DH).transpose(1, 2), pos)
     k = oracles.rope(F.linear(x, wk).view(B, TQ, HKV, DH).transpose(1, 2), pos)

@@ -21,8 +21,18 @@ import reference as R  # noqa: E402
 F64 = torch.float64
 THETA = 10000.0
 # Llama: V=61, d=48, H=6, Hkv=2 (n_rep 3), d_head=8, d_ff=80, 2 layers, ctx 24; batch 3, T 17
-LLAMA = dict(vocab_size=61, context_length=24, d_model=48, n_layers=2, n_heads=6, n_kv_heads=2, d_ff=80,
-             rope_theta=THETA, norm_eps=1e-5, family="llama")
+LLAMA = dict(
+    vocab_size=61,
+    context_length=24,
+    d_model=48,
+    n_layers=2,
+    n_heads=6,
+    n_kv_heads=2,
+    d_ff=80,
+    rope_theta=THETA,
+    norm_eps=1e-5,
+    family="llama",
+)
 # GPT-2: V=53, d=40, H=5, d_head=8, d_ff=88, 2 layers, ctx 22; batch 3, T 19
 GPT2 = dict(vocab_size=53, context_length=22, d_model=40, n_layers=2, n_heads=5, d_ff=88, norm_eps=1e-5, family="gpt2")
 # Stock HF Llama is not float64 end to end even after .double(): LlamaRMSNorm casts its input to float32
@@ -76,13 +86,30 @@ def build_reference(cfg, sd, **kwargs):
 
 
 def hf_llama(attn="sdpa", seed=0):
-    rope = {"rope_parameters": {"rope_type": "default", "rope_theta": THETA}} if "rope_parameters" in \
-        inspect.signature(LlamaConfig.__init__).parameters else {"rope_theta": THETA}
+    rope = (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": THETA}}
+        if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters
+        else {"rope_theta": THETA}
+    )
     config = LlamaConfig(
-        vocab_size=61, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=24, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        attention_dropout=0.0, attention_bias=False, mlp_bias=False, hidden_act="silu", attn_implementation=attn,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, **rope,
+        vocab_size=61,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=24,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        attention_bias=False,
+        mlp_bias=False,
+        hidden_act="silu",
+        attn_implementation=attn,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        **rope,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(F64).eval()
@@ -91,9 +118,17 @@ def hf_llama(attn="sdpa", seed=0):
     torch.testing.assert_close(inv_freq, THETA ** (-torch.arange(0, 8, 2, dtype=F64) / 8), atol=1e-7, rtol=0)
     randomize_hf(model, seed, lambda n: "norm" in n)
     sd = {"tok_embeddings.weight": model.model.embed_tokens.weight, "final_norm.weight": model.model.norm.weight}
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm", "self_attn.q_proj": "attn.wq",
-             "self_attn.k_proj": "attn.wk", "self_attn.v_proj": "attn.wv", "self_attn.o_proj": "attn.wo",
-             "mlp.gate_proj": "mlp.w_gate", "mlp.up_proj": "mlp.w_up", "mlp.down_proj": "mlp.w_down"}
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "mlp_norm",
+        "self_attn.q_proj": "attn.wq",
+        "self_attn.k_proj": "attn.wk",
+        "self_attn.v_proj": "attn.wv",
+        "self_attn.o_proj": "attn.wo",
+        "mlp.gate_proj": "mlp.w_gate",
+        "mlp.up_proj": "mlp.w_up",
+        "mlp.down_proj": "mlp.w_down",
+    }
     hf = dict(model.named_parameters())
     for i in range(2):
         for theirs, ours in names.items():
@@ -103,10 +138,25 @@ def hf_llama(attn="sdpa", seed=0):
 
 def hf_gpt2(attn="eager", seed=0):
     config = GPT2Config(
-        vocab_size=53, n_positions=22, n_embd=40, n_layer=2, n_head=5, n_inner=88, activation_function="gelu_new",
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-        scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False,
-        attn_implementation=attn, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        vocab_size=53,
+        n_positions=22,
+        n_embd=40,
+        n_layer=2,
+        n_head=5,
+        n_inner=88,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+        reorder_and_upcast_attn=False,
+        attn_implementation=attn,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config).to(F64).eval()
@@ -114,8 +164,12 @@ def hf_gpt2(attn="eager", seed=0):
     randomize_hf(model, seed, lambda n: ".ln_" in n or "ln_f" in n)
     hf = {k: v.detach() for k, v in model.named_parameters()}
     d = 40
-    sd = {"tok_embeddings.weight": hf["transformer.wte.weight"], "pos_embeddings.weight": hf["transformer.wpe.weight"],
-          "final_norm.weight": hf["transformer.ln_f.weight"], "final_norm.bias": hf["transformer.ln_f.bias"]}
+    sd = {
+        "tok_embeddings.weight": hf["transformer.wte.weight"],
+        "pos_embeddings.weight": hf["transformer.wpe.weight"],
+        "final_norm.weight": hf["transformer.ln_f.weight"],
+        "final_norm.bias": hf["transformer.ln_f.bias"],
+    }
     for i in range(2):
         p, c = f"transformer.h.{i}.", f"layers.{i}."
         w, b = hf[p + "attn.c_attn.weight"], hf[p + "attn.c_attn.bias"]  # Conv1D: [in, 3*d], columns [q | k | v]
@@ -176,8 +230,9 @@ def test_llama_logits_match_float64_hf(float64_llama):
     hf, sd = hf_llama("sdpa", seed=1)
     ids = ids_for(61, 3, 17, seed=1)
     with torch.no_grad():
-        torch.testing.assert_close(R.forward(build_reference(LLAMA, sd, rope_style="half"), ids), hf(ids).logits,
-                                   atol=1e-10, rtol=0)
+        torch.testing.assert_close(
+            R.forward(build_reference(LLAMA, sd, rope_style="half"), ids), hf(ids).logits, atol=1e-10, rtol=0
+        )
 
 
 def assert_cached_decoding_matches(hf, ref, ids, prefill: int, kv_shape: tuple[int, ...]) -> None:

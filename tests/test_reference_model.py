@@ -27,8 +27,16 @@ def ids_for(cfg, batch, length, seed=0):
 
 # ----------------------------------------------------------------------------- parameters and weights
 
-GPT2_SMALL = dict(vocab_size=50257, context_length=1024, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
-                  family="gpt2", tie_embeddings=True)
+GPT2_SMALL = dict(
+    vocab_size=50257,
+    context_length=1024,
+    d_model=768,
+    n_layers=12,
+    n_heads=12,
+    d_ff=3072,
+    family="gpt2",
+    tie_embeddings=True,
+)
 
 
 def _rss_bytes() -> int:
@@ -88,14 +96,28 @@ def test_canonical_names_and_shapes(family, oracles):
     want = {"tok_embeddings.weight": (V, d), "final_norm.weight": (d,), "lm_head.weight": (V, d)}
     for i in range(2):
         p = f"layers.{i}."
-        want |= {p + "attn_norm.weight": (d,), p + "mlp_norm.weight": (d,), p + "attn.wq.weight": (H * dh, d),
-                 p + "attn.wk.weight": (Hkv * dh, d), p + "attn.wv.weight": (Hkv * dh, d), p + "attn.wo.weight": (d, H * dh)}
+        want |= {
+            p + "attn_norm.weight": (d,),
+            p + "mlp_norm.weight": (d,),
+            p + "attn.wq.weight": (H * dh, d),
+            p + "attn.wk.weight": (Hkv * dh, d),
+            p + "attn.wv.weight": (Hkv * dh, d),
+            p + "attn.wo.weight": (d, H * dh),
+        }
         if family == "llama":
             want |= {p + "mlp.w_gate.weight": (f, d), p + "mlp.w_up.weight": (f, d), p + "mlp.w_down.weight": (d, f)}
         else:
-            want |= {p + "mlp.w_fc.weight": (f, d), p + "mlp.w_fc.bias": (f,), p + "mlp.w_proj.weight": (d, f),
-                     p + "mlp.w_proj.bias": (d,), p + "attn_norm.bias": (d,), p + "mlp_norm.bias": (d,)}
-            want |= {p + f"attn.{w}.bias": (n,) for w, n in (("wq", H * dh), ("wk", Hkv * dh), ("wv", Hkv * dh), ("wo", d))}
+            want |= {
+                p + "mlp.w_fc.weight": (f, d),
+                p + "mlp.w_fc.bias": (f,),
+                p + "mlp.w_proj.weight": (d, f),
+                p + "mlp.w_proj.bias": (d,),
+                p + "attn_norm.bias": (d,),
+                p + "mlp_norm.bias": (d,),
+            }
+            want |= {
+                p + f"attn.{w}.bias": (n,) for w, n in (("wq", H * dh), ("wk", Hkv * dh), ("wv", Hkv * dh), ("wo", d))
+            }
     if family == "gpt2":
         want |= {"pos_embeddings.weight": (C, d), "final_norm.bias": (d,)}
     got = {k: tuple(v.shape) for k, v in R.canonical_state_dict(R.build_model(cfg)).items()}
@@ -177,9 +199,14 @@ def test_odd_head_dim_is_fine_without_rope(oracles):
 
 @pytest.mark.parametrize(
     "family,extra,style",
-    [("llama", {}, "interleaved"), ("llama", {}, "half"), ("llama", {"tie_embeddings": False}, "interleaved"),
-     ("llama", {"n_kv_heads": 8, "rope_theta": 500.0, "norm_eps": 0.1}, "interleaved"), ("gpt2", {}, "interleaved"),
-     ("gpt2", {"tie_embeddings": False, "norm_eps": 0.1}, "interleaved")],
+    [
+        ("llama", {}, "interleaved"),
+        ("llama", {}, "half"),
+        ("llama", {"tie_embeddings": False}, "interleaved"),
+        ("llama", {"n_kv_heads": 8, "rope_theta": 500.0, "norm_eps": 0.1}, "interleaved"),
+        ("gpt2", {}, "interleaved"),
+        ("gpt2", {"tie_embeddings": False, "norm_eps": 0.1}, "interleaved"),
+    ],
 )
 def test_forward_matches_functional_oracle(family, extra, style, oracles):
     """forward equals the protocol's pre-norm decoder written with F.* ops (F.rms_norm/F.layer_norm, complex RoPE,

@@ -31,9 +31,7 @@ def test_top_p_keeps_exactly_two(dtype):
     torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0], dtype=dtype))
 
 
-@pytest.mark.parametrize(
-    "p,kept", [(1.0, 4), (0.81, 3), (0.5, 1), (0.51, 2), (1e-9, 1)]
-)
+@pytest.mark.parametrize("p,kept", [(1.0, 4), (0.81, 3), (0.5, 1), (0.51, 2), (1e-9, 1)])
 def test_top_p_nucleus_sizes(p, kept):
     """The nucleus is the smallest top set whose mass reaches p (the crossing token kept; at least one token)."""
     probs = R.sampling_probs(log_probs([0.5, 0.3, 0.1, 0.1]), top_p=p)
@@ -66,14 +64,18 @@ def test_temperature_then_top_p_of_scaled_distribution():
     scaled = np.sqrt(base) / np.sqrt(base).sum()  # softmax(log p / 2) by hand
     want = np.where(np.arange(4) < 3, scaled, 0.0)
     want = want / want.sum()
-    torch.testing.assert_close(R.sampling_probs(logits, temperature=2.0, top_p=0.8), torch.tensor(want), atol=1e-14, rtol=0)
+    torch.testing.assert_close(
+        R.sampling_probs(logits, temperature=2.0, top_p=0.8), torch.tensor(want), atol=1e-14, rtol=0
+    )
     assert int((R.sampling_probs(logits, temperature=1.0, top_p=0.8) > 0).sum()) == 2
 
 
 def test_temperature_scales_logits():
     """sampling_probs(logits, temperature=t) equals F.softmax(logits / t)."""
     logits = torch.tensor([[0.3, 2.0, -1.0, 1.5, 0.0]], dtype=F64)
-    torch.testing.assert_close(R.sampling_probs(logits, temperature=0.7), F.softmax(logits / 0.7, -1), atol=1e-15, rtol=0)
+    torch.testing.assert_close(
+        R.sampling_probs(logits, temperature=0.7), F.softmax(logits / 0.7, -1), atol=1e-15, rtol=0
+    )
 
 
 def test_top_k_before_top_p():
@@ -83,7 +85,9 @@ def test_top_k_before_top_p():
     probs = R.sampling_probs(logits, top_k=2, top_p=0.5)
     torch.testing.assert_close(probs, torch.tensor([1.0, 0, 0, 0], dtype=F64))
     # top_k=3 leaves [4/9, 3/9, 2/9]; p=0.5 now needs two tokens
-    torch.testing.assert_close(R.sampling_probs(logits, top_k=3, top_p=0.5), torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=F64))
+    torch.testing.assert_close(
+        R.sampling_probs(logits, top_k=3, top_p=0.5), torch.tensor([4 / 7, 3 / 7, 0, 0], dtype=F64)
+    )
 
 
 def test_temperature_zero_is_one_hot_argmax():
@@ -99,8 +103,13 @@ def test_temperature_zero_is_one_hot_argmax():
 
 @pytest.mark.parametrize(
     "kwargs,shown",
-    [(dict(temperature=-0.5), "-0.5"), (dict(top_k=0), "0"), (dict(top_p=0.0), "0.0"), (dict(top_p=1.5), "1.5"),
-     (dict(top_p=-0.25), "-0.25")],
+    [
+        (dict(temperature=-0.5), "-0.5"),
+        (dict(top_k=0), "0"),
+        (dict(top_p=0.0), "0.0"),
+        (dict(top_p=1.5), "1.5"),
+        (dict(top_p=-0.25), "-0.25"),
+    ],
 )
 def test_invalid_sampling_args_raise_naming_value(kwargs, shown):
     """Invalid temperature/top_k/top_p raise ValueError whose message names the value given."""
@@ -201,8 +210,12 @@ def test_train_step_equals_hand_written_step(oracles):
     model = oracles.model(cfg)  # starts in eval mode: train_step must switch to training mode
     twin = copy.deepcopy(model)
     opt, opt_twin = (torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (model, twin))
-    x, y = R.get_batch(torch.randint(0, 37, (80,), generator=torch.Generator().manual_seed(1)), 3, 9,
-                       generator=torch.Generator().manual_seed(2))
+    x, y = R.get_batch(
+        torch.randint(0, 37, (80,), generator=torch.Generator().manual_seed(1)),
+        3,
+        9,
+        generator=torch.Generator().manual_seed(2),
+    )
     for step in range(2):
         torch.manual_seed(10 + step)
         got = R.train_step(model, opt, x, y, max_grad_norm=0.05)

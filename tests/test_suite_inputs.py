@@ -10,7 +10,9 @@ from spec_tests.models import CONFIGS
 from spec_tests.test_generation import CROP_SEEDS, PROMPT_T, SLIDE_SEEDS, prompt_for, slide_steps
 
 STYLES = ("interleaved", "half")
-CASES = [(name, style) for name in CONFIGS for style in STYLES if CONFIGS[name]["family"] == "llama" or style == STYLES[0]]
+CASES = [
+    (name, style) for name in CONFIGS for style in STYLES if CONFIGS[name]["family"] == "llama" or style == STYLES[0]
+]
 
 
 def unlimited(cfg, sd, style, extra=64):
@@ -18,7 +20,9 @@ def unlimited(cfg, sd, style, extra=64):
     big = dict(cfg, context_length=cfg["context_length"] + extra)
     sd = dict(sd)
     if "pos_embeddings.weight" in sd:  # gpt2: positions past the old context get fresh rows
-        fresh = torch.randn(extra, cfg["d_model"], generator=torch.Generator().manual_seed(0), dtype=sd["pos_embeddings.weight"].dtype)
+        fresh = torch.randn(
+            extra, cfg["d_model"], generator=torch.Generator().manual_seed(0), dtype=sd["pos_embeddings.weight"].dtype
+        )
         sd["pos_embeddings.weight"] = torch.cat([sd["pos_embeddings.weight"], fresh * models.EMBEDDING_STD])
     return reference.build_model(big, sd, rope_style=style)
 

@@ -49,8 +49,16 @@ def rows(data: dict, bench: str) -> list[dict]:
     for b in data["benchmarks"]:
         info = b.get("extra_info", {})
         if info.get("bench") == bench:
-            out.append({**info, "median": b["stats"]["median"], "min": b["stats"].get("min", b["stats"]["median"]),
-                        "iqr": b["stats"]["iqr"], "rounds": b["stats"]["rounds"], "name": b["name"]})  # fmt: skip
+            out.append(
+                {
+                    **info,
+                    "median": b["stats"]["median"],
+                    "min": b["stats"].get("min", b["stats"]["median"]),
+                    "iqr": b["stats"]["iqr"],
+                    "rounds": b["stats"]["rounds"],
+                    "name": b["name"],
+                }
+            )
     return out
 
 
@@ -129,9 +137,14 @@ def attention_section(data: dict) -> tuple[str, dict]:
         body = []
         for t in lengths:
             times = {k: by[(heads, t, k)]["median"] if (heads, t, k) in by else None for k in kernels}
-            body.append([t, *(fmt_time(times[k]) for k in kernels),
-                         fmt_ratio(ratio(times.get("flash"), times.get("naive"))),
-                         fmt_ratio(ratio(times.get("naive"), times.get("sdpa")))])  # fmt: skip
+            body.append(
+                [
+                    t,
+                    *(fmt_time(times[k]) for k in kernels),
+                    fmt_ratio(ratio(times.get("flash"), times.get("naive"))),
+                    fmt_ratio(ratio(times.get("naive"), times.get("sdpa"))),
+                ]
+            )
         out.append(
             f"**{heads.upper()}** ({some['n_heads']} query heads, {some['n_kv_heads']} KV heads, d_head "
             f"{some['d_head']}, batch {some['batch']}, {some['dtype']}, causal)\n\n"
@@ -156,27 +169,47 @@ def model_section(data: dict) -> str:
             baselines = [b for b in ("reference", "hf") if b in med]  # ratio columns for who ran
             for c in names:
                 r = next(x for x in fam if x["contender"] == c)
-                row = [lab[c], fmt_time(r["median"]), f"{r['tokens'] / r['median']:,.0f}",
-                       *(fmt_ratio(ratio(r["median"], med[b])) for b in baselines),
-                       fmt_bytes(r.get("peak_memory_bytes"))]  # fmt: skip
+                row = [
+                    lab[c],
+                    fmt_time(r["median"]),
+                    f"{r['tokens'] / r['median']:,.0f}",
+                    *(fmt_ratio(ratio(r["median"], med[b])) for b in baselines),
+                    fmt_bytes(r.get("peak_memory_bytes")),
+                ]
                 if r.get("mfu") is not None:
                     row.append(f"{100 * r['mfu']:.1f}%")
                 body.append(row)
-            header = ["contender", "median", "tokens/s", *(f"time / {'HF' if b == 'hf' else b}" for b in baselines),
-                      "peak memory"]  # fmt: skip
+            header = [
+                "contender",
+                "median",
+                "tokens/s",
+                *(f"time / {'HF' if b == 'hf' else b}" for b in baselines),
+                "peak memory",
+            ]
             if any(r.get("mfu") is not None for r in fam):
                 header.append("MFU")
             suffix = f" ({family})" if bench == "train_step" else ""
-            parts.append(f"### {title}{suffix}\n\nbatch {some['batch']} x T {some['T']}, {some['dtype']}.\n\n"
-                         + table(header, body))  # fmt: skip
+            parts.append(
+                f"### {title}{suffix}\n\nbatch {some['batch']} x T {some['T']}, {some['dtype']}.\n\n"
+                + table(header, body)
+            )
         if bench == "prefill":
-            kv = [[lab[r["contender"]], fmt_bytes(r.get("kv_logical_bytes")), fmt_bytes(r.get("kv_storage_bytes")),
-                   fmt_bytes(r.get("kv_cache_bytes"))] for r in sorted(items, key=lambda r: CONTENDER_ORDER.index(r["contender"]))
-                  if r.get("kv_cache_bytes") is not None]  # fmt: skip
+            kv = [
+                [
+                    lab[r["contender"]],
+                    fmt_bytes(r.get("kv_logical_bytes")),
+                    fmt_bytes(r.get("kv_storage_bytes")),
+                    fmt_bytes(r.get("kv_cache_bytes")),
+                ]
+                for r in sorted(items, key=lambda r: CONTENDER_ORDER.index(r["contender"]))
+                if r.get("kv_cache_bytes") is not None
+            ]
             if kv:
-                parts.append("### KV cache memory after prefill\n\nViews = bytes of the cached K/V tensors; storage = "
-                             "bytes allocated behind them (a preallocated cache holds spare capacity).\n\n"
-                             + table(["contender", "K/V views", "storage", "kv_cache_bytes"], kv))  # fmt: skip
+                parts.append(
+                    "### KV cache memory after prefill\n\nViews = bytes of the cached K/V tensors; storage = "
+                    "bytes allocated behind them (a preallocated cache holds spare capacity).\n\n"
+                    + table(["contender", "K/V views", "storage", "kv_cache_bytes"], kv)
+                )
     return "## Model\n\n" + "\n\n".join(parts) if parts else ""
 
 
@@ -208,12 +241,18 @@ def decode_section(data: dict) -> str:
         cached = table_[c][True]
         if cached:
             lo, hi = min(cached), max(cached)
-            growth.append(f"- {lab[c]}: cached step {fmt_time(cached[lo])} at context {lo} -> "
-                          f"{fmt_time(cached[hi])} at {hi} ({fmt_ratio(ratio(cached[hi], cached[lo]))})")  # fmt: skip
+            growth.append(
+                f"- {lab[c]}: cached step {fmt_time(cached[lo])} at context {lo} -> "
+                f"{fmt_time(cached[hi])} at {hi} ({fmt_ratio(ratio(cached[hi], cached[lo]))})"
+            )
     some = items[0]
-    return (f"## Decoding\n\nLatency of one more token (batch {some['batch']}, {some['dtype']}): one cached "
-            "step, or without the cache a forward over the whole context.\n\n" + table(header, body)
-            + "\n\nGrowth of the cached step with context:\n\n" + "\n".join(growth))  # fmt: skip
+    return (
+        f"## Decoding\n\nLatency of one more token (batch {some['batch']}, {some['dtype']}): one cached "
+        "step, or without the cache a forward over the whole context.\n\n"
+        + table(header, body)
+        + "\n\nGrowth of the cached step with context:\n\n"
+        + "\n".join(growth)
+    )
 
 
 def goals_section(data: dict) -> str:
@@ -225,38 +264,50 @@ def goals_section(data: dict) -> str:
     bench = data.get("machine_info", {}).get("transformer_bench", {})
     lines = []
     ref = "impl" if bench.get("impl") == "reference" else "reference"  # the reference runs as the impl there
-    train = {stat: {r["contender"]: r[stat] for r in rows(data, "train_step") if r.get("family", "llama") == "llama"}
-             for stat in ("median", "min")}  # fmt: skip
+    train = {
+        stat: {r["contender"]: r[stat] for r in rows(data, "train_step") if r.get("family", "llama") == "llama"}
+        for stat in ("median", "min")
+    }
     decode = {stat: decode_table(data, stat) for stat in ("median", "min")}
     if bench.get("device") == "cpu":
         if ref in train["median"] and "hf" in train["median"]:
             r, r_min = (train[s][ref] / train[s]["hf"] for s in ("median", "min"))
-            lines.append(f"- reference training step at least as fast as Hugging Face Llama (SDPA): "
-                         f"{fmt_time(train['median'][ref])} vs {fmt_time(train['median']['hf'])}, ratio {r:.2f} "
-                         f"(min {r_min:.2f}) -> **{'met' if r <= 1 else 'not met'}**")  # fmt: skip
+            lines.append(
+                f"- reference training step at least as fast as Hugging Face Llama (SDPA): "
+                f"{fmt_time(train['median'][ref])} vs {fmt_time(train['median']['hf'])}, ratio {r:.2f} "
+                f"(min {r_min:.2f}) -> **{'met' if r <= 1 else 'not met'}**"
+            )
         cached = {s: decode[s].get(ref, {}).get(True, {}) for s in ("median", "min")}
         lo, hi = GOAL_DECODE_CONTEXTS
         if lo in cached["median"] and hi in cached["median"]:
             g, g_min = (cached[s][hi] / cached[s][lo] for s in ("median", "min"))
-            lines.append(f"- cached per-token decode cost growing at most {GOAL_DECODE_GROWTH}x from context {lo} "
-                         f"to {hi}: {fmt_time(cached['median'][lo])} -> {fmt_time(cached['median'][hi])}, {g:.2f}x "
-                         f"(min {g_min:.2f}x) -> **{'met' if g <= GOAL_DECODE_GROWTH else 'not met'}**")  # fmt: skip
+            lines.append(
+                f"- cached per-token decode cost growing at most {GOAL_DECODE_GROWTH}x from context {lo} "
+                f"to {hi}: {fmt_time(cached['median'][lo])} -> {fmt_time(cached['median'][hi])}, {g:.2f}x "
+                f"(min {g_min:.2f}x) -> **{'met' if g <= GOAL_DECODE_GROWTH else 'not met'}**"
+            )
         hf_cached = {s: decode[s].get("hf", {}).get(True, {}) for s in ("median", "min")}
         shared = sorted(set(cached["median"]) & set(hf_cached["median"]))
         if shared:
             ratios = {s: {c: cached[s][c] / hf_cached[s][c] for c in shared} for s in ("median", "min")}
             worst = max(ratios["median"].values())
-            lines.append("- cached decode no slower than Hugging Face's: reference / HF per context "
-                         + ", ".join(f"{c}: {ratios['median'][c]:.2f} (min {ratios['min'][c]:.2f})" for c in shared)
-                         + f" -> **{'met' if worst <= 1 else 'not met'}**")  # fmt: skip
+            lines.append(
+                "- cached decode no slower than Hugging Face's: reference / HF per context "
+                + ", ".join(f"{c}: {ratios['median'][c]:.2f} (min {ratios['min'][c]:.2f})" for c in shared)
+                + f" -> **{'met' if worst <= 1 else 'not met'}**"
+            )
     mfu = [r for r in rows(data, "train_step") if r.get("mfu") is not None and r.get("family") == "gpt2"]
     for r in mfu:
-        lines.append(f"- {r['label']}: GPT-2 small training step at {100 * r['mfu']:.1f}% model FLOPs utilisation "
-                     f"(goal 40%) -> **{'met' if r['mfu'] >= 0.4 else 'not met'}**")  # fmt: skip
+        lines.append(
+            f"- {r['label']}: GPT-2 small training step at {100 * r['mfu']:.1f}% model FLOPs utilisation "
+            f"(goal 40%) -> **{'met' if r['mfu'] >= 0.4 else 'not met'}**"
+        )
     if not lines:
         return ""
-    return ("## Goals (issue 6)\n\nVerdicts from medians; in brackets the same ratio from each run's fastest "
-            "round.\n\n" + "\n".join(lines))
+    return (
+        "## Goals (issue 6)\n\nVerdicts from medians; in brackets the same ratio from each run's fastest "
+        "round.\n\n" + "\n".join(lines)
+    )
 
 
 def interleaved_goals_section(goals: dict) -> str:
@@ -272,20 +323,22 @@ def interleaved_goals_section(goals: dict) -> str:
             f"- {label}: cached decode growth context {ctx[0]} -> {ctx[-1]} {med['decode_growth']:.2f}x (min "
             f"{mn['decode_growth']:.2f}x; Hugging Face {med['hf_decode_growth']:.2f}x) -> "
             f"**{verdict('decode_growth_goal_met')}**",
-            f"- {label}: cached decode / HF " + ", ".join(
-                f"context {c}: {med['decode_vs_hf'][c]:.2f} (min {mn['decode_vs_hf'][c]:.2f})" for c in ctx)
+            f"- {label}: cached decode / HF "
+            + ", ".join(f"context {c}: {med['decode_vs_hf'][c]:.2f} (min {mn['decode_vs_hf'][c]:.2f})" for c in ctx)
             + f" -> **{verdict('decode_vs_hf_goal_met')}**",
-        ]  # fmt: skip
+        ]
     if not lines:
         return ""
     load = goals.get("machine", {}).get("load_average")
     load = ", ".join(f"{x:.2f}" for x in load) if load else "unknown"
-    return ("### Goals measured with interleaved rounds (`python -m benchmarks.goals`)\n\n"
-            f"Every round takes each contender and context in turn ({goals['train_step'][next(iter(goals['train_step']))]['rounds']} "
-            f"training rounds, {next(iter(goals['decode'].values()))['rounds']} decode rounds, {goals.get('clock')}, "
-            f"{goals.get('threads')} thread, load average {load}), so a burst of load on a shared "
-            "machine falls on all of them alike; where these verdicts differ from the ones above, these are the "
-            "better measurement.\n\n" + "\n".join(lines))  # fmt: skip
+    return (
+        "### Goals measured with interleaved rounds (`python -m benchmarks.goals`)\n\n"
+        f"Every round takes each contender and context in turn ({goals['train_step'][next(iter(goals['train_step']))]['rounds']} "
+        f"training rounds, {next(iter(goals['decode'].values()))['rounds']} decode rounds, {goals.get('clock')}, "
+        f"{goals.get('threads')} thread, load average {load}), so a burst of load on a shared "
+        "machine falls on all of them alike; where these verdicts differ from the ones above, these are the "
+        "better measurement.\n\n" + "\n".join(lines)
+    )
 
 
 def add_mfu(data: dict) -> None:
@@ -309,9 +362,15 @@ def markdown(data: dict, source: Path, plots: list[Path], goals: dict | None = N
         "Times are medians; on a shared CPU compare ratios, not absolute times.\n\n"
         f"Model config: `{json.dumps(m.get('model_config'))}`"
     )
-    sections = [head, goals_section(data), interleaved_goals_section(goals or {}),
-                *(f"![{p.stem}]({p.name})" for p in plots), decode_section(data),
-                model_section(data), attention_section(data)[0]]  # fmt: skip
+    sections = [
+        head,
+        goals_section(data),
+        interleaved_goals_section(goals or {}),
+        *(f"![{p.stem}]({p.name})" for p in plots),
+        decode_section(data),
+        model_section(data),
+        attention_section(data)[0],
+    ]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -339,8 +398,14 @@ def plot_all(data: dict, out: Path, prefix: str) -> list[Path]:
     return written
 
 
-COLORS = {"impl": "tab:blue", "reference": "tab:green", "hf": "tab:orange",
-          "naive": "tab:red", "flash": "tab:purple", "sdpa": "tab:gray"}  # fmt: skip
+COLORS = {
+    "impl": "tab:blue",
+    "reference": "tab:green",
+    "hf": "tab:orange",
+    "naive": "tab:red",
+    "flash": "tab:purple",
+    "sdpa": "tab:gray",
+}
 
 
 def plot_decode(data, plt):
@@ -356,8 +421,9 @@ def plot_decode(data, plt):
             if not points:
                 continue
             xs, ys = [p[0] for p in points], [1e3 * p[1] for p in points]
-            both.plot(xs, ys, style, color=COLORS[c], markersize=4,
-                      label=f"{lab[c]}, {'KV cache' if cached else 'no cache'}")  # fmt: skip
+            both.plot(
+                xs, ys, style, color=COLORS[c], markersize=4, label=f"{lab[c]}, {'KV cache' if cached else 'no cache'}"
+            )
             if cached:
                 cached_only.plot(xs, ys, style, color=COLORS[c], markersize=4, label=lab[c])
     some = items[0]
@@ -384,8 +450,9 @@ def plot_attention(data, plt):
         for k in KERNEL_ORDER:
             points = sorted((r["T"], r["median"]) for r in items if r["heads"] == h and r["kernel"] == k)
             if points:
-                ax.plot([p[0] for p in points], [1e3 * p[1] for p in points], "-o", color=COLORS[k], label=k,
-                        markersize=4)  # fmt: skip
+                ax.plot(
+                    [p[0] for p in points], [1e3 * p[1] for p in points], "-o", color=COLORS[k], label=k, markersize=4
+                )
         some = next(r for r in items if r["heads"] == h)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -429,8 +496,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("json", type=Path, help="pytest-benchmark JSON (pytest benchmarks --benchmark-json=FILE)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the JSON file's folder)")
     parser.add_argument("--prefix", default=None, help="file name prefix (default: the JSON file's stem)")
-    parser.add_argument("--goals", type=Path, default=None,
-                        help="JSON of python -m benchmarks.goals to include (default: PREFIX_goals.json beside the input, if any)")
+    parser.add_argument(
+        "--goals",
+        type=Path,
+        default=None,
+        help="JSON of python -m benchmarks.goals to include (default: PREFIX_goals.json beside the input, if any)",
+    )
     args = parser.parse_args(argv)
     try:
         data = load(args.json)

@@ -44,10 +44,18 @@ PROFILE = "bugcheck"
 RATIO = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?|inf|nan)x the tolerance")
 # Column order and short labels of the kill matrix (test-file stems).
 FILES = {
-    "test_primitives": "prim", "test_norms": "norm", "test_positions": "pos", "test_attention": "attn",
-    "test_mlp": "mlp", "test_losses": "loss", "test_model": "model", "test_kv_cache": "cache",
-    "test_sampling": "samp", "test_generation": "gen", "test_training": "train",
-}  # fmt: skip
+    "test_primitives": "prim",
+    "test_norms": "norm",
+    "test_positions": "pos",
+    "test_attention": "attn",
+    "test_mlp": "mlp",
+    "test_losses": "loss",
+    "test_model": "model",
+    "test_kv_cache": "cache",
+    "test_sampling": "samp",
+    "test_generation": "gen",
+    "test_training": "train",
+}
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -153,7 +161,9 @@ def own_diagnosis_only(impl: str):
         return
     bug = catalog.get_bug(impl[4:])
     everyone = catalog.candidates_for
-    catalog.candidates_for = lambda component: [(bug, catalog.load_bug(bug.name))] if component in bug.components else []
+    catalog.candidates_for = lambda component: (
+        [(bug, catalog.load_bug(bug.name))] if component in bug.components else []
+    )
     try:
         yield
     finally:
@@ -171,8 +181,18 @@ def run_suite(task: str | tuple[str, bool]) -> dict:
     impl, full_diagnosis = (task, False) if isinstance(task, str) else task
     torch.manual_seed(_INITIAL_SEED)  # as a fresh interpreter would start
     recorder = Recorder()
-    args = [str(ROOT / "spec_tests"), f"--impl={impl}", "-q", "-p", "no:cacheprovider",
-            f"--hypothesis-profile={PROFILE}", "--rootdir", str(ROOT), "-W", "ignore"]  # fmt: skip
+    args = [
+        str(ROOT / "spec_tests"),
+        f"--impl={impl}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--hypothesis-profile={PROFILE}",
+        "--rootdir",
+        str(ROOT),
+        "-W",
+        "ignore",
+    ]
     out = io.StringIO()
     start = time.perf_counter()
     diagnosis = contextlib.nullcontext() if full_diagnosis else own_diagnosis_only(impl)
@@ -183,9 +203,13 @@ def run_suite(task: str | tuple[str, bool]) -> dict:
         outcome.markers = recorder.markers.get(nodeid, [])
         tests.append(asdict(outcome))
     return {
-        "impl": impl, "exit_code": code, "seconds": round(time.perf_counter() - start, 2), "tests": tests,
-        "collect_errors": recorder.collect_errors, "output_tail": out.getvalue()[-4000:] if code not in (0, 1) else "",
-    }  # fmt: skip
+        "impl": impl,
+        "exit_code": code,
+        "seconds": round(time.perf_counter() - start, 2),
+        "tests": tests,
+        "collect_errors": recorder.collect_errors,
+        "output_tail": out.getvalue()[-4000:] if code not in (0, 1) else "",
+    }
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -234,8 +258,19 @@ def judge(bug, result: dict) -> Verdict:
         detail = f"best kill {best['nodeid']} at {margin:.3g}x"
     else:
         status = "ok"
-    return Verdict(bug.name, bug.bug_class, bug.corner, killed_by, related, margin, status, marked, diagnosed,
-                   result["seconds"], detail)  # fmt: skip
+    return Verdict(
+        bug.name,
+        bug.bug_class,
+        bug.corner,
+        killed_by,
+        related,
+        margin,
+        status,
+        marked,
+        diagnosed,
+        result["seconds"],
+        detail,
+    )
 
 
 class Progress:
@@ -278,10 +313,15 @@ def print_matrix(verdicts: list[Verdict], out=sys.stdout) -> None:
         status = v.status.upper() if v.status != "ok" else "ok"
         corner = " (corner)" if v.corner else ""
         diag = "yes" if v.diagnosed else "-"
-        print(f"{v.name:<{name_w}}  " + " ".join(cells) + f"   {fmt_margin(v.margin):<12} {diag:<5} {status}{corner}",
-              file=out)  # fmt: skip
-    print("(cell: failing tests in that file; * = a file meant to catch the bug's class; diag: a failure says "
-          "'matches known bug <name>')", file=out)  # fmt: skip
+        print(
+            f"{v.name:<{name_w}}  " + " ".join(cells) + f"   {fmt_margin(v.margin):<12} {diag:<5} {status}{corner}",
+            file=out,
+        )
+    print(
+        "(cell: failing tests in that file; * = a file meant to catch the bug's class; diag: a failure says "
+        "'matches known bug <name>')",
+        file=out,
+    )
 
 
 def main(argv=None) -> int:
@@ -289,10 +329,15 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     parser.add_argument("--bugs", default="", help="comma-separated bug names (default: the whole catalog)")
     parser.add_argument("--json", dest="json_path", default=None, help="write every verdict and failure here")
-    parser.add_argument("--full-diagnosis", action="store_true",
-                        help="diagnose with every catalogued bug of the component, as pytest does (slower)")
+    parser.add_argument(
+        "--full-diagnosis",
+        action="store_true",
+        help="diagnose with every catalogued bug of the component, as pytest does (slower)",
+    )
     parser.add_argument("--list", action="store_true", help="print the catalog (name, class, explanation) and exit")
-    parser.add_argument("--stall-timeout", type=float, default=300.0, help="abort when no run finishes for this long (s)")
+    parser.add_argument(
+        "--stall-timeout", type=float, default=300.0, help="abort when no run finishes for this long (s)"
+    )
     args = parser.parse_args(argv)
 
     from spec_tests.bugs import CATALOG, apply_patch, get_bug, reference_sources
@@ -321,7 +366,9 @@ def main(argv=None) -> int:
                 result = pending.next(timeout=args.stall_timeout)
             except multiprocessing.TimeoutError:
                 missing = sorted(set(impls) - set(results))
-                print(f"\nbugcheck: no run finished in {args.stall_timeout:.0f}s; unfinished: {missing}", file=sys.stderr)
+                print(
+                    f"\nbugcheck: no run finished in {args.stall_timeout:.0f}s; unfinished: {missing}", file=sys.stderr
+                )
                 pool.terminate()
                 return 2
             results[result["impl"]] = result
@@ -337,8 +384,10 @@ def main(argv=None) -> int:
 
     problems = []
     if ref["exit_code"] != 0 or ref_failures or ref["collect_errors"]:
-        problems.append(f"the reference fails: exit code {ref['exit_code']}, failing {[t['nodeid'] for t in ref_failures]}"
-                        f" {ref['collect_errors']}")  # fmt: skip
+        problems.append(
+            f"the reference fails: exit code {ref['exit_code']}, failing {[t['nodeid'] for t in ref_failures]}"
+            f" {ref['collect_errors']}"
+        )
     for v in verdicts:
         if v.status != "ok":
             problems.append(f"{v.name}: {v.status}" + (f" ({v.detail})" if v.detail else ""))
@@ -346,21 +395,33 @@ def main(argv=None) -> int:
     finite = [v.margin for v in verdicts if v.margin is not None and not math.isinf(v.margin)]
     n_cat = sum(1 for v in verdicts if v.margin is not None and math.isinf(v.margin))
     killed = sum(1 for v in verdicts if v.killed_by)
-    print(f"bugs: {len(verdicts)}, killed: {killed}, survived: {len(verdicts) - killed}, "
-          f"ok: {sum(v.status == 'ok' for v in verdicts)}")  # fmt: skip
+    print(
+        f"bugs: {len(verdicts)}, killed: {killed}, survived: {len(verdicts) - killed}, "
+        f"ok: {sum(v.status == 'ok' for v in verdicts)}"
+    )
     if finite:
         worst = min((v for v in verdicts if v.margin in finite), key=lambda v: v.margin)
         print(f"margins: smallest numeric {worst.margin:.3g}x ({worst.name}); {n_cat} bugs killed categorically")
-    print(f"diagnosed by name in a failure: {sum(v.diagnosed for v in verdicts)}/{killed} killed bugs "
-          "(the others fail only in checks that do not compare with the reference's output)")  # fmt: skip
+    print(
+        f"diagnosed by name in a failure: {sum(v.diagnosed for v in verdicts)}/{killed} killed bugs "
+        "(the others fail only in checks that do not compare with the reference's output)"
+    )
     print(f"reference: {len(ref['tests'])} tests, {len(ref_failures)} failing, {ref['seconds']:.1f}s")
     print(f"bugcheck: {len(impls)} suite runs on {args.jobs} workers in {elapsed:.0f}s")
     if args.json_path:
         payload = {
-            "elapsed_seconds": round(elapsed, 1), "jobs": args.jobs, "min_margin": MIN_MARGIN,
-            "verdicts": [{**asdict(v), "margin": None if v.margin is None else (str(v.margin) if math.isinf(v.margin) else v.margin)} for v in verdicts],
+            "elapsed_seconds": round(elapsed, 1),
+            "jobs": args.jobs,
+            "min_margin": MIN_MARGIN,
+            "verdicts": [
+                {
+                    **asdict(v),
+                    "margin": None if v.margin is None else (str(v.margin) if math.isinf(v.margin) else v.margin),
+                }
+                for v in verdicts
+            ],
             "runs": results,
-        }  # fmt: skip
+        }
         Path(args.json_path).write_text(json.dumps(payload, indent=1))
     if problems:
         print("\nFAILED:", file=sys.stderr)

@@ -43,21 +43,35 @@ STYLES = ("interleaved", "half")
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="tools/grade.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--impl", action="append", default=[], metavar="PATH",
-                   help="a submission (package folder, folder with student/, .py file, 'student', 'reference') "
-                        "or a folder of submissions; repeat for several")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="tools/grade.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--impl",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a submission (package folder, folder with student/, .py file, 'student', 'reference') "
+        "or a folder of submissions; repeat for several",
+    )
     p.add_argument("--gradescope", metavar="FILE", help="write Gradescope results.json here")
     p.add_argument("--markdown", metavar="FILE", help="write a Markdown report here")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report here")
     p.add_argument("--csv", metavar="FILE", help="write a gradebook (one row per submission) here")
-    p.add_argument("--out-dir", metavar="DIR", help="per-submission reports go to DIR/<submission>/ (file names "
-                                                    "from --gradescope/--markdown/--junit); required for a batch")  # fmt: skip
+    p.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="per-submission reports go to DIR/<submission>/ (file names "
+        "from --gradescope/--markdown/--junit); required for a batch",
+    )
     p.add_argument("--rubric", metavar="FILE", default=str(DEFAULT_RUBRIC), help="rubric file (default: rubric.toml)")
     p.add_argument("--jobs", type=int, default=0, help="submissions graded at once (default: CPU count)")
     p.add_argument("--test-timeout", type=float, metavar="S", help="per-test limit (default: the rubric's)")
-    p.add_argument("--run-timeout", type=float, metavar="S", help="whole-run limit per submission (default: the rubric's)")
+    p.add_argument(
+        "--run-timeout", type=float, metavar="S", help="whole-run limit per submission (default: the rubric's)"
+    )
     p.add_argument("--memory-mb", type=int, metavar="MB", help="memory limit of graded code (default: the rubric's)")
     p.add_argument("--select", metavar="EXPR", help="grade only the tests pytest -k EXPR selects (staff checks)")
     p.add_argument("--cache-dir", metavar="DIR", help="where recordings are cached (default ~/.cache/transformer-spec)")
@@ -65,7 +79,9 @@ def parse_args(argv):
     p.add_argument("--staff", action="store_true", help="Markdown/JUnit show hidden tests' output and staff flags")
     p.add_argument("--failures", action="store_true", help="also print every test not passed")
     p.add_argument("--leaderboard", metavar="FILE", help="JSON list of Gradescope leaderboard entries to include")
-    p.add_argument("--prepare", action="store_true", help="only record expected values (both RoPE styles) into the cache")
+    p.add_argument(
+        "--prepare", action="store_true", help="only record expected values (both RoPE styles) into the cache"
+    )
     args = p.parse_args(argv)
     if not args.impl and not args.prepare:
         p.error("--impl is required (or --prepare)")
@@ -106,9 +122,18 @@ def grade_one(sub, graded, prepared, rubric, limits, args, on_result=None):
         flags = static_flags(staged)
         if sub.label == "reference":
             flags = [f for f in flags if "functions of the reference" not in f]
-        run = run_submission(staged, [t.id for t in graded], prepared.directory, limits, on_result=on_result,
-                             device=args.device, workdir=Path(tmp) / "run")  # fmt: skip
-    return report.build_grade(sub.label, graded, run, rubric, staff_flags=flags, rope_style=rope_style(sub.source) or "")
+        run = run_submission(
+            staged,
+            [t.id for t in graded],
+            prepared.directory,
+            limits,
+            on_result=on_result,
+            device=args.device,
+            workdir=Path(tmp) / "run",
+        )
+    return report.build_grade(
+        sub.label, graded, run, rubric, staff_flags=flags, rope_style=rope_style(sub.source) or ""
+    )
 
 
 def main(argv=None) -> int:
@@ -144,8 +169,10 @@ def main(argv=None) -> int:
     tests = [t for t in prepared.tests if t["reference_outcome"] == "passed"]
     skipped = [t["id"] for t in prepared.tests if t["reference_outcome"] != "passed"]
     if skipped:
-        log(f"note: {len(skipped)} tests do not pass on the reference and are not graded: {', '.join(skipped[:5])}"
-            + (" ..." if len(skipped) > 5 else ""))  # fmt: skip
+        log(
+            f"note: {len(skipped)} tests do not pass on the reference and are not graded: {', '.join(skipped[:5])}"
+            + (" ..." if len(skipped) > 5 else "")
+        )
     if not tests:
         return usage_error(f"no tests selected{f' by --select {args.select!r}' if args.select else ''}")
     for name in [] if args.select else unknown_components(tests, rubric):

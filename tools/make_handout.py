@@ -51,8 +51,12 @@ def copy_tree(src: Path, dst: Path, test_files: list[str] | None = None) -> None
 
 def readme(rubric, styles, torch_version: str, live_left_out: int) -> str:
     rows = "\n".join(f"| {name} | {weight:g} |" for name, weight in rubric.components.items())
-    extra = (f", plus {live_left_out} test{'s' if live_left_out != 1 else ''} that need{'s' if live_left_out == 1 else ''} "
-             "the reference itself (not in this handout)" if live_left_out else "")
+    extra = (
+        f", plus {live_left_out} test{'s' if live_left_out != 1 else ''} that need{'s' if live_left_out == 1 else ''} "
+        "the reference itself (not in this handout)"
+        if live_left_out
+        else ""
+    )
     if rubric.visibility != "visible" or any(o.visibility not in (None, "visible") for o in rubric.overrides):
         extra += "; some tests are hidden or shown only later"
     return f"""# Build a transformer from scratch: your handout
@@ -106,8 +110,12 @@ def main(argv=None) -> int:
     p.add_argument("out", help="the folder to write (must not exist, or be empty, unless --force)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--styles", default=",".join(STYLES), help="RoPE styles to record (default: both)")
-    p.add_argument("--diagnosis-max-kib", type=float, default=64.0,
-                   help="keep recorded bug outputs up to this size each, for 'matches known bug' (0: none)")  # fmt: skip
+    p.add_argument(
+        "--diagnosis-max-kib",
+        type=float,
+        default=64.0,
+        help="keep recorded bug outputs up to this size each, for 'matches known bug' (0: none)",
+    )
     p.add_argument("--rubric", default=str(ROOT / "rubric.toml"), help="rubric summarised in the README")
     p.add_argument("--tests", help="comma-separated test files to include (default: all of spec_tests/test_*.py)")
     args = p.parse_args(argv)
@@ -128,8 +136,13 @@ def main(argv=None) -> int:
     except RubricError as exc:
         p.error(str(exc))
     out = Path(args.out).resolve()
-    if out == ROOT or out in ROOT.parents or any(out == ROOT / d or ROOT / d in out.parents
-                                                 for d in ("student", "spec_tests", "reference", "tools", ".git")):
+    if (
+        out == ROOT
+        or out in ROOT.parents
+        or any(
+            out == ROOT / d or ROOT / d in out.parents for d in ("student", "spec_tests", "reference", "tools", ".git")
+        )
+    ):
         p.error(f"refusing to write the handout over (part of) the repository: {out}")
     if out.exists() and any(out.iterdir()):
         if not args.force:
@@ -142,8 +155,14 @@ def main(argv=None) -> int:
     recorded = out / "spec_tests" / "recorded"
     try:
         max_bytes = int(args.diagnosis_max_kib * 1024)
-        record(styles, recorded, manifest=False, live=False, files=test_files,
-               env={"SPEC_RECORD_MAX_BUG_BYTES": str(max_bytes if max_bytes > 0 else 0)})
+        record(
+            styles,
+            recorded,
+            manifest=False,
+            live=False,
+            files=test_files,
+            env={"SPEC_RECORD_MAX_BUG_BYTES": str(max_bytes if max_bytes > 0 else 0)},
+        )
     except RecordingError as exc:
         print(f"tools/make_handout.py: {exc}", file=sys.stderr)
         return 1
@@ -171,7 +190,9 @@ def _count_live_tests(test_files=None) -> int:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and any("needs_live_reference" in ast.unparse(d) for d in node.decorator_list):
+            if isinstance(node, ast.FunctionDef) and any(
+                "needs_live_reference" in ast.unparse(d) for d in node.decorator_list
+            ):
                 count += 1
     return count
 

@@ -29,7 +29,17 @@ def measure(device: str = "cpu") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "measured.json"
         env = dict(os.environ, SPEC_MEASURE_TOLERANCES=str(out))
-        cmd = [sys.executable, "-m", "pytest", "spec_tests", "-q", "--impl=reference", f"--device={device}", "-p", "no:cacheprovider"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "spec_tests",
+            "-q",
+            "--impl=reference",
+            f"--device={device}",
+            "-p",
+            "no:cacheprovider",
+        ]
         run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"the suite failed on the reference:\n{run.stdout[-3000:]}")
@@ -38,7 +48,9 @@ def measure(device: str = "cpu") -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help=f"fail when a tolerance is under {MIN_HEADROOM:g}x its measurement")
+    parser.add_argument(
+        "--check", action="store_true", help=f"fail when a tolerance is under {MIN_HEADROOM:g}x its measurement"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     measured = measure(args.device)

@@ -53,8 +53,15 @@ def reference_texts(base: str | None = None) -> dict[str, str]:
     stems = sorted(p.stem for p in (ROOT / "reference").glob("*.py"))
     if base is None:
         return {stem: (ROOT / "reference" / f"{stem}.py").read_text() for stem in stems}
-    show = lambda stem: subprocess.run(["git", "show", f"{base}:reference/{stem}.py"], cwd=ROOT, check=True,  # noqa: E731
-                                       capture_output=True, text=True).stdout  # fmt: skip
+    show = lambda stem: (
+        subprocess.run(
+            ["git", "show", f"{base}:reference/{stem}.py"],
+            cwd=ROOT,
+            check=True,  # noqa: E731
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     return {stem: show(stem) for stem in stems}
 
 
@@ -111,9 +118,10 @@ def mutant_sources(m: dict, base: str | None = None) -> tuple[dict[str, str], st
     if mutated is None or mutated == sources[m["stem"]]:
         return None
     diff = [
-        ln for ln in difflib.unified_diff(sources[m["stem"]].splitlines(), mutated.splitlines(), lineterm="", n=0)
+        ln
+        for ln in difflib.unified_diff(sources[m["stem"]].splitlines(), mutated.splitlines(), lineterm="", n=0)
         if ln[:1] in "+-" and not ln.startswith(("+++", "---"))
-    ]  # fmt: skip
+    ]
     return {**sources, m["stem"]: mutated}, " | ".join(d.strip() for d in diff)[:300]
 
 
@@ -144,8 +152,19 @@ def run_mutant(task: tuple[int, dict, int, str | None]) -> dict:
         return {**result, "outcome": "incompetent", "detail": f"{type(exc).__name__}: {exc}"[:300]}
     torch.manual_seed(bugcheck._INITIAL_SEED)
     recorder = bugcheck.Recorder()
-    args = [str(ROOT / "spec_tests"), f"--impl={package}", "-q", "-x", "-p", "no:cacheprovider",
-            f"--hypothesis-profile={bugcheck.PROFILE}", "--rootdir", str(ROOT), "-W", "ignore"]  # fmt: skip
+    args = [
+        str(ROOT / "spec_tests"),
+        f"--impl={package}",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        f"--hypothesis-profile={bugcheck.PROFILE}",
+        "--rootdir",
+        str(ROOT),
+        "-W",
+        "ignore",
+    ]
     out = io.StringIO()
     import spec_tests.bugs as catalog
 
@@ -172,21 +191,35 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout", type=int, default=180, help="seconds per mutant before it counts as a timeout")
     parser.add_argument("--json", dest="json_path", default=None)
-    parser.add_argument("--base", default=None, metavar="COMMIT",
-                        help="mutate reference/ as of this git commit (default: the working tree); expected values "
-                             "still come from the working tree's reference")
-    parser.add_argument("--rerun", default=None, metavar="JSON",
-                        help="rerun the survivors of an earlier --json result (e.g. after the suite changed) and "
-                             "report the merged outcome")
+    parser.add_argument(
+        "--base",
+        default=None,
+        metavar="COMMIT",
+        help="mutate reference/ as of this git commit (default: the working tree); expected values "
+        "still come from the working tree's reference",
+    )
+    parser.add_argument(
+        "--rerun",
+        default=None,
+        metavar="JSON",
+        help="rerun the survivors of an earlier --json result (e.g. after the suite changed) and "
+        "report the merged outcome",
+    )
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
     population = enumerate_mutations(args.base)
     earlier = json.loads(Path(args.rerun).read_text())["results"] if args.rerun else None
     if earlier is not None:
-        chosen = [{k: r[k] for k in ("stem", "operator", "occurrence", "line")} for r in earlier if r["outcome"] == "survived"]
+        chosen = [
+            {k: r[k] for k in ("stem", "operator", "occurrence", "line")} for r in earlier if r["outcome"] == "survived"
+        ]
     else:
-        chosen = population if not args.sample else random.Random(args.seed).sample(population, min(args.sample, len(population)))
+        chosen = (
+            population
+            if not args.sample
+            else random.Random(args.seed).sample(population, min(args.sample, len(population)))
+        )
     print(f"{len(population)} cosmic-ray mutants of reference/; running {len(chosen)}", file=sys.stderr)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     progress = bugcheck.Progress(len(chosen))
@@ -212,10 +245,21 @@ def main(argv=None) -> int:
         if r["outcome"] in ("survived", "error"):
             print(f"  {r['outcome'].upper():<8} reference/{r['stem']}.py:{r['line']} {r['operator']}: {r['diff']}")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(
-            {"population": len(population), "sample": len(results), "seed": args.seed, "base": args.base,
-             "counts": counts, "score": score,
-             "elapsed_seconds": round(elapsed, 1), "results": results}, indent=1))  # fmt: skip
+        Path(args.json_path).write_text(
+            json.dumps(
+                {
+                    "population": len(population),
+                    "sample": len(results),
+                    "seed": args.seed,
+                    "base": args.base,
+                    "counts": counts,
+                    "score": score,
+                    "elapsed_seconds": round(elapsed, 1),
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -62,7 +62,9 @@ def render(by_source: dict[str, list[str]]) -> str:
         "| source | tests |",
         "|---|---|",
     ]
-    for source in sorted(by_source, key=lambda s: (not s.startswith("course"), not s.startswith("symptoms"), s.lower())):
+    for source in sorted(
+        by_source, key=lambda s: (not s.startswith("course"), not s.startswith("symptoms"), s.lower())
+    ):
         lines.append(f"| {source} | {', '.join(sorted(set(by_source[source])))} |")
     lines += ["", "## Statements not turned into tests", "", "| statement | why |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in NOT_TESTABLE.items()]

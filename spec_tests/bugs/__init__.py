@@ -65,6 +65,14 @@ def candidates_for(component: str) -> list[tuple[Bug, object]]:
 
 
 __all__ = [
-    "BUG_CLASSES", "CATALOG", "Bug", "apply_patch", "bug_names", "candidates_for", "get_bug", "load_bug",
-    "reference_sources", "related_files",
-]  # fmt: skip
+    "BUG_CLASSES",
+    "CATALOG",
+    "Bug",
+    "apply_patch",
+    "bug_names",
+    "candidates_for",
+    "get_bug",
+    "load_bug",
+    "reference_sources",
+    "related_files",
+]

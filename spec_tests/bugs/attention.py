@@ -16,7 +16,9 @@ SDPA = "scaled_dot_product_attention"
 BUGS = (
     # ------------------------------------------------------------------ masks and head sharing
     Bug(
-        "causal_mask_top_left", "causal_mask", ("causal_mask", *MODEL),  # the model's fused path uses it when Tq != Tk
+        "causal_mask_top_left",
+        "causal_mask",
+        ("causal_mask", *MODEL),  # the model's fused path uses it when Tq != Tk
         "attention.py",
         old="    q_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)",
         new="    q_pos = torch.arange(t_q, device=device)[:, None]",
@@ -25,7 +27,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "repeat_kv_tiled", "gqa", ("repeat_kv", SDPA, "flash_attention", MHA),
+        "repeat_kv_tiled",
+        "gqa",
+        ("repeat_kv", SDPA, "flash_attention", MHA),
         "attention.py",
         old='    return repeat(x, "... h_kv t d -> ... (h_kv rep) t d", rep=n_rep)',
         new='    return repeat(x, "... h_kv t d -> ... (rep h_kv) t d", rep=n_rep)',
@@ -34,7 +38,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ scaled_dot_product_attention
     Bug(
-        "attention_missing_scale", "attention_scale", (SDPA, MHA),
+        "attention_missing_scale",
+        "attention_scale",
+        (SDPA, MHA),
         "attention.py",
         old='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])',
         new='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk")',
@@ -42,7 +48,9 @@ BUGS = (
         fix="scores = q @ k.transpose(-2, -1) / sqrt(d_head)",
     ),
     Bug(
-        "attention_scale_sqrt_d_model", "attention_scale", (SDPA, MHA),
+        "attention_scale_sqrt_d_model",
+        "attention_scale",
+        (SDPA, MHA),
         "attention.py",
         old='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])',
         new='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1] * q.shape[-3])',
@@ -50,7 +58,9 @@ BUGS = (
         fix="scale by 1/sqrt(d_head), the size of the vectors in each dot product",
     ),
     Bug(
-        "softmax_over_queries", "softmax_dim", (SDPA, MHA),
+        "softmax_over_queries",
+        "softmax_dim",
+        (SDPA, MHA),
         "attention.py",
         old="    weights = softmax(scores, dim=-1)\n    return einsum(weights, v,",
         new="    weights = softmax(scores, dim=-2)\n    return einsum(weights, v,",
@@ -58,7 +68,9 @@ BUGS = (
         fix="softmax over the last axis (keys): each query's weights sum to 1",
     ),
     Bug(
-        "mask_transposed", "mask_broadcast", (SDPA, MHA),
+        "mask_transposed",
+        "mask_broadcast",
+        (SDPA, MHA),
         "attention.py",
         old='        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))',
         new='        scores = scores.masked_fill(~mask.to(torch.bool).transpose(-1, -2), float("-inf"))',
@@ -66,7 +78,9 @@ BUGS = (
         fix="the mask's last axis indexes keys: masked_fill(~mask, -inf) on scores [..., Tq, Tk] as given",
     ),
     Bug(
-        "mask_after_softmax", "masking", (SDPA, MHA),
+        "mask_after_softmax",
+        "masking",
+        (SDPA, MHA),
         "attention.py",
         old="""    if mask is not None:
         scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))
@@ -79,7 +93,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ flash_attention
     Bug(
-        "flash_missing_rescale", "flash", ("flash_attention",),
+        "flash_missing_rescale",
+        "flash",
+        ("flash_attention",),
         "attention.py",
         old='            acc = acc * correction + einsum(p, v_blk, "... h tq tk, ... h tk d -> ... h tq d")',
         new='            acc = acc + einsum(p, v_blk, "... h tq tk, ... h tk d -> ... h tq d")',
@@ -87,7 +103,9 @@ BUGS = (
         fix="acc = acc * exp(m_old - m_new) + p @ v, like l",
     ),
     Bug(
-        "flash_causal_skip_top_left", "flash", ("flash_attention",),
+        "flash_causal_skip_top_left",
+        "flash",
+        ("flash_attention",),
         "attention.py",
         old="        last_key = q_start + n_q - 1 + offset if causal else t_k - 1",
         new="        last_key = q_start + n_q - 1 if causal else t_k - 1",
@@ -97,7 +115,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ multihead_self_attention
     Bug(
-        "mha_no_causal_mask", "causality", (MHA,),
+        "mha_no_causal_mask",
+        "causality",
+        (MHA,),
         "attention.py",
         old="    out = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2], k.shape[-2], device=x.device))",
         new="    out = scaled_dot_product_attention(q, k, v)",
@@ -105,7 +125,9 @@ BUGS = (
         fix="mask the upper triangle of the scores with -inf (causal_mask) before the softmax",
     ),
     Bug(
-        "mha_rope_on_values", "rope_on_values", (MHA,),
+        "mha_rope_on_values",
+        "rope_on_values",
+        (MHA,),
         "attention.py",
         old="        k = rope(k, positions, theta, style=rope_style)\n",
         new="        k = rope(k, positions, theta, style=rope_style)\n        v = rope(v, positions, theta, style=rope_style)\n",
@@ -113,7 +135,9 @@ BUGS = (
         fix="rotate q and k only; values carry content, not position",
     ),
     Bug(
-        "mha_rope_q_only", "rope_q_only", (MHA,),
+        "mha_rope_q_only",
+        "rope_q_only",
+        (MHA,),
         "attention.py",
         old="        k = rope(k, positions, theta, style=rope_style)\n",
         new="",
@@ -121,7 +145,9 @@ BUGS = (
         fix="rotate both q and k with the same positions",
     ),
     Bug(
-        "mha_ignores_positions", "rope", (MHA,),
+        "mha_ignores_positions",
+        "rope",
+        (MHA,),
         "attention.py",
         old="""        if positions is None:
             positions = torch.arange(x.shape[1], device=x.device)""",
@@ -131,7 +157,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "merge_heads_without_transpose", "layout", (MHA, *MODEL),
+        "merge_heads_without_transpose",
+        "layout",
+        (MHA, *MODEL),
         "attention.py",
         old='    return rearrange(x, "b h t d -> b t (h d)")',
         new="    return x.reshape(x.shape[0], x.shape[2], -1)",
@@ -139,7 +167,9 @@ BUGS = (
         fix="x.transpose(1, 2).contiguous().view(B, T, H * d_head)",
     ),
     Bug(
-        "split_heads_without_transpose", "layout", (MHA, *MODEL),
+        "split_heads_without_transpose",
+        "layout",
+        (MHA, *MODEL),
         "attention.py",
         old='    return rearrange(x, "b t (h d) -> b h t d", h=n_heads)',
         new="    return x.reshape(x.shape[0], n_heads, x.shape[1], -1)",
@@ -148,7 +178,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ the model's attention (fused path)
     Bug(
-        "model_no_causal_mask", "causality", MODEL,
+        "model_no_causal_mask",
+        "causality",
+        MODEL,
         "attention.py",
         old="    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)",
         new="    return F.scaled_dot_product_attention(q, k, v, enable_gqa=n_rep > 1)",
@@ -156,7 +188,9 @@ BUGS = (
         fix="pass a causal mask (is_causal=True when Tq == Tk, a bottom-right mask otherwise)",
     ),
     Bug(
-        "model_gqa_tiled", "gqa", MODEL,
+        "model_gqa_tiled",
+        "gqa",
+        MODEL,
         "attention.py",
         old="    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)",
         new="    return F.scaled_dot_product_attention(\n"
@@ -166,7 +200,9 @@ BUGS = (
         fix="k.repeat_interleave(n_rep, dim=1) (or enable_gqa=True): query head h reads kv head h // n_rep",
     ),
     Bug(
-        "model_top_left_mask_with_cache", "causal_mask", MODEL,
+        "model_top_left_mask_with_cache",
+        "causal_mask",
+        MODEL,
         "attention.py",
         old="    if causal and t_q == t_k:",
         new="    if causal and t_q > 1:",

@@ -8,7 +8,9 @@ from .model_components import MODEL_GPT2, MODEL_LLAMA
 BUGS = (
     # ------------------------------------------------------------------ primitives
     Bug(
-        "linear_weight_not_transposed", "layout", ("linear", "multihead_self_attention", "swiglu", "gelu_mlp"),
+        "linear_weight_not_transposed",
+        "layout",
+        ("linear", "multihead_self_attention", "swiglu", "gelu_mlp"),
         "primitives.py",
         old='"... d_in, d_out d_in -> ... d_out"',
         new='"... d_in, d_in d_out -> ... d_out"',
@@ -16,7 +18,9 @@ BUGS = (
         fix="weights are stored [out_features, in_features]: compute x @ W.T (+ b)",
     ),
     Bug(
-        "softmax_ignores_dim", "softmax_dim", ("softmax",),
+        "softmax_ignores_dim",
+        "softmax_dim",
+        ("softmax",),
         "primitives.py",
         old="""    shifted = x - x.amax(dim=dim, keepdim=True)
     e = shifted.exp()
@@ -29,7 +33,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "softmax_no_max_subtraction", "stability", ("softmax",),
+        "softmax_no_max_subtraction",
+        "stability",
+        ("softmax",),
         "primitives.py",
         old="    shifted = x - x.amax(dim=dim, keepdim=True)",
         new="    shifted = x",
@@ -39,7 +45,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ norms
     Bug(
-        "rmsnorm_eps_outside_root", "rmsnorm", ("rmsnorm", *MODEL_LLAMA),
+        "rmsnorm_eps_outside_root",
+        "rmsnorm",
+        ("rmsnorm", *MODEL_LLAMA),
         "norms.py",
         old="    normed = xf * torch.rsqrt(mean_last(xf * xf) + eps)",
         new="    normed = xf / (torch.sqrt(mean_last(xf * xf)) + eps)",
@@ -48,7 +56,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "layernorm_unbiased_variance", "layernorm", ("layernorm", *MODEL_GPT2),
+        "layernorm_unbiased_variance",
+        "layernorm",
+        ("layernorm", *MODEL_GPT2),
         "norms.py",
         old="    var = mean_last(centred * centred)",
         new="    var = centred.var(dim=-1, keepdim=True)",
@@ -56,7 +66,9 @@ BUGS = (
         fix="use the biased variance mean((x - mean)**2), e.g. x.var(dim=-1, unbiased=False)",
     ),
     Bug(
-        "norm_statistics_in_input_dtype", "precision", ("rmsnorm", "layernorm"),
+        "norm_statistics_in_input_dtype",
+        "precision",
+        ("rmsnorm", "layernorm"),
         "norms.py",
         old="    return torch.promote_types(x.dtype, torch.float32)",
         new="    return x.dtype",
@@ -66,7 +78,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ positions
     Bug(
-        "rope_frequency_exponent", "rope_frequency", ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        "rope_frequency_exponent",
+        "rope_frequency",
+        ("rope", "multihead_self_attention", *MODEL_LLAMA),
         "positions.py",
         old="    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head",
         new="    exponents = torch.arange(0, d_head // 2, dtype=torch.float64) / d_head",
@@ -74,7 +88,9 @@ BUGS = (
         fix="use exponents 2i/d_head for i < d_head/2, i.e. torch.arange(0, d_head, 2) / d_head",
     ),
     Bug(
-        "rope_rotation_reversed", "rope", ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        "rope_rotation_reversed",
+        "rope",
+        ("rope", "multihead_self_attention", *MODEL_LLAMA),
         "positions.py",
         old="    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)",
         new="    rotated = torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1)",
@@ -82,7 +98,9 @@ BUGS = (
         fix="(x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)",
     ),
     Bug(
-        "rope_half_pairs_declared_interleaved", "rope", ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        "rope_half_pairs_declared_interleaved",
+        "rope",
+        ("rope", "multihead_self_attention", *MODEL_LLAMA),
         "positions.py",
         old="""    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
@@ -96,7 +114,9 @@ BUGS = (
         fix="rotate the pairs of the style you declare, or declare ROPE_STYLE = 'half'",
     ),
     Bug(
-        "sinusoidal_sin_cos_halves", "sinusoidal", ("sinusoidal_positions",),
+        "sinusoidal_sin_cos_halves",
+        "sinusoidal",
+        ("sinusoidal_positions",),
         "positions.py",
         old='"p i two -> p (i two)"',
         new='"p i two -> p (two i)"',
@@ -105,7 +125,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ MLPs
     Bug(
-        "swiglu_gate_up_swapped", "swiglu", ("swiglu",),
+        "swiglu_gate_up_swapped",
+        "swiglu",
+        ("swiglu",),
         "mlp.py",
         old="    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)",
         new="    return linear(linear(x, w_gate) * silu(linear(x, w_up)), w_down)",
@@ -113,7 +135,9 @@ BUGS = (
         fix="silu(x @ w_gate.T) * (x @ w_up.T): only the gate goes through SiLU",
     ),
     Bug(
-        "gelu_exact_instead_of_tanh", "gelu", ("gelu_mlp", *MODEL_GPT2),
+        "gelu_exact_instead_of_tanh",
+        "gelu",
+        ("gelu_mlp", *MODEL_GPT2),
         "mlp.py",
         old="    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))",
         new="    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))",
@@ -122,7 +146,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ losses
     Bug(
-        "lm_loss_unshifted_labels", "unshifted_labels", ("lm_loss",),
+        "lm_loss_unshifted_labels",
+        "unshifted_labels",
+        ("lm_loss",),
         "losses.py",
         old='rearrange(logits[:, :-1], "b t v -> (b t) v"), rearrange(ids[:, 1:], "b t -> (b t)")',
         new='rearrange(logits, "b t v -> (b t) v"), rearrange(ids, "b t -> (b t)")',
@@ -130,7 +156,9 @@ BUGS = (
         fix="cross_entropy(logits[:, :-1], ids[:, 1:]): position t predicts token t+1",
     ),
     Bug(
-        "lm_loss_shifted_backwards", "unshifted_labels", ("lm_loss",),
+        "lm_loss_shifted_backwards",
+        "unshifted_labels",
+        ("lm_loss",),
         "losses.py",
         old='rearrange(logits[:, :-1], "b t v -> (b t) v"), rearrange(ids[:, 1:], "b t -> (b t)")',
         new='rearrange(logits[:, 1:], "b t v -> (b t) v"), rearrange(ids[:, :-1], "b t -> (b t)")',
@@ -138,7 +166,9 @@ BUGS = (
         fix="cross_entropy(logits[:, :-1], ids[:, 1:]): drop the last logit and the first id",
     ),
     Bug(
-        "cross_entropy_counts_ignored", "ignore_index", ("cross_entropy", "lm_loss"),
+        "cross_entropy_counts_ignored",
+        "ignore_index",
+        ("cross_entropy", "lm_loss"),
         "losses.py",
         old="    return nll.sum() / (targets != ignore_index).sum()",
         new="    return nll.mean()",
@@ -147,7 +177,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "cross_entropy_no_max_subtraction", "stability", ("cross_entropy", "lm_loss"),
+        "cross_entropy_no_max_subtraction",
+        "stability",
+        ("cross_entropy", "lm_loss"),
         "losses.py",
         old="    shifted = x - x.amax(dim=dim, keepdim=True)",
         new="    shifted = x",

@@ -8,7 +8,9 @@ from .model_components import CACHE, EVALUATION, FORWARD, GENERATION, INIT, MODE
 BUGS = (
     # ------------------------------------------------------------------ the block and the model
     Bug(
-        "post_ln", "norm_placement", MODEL,
+        "post_ln",
+        "norm_placement",
+        MODEL,
         "model.py",
         old="""        x = x + self.drop(self.attn(self.attn_norm(x), rotary, start, cache, layer))
         return x + self.drop(self.mlp(self.mlp_norm(x)))""",
@@ -18,7 +20,9 @@ BUGS = (
         fix="x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x)): normalise the sublayer input, not the residual",
     ),
     Bug(
-        "missing_final_norm", "norm_placement", MODEL,
+        "missing_final_norm",
+        "norm_placement",
+        MODEL,
         "model.py",
         old="        return self.lm_head(self.final_norm(x))",
         new="        return self.lm_head(x)",
@@ -26,7 +30,9 @@ BUGS = (
         fix="logits = lm_head(final_norm(x))",
     ),
     Bug(
-        "model_rope_on_values", "rope_on_values", MODEL,
+        "model_rope_on_values",
+        "rope_on_values",
+        MODEL,
         "model.py",
         old="            q, k = rotary(q, start), rotary(k, start)",
         new="            q, k, v = rotary(q, start), rotary(k, start), rotary(v, start)",
@@ -34,7 +40,9 @@ BUGS = (
         fix="rotate q and k only",
     ),
     Bug(
-        "model_rope_q_only", "rope_q_only", MODEL,
+        "model_rope_q_only",
+        "rope_q_only",
+        MODEL,
         "model.py",
         old="            q, k = rotary(q, start), rotary(k, start)",
         new="            q = rotary(q, start)",
@@ -42,7 +50,9 @@ BUGS = (
         fix="rotate both q and k with the same positions",
     ),
     Bug(
-        "model_swiglu_gate_up_swapped", "swiglu", MODEL,
+        "model_swiglu_gate_up_swapped",
+        "swiglu",
+        MODEL,
         "model.py",
         old="        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))",
         new="        return self.w_down(self.w_gate(x) * F.silu(self.w_up(x)))",
@@ -50,7 +60,9 @@ BUGS = (
         fix="w_down(silu(w_gate(x)) * w_up(x))",
     ),
     Bug(
-        "tied_weights_copied", "tied_weights", MODEL,
+        "tied_weights_copied",
+        "tied_weights",
+        MODEL,
         "model.py",
         old="            self.lm_head.weight = self.tok_embeddings.weight  # one parameter, two uses",
         new="            self.lm_head.weight = nn.Parameter(self.tok_embeddings.weight.detach().clone())",
@@ -58,7 +70,9 @@ BUGS = (
         fix="assign the same parameter: lm_head.weight = tok_embeddings.weight",
     ),
     Bug(
-        "count_parameters_counts_tied_twice", "tied_weights", FORWARD,
+        "count_parameters_counts_tied_twice",
+        "tied_weights",
+        FORWARD,
         "model.py",
         old="    return sum(p.numel() for p in model.parameters())",
         new="    return sum(p.numel() for p in model.state_dict().values())",
@@ -67,7 +81,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "missing_residual_init_scaling", "init", INIT,
+        "missing_residual_init_scaling",
+        "init",
+        INIT,
         "model.py",
         old="    residual_std = 0.02 / math.sqrt(2 * model.config.n_layers)",
         new="    residual_std = 0.02",
@@ -76,7 +92,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "d_model_not_divisible_accepted", "validation", FORWARD,
+        "d_model_not_divisible_accepted",
+        "validation",
+        FORWARD,
         "config.py",
         old="""    if cfg.d_model % cfg.n_heads:
         raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
@@ -88,7 +106,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ the KV cache
     Bug(
-        "cache_positions_restart", "cache_positions", (*CACHE, *GENERATION, *FORWARD),
+        "cache_positions_restart",
+        "cache_positions",
+        (*CACHE, *GENERATION, *FORWARD),
         "model.py",
         old="        start = 0 if cache is None else cache.length",
         new="        start = 0",
@@ -96,7 +116,9 @@ BUGS = (
         fix="new tokens sit at positions cache.length, cache.length + 1 and onwards",
     ),
     Bug(
-        "cache_keys_before_rope", "kv_cache", (*CACHE, *GENERATION, *FORWARD),
+        "cache_keys_before_rope",
+        "kv_cache",
+        (*CACHE, *GENERATION, *FORWARD),
         "model.py",
         old="""        if rotary is not None:
             q, k = rotary(q, start), rotary(k, start)
@@ -110,7 +132,9 @@ BUGS = (
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),
     Bug(
-        "kv_cache_prepended", "kv_cache", (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache_prepended",
+        "kv_cache",
+        (*CACHE, *GENERATION, *FORWARD),
         "kv_cache.py",
         old="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=-2)
         self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=-2)""",
@@ -121,7 +145,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "kv_cache_wrong_axis", "kv_cache", (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache_wrong_axis",
+        "kv_cache",
+        (*CACHE, *GENERATION, *FORWARD),
         "kv_cache.py",
         old="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=-2)
         self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=-2)""",
@@ -131,7 +157,9 @@ BUGS = (
         fix="append along the time axis of [B, n_kv_heads, T, d_head]: dim=-2",
     ),
     Bug(
-        "kv_cache_bytes_ignores_gqa", "memory", FORWARD,
+        "kv_cache_bytes_ignores_gqa",
+        "memory",
+        FORWARD,
         "kv_cache.py",
         old="    return 2 * cfg.n_layers * cfg.kv_heads * cfg.d_head * seq_len * batch_size * element_size",
         new="    return 2 * cfg.n_layers * cfg.n_heads * cfg.d_head * seq_len * batch_size * element_size",
@@ -141,7 +169,9 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ generation
     Bug(
-        "generate_dropout_on", "dropout_generation", GENERATION,
+        "generate_dropout_on",
+        "dropout_generation",
+        GENERATION,
         "generation.py",
         old="    with eval_mode(model):",
         new="    with torch.no_grad():",
@@ -150,7 +180,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "mode_not_restored", "mode_restore", (*GENERATION, *TRAINING, *EVALUATION),
+        "mode_not_restored",
+        "mode_restore",
+        (*GENERATION, *TRAINING, *EVALUATION),
         "modes.py",
         old="""        for m, was_training in modes:
             m.training = was_training""",
@@ -160,7 +192,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "generate_no_prompt_cropping", "prompt_cropping", GENERATION,
+        "generate_no_prompt_cropping",
+        "prompt_cropping",
+        GENERATION,
         "generation.py",
         old="                logits = model(ids[:, -ctx:], cache)",
         new="                logits = model(ids, cache)",
@@ -169,7 +203,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "generate_cache_past_context", "prompt_cropping", GENERATION,
+        "generate_cache_past_context",
+        "prompt_cropping",
+        GENERATION,
         "generation.py",
         old="            if cache is not None and ids.shape[1] <= ctx:",
         new="            if cache is not None:",

@@ -7,7 +7,9 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
-        "sample_ignores_transforms", "sampling_order", (*SAMPLING, *GENERATION),
+        "sample_ignores_transforms",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
         "sampling.py",
         old="    probs = sampling_probs(logits, temperature, top_k, top_p)",
         new="    probs = sampling_probs(logits)",
@@ -15,7 +17,9 @@ BUGS = (
         fix="sample from the transformed distribution: scale by 1/temperature, filter top-k and top-p, then softmax and draw",
     ),
     Bug(
-        "top_p_before_temperature", "sampling_order", (*SAMPLING, *GENERATION),
+        "top_p_before_temperature",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
         "sampling.py",
         old="        scaled = top_p_filter(scaled, top_p)",
         new='        scaled = scaled.masked_fill(top_p_filter(logits, top_p).isinf(), float("-inf"))',
@@ -24,7 +28,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "top_p_before_top_k", "sampling_order", (*SAMPLING, *GENERATION),
+        "top_p_before_top_k",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
         "sampling.py",
         old="""    if top_k is not None:
         scaled = top_k_filter(scaled, top_k)
@@ -39,7 +45,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "top_p_drops_crossing_token", "top_p", (*SAMPLING, *GENERATION),
+        "top_p_drops_crossing_token",
+        "top_p",
+        (*SAMPLING, *GENERATION),
         "sampling.py",
         old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs",
         new="    mass_before = sorted_probs.cumsum(dim=-1)",
@@ -48,7 +56,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "top_k_off_by_one", "top_k", (*SAMPLING, *GENERATION),
+        "top_k_off_by_one",
+        "top_k",
+        (*SAMPLING, *GENERATION),
         "sampling.py",
         old="    kth = logits.topk(k, dim=-1).values[..., -1:]",
         new="    kth = logits.sort(dim=-1, descending=True).values[..., k : k + 1]",
@@ -57,7 +67,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "temperature_multiplies", "sampling_order", (*SAMPLING, *GENERATION),
+        "temperature_multiplies",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
         "sampling.py",
         old="    scaled = logits / temperature",
         new="    scaled = logits * temperature",

@@ -7,7 +7,9 @@ from .model_components import EVALUATION, TRAINING
 
 BUGS = (
     Bug(
-        "get_batch_unshifted_targets", "unshifted_labels", TRAINING,
+        "get_batch_unshifted_targets",
+        "unshifted_labels",
+        TRAINING,
         "training.py",
         old="    x, y = tokens[offsets], tokens[offsets + 1]",
         new="    x, y = tokens[offsets], tokens[offsets]",
@@ -15,7 +17,9 @@ BUGS = (
         fix="y = data[start + 1 : start + 1 + context_length]: targets are the inputs shifted one token ahead",
     ),
     Bug(
-        "get_batch_last_start_unreachable", "get_batch", TRAINING,
+        "get_batch_last_start_unreachable",
+        "get_batch",
+        TRAINING,
         "training.py",
         old="    starts = torch.randint(0, len(tokens) - context_length, (batch_size,), generator=generator)",
         new="    starts = torch.randint(0, len(tokens) - context_length - 1, (batch_size,), generator=generator)",
@@ -24,7 +28,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "train_step_no_zero_grad", "training", TRAINING,
+        "train_step_no_zero_grad",
+        "training",
+        TRAINING,
         "training.py",
         old="    optimizer.zero_grad(set_to_none=True)\n",
         new="",
@@ -32,7 +38,9 @@ BUGS = (
         fix="optimizer.zero_grad() before backward",
     ),
     Bug(
-        "train_step_not_in_training_mode", "mode_restore", TRAINING,
+        "train_step_not_in_training_mode",
+        "mode_restore",
+        TRAINING,
         "training.py",
         old="    model.train()\n",
         new="",
@@ -41,7 +49,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "clip_per_parameter", "gradient_clipping", TRAINING,
+        "clip_per_parameter",
+        "gradient_clipping",
+        TRAINING,
         "training.py",
         old="        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
         new="        for p in model.parameters():\n            torch.nn.utils.clip_grad_norm_(p, max_grad_norm)",
@@ -50,7 +60,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "clip_after_step", "gradient_clipping", TRAINING,
+        "clip_after_step",
+        "gradient_clipping",
+        TRAINING,
         "training.py",
         old="""    if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -63,7 +75,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "evaluate_mean_of_batch_means", "evaluation", EVALUATION,
+        "evaluate_mean_of_batch_means",
+        "evaluation",
+        EVALUATION,
         "training.py",
         old="""    total = torch.zeros((), dtype=torch.float64)
     with eval_mode(model):
@@ -90,7 +104,9 @@ BUGS = (
         corner=True,
     ),
     Bug(
-        "evaluate_in_training_mode", "evaluation", EVALUATION,
+        "evaluate_in_training_mode",
+        "evaluation",
+        EVALUATION,
         "training.py",
         old="    with eval_mode(model):",
         new="    with torch.no_grad():",

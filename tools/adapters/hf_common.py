@@ -124,7 +124,9 @@ def _scores(logits: torch.Tensor, temperature: float, top_k, top_p) -> torch.Ten
     return scores
 
 
-def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None):
+def sampling_probs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+):
     """softmax of the warped scores, as transformers' sampling loop computes it; ``temperature == 0`` is
     transformers' greedy decoding (``do_sample=False``): all mass on the argmax."""
     if temperature == 0:

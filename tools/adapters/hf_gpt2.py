@@ -169,8 +169,10 @@ def load_canonical(model: GPT2LMHeadModel, state_dict: dict) -> None:
             target = params[hf][..., slot * d : (slot + 1) * d]  # c_attn.weight [d, 3d], c_attn.bias [3d]
             value = value.T if name.endswith(".weight") else value
         if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"state_dict[{name!r}] has shape {tuple(value.T.shape if value.dim() == 2 else value.shape)}, "
-                             f"which does not fit {tuple(target.shape)}")  # fmt: skip
+            raise ValueError(
+                f"state_dict[{name!r}] has shape {tuple(value.T.shape if value.dim() == 2 else value.shape)}, "
+                f"which does not fit {tuple(target.shape)}"
+            )
         target.copy_(value)
 
 

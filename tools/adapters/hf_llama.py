@@ -68,9 +68,12 @@ def swiglu(x, w_gate, w_up, w_down):
 def _rotary(d_head: int, theta: float) -> LlamaRotaryEmbedding:
     cfg = hf_common.make_config(
         LlamaConfig,
-        hidden_size=d_head, num_attention_heads=1, num_key_value_heads=1, head_dim=d_head,
+        hidden_size=d_head,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=d_head,
         rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
-    )  # fmt: skip
+    )
     return LlamaRotaryEmbedding(cfg)
 
 
@@ -98,7 +101,9 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 
     The key/value heads are shared through the module's ``num_key_value_groups``.
     """
-    return hf_common.eager_attention(eager_attention_forward, q, k, v, mask, num_key_value_groups=q.shape[-3] // k.shape[-3])
+    return hf_common.eager_attention(
+        eager_attention_forward, q, k, v, mask, num_key_value_groups=q.shape[-3] // k.shape[-3]
+    )
 
 
 cross_entropy = hf_common.cross_entropy
@@ -176,7 +181,9 @@ def build_model(config: dict, state_dict: dict | None = None) -> LlamaForCausalL
             for name, value in state_dict.items():
                 target = params[names[name]]
                 if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+                    raise ValueError(
+                        f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+                    )
                 target.copy_(value)
     return model
 

@@ -55,7 +55,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.T
 def swiglu(x, w_gate, w_up, w_down):
     """litgpt's ``LLaMAMLP``: ``fc_1`` (through SiLU) = ``w_gate``, ``fc_2`` = ``w_up``, ``proj`` = ``w_down``."""
     d_ff, d = w_gate.shape
-    mlp = LLaMAMLP(types.SimpleNamespace(n_embd=d, intermediate_size=d_ff, bias=False)).to(device=x.device, dtype=x.dtype)
+    mlp = LLaMAMLP(types.SimpleNamespace(n_embd=d, intermediate_size=d_ff, bias=False)).to(
+        device=x.device, dtype=x.dtype
+    )
     params = {"fc_1.weight": w_gate, "fc_2.weight": w_up, "proj.weight": w_down}
     return torch.func.functional_call(mlp, params, (x,))
 
@@ -89,9 +91,15 @@ def multihead_self_attention(x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=
     b, t, d = x.shape
     n_kv_heads = n_kv_heads or n_heads
     cfg = Config(
-        n_embd=d, n_head=n_heads, n_query_groups=n_kv_heads, rotary_percentage=0.0 if theta is None else 1.0,
-        bias=False, block_size=t, padded_vocab_size=1, vocab_size=1,
-    )  # fmt: skip
+        n_embd=d,
+        n_head=n_heads,
+        n_query_groups=n_kv_heads,
+        rotary_percentage=0.0 if theta is None else 1.0,
+        bias=False,
+        block_size=t,
+        padded_vocab_size=1,
+        vocab_size=1,
+    )
     attn = CausalSelfAttention(cfg, block_idx=0).to(device=x.device, dtype=x.dtype)
     if positions is None:
         positions = torch.arange(t, device=x.device)
@@ -294,8 +302,16 @@ def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=N
     with _rng_from(generator, prompt.device):
         for row in prompt:
             model.set_kv_cache(batch_size=1, device=p.device, dtype=p.dtype)
-            rows.append(_lit_generate(model, row, row.shape[0] + max_new_tokens, temperature=temperature,
-                                      top_k=top_k, top_p=1.0 if top_p is None else top_p))  # fmt: skip
+            rows.append(
+                _lit_generate(
+                    model,
+                    row,
+                    row.shape[0] + max_new_tokens,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=1.0 if top_p is None else top_p,
+                )
+            )
     model.clear_kv_cache()
     return torch.stack(rows)
 

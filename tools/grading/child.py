@@ -22,7 +22,6 @@ import os
 import re
 import resource
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -116,7 +115,9 @@ def describe_exception(exc: BaseException, state: ChildState, tb_entries=()) -> 
         return str(exc)
     if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "allocate" in str(exc).lower()):
         limit = f" (graded code may use at most {state.memory_mb} MiB)" if state.memory_mb else ""
-        return f"ran out of memory{limit}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        return f"ran out of memory{limit}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(
+            ": "
+        )
     if isinstance(exc, SystemExit):
         return f"your code called sys.exit({exc.code!r}); graded code must return, not end the process"
     text = str(exc).strip()

@@ -68,7 +68,7 @@ class Guard:
         while frame is not None:
             filename = frame.f_code.co_filename
             if filename.startswith(self.submission) or filename == self.submission.rstrip(os.sep):
-                return f"{filename[len(sub_parent):]}:{frame.f_lineno}"
+                return f"{filename[len(sub_parent) :]}:{frame.f_lineno}"
             frame = frame.f_back
         return None
 

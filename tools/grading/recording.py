@@ -71,14 +71,26 @@ def child_env() -> dict:
     return env
 
 
-def _record_command(style: str, out: Path, select: str | None, manifest: Path | None, live: bool,
-                    files: list[str] | None = None) -> list[str]:
+def _record_command(
+    style: str, out: Path, select: str | None, manifest: Path | None, live: bool, files: list[str] | None = None
+) -> list[str]:
     targets = [f"spec_tests/{f}" for f in files] if files else ["spec_tests"]
     cmd = [
-        sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", "--no-header",
-        f"--impl=spec_tests.expectations:reference_{style}", f"--record-expectations={out}",
-        f"--hypothesis-profile={PROFILE}", "-o", "addopts=", "--tb=short",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--no-header",
+        f"--impl=spec_tests.expectations:reference_{style}",
+        f"--record-expectations={out}",
+        f"--hypothesis-profile={PROFILE}",
+        "-o",
+        "addopts=",
+        "--tb=short",
+    ]
     if manifest is not None:
         cmd += ["-p", "tools.grading.manifest", f"--grading-manifest={manifest}"]
     marks = [] if live else ["not needs_live_reference"]
@@ -89,8 +101,17 @@ def _record_command(style: str, out: Path, select: str | None, manifest: Path | 
     return cmd
 
 
-def record(styles, out: Path, *, select: str | None = None, manifest: bool = True, live: bool = True,
-           files: list[str] | None = None, env: dict | None = None, timeout: float = 1800) -> dict | None:
+def record(
+    styles,
+    out: Path,
+    *,
+    select: str | None = None,
+    manifest: bool = True,
+    live: bool = True,
+    files: list[str] | None = None,
+    env: dict | None = None,
+    timeout: float = 1800,
+) -> dict | None:
     """Run the trusted pass(es) into ``out``; returns the manifest (when asked for)."""
     out.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -98,8 +119,20 @@ def record(styles, out: Path, *, select: str | None = None, manifest: bool = Tru
         man = out / "manifest.json" if manifest and i == 0 else None
         log = open(out / f"record-{style}.log", "w")
         cmd = _record_command(style, out, select, man, live, files)
-        procs.append((style, subprocess.Popen(cmd, cwd=ROOT, env={**child_env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL), log))  # fmt: skip
+        procs.append(
+            (
+                style,
+                subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    env={**child_env(), **(env or {})},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                ),
+                log,
+            )
+        )
     for style, proc, log in procs:
         try:
             proc.wait(timeout=timeout)

@@ -105,7 +105,9 @@ class Grade:
         return list(out.values())
 
     def integrity_lines(self) -> list[str]:
-        return [f"your code tried {b['what']} at {b['where']}: refused (not allowed while grading)" for b in self.blocked]
+        return [
+            f"your code tried {b['what']} at {b['where']}: refused (not allowed while grading)" for b in self.blocked
+        ]
 
 
 def build_grade(submission: str, graded: list[GradedTest], run: RunResult, rubric: Rubric, **extra) -> Grade:
@@ -113,9 +115,17 @@ def build_grade(submission: str, graded: list[GradedTest], run: RunResult, rubri
     for test in graded:
         outcome = run.outcomes.get(test.id, Outcome("not_run", "not run"))
         results.append(TestResult(test, outcome.outcome, outcome.message))
-    return Grade(submission, results, rubric, could_not_run=run.could_not_run, blocked=list(run.blocked),
-                 staff_notes=list(run.staff_notes), execution_time_s=run.elapsed_s, vm_peak_mb=run.vm_peak_mb,
-                 **extra)  # fmt: skip
+    return Grade(
+        submission,
+        results,
+        rubric,
+        could_not_run=run.could_not_run,
+        blocked=list(run.blocked),
+        staff_notes=list(run.staff_notes),
+        execution_time_s=run.elapsed_s,
+        vm_peak_mb=run.vm_peak_mb,
+        **extra,
+    )
 
 
 def _pts(cents: int) -> str:
@@ -180,8 +190,11 @@ def public_summary(grade: Grade) -> str:
     lines.append(table(grade, visible_only=bool(concealed)))
     if concealed:
         worth = sum(round(r.test.max_score * 100) for r in concealed)
-        lines += ["", f"{len(concealed)} hidden tests worth {_pts(worth)} points count towards your score; "
-                      "their results are not shown."]  # fmt: skip
+        lines += [
+            "",
+            f"{len(concealed)} hidden tests worth {_pts(worth)} points count towards your score; "
+            "their results are not shown.",
+        ]
     return "\n".join(lines)
 
 
@@ -189,13 +202,31 @@ def gradescope(grade: Grade, *, leaderboard: list | None = None) -> dict:
     """``results.json`` as the Gradescope autograder specification describes it."""
     tests = []
     if grade.could_not_run:
-        tests.append({"name": "Could not run your implementation", "score": 0.0, "max_score": 0.0,
-                      "status": "failed", "output": grade.could_not_run, "tags": ["could-not-run"],
-                      "visibility": "visible", "number": "0.1"})  # fmt: skip
+        tests.append(
+            {
+                "name": "Could not run your implementation",
+                "score": 0.0,
+                "max_score": 0.0,
+                "status": "failed",
+                "output": grade.could_not_run,
+                "tags": ["could-not-run"],
+                "visibility": "visible",
+                "number": "0.1",
+            }
+        )
     if grade.blocked:
-        tests.append({"name": "Integrity: operations refused while grading", "score": 0.0, "max_score": 0.0,
-                      "status": "failed", "output": "\n".join(grade.integrity_lines()), "tags": ["integrity"],
-                      "visibility": "visible", "number": "0.2"})  # fmt: skip
+        tests.append(
+            {
+                "name": "Integrity: operations refused while grading",
+                "score": 0.0,
+                "max_score": 0.0,
+                "status": "failed",
+                "output": "\n".join(grade.integrity_lines()),
+                "tags": ["integrity"],
+                "visibility": "visible",
+                "number": "0.2",
+            }
+        )
     for r in grade.results:
         entry = {
             "name": r.test.name,
@@ -252,8 +283,16 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
     if failing:
         out += ["", "## Tests not passed", ""]
         for r in failing:
-            out += [f"### {r.test.number} {r.test.name}", "", f"`{r.test.id}` ({_pts(round(r.test.max_score * 100))} points)",
-                    "", "```", r.text, "```", ""]  # fmt: skip
+            out += [
+                f"### {r.test.number} {r.test.name}",
+                "",
+                f"`{r.test.id}` ({_pts(round(r.test.max_score * 100))} points)",
+                "",
+                "```",
+                r.text,
+                "```",
+                "",
+            ]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -262,10 +301,20 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
 
 def junit(grade: Grade, *, staff: bool = False) -> str:
     failures = sum(not r.passed for r in grade.results)
-    suite = ET.Element("testsuite", name="transformer-spec", tests=str(len(grade.results)),
-                       failures=str(failures), errors="1" if grade.could_not_run else "0", skipped="0")  # fmt: skip
+    suite = ET.Element(
+        "testsuite",
+        name="transformer-spec",
+        tests=str(len(grade.results)),
+        failures=str(failures),
+        errors="1" if grade.could_not_run else "0",
+        skipped="0",
+    )
     props = ET.SubElement(suite, "properties")
-    for k, v in (("submission", grade.submission), ("score", f"{grade.score:.2f}"), ("max_score", f"{grade.max_score:.2f}")):
+    for k, v in (
+        ("submission", grade.submission),
+        ("score", f"{grade.score:.2f}"),
+        ("max_score", f"{grade.max_score:.2f}"),
+    ):
         ET.SubElement(props, "property", name=k, value=v)
     if grade.could_not_run:
         case = ET.SubElement(suite, "testcase", classname="grading", name="could_not_run")
@@ -277,7 +326,9 @@ def junit(grade: Grade, *, staff: bool = False) -> str:
         ET.SubElement(cprops, "property", name="visibility", value=r.test.visibility)
         if not r.passed:
             text = grade.rubric.hidden_message if (grade.concealed(r) and not staff) else r.text
-            ET.SubElement(case, "failure", message=text.splitlines()[0] if text else r.outcome, type=r.outcome).text = text
+            ET.SubElement(
+                case, "failure", message=text.splitlines()[0] if text else r.outcome, type=r.outcome
+            ).text = text
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -293,11 +344,23 @@ def gradebook_csv(grades: list[Grade]) -> str:
                 components.append(c.name)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["submission", "score", "max_score", "tests_passed", "tests", "status", *components, "integrity", "flags"])
+    w.writerow(
+        ["submission", "score", "max_score", "tests_passed", "tests", "status", *components, "integrity", "flags"]
+    )
     for g in grades:
         per = {c.name: _pts(c.score_cents) for c in g.components()}
         status = "could not run" if g.could_not_run else "graded"
-        w.writerow([g.submission, f"{g.score:.2f}", f"{g.max_score:.2f}", sum(r.passed for r in g.results), len(g.results),
-                    status, *[per.get(c, "") for c in components], "; ".join(g.integrity_lines()),
-                    "; ".join(g.staff_flags)])  # fmt: skip
+        w.writerow(
+            [
+                g.submission,
+                f"{g.score:.2f}",
+                f"{g.max_score:.2f}",
+                sum(r.passed for r in g.results),
+                len(g.results),
+                status,
+                *[per.get(c, "") for c in components],
+                "; ".join(g.integrity_lines()),
+                "; ".join(g.staff_flags),
+            ]
+        )
     return buf.getvalue()

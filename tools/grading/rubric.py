@@ -60,7 +60,8 @@ class Override:
     def applies(self, test: dict) -> bool:
         test_id = test["id"]
         if self.match is not None and not (
-            fnmatch.fnmatchcase(test_id, self.match) or fnmatch.fnmatchcase(f"{test['file']}::{test['function']}", self.match)
+            fnmatch.fnmatchcase(test_id, self.match)
+            or fnmatch.fnmatchcase(f"{test['file']}::{test['function']}", self.match)
         ):
             return False
         if self.component is not None and test["component"] != self.component:
@@ -123,7 +124,9 @@ def load_rubric(path) -> Rubric:
         raise RubricError(f"{where}: [components] must be a table of name = weight")
     r.components = {str(k): _number(v, f"{where}: components.{k}") for k, v in comps.items()}
     defaults = data.get("defaults", {})
-    r.component_weight = _number(defaults.get("component_weight", r.component_weight), f"{where}: defaults.component_weight")
+    r.component_weight = _number(
+        defaults.get("component_weight", r.component_weight), f"{where}: defaults.component_weight"
+    )
     r.test_weight = _number(defaults.get("test_weight", r.test_weight), f"{where}: defaults.test_weight")
     r.visibility = _visibility(defaults.get("visibility", r.visibility), f"{where}: defaults.visibility")
     gs = data.get("gradescope", {})
@@ -133,8 +136,12 @@ def load_rubric(path) -> Rubric:
         raise RubricError(f"{where}: gradescope.conceal must be a list of visibilities")
     r.conceal = tuple(_visibility(v, f"{where}: gradescope.conceal") for v in conceal)
     limits = data.get("limits", {})
-    r.test_timeout_s = _number(limits.get("test_timeout_s", r.test_timeout_s), f"{where}: limits.test_timeout_s", positive=True)
-    r.run_timeout_s = _number(limits.get("run_timeout_s", r.run_timeout_s), f"{where}: limits.run_timeout_s", positive=True)
+    r.test_timeout_s = _number(
+        limits.get("test_timeout_s", r.test_timeout_s), f"{where}: limits.test_timeout_s", positive=True
+    )
+    r.run_timeout_s = _number(
+        limits.get("run_timeout_s", r.run_timeout_s), f"{where}: limits.run_timeout_s", positive=True
+    )
     r.memory_mb = int(_number(limits.get("memory_mb", r.memory_mb), f"{where}: limits.memory_mb"))
     tests = data.get("tests", [])
     if not isinstance(tests, list):
@@ -219,7 +226,9 @@ def assign(tests: list[dict], rubric: Rubric) -> list[GradedTest]:
     case_weight = {t["id"]: fn_weight[(t["file"], t["function"])] / cases[(t["file"], t["function"])] for t in tests}
     comp_sum = {c: sum(case_weight[t["id"]] for t in tests if t["component"] == c) for c in order}
     # exact shares, then rounded to cents so that tests sum to their component and components to the total
-    comp_cents = apportion([rubric.total * cw[c] / cw_total if cw_total else 0.0 for c in order], round(rubric.total * 100))
+    comp_cents = apportion(
+        [rubric.total * cw[c] / cw_total if cw_total else 0.0 for c in order], round(rubric.total * 100)
+    )
     cents: dict[str, int] = {}
     for c, total_cents in zip(order, comp_cents):
         members = [t for t in tests if t["component"] == c]
@@ -232,12 +241,19 @@ def assign(tests: list[dict], rubric: Rubric) -> list[GradedTest]:
         counters[c] = counters.get(c, 0) + 1
         graded.append(
             GradedTest(
-                id=t["id"], component=c, function=t["function"], params=t.get("params", ""),
-                name=display_name(t), doc=t.get("doc", ""), tags=[c, *t["bug_classes"]],
-                visibility=visibility[t["id"]], max_score=points,
-                number=f"{order.index(c) + 1}.{counters[c]}", live=bool(t["live"]),
+                id=t["id"],
+                component=c,
+                function=t["function"],
+                params=t.get("params", ""),
+                name=display_name(t),
+                doc=t.get("doc", ""),
+                tags=[c, *t["bug_classes"]],
+                visibility=visibility[t["id"]],
+                max_score=points,
+                number=f"{order.index(c) + 1}.{counters[c]}",
+                live=bool(t["live"]),
             )
-        )  # fmt: skip
+        )
     return graded
 
 

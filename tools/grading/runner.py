@@ -66,17 +66,43 @@ def _signal_text(rc: int) -> str:
     return known.get(name, f"was ended by {name}")
 
 
-def child_command(submission: Path, recordings: Path, events: Path, run_list: Path, limits: Limits,
-                  protect: list[Path], device: str = "cpu", files: list[str] | None = None) -> list[str]:
+def child_command(
+    submission: Path,
+    recordings: Path,
+    events: Path,
+    run_list: Path,
+    limits: Limits,
+    protect: list[Path],
+    device: str = "cpu",
+    files: list[str] | None = None,
+) -> list[str]:
     targets = [f"spec_tests/{f}" for f in files] if files else ["spec_tests"]
     cmd = [
-        sys.executable, "-m", "pytest", *targets, "-q", "--no-header", "--tb=no", "-rN",
-        "-p", "no:cacheprovider", "-o", "addopts=", "-p", "tools.grading.child",
-        f"--impl={submission}", f"--replay-expectations={recordings}", f"--device={device}",
-        "--hypothesis-profile=grading", f"--grading-events={events}", f"--grading-run={run_list}",
-        f"--grading-timeout={limits.test_timeout_s:g}", f"--grading-memory-mb={limits.memory_mb}",
-        f"--grading-submission={submission}", f"--xfails-file={events.parent / 'no-xfails.toml'}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        "-q",
+        "--no-header",
+        "--tb=no",
+        "-rN",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-p",
+        "tools.grading.child",
+        f"--impl={submission}",
+        f"--replay-expectations={recordings}",
+        f"--device={device}",
+        "--hypothesis-profile=grading",
+        f"--grading-events={events}",
+        f"--grading-run={run_list}",
+        f"--grading-timeout={limits.test_timeout_s:g}",
+        f"--grading-memory-mb={limits.memory_mb}",
+        f"--grading-submission={submission}",
+        f"--xfails-file={events.parent / 'no-xfails.toml'}",
+    ]
     for folder in protect:
         cmd += [f"--grading-protect={folder}"]
     return cmd
@@ -86,8 +112,16 @@ def protected_folders(recordings: Path) -> list[Path]:
     return [ROOT / "reference", ROOT / "spec_tests" / "bugs", Path(recordings)]
 
 
-def run_submission(submission: Path, test_ids: list[str], recordings: Path, limits: Limits, *,
-                   on_result=None, device: str = "cpu", workdir: Path | None = None) -> RunResult:
+def run_submission(
+    submission: Path,
+    test_ids: list[str],
+    recordings: Path,
+    limits: Limits,
+    *,
+    on_result=None,
+    device: str = "cpu",
+    workdir: Path | None = None,
+) -> RunResult:
     """Every test of ``test_ids`` run against ``submission`` (a staged copy), isolated."""
     result = RunResult()
     remaining = list(test_ids)
@@ -98,15 +132,27 @@ def run_submission(submission: Path, test_ids: list[str], recordings: Path, limi
     attempt = 0
     while remaining:
         attempt += 1
-        events, run_list, log = work / f"events-{attempt}.jsonl", work / f"run-{attempt}.txt", work / f"child-{attempt}.log"
+        events, run_list, log = (
+            work / f"events-{attempt}.jsonl",
+            work / f"run-{attempt}.txt",
+            work / f"child-{attempt}.log",
+        )
         run_list.write_text("\n".join(remaining) + "\n")
         events.write_text("")
         files = sorted({test_id.split("::", 1)[0] for test_id in remaining})
-        cmd = child_command(submission, recordings, events, run_list, limits, protected_folders(recordings), device,
-                            files)  # fmt: skip
+        cmd = child_command(
+            submission, recordings, events, run_list, limits, protected_folders(recordings), device, files
+        )
         with open(log, "w") as log_file:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL, stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             stop, current, progress = _watch(proc, events, limits, started, result, remaining, on_result)
         done_now = progress
         if result.could_not_run is not None:
@@ -116,15 +162,19 @@ def run_submission(submission: Path, test_ids: list[str], recordings: Path, limi
             break
         if current is not None:
             if stop == "test_timeout":
-                text = (f"timed out: the test did not finish within {limits.test_timeout_s:g} s "
-                        "(the grading process had to be stopped)")  # fmt: skip
+                text = (
+                    f"timed out: the test did not finish within {limits.test_timeout_s:g} s "
+                    "(the grading process had to be stopped)"
+                )
             elif stop == "run_timeout":
                 text = f"not finished: grading reached its whole-run limit of {limits.run_timeout_s:g} s"
             elif proc.returncode is not None and proc.returncode < 0:
                 text = f"the test process {_signal_text(proc.returncode)} during this test"
             else:
-                text = (f"the test process ended (exit status {proc.returncode}) during this test: graded code "
-                        "must return, not end the process (os._exit?)")  # fmt: skip
+                text = (
+                    f"the test process ended (exit status {proc.returncode}) during this test: graded code "
+                    "must return, not end the process (os._exit?)"
+                )
             result.outcomes[current] = Outcome("failed", text)
             remaining.remove(current)
             if on_result:
@@ -141,10 +191,16 @@ def run_submission(submission: Path, test_ids: list[str], recordings: Path, limi
             break
         tail = log.read_text(errors="replace")[-2000:]
         if done_now == 0:  # the child ended without running anything: give up rather than loop
-            how = (_signal_text(proc.returncode) if proc.returncode is not None and proc.returncode < 0
-                   else f"ended (exit status {proc.returncode})")  # fmt: skip
-            when = "before running any test (while importing your implementation?)" if not result.outcomes else \
-                "before running the remaining tests"
+            how = (
+                _signal_text(proc.returncode)
+                if proc.returncode is not None and proc.returncode < 0
+                else f"ended (exit status {proc.returncode})"
+            )
+            when = (
+                "before running any test (while importing your implementation?)"
+                if not result.outcomes
+                else "before running the remaining tests"
+            )
             reason = f"the test process {how} {when}"
             result.staff_notes.append(f"{reason}; log tail:\n{tail}")
             if not result.outcomes:

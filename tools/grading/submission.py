@@ -51,8 +51,10 @@ def discover(values: list[str]) -> list[Submission]:
             continue
         path = Path(value)
         if not path.exists():
-            raise SubmissionError(f"--impl {value}: no such file or folder (give a .py file, a package folder, "
-                                  "a folder of submissions, 'student' or 'reference')")  # fmt: skip
+            raise SubmissionError(
+                f"--impl {value}: no such file or folder (give a .py file, a package folder, "
+                "a folder of submissions, 'student' or 'reference')"
+            )
         if path.is_file():
             if path.suffix != ".py":
                 raise SubmissionError(f"--impl {value}: a single-file submission must be a .py file")
@@ -70,8 +72,10 @@ def discover(values: list[str]) -> list[Submission]:
             elif entry.is_dir() and _package_in(entry) is not None:
                 batch.append(Submission(entry.name, _package_in(entry)))
         if not batch:
-            raise SubmissionError(f"--impl {value}: neither a package (no __init__.py, no student/__init__.py) nor a "
-                                  "folder of submissions (.py files or package folders)")  # fmt: skip
+            raise SubmissionError(
+                f"--impl {value}: neither a package (no __init__.py, no student/__init__.py) nor a "
+                "folder of submissions (.py files or package folders)"
+            )
         found += batch
     labels = [s.label for s in found]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
@@ -90,8 +94,13 @@ def stage(submission: Submission, into: Path) -> Path:
     target = into / "submission"
 
     def ignore(folder, names):
-        return [n for n in names if n in ("__pycache__", ".git") or n.endswith((".pyc", ".pt", ".pth", ".bin"))
-                or ((Path(folder) / n).is_file() and (Path(folder) / n).stat().st_size > MAX_FILE_BYTES)]  # fmt: skip
+        return [
+            n
+            for n in names
+            if n in ("__pycache__", ".git")
+            or n.endswith((".pyc", ".pt", ".pth", ".bin"))
+            or ((Path(folder) / n).is_file() and (Path(folder) / n).stat().st_size > MAX_FILE_BYTES)
+        ]
 
     shutil.copytree(submission.source, target, ignore=ignore, symlinks=False)
     return target
@@ -117,19 +126,25 @@ def rope_style(source: Path) -> str | None:
 
 
 SUSPICIOUS = [
-    (re.compile(r"^\s*(from|import)\s+reference\b|import_module\(\s*['\"]reference|['\"]reference['\"]", re.M),
-     "mentions the reference package"),
+    (
+        re.compile(r"^\s*(from|import)\s+reference\b|import_module\(\s*['\"]reference|['\"]reference['\"]", re.M),
+        "mentions the reference package",
+    ),
     (re.compile(r"^\s*(from|import)\s+spec_tests\b|import_module\(\s*['\"]spec_tests", re.M), "imports the test suite"),
     (re.compile(r"\bsys\.modules\b"), "reads sys.modules"),
     (re.compile(r"\bgc\.get_(objects|referrers|referents)\b"), "walks the garbage collector's objects"),
-    (re.compile(r"\b_getframe\b|\binspect\.(stack|currentframe|getouterframes)\b|\bf_back\b|\bf_locals\b"),
-     "inspects the call stack"),
+    (
+        re.compile(r"\b_getframe\b|\binspect\.(stack|currentframe|getouterframes)\b|\bf_back\b|\bf_locals\b"),
+        "inspects the call stack",
+    ),
     (re.compile(r"\bctypes\b"), "uses ctypes"),
     (re.compile(r"\b(subprocess|os\.system|os\.popen|os\.exec\w*|os\.fork)\b"), "starts processes"),
-    (re.compile(r"\bsignal\.(signal|setitimer|alarm)\b|\bresource\.setrlimit\b|\baddaudithook\b"),
-     "changes signals, limits or audit hooks"),
+    (
+        re.compile(r"\bsignal\.(signal|setitimer|alarm)\b|\bresource\.setrlimit\b|\baddaudithook\b"),
+        "changes signals, limits or audit hooks",
+    ),
     (re.compile(r"expected-\w+\.pt|transformer-spec"), "mentions recorded expected values"),
-]  # fmt: skip
+]
 
 
 def static_flags(source: Path) -> list[str]:
