@@ -1,4 +1,8 @@
-"""Names and module attributes of implementation protocol v1 (see docs/protocol.md)."""
+"""Implementation protocol v1 as data (see docs/protocol.md): the names, the module attributes, the
+capabilities an implementation may lack, which component each name belongs to, and which names
+each one may call."""
+
+from __future__ import annotations
 
 COMPONENT_NAMES = (
     "linear",
@@ -36,3 +40,96 @@ PROTOCOL_NAMES = COMPONENT_NAMES + SAMPLING_NAMES + MODEL_NAMES + TRAINING_NAMES
 ALL_FAMILIES = ("llama", "gpt2")
 ROPE_STYLES = ("interleaved", "half")
 DEFAULT_ROPE_STYLE = "interleaved"
+
+# Module attribute CAPABILITIES: what the implementation supports (default: all of these). A test
+# that needs a capability the implementation does not declare is skipped as "not provided".
+CAPABILITIES = {
+    "gqa": "grouped-query attention: n_kv_heads < n_heads (models and attention functions)",
+    "tied_head": "tie_embeddings = True: the LM head is the token embedding parameter",
+    "untied_head": "tie_embeddings = False: a separate lm_head.weight",
+    "linear_bias": "linear(x, weight, bias) with a bias",
+    "dropout": "config dropout > 0 applies dropout in training mode",
+    "free_d_ff": "config d_ff is honoured (without it the suite uses d_ff = 4 * d_model)",
+    "rope_theta": "config rope_theta and rope(theta=...) are honoured (without it the suite uses 10000)",
+}
+ALL_CAPABILITIES = tuple(CAPABILITIES)
+
+# Which component (test module, rubric entry) each protocol name belongs to.
+COMPONENT_OF = {
+    **dict.fromkeys(("linear", "embedding", "softmax", "silu"), "primitives"),
+    **dict.fromkeys(("rmsnorm", "layernorm"), "norms"),
+    **dict.fromkeys(("swiglu", "gelu_mlp"), "mlp"),
+    **dict.fromkeys(("rope", "sinusoidal_positions"), "positions"),
+    **dict.fromkeys(
+        ("causal_mask", "repeat_kv", "scaled_dot_product_attention", "flash_attention", "multihead_self_attention"),
+        "attention",
+    ),
+    **dict.fromkeys(("cross_entropy", "lm_loss"), "losses"),
+    **dict.fromkeys(("sampling_probs", "sample"), "sampling"),
+    **dict.fromkeys(("build_model", "canonical_state_dict", "forward", "count_parameters", "kv_cache_bytes"), "model"),
+    **dict.fromkeys(("new_cache", "cache_kv"), "kv_cache"),
+    "generate": "generation",
+    **dict.fromkeys(TRAINING_NAMES, "training"),
+}
+# Components in the order a student builds them (and the suite runs them: upstream first).
+COMPONENT_ORDER = (
+    "primitives",
+    "norms",
+    "mlp",
+    "positions",
+    "attention",
+    "losses",
+    "sampling",
+    "model",
+    "kv_cache",
+    "generation",
+    "training",
+)
+
+_MODEL_PARTS = (
+    "linear",
+    "embedding",
+    "softmax",
+    "silu",
+    "rmsnorm",
+    "layernorm",
+    "swiglu",
+    "gelu_mlp",
+    "rope",
+    "sinusoidal_positions",
+    "causal_mask",
+    "repeat_kv",
+    "scaled_dot_product_attention",
+    "flash_attention",
+    "multihead_self_attention",
+)
+# name -> the protocol names an implementation of it may call (directly or not): where a failing
+# test may trace back to.
+MAY_CALL = {
+    "swiglu": ("linear", "silu"),
+    "gelu_mlp": ("linear",),
+    "scaled_dot_product_attention": ("softmax", "repeat_kv", "causal_mask"),
+    "flash_attention": ("repeat_kv", "causal_mask"),
+    "multihead_self_attention": (
+        "linear",
+        "rope",
+        "repeat_kv",
+        "scaled_dot_product_attention",
+        "flash_attention",
+        "softmax",
+        "causal_mask",
+    ),
+    "cross_entropy": ("softmax",),
+    "lm_loss": ("cross_entropy", "softmax"),
+    "sampling_probs": ("softmax",),
+    "sample": ("sampling_probs", "softmax"),
+    **dict.fromkeys(("build_model", "forward", "canonical_state_dict", "count_parameters"), _MODEL_PARTS),
+    **dict.fromkeys(("new_cache", "cache_kv"), ("forward", *_MODEL_PARTS)),
+    "generate": ("forward", "new_cache", "sample", "sampling_probs", *_MODEL_PARTS),
+    "train_step": ("forward", "cross_entropy", "lm_loss", *_MODEL_PARTS),
+    "train": ("get_batch", "train_step", "forward", "cross_entropy", "lm_loss", *_MODEL_PARTS),
+    "evaluate": ("forward", "cross_entropy", "lm_loss", *_MODEL_PARTS),
+}
+# Names a correct version can stand in for inside an implementation: functions of tensors and
+# numbers. Model-bound names (built models, caches, optimizers) cannot be swapped one at a time.
+SUBSTITUTABLE = frozenset(COMPONENT_NAMES + SAMPLING_NAMES + ("get_batch", "kv_cache_bytes"))

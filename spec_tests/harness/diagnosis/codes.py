@@ -1,0 +1,68 @@
+"""The vocabulary of diagnosis causes: every cause a detector reports carries one of these codes.
+
+A code names a family of mistakes, never one test. Structural codes describe how the output differs
+(found from the tensors alone); ``knob:`` codes say which single knob of the reference, changed,
+reproduces the output; ``known_bug:<name>`` is a catalogued bug whose output the implementation
+reproduces. Seeded-bug measurements (``tests/independent``) list the codes that would name each bug
+correctly.
+"""
+
+from __future__ import annotations
+
+STRUCTURAL = {
+    "layout": "the output is a transpose or permutation of the expected one along named axes",
+    "scale": "the output is the expected one times a constant or per-row factor",
+    "shift": "the output is the expected one shifted by one (or a few) positions along an axis",
+    "noop": "the output equals one of the inputs: the operation was not applied",
+    "mask": "wrong only on or above the diagonal, or only in masked positions",
+    "boundary": "wrong only past some index, or only in the last block, window or chunk",
+    "precision": "the error is at the level of float32 rounding: precision, not math",
+    "rope_pairing": "wrong only in one half or in the odd channels: RoPE pairs the wrong channels",
+    "nan_rows": "whole rows are NaN: a row with every entry masked",
+    "causality": "earlier outputs change when later tokens change: the model sees the future",
+    "batch_mixing": "a sequence's output changes with the other sequences of the batch",
+    "sign": "the output is the expected one negated (or a rotation the wrong way)",
+    "dtype": "the output has the wrong dtype or device",
+    "shape": "the output has the wrong shape",
+}
+
+KNOBS = {
+    "rope_base": "the RoPE exponent uses the wrong base or step (d_model for d_head, i for 2i)",
+    "rope_theta": "RoPE uses another theta than the one given",
+    "rope_style": "RoPE pairs channels in the other style (interleaved vs half)",
+    "position_offset": "positions start at the wrong offset (do not continue, restart at 0, off by one)",
+    "eps_placement": "eps sits outside the square root, or is missing",
+    "eps_value": "eps has the wrong value (the argument is ignored)",
+    "variance_bias": "the variance is the unbiased (n-1) one instead of the biased one",
+    "mean_subtraction": "the mean is subtracted where it should not be, or not where it should",
+    "norm_weight": "the norm weight is missing, applied twice, or the wrong one is used",
+    "scale_constant": "the attention scale is wrong (none, sqrt(d_model), d_head instead of sqrt(d_head))",
+    "reduction_dim": "a reduction (softmax, mean, sum) runs over the wrong dimension",
+    "gqa_mapping": "query heads read the wrong key/value heads (tiled instead of interleaved)",
+    "mask_alignment": "the causal mask is aligned top-left instead of bottom-right, or shifted",
+    "mask_polarity": "the mask is inverted (True taken as masked)",
+    "activation": "the wrong activation (exact GELU for tanh, SiLU on the wrong branch, gate/up swapped)",
+    "sampling_order": "sampling filters applied in the wrong order or on the wrong distribution",
+    "top_k": "top-k keeps the wrong number of tokens",
+    "top_p_boundary": "the nucleus drops the token that crosses top_p, or keeps one too many",
+    "temperature": "the temperature is applied the wrong way (multiplied, applied twice, ignored)",
+    "ignore_index": "ignored targets are counted, or the mean is taken over the wrong count",
+    "label_shift": "labels are unshifted or shifted twice",
+    "loss_reduction": "the loss is summed, or averaged over the wrong count (mean of batch means)",
+    "init_std": "initial weights have the wrong standard deviation (no residual scaling)",
+    "clipping": "gradient clipping is missing, per-parameter, or applied after the step",
+    "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
+    "mode": "the module's training mode is wrong during the call or not restored after it",
+}
+
+PREFIX_KNOB = "knob:"
+PREFIX_KNOWN = "known_bug:"
+
+
+def is_valid(code: str) -> bool:
+    """True for a structural code, ``knob:<known knob>`` or ``known_bug:<name>``."""
+    if code in STRUCTURAL:
+        return True
+    if code.startswith(PREFIX_KNOB):
+        return code[len(PREFIX_KNOB) :] in KNOBS
+    return code.startswith(PREFIX_KNOWN) and len(code) > len(PREFIX_KNOWN)
