@@ -35,13 +35,17 @@ if str(ROOT) not in sys.path:  # the suite's plugin and the reference, uninstall
 
 from benchmarks import configs, contenders, hf_llama, timing  # noqa: E402
 
-pytest_plugins = ["spec_tests.plugin"]  # --impl, --device, the impl fixture
+pytest_plugins = ["spec_tests.harness.plugin"]  # the --spec-* options
 
 MEASURE_OPTIONS = ("benchmark_only", "benchmark_enable", "benchmark_json", "benchmark_save", "benchmark_autosave")
 
 
 def pytest_addoption(parser):
+    from spec_tests.harness.plugin import add_short_impl_option
+
+    add_short_impl_option(parser)
     group = parser.getgroup("bench", "transformer spec benchmarks")
+    group.addoption("--device", choices=("cpu", "cuda"), default=None, help="device (default: --spec-device, cpu)")
     group.addoption(
         "--bench-sizes",
         choices=("smoke", "full"),
@@ -78,14 +82,31 @@ def pytest_configure(config):
     config._bench_threads = config.getoption("bench_threads") or int(os.environ.get("SPEC_TORCH_THREADS", "1"))
     torch.set_num_threads(config._bench_threads)
     if config.getoption("benchmark_timer") == DEFAULT_TIMER:
-        config.option.benchmark_timer = f"time.{timing.clock_name(config.getoption('device'))}"
+        config.option.benchmark_timer = f"time.{timing.clock_name(bench_device(config))}"
     unknown = set(config.getoption("bench_contenders").split(",")) - set(contenders.CONTENDERS)
     if unknown:
         raise pytest.UsageError(f"--bench-contenders: unknown {sorted(unknown)}; known: {contenders.CONTENDERS}")
 
 
+def bench_device(config) -> str:
+    return config.getoption("device") or config.getoption("spec_device")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    return bench_device(request.config)
+
+
+@pytest.fixture(scope="session")
+def impl(request):
+    """The implementation under test (``--impl``), as the suite's Subject."""
+    from spec_tests.harness.plugin import session_of
+
+    return session_of(request.config).impl
+
+
 def bench_sizes(config) -> configs.DeviceSizes:
-    return configs.sizes_for(config.getoption("device"), config._bench_profile)
+    return configs.sizes_for(bench_device(config), config._bench_profile)
 
 
 def pytest_report_header(config):
@@ -122,7 +143,7 @@ ATTENTION_KERNELS = ("naive", "flash", "sdpa")
 
 def pytest_benchmark_update_machine_info(config, machine_info):
     """GPU name, torch/CUDA versions, threads and the run's sizes, saved with every result file."""
-    device = config.getoption("device")
+    device = bench_device(config)
     sizes = bench_sizes(config)
     info = {
         "torch": torch.__version__,
@@ -134,7 +155,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         "dtype": str(sizes.dtype).removeprefix("torch."),
         "sizes": config._bench_profile,
         "model_config": sizes.model,
-        "impl": config.getoption("impl"),
+        "impl": config.getoption("impl") or config.getoption("spec_impl") or "reference",
         "transformers": hf_llama.version() if hf_llama.available() else None,
         "python": platform.python_version(),
     }

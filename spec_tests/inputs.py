@@ -8,6 +8,8 @@ norm weights are not 1; positions do not start at 0; batch rows differ.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -88,3 +90,16 @@ def per_head(b: int, h: int, t: int, d: int, *, seed: int, dtype=torch.float64, 
 def probs_to_logits(probs, dtype=torch.float64, device="cpu") -> torch.Tensor:
     """Logits whose softmax is ``probs`` (plus an offset, to show the shift is irrelevant)."""
     return (torch.tensor(probs, dtype=torch.float64).log() + 3.0).to(dtype=dtype, device=device)
+
+
+class On:
+    """The input helpers above with ``device`` bound: ``spec.inputs.randn(3, 4, seed=1)``."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def __getattr__(self, name: str):
+        fn = globals()[name]
+        if not callable(fn) or "device" not in inspect.signature(fn).parameters:
+            raise AttributeError(f"inputs.{name} takes no device")
+        return functools.partial(fn, device=self.device)

@@ -1,10 +1,12 @@
-"""Model configs, canonical weights and builders shared by the model-level tests."""
+"""Model configs, canonical weights and builders shared by the model-level tests.
+
+Configs are judged in what the implementation supports (its ``CAPABILITIES``, see
+``spec_tests/protocol.py``): a config varies what the implementation can vary and keeps the rest at
+the protocol's defaults, so MHA-only, tied-only or fixed-``d_ff`` code still gets every behaviour
+check that applies to it.
+"""
 
 from __future__ import annotations
-
-import contextlib
-
-import torch
 
 from . import inputs
 from .inputs import S
@@ -41,16 +43,50 @@ CONFIGS = {"llama_gqa": LLAMA_GQA, "llama_mha": LLAMA_MHA, "gpt2": GPT2}
 EMBEDDING_STD = 0.1
 
 
-def configs_of(family: str) -> dict[str, dict]:
-    return {name: cfg for name, cfg in CONFIGS.items() if cfg["family"] == family}
-
-
 def n_kv(cfg: dict) -> int:
     return cfg.get("n_kv_heads") or cfg["n_heads"]
 
 
 def d_head(cfg: dict) -> int:
     return cfg["d_model"] // cfg["n_heads"]
+
+
+def supported(impl, cfg: dict, *, need=()) -> dict:
+    """``cfg`` as the implementation can run it, or a skip naming what it lacks.
+
+    ``need``: features the test is about ("gqa", "tied_head", "untied_head", "dropout"); lacking
+    one skips the test. Other features are moved to what the implementation supports: MHA for
+    GQA, the supported tying, ``d_ff = 4 d_model`` without ``free_d_ff``, ``rope_theta`` 10000
+    without ``rope_theta``.
+    """
+    impl.require_family(cfg.get("family", "llama"))
+    caps = impl.capabilities
+    cfg = dict(cfg)
+    grouped = n_kv(cfg) < cfg["n_heads"]
+    if grouped and "gqa" not in caps:
+        if "gqa" in need:
+            impl.require_capability("gqa")
+        cfg["n_kv_heads"] = cfg["n_heads"]
+    tie = "tied_head" if cfg.get("tie_embeddings", True) else "untied_head"
+    if tie not in caps:
+        if tie in need:
+            impl.require_capability(tie)
+        other = "untied_head" if tie == "tied_head" else "tied_head"
+        impl.require_capability(other)
+        cfg["tie_embeddings"] = other == "tied_head"
+    if cfg.get("dropout", 0.0) > 0:
+        impl.require_capability("dropout")
+    if "free_d_ff" not in caps:
+        cfg["d_ff"] = 4 * cfg["d_model"]
+    if "rope_theta" not in caps and cfg.get("family", "llama") == "llama":
+        cfg["rope_theta"] = 10000.0
+    return cfg
+
+
+def family_config(impl, family: str, *, need=(), **changes) -> dict:
+    """The richest config of ``family`` the implementation supports (GQA and tying where it can)."""
+    base = LLAMA_GQA if family == "llama" else GPT2
+    return supported(impl, dict(base, **changes), need=need)
 
 
 def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -61,7 +97,6 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     if gpt2:
         shapes["pos_embeddings.weight"] = (cfg["context_length"], d)
     for i in range(cfg["n_layers"]):
-        p = f"layers.{i}."
         layer = {
             "attn_norm.weight": (d,),
             "attn.wq.weight": (hq, d),
@@ -87,7 +122,7 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             )
         else:
             layer.update({"mlp.w_gate.weight": (f, d), "mlp.w_up.weight": (f, d), "mlp.w_down.weight": (d, f)})
-        shapes.update({p + k: s for k, s in layer.items()})
+        shapes.update({f"layers.{i}.{k}": s for k, s in layer.items()})
     shapes["final_norm.weight"] = (d,)
     if gpt2:
         shapes["final_norm.bias"] = (d,)
@@ -96,7 +131,7 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_state_dict(cfg: dict, *, seed: int, dtype=torch.float64, device="cpu") -> dict[str, torch.Tensor]:
+def random_state_dict(cfg: dict, *, seed: int, dtype="float64", device="cpu"):
     """Canonical weights at a scale that keeps activations O(1) and every component visible.
 
     Matrices ~ N(0, 1/fan_in), norm gains in [0.5, 1.5], biases ~ N(0, 0.3²), embeddings
@@ -104,6 +139,9 @@ def random_state_dict(cfg: dict, *, seed: int, dtype=torch.float64, device="cpu"
     (and greedy tokens) depend on the whole context. With N(0, 1) embeddings (tied) a model mostly
     echoes its last token, and cropping or sliding mistakes in generation go unseen.
     """
+    import torch
+
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     sd = {}
     for i, (name, shape) in enumerate(canonical_shapes(cfg).items()):
         s = seed * 1000 + i
@@ -118,31 +156,15 @@ def random_state_dict(cfg: dict, *, seed: int, dtype=torch.float64, device="cpu"
     return sd
 
 
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def build(m, cfg: dict, state_dict: dict | None = None, *, dtype=None, device=None):
-    """``m.build_model(cfg, state_dict)`` created in the weights' dtype and device, in eval mode.
-
-    The model is built under that default dtype and device so that no implementation rounds
-    float64 weights through float32 while loading them.
-    """
+def build(m, cfg: dict, state_dict: dict | None = None, **kw):
+    """``m.build_model(cfg, state_dict)`` in the weights' dtype and device, in eval mode (``m``: a subject)."""
     if state_dict is not None:
         first = next(iter(state_dict.values()))
-        dtype, device = dtype or first.dtype, device or first.device
-    dtype, device = dtype or torch.float64, device or "cpu"
-    with default_dtype(dtype), torch.device(device):
-        model = m.build_model(cfg, state_dict)
-    return model.to(device=device, dtype=dtype).eval()
+        kw.setdefault("dtype", str(first.dtype).removeprefix("torch."))
+        kw.setdefault("device", first.device.type)
+    return m.build(cfg, state_dict, **kw)
 
 
-def logits(m, cfg: dict, state_dict: dict, ids: torch.Tensor) -> torch.Tensor:
+def logits(m, cfg: dict, state_dict: dict, ids):
     """Logits of a freshly built model: ``[B, T, V]``."""
     return m.forward(build(m, cfg, state_dict), ids)

@@ -1,12 +1,16 @@
-"""Generation: greedy decoding equals the reference token for token, the cache never changes it,
-dropout never applies and the mode is restored, long prompts are cropped, generation slides past
-the context, and sampling filters are applied."""
+"""Generation: greedy decoding follows the model's own forward pass token for token (with and without
+the cache), long prompts are cropped and generation slides past the context, dropout never applies
+and the mode is restored, and the tokens are drawn from the filtered distribution.
+
+Generation is judged against the implementation's own forward pass (``oracles.greedy_teacher``),
+which ``test_model.py`` compares with the reference: a wrong model costs in the model only.
+"""
 
 import pytest
 import torch
 
-from . import inputs, models
-from .assertions import require, require_value_error
+from . import models, oracles
+from .harness.markers import judges
 from .models import CONFIGS
 
 pytestmark = pytest.mark.component("generation")
@@ -23,175 +27,233 @@ def slide_steps(cfg) -> int:
 
 @pytest.fixture(params=list(CONFIGS))
 def config(request, impl):
-    cfg = CONFIGS[request.param]
-    impl.require_family(cfg["family"])
-    return cfg
+    return models.supported(impl, CONFIGS[request.param], need=("gqa",) if request.param == "llama_gqa" else ())
 
 
-def greedy(m, cfg, sd, prompt, n, **kw):
-    """Greedy continuation of ``prompt`` by a freshly built model."""
-    return m.generate(models.build(m, cfg, sd), prompt, n, temperature=0.0, **kw)
+def prompt_for(spec, cfg, t=PROMPT_T, seed=41, b=2):
+    return spec.inputs.token_ids(b, t, vocab=cfg["vocab_size"], seed=seed)
 
 
-def prompt_for(cfg, t=PROMPT_T, seed=41, device="cpu"):
-    return inputs.token_ids(2, t, vocab=cfg["vocab_size"], seed=seed, device=device)
-
-
-def check_tokens(actual, expected, *, behaviour: str) -> None:
-    require(
+def check_tokens(spec, actual, expected, *, behaviour: str, causes=()) -> None:
+    spec.require(
         tuple(actual.shape) == tuple(expected.shape),
-        component="generation",
         behaviour=behaviour,
         found=f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}",
     )
     diff = torch.nonzero(actual.cpu() != expected.cpu())
     if len(diff):
         b, t = diff[0].tolist()
-        require(
+        spec.require(
             False,
-            component="generation",
             behaviour=behaviour,
+            causes=causes,
             found=f"first difference at sequence {b}, position {t}: expected token {int(expected[b, t])}, "
             f"got {int(actual[b, t])} ({len(diff)} tokens differ)",
         )
 
 
-@pytest.mark.bug_class("generation", "kv_cache")
+def greedy_case(spec, config, seeds, t, n, *, use_cache, behaviour, causes=()):
+    sd = models.random_state_dict(config, seed=seeds[0], device=spec.device)
+    model = models.build(spec.impl, config, sd)
+    prompt = prompt_for(spec, config, t=t, seed=seeds[1])
+    out = spec.impl.generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
+    check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
+    want = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=use_cache)
+    check_tokens(spec, out, want, behaviour=behaviour, causes=causes)
+
+
+@judges("generate", uses=("build_model", "forward", "new_cache"))
+@pytest.mark.bug_class("kv_cache", "sampling_order")
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-def test_greedy_matches_reference(spec, config, use_cache):
-    """Greedy generation (temperature 0) equals the reference's token for token, in float64 (course notes: generation)."""
-    sd = models.random_state_dict(config, seed=42, device=spec.device)
-    prompt = prompt_for(config, device=spec.device)
-    n = 12
-    out = spec.check(
-        lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache),
-        sd,
-        prompt,
-        component="generation",
-        behaviour=f"greedy generate(use_cache={use_cache}) of {n} tokens equals the reference",
+def test_greedy_generation_follows_the_model(spec, config, use_cache):
+    """Greedy generation (temperature 0) picks the argmax of the model's own next-token logits, token for token, with and without the cache (protocol: generate; course notes: generation)."""
+    greedy_case(
+        spec,
+        config,
+        (42, 41),
+        PROMPT_T,
+        12,
+        use_cache=use_cache,
+        behaviour=f"greedy generate(use_cache={use_cache}) of 12 tokens follows the model's own logits",
     )
-    check_tokens(out[:, :PROMPT_T], prompt, behaviour="generate returns the prompt followed by the new tokens")
 
 
+@judges("generate", uses=("build_model", "forward", "new_cache"))
 def test_generation_from_a_single_token(spec, config):
-    """A one-token prompt is extended like any other, equal to the reference (protocol: generate)."""
-    sd = models.random_state_dict(config, seed=55, device=spec.device)
-    prompt = prompt_for(config, t=1, seed=56, device=spec.device)
-    spec.check(
-        lambda m, sd, p: greedy(m, config, sd, p, 6),
-        sd,
-        prompt,
-        component="generation",
-        behaviour="greedy generation of 6 tokens from a 1-token prompt",
+    """A one-token prompt is extended like any other (protocol: generate)."""
+    greedy_case(
+        spec,
+        config,
+        (55, 56),
+        1,
+        6,
+        use_cache=True,
+        behaviour="greedy generation of 6 tokens from a 1-token prompt follows the model",
     )
 
 
+@judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("validation")
 def test_generate_rejects_an_empty_prompt(spec, family):
-    """A prompt with no tokens raises ValueError: there is nothing to condition on (protocol: generate, prompt [B, T]; bad input is a ValueError)."""
-    config = models.LLAMA_GQA if family == "llama" else models.GPT2
+    """A prompt with no tokens raises ValueError: there is nothing to condition on (protocol: generate, amendment 9)."""
+    config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=57, device=spec.device))
     empty = torch.zeros(2, 0, dtype=torch.long, device=spec.device)
-    require_value_error(
+    spec.raises(
+        ValueError,
         lambda: spec.impl.generate(model, empty, 3, temperature=0.0),
-        component="generation",
         behaviour="generate from a [2, 0] prompt raises ValueError",
     )
 
 
-@pytest.mark.bug_class("kv_cache")
-def test_cache_does_not_change_greedy_output(spec, config):
-    """use_cache changes speed, never the result of greedy decoding (protocol: generate)."""
-    sd = models.random_state_dict(config, seed=43, device=spec.device)
-    prompt = prompt_for(config, t=3, seed=44, device=spec.device)
-    model = models.build(spec.impl, config, sd)
-    n = config["context_length"] - 3 + 4  # fills the context and slides past it
-    with_cache = spec.impl.generate(model, prompt, n, temperature=0.0, use_cache=True)
-    without = spec.impl.generate(model, prompt, n, temperature=0.0, use_cache=False)
-    check_tokens(with_cache, without, behaviour=f"generate with and without the cache agree for {n} greedy tokens")
-
-
-@pytest.mark.bug_class("dropout_generation")
-@pytest.mark.parametrize("mode", ["train", "eval"])
-def test_generation_ignores_dropout_and_restores_mode(spec, family, mode):
-    """With dropout 0.5 and the model in training mode, generation equals generation in eval mode, and the mode is left as found (course notes: dropout accidentally enabled during generation)."""
-    config = dict(models.LLAMA_GQA if family == "llama" else models.GPT2, dropout=0.5)
-    sd = models.random_state_dict(config, seed=45, device=spec.device)
-    model = models.build(spec.impl, config, sd)
-    prompt = prompt_for(config, seed=46, device=spec.device)
-    reference_run = spec.impl.generate(model.eval(), prompt, 10, temperature=0.0)
-    model.train(mode == "train")
-    torch.manual_seed(0)
-    out = spec.impl.generate(model, prompt, 10, temperature=0.0)
-    modes = {m.training for m in model.modules()}
-    require(
-        modes == {mode == "train"},
-        component="generation",
-        behaviour=f"generate leaves a model in {mode} mode in {mode} mode",
-        found=f"after generate, module training flags are {sorted(modes)}",
-    )
-    check_tokens(
-        out, reference_run, behaviour=f"generation in {mode} mode with dropout 0.5 equals eval-mode generation"
-    )
-
-
-@pytest.mark.bug_class("cropping")
+@judges("generate", uses=("build_model", "forward", "new_cache"))
+@pytest.mark.bug_class("prompt_cropping")
 def test_long_prompt_is_cropped(spec, config):
     """A prompt longer than context_length conditions on its last context_length tokens (symptoms table: crop to the last context_length tokens)."""
-    sd = models.random_state_dict(config, seed=CROP_SEEDS[0], device=spec.device)
     ctx = config["context_length"]
-    prompt = prompt_for(config, t=ctx + 7, seed=CROP_SEEDS[1], device=spec.device)
-    out = spec.check(
-        lambda m, sd, p: greedy(m, config, sd, p, 5),
-        sd,
-        prompt,
-        component="generation",
-        behaviour=f"a {ctx + 7}-token prompt, context {ctx}: generation equals the reference's",
-    )
-    check_tokens(out[:, : ctx + 7], prompt, behaviour="generate returns the whole (uncropped) prompt first")
-    cropped = greedy(spec.impl, config, sd, prompt[:, -ctx:], 5)
-    check_tokens(
-        out[:, ctx + 7 :], cropped[:, ctx:], behaviour=f"a {ctx + 7}-token prompt continues like its last {ctx} tokens"
+    greedy_case(
+        spec,
+        config,
+        CROP_SEEDS,
+        ctx + 7,
+        5,
+        use_cache=True,
+        behaviour=f"a {ctx + 7}-token prompt, context {ctx}: each token follows the last {ctx} tokens",
+        causes=(
+            f"likely cause: the prompt is not cropped to its last {ctx} tokens before the forward pass "
+            "(or the first ones are kept). Fix: ids[:, -context_length:]",
+        ),
     )
 
 
-@pytest.mark.bug_class("cropping", "kv_cache")
+@judges("generate", uses=("build_model", "forward", "new_cache"))
+@pytest.mark.bug_class("prompt_cropping", "kv_cache")
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_generation_slides_past_the_context(spec, config, use_cache):
-    """Generating beyond context_length keeps going on the last context_length tokens, equal to the reference (protocol: generate)."""
-    sd = models.random_state_dict(config, seed=SLIDE_SEEDS[0], device=spec.device)
-    prompt = prompt_for(config, t=PROMPT_T, seed=SLIDE_SEEDS[1], device=spec.device)
+    """Generating beyond context_length keeps going on the last context_length tokens (protocol: generate)."""
     n = slide_steps(config)
-    spec.check(
-        lambda m, sd, p: greedy(m, config, sd, p, n, use_cache=use_cache),
-        sd,
-        prompt,
-        component="generation",
+    greedy_case(
+        spec,
+        config,
+        SLIDE_SEEDS,
+        PROMPT_T,
+        n,
+        use_cache=use_cache,
         behaviour=f"generating {n} tokens from {PROMPT_T} slides past context {config['context_length']}",
+        causes=(
+            "likely cause: once the sequence is longer than context_length, the window is not slid "
+            "(or a full cache keeps growing). Fix: feed the last context_length tokens (and start a "
+            "fresh cache, since every position shifts)",
+        ),
     )
 
 
+@judges("generate", uses=("build_model",))
+@pytest.mark.bug_class("mode_restore")
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_generate_restores_the_mode(spec, family, mode):
+    """generate leaves a model in the mode it found it in, every submodule included (protocol: generate)."""
+    config = models.family_config(spec.impl, family)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=45, device=spec.device))
+    spec.impl.set_training(model, mode == "train")
+    spec.impl.generate(model, prompt_for(spec, config, seed=46), 4, temperature=0.0)
+    flags = set(spec.impl.training_flags(model))
+    spec.require(
+        flags == {mode == "train"},
+        behaviour=f"a model in {mode} mode is in {mode} mode after generate",
+        found=f"after generate, module training flags are {sorted(flags)}",
+        causes=(
+            "likely cause: generate calls model.eval() (or model.train()) without restoring the "
+            "modes it found. Fix: remember each module's mode and put it back in a finally block",
+        ),
+    )
+
+
+@judges("generate", uses=("build_model",))
+@pytest.mark.bug_class("dropout_generation")
+def test_generation_ignores_dropout(spec, family):
+    """With dropout 0.5 and the model in training mode, generation equals generation in eval mode (course notes: dropout accidentally enabled during generation)."""
+    config = models.family_config(spec.impl, family, dropout=0.5)
+    sd = models.random_state_dict(config, seed=45, device=spec.device)
+    model = models.build(spec.impl, config, sd)
+    prompt = prompt_for(spec, config, seed=46)
+    want = spec.impl.generate(model, prompt, 10, temperature=0.0)
+    spec.impl.set_training(model, True)
+    spec.impl.manual_seed(0)
+    got = spec.impl.generate(model, prompt, 10, temperature=0.0)
+    check_tokens(
+        spec,
+        got,
+        want,
+        behaviour="generation in training mode with dropout 0.5 equals eval-mode generation",
+        causes=(
+            "likely cause: generate runs the model in training mode, so dropout is on. Fix: switch "
+            "to eval mode (and restore the mode afterwards)",
+        ),
+    )
+
+
+@judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("sampling_order", "top_k")
 def test_generate_applies_sampling_filters(spec, config):
     """generate samples from the filtered distribution: top_k=1, or a tiny top_p, is greedy whatever the temperature (course notes: sampling before the transforms)."""
-    sd = models.random_state_dict(config, seed=51, device=spec.device)
-    model = models.build(spec.impl, config, sd)
-    prompt = prompt_for(config, seed=52, device=spec.device)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=51, device=spec.device))
+    prompt = prompt_for(spec, config, seed=52)
     want = spec.impl.generate(model, prompt, 8, temperature=0.0)
     for kw in (dict(top_k=1), dict(top_p=1e-6)):
-        got = spec.impl.generate(
-            model, prompt, 8, temperature=1.7, generator=torch.Generator(spec.device).manual_seed(3), **kw
-        )
-        check_tokens(got, want, behaviour=f"generate(temperature=1.7, {kw}) equals greedy decoding")
+        gen = torch.Generator(spec.device).manual_seed(3)
+        got = spec.impl.generate(model, prompt, 8, temperature=1.7, generator=gen, **kw)
+        check_tokens(spec, got, want, behaviour=f"generate(temperature=1.7, {kw}) equals greedy decoding")
 
 
+@judges("generate", uses=("build_model",))
 def test_sampled_generation_is_reproducible(spec, config):
     """generate with generators seeded alike produces the same tokens (protocol: sample, reproducible per generator)."""
-    sd = models.random_state_dict(config, seed=53, device=spec.device)
-    model = models.build(spec.impl, config, sd)
-    prompt = prompt_for(config, seed=54, device=spec.device)
-    run = lambda: spec.impl.generate(
-        model, prompt, 10, temperature=1.2, top_p=0.9, generator=torch.Generator(spec.device).manual_seed(5)
-    )  # noqa: E731
-    first = run()
-    check_tokens(run(), first, behaviour="the same generator seed gives the same sampled continuation")
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=53, device=spec.device))
+    prompt = prompt_for(spec, config, seed=54)
+
+    def run():
+        gen = torch.Generator(spec.device).manual_seed(5)
+        return spec.impl.generate(model, prompt, 10, temperature=1.2, top_p=0.9, generator=gen)
+
+    check_tokens(spec, run(), run(), behaviour="the same generator seed gives the same sampled continuation")
+
+
+N_DRAWS = 4000
+
+
+@judges("generate", uses=("build_model", "forward", "sampling_probs"))
+@pytest.mark.bug_class("sampling_order", "top_p", "top_k")
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=0.7, top_p=0.9), dict(temperature=1.5, top_k=10)], ids=["t0.7,top_p0.9", "t1.5,top_k10"]
+)
+def test_generate_samples_from_sampling_probs(spec, kw):
+    """The first token generate draws follows sampling_probs of the model's last logits: the distribution generate really samples from, not only what sampling_probs returns (protocol: generate, sample).
+
+    4,000 copies of one prompt draw one token each; every frequency must lie within 5.5 standard
+    errors (plus 4e-3) of the probability, and no token outside the kept set may appear.
+    """
+    config = models.family_config(spec.impl, spec.impl.families[0])
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=58, device=spec.device))
+    prompt = prompt_for(spec, config, seed=59, b=1).expand(N_DRAWS, -1).contiguous()
+    probs = spec.impl.sampling_probs(spec.impl.forward(model, prompt[:1])[0, -1], **kw).double().cpu()
+    out = spec.impl.generate(model, prompt, 1, generator=torch.Generator(spec.device).manual_seed(0), **kw)
+    freq = torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
+    outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]
+    spec.require(
+        not outside,
+        behaviour=f"generate({kw}) draws only tokens sampling_probs keeps",
+        found=f"drew filtered-out tokens {outside[:10]}",
+        causes=(
+            "likely cause: generate samples from the raw (or only temperature-scaled) logits instead of "
+            "sampling_probs. Fix: draw from the filtered distribution",
+        ),
+    )
+    bound = 5.5 * (probs * (1 - probs) / N_DRAWS).sqrt() + 4e-3
+    worst = int(torch.argmax((freq - probs).abs() - bound))
+    spec.require(
+        bool(((freq - probs).abs() <= bound).all()),
+        behaviour=f"generate({kw}) draws its first token with sampling_probs' probabilities",
+        found=f"token {worst}: frequency {freq[worst]:.4f}, probability {probs[worst]:.4f} "
+        f"(allowed ±{bound[worst]:.4f})",
+    )

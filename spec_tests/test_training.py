@@ -6,61 +6,46 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from . import inputs, models
-from .assertions import assert_close, require, require_value_error
-from .tolerances import EXACT
+from . import models, oracles
+from .harness.markers import judges
+from .harness.tolerances import EXACT
 
 pytestmark = pytest.mark.component("training")
 
-CFG = models.LLAMA_GQA
 
-
-@pytest.fixture
-def llama(impl):
-    """Tests that build a model use the llama GQA config: skipped for implementations without llama."""
-    impl.require_family("llama")
-
-
+@judges("get_batch")
 @pytest.mark.bug_class("unshifted_labels", "get_batch")
 @pytest.mark.parametrize("as_numpy", [True, False], ids=["numpy", "tensor"])
 def test_get_batch_windows_and_shift(spec, as_numpy):
     """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on unshifted labels)."""
     data = np.arange(100, 160) if as_numpy else torch.arange(100, 160)
     x, y = spec.impl.get_batch(data, 5, 8, generator=torch.Generator().manual_seed(0), device=spec.device)
-    require(
+    spec.require(
         tuple(x.shape) == (5, 8) and tuple(y.shape) == (5, 8),
-        component="training",
         behaviour="x and y are [batch_size, context_length]",
         found=f"x {tuple(x.shape)}, y {tuple(y.shape)}",
     )
-    require(
+    spec.require(
         x.dtype == torch.long and y.dtype == torch.long,
-        component="training",
         behaviour="batches are long tensors",
         found=f"x {x.dtype}, y {y.dtype}",
     )
-    require(
-        x.device.type == spec.device,
-        component="training",
-        behaviour="batches are on the requested device",
-        found=f"on {x.device}",
-    )
-    consecutive = bool(((x[:, 1:] - x[:, :-1]) == 1).all())
-    require(
-        consecutive,
-        component="training",
+    spec.require(x.device.type == spec.device, behaviour="batches are on the requested device", found=f"on {x.device}")
+    spec.require(
+        bool(((x[:, 1:] - x[:, :-1]) == 1).all()),
         behaviour="each row of x is a contiguous window of the data",
         found=f"x[0] = {x[0].tolist()}",
     )
-    require(
+    spec.require(
         torch.equal(y, x + 1),
-        component="training",
         behaviour="y is x shifted one token ahead",
         found=f"x[0] = {x[0].tolist()}, y[0] = {y[0].tolist()}",
     )
 
 
+@judges("get_batch")
 @pytest.mark.bug_class("get_batch")
 def test_get_batch_reaches_every_start(spec):
     """Every start in [0, len - context_length - 1] is drawn and none beyond (protocol: get_batch)."""
@@ -71,202 +56,247 @@ def test_get_batch_reaches_every_start(spec):
         x, _ = spec.impl.get_batch(data, 10, ctx, generator=gen)
         starts.update(x[:, 0].tolist())
     want = set(range(len(data) - ctx))
-    require(
+    spec.require(
         starts == want,
-        component="training",
         behaviour=f"starts cover exactly 0..{len(data) - ctx - 1}",
         found=f"never drawn {sorted(want - starts)}, out of range {sorted(starts - want)}",
     )
 
 
+@judges("get_batch")
 @pytest.mark.bug_class("get_batch")
 def test_get_batch_with_exactly_enough_data(spec):
     """With exactly context_length + 1 tokens the only window is the whole data (protocol: get_batch)."""
     x, y = spec.impl.get_batch(torch.arange(10, 19), 1, 8, generator=torch.Generator().manual_seed(0))
-    require(
+    spec.require(
         x.tolist() == [list(range(10, 18))] and y.tolist() == [list(range(11, 19))],
-        component="training",
         behaviour="get_batch(9 tokens, batch 1, context 8) returns the one window there is",
         found=f"x {x.tolist()}, y {y.tolist()}",
     )
 
 
+@judges("get_batch")
 @pytest.mark.bug_class("validation")
 def test_get_batch_rejects_too_little_data(spec):
     """get_batch with fewer than context_length + 1 tokens raises ValueError (protocol: get_batch)."""
-    require_value_error(
+    spec.raises(
+        ValueError,
         lambda: spec.impl.get_batch(torch.arange(8), 2, 8),
-        component="training",
+        mention=("8",),
         behaviour="get_batch of 8 tokens for context_length 8 raises ValueError",
     )
 
 
-def two_steps(m, sd, x, y, optimizer_name, max_grad_norm):
+OPTIMIZERS = {"sgd": dict(lr=0.5), "adamw": dict(lr=1e-2, eps=1e-3)}  # AdamW's eps keeps tiny gradients' rounding small
+
+
+def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm):
     """Losses and weights after two train_steps from ``sd`` with one fresh optimizer.
 
     Two steps, because gradients left over from the first show up only in the second.
     """
-    model = models.build(m, CFG, sd)
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=0.5) if optimizer_name == "sgd" else torch.optim.AdamW(params, lr=1e-2)
+    model = models.build(m, cfg, sd)
+    opt = m.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     losses = [float(m.train_step(model, opt, x, y, max_grad_norm)) for _ in range(2)]
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
 
 
-@pytest.mark.bug_class("unshifted_labels", "clipping", "train_step")
-@pytest.mark.parametrize("optimizer_name", ["sgd", "adamw"])
+def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
+    """Two correct optimisation steps on the implementation's own model: its own loss and gradients
+    (``cross_entropy(forward(model, x), y)``), the optimizer and clipping applied here."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
+    params = list(leaves.values())
+    kw = OPTIMIZERS[optimizer]
+    opt = torch.optim.SGD(params, lr=kw["lr"]) if optimizer == "sgd" else torch.optim.AdamW(params, **kw)
+    losses = []
+    for _ in range(2):
+        facts = m.cross_entropy_grads(models.build(m, cfg, {k: v.detach() for k, v in leaves.items()}), x, y)
+        losses.append(facts["loss"])
+        for name, p in leaves.items():
+            p.grad = facts["grads"][name]
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"losses": losses, "weights": {k: v.detach() for k, v in leaves.items()}}
+
+
+@judges("train_step", uses=("build_model", "canonical_state_dict"))
+@pytest.mark.bug_class("unshifted_labels", "gradient_clipping", "training", "tied_weights")
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no-clip", "clip0.5"])
-def test_train_step_matches_reference(spec, llama, optimizer_name, max_grad_norm):
+def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     """train_step's losses and updated weights over two steps equal the reference's with the same optimizer, clipping by global norm when asked (protocol: train_step)."""
-    sd = models.random_state_dict(CFG, seed=61, device=spec.device)
-    ids = inputs.token_ids(3, 12, vocab=CFG["vocab_size"], seed=62, device=spec.device)
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=61, device=spec.device)
+    ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
     x, y = ids[:, :-1], ids[:, 1:]
     spec.check(
-        lambda m, sd, x, y: two_steps(m, sd, x, y, optimizer_name, max_grad_norm),
+        lambda m, sd, x, y: two_steps(m, config, sd, x, y, optimizer, max_grad_norm),
         sd,
         x,
         y,
         kind="training",
-        component="train_step",
-        behaviour=f"two train_steps with {optimizer_name} (max_grad_norm={max_grad_norm}): returned losses and new weights",
+        behaviour=f"two train_steps with {optimizer} (max_grad_norm={max_grad_norm}): returned losses and new weights",
+        rebase=(
+            ("forward", "build_model"),
+            lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
+        ),
     )
 
 
-def test_train_step_runs_in_training_mode(spec, llama):
-    """train_step runs the forward pass in training mode, even for a model handed over in eval mode (protocol: train_step)."""
-    sd = models.random_state_dict(CFG, seed=63, device=spec.device)
-    model = models.build(spec.impl, CFG, sd).eval()
-    seen = []
-    model.register_forward_pre_hook(lambda module, args: seen.append(module.training))
-    ids = inputs.token_ids(2, 9, vocab=CFG["vocab_size"], seed=64, device=spec.device)
-    spec.impl.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), ids[:, :-1], ids[:, 1:])
-    require(
-        seen and all(seen),
-        component="training",
-        behaviour="the forward pass of train_step sees model.training == True",
-        found=f"forward calls saw training={seen}",
+@judges("train_step", uses=("build_model", "forward"))
+@pytest.mark.bug_class("dropout_generation", "training")
+def test_train_step_runs_in_training_mode(spec, family):
+    """train_step runs the forward pass in training mode, even for a model handed over in eval mode, however it routes its calls (protocol: train_step).
+
+    With dropout (capability "dropout"), the loss train_step returns differs from the eval-mode loss
+    of the same weights; without it, every submodule that runs during the step must be in training mode.
+    """
+    config = models.family_config(
+        spec.impl, family, **({"dropout": 0.5} if "dropout" in spec.impl.capabilities else {})
+    )
+    sd = models.random_state_dict(config, seed=63, device=spec.device)
+    ids = spec.inputs.token_ids(2, 9, vocab=config["vocab_size"], seed=64)
+    x, y = ids[:, :-1], ids[:, 1:]
+    model = models.build(spec.impl, config, sd)  # eval mode
+    opt = spec.impl.make_optimizer(model, "sgd", 0.0)  # lr 0: the weights stay as they are
+    causes = (
+        "likely cause: train_step does not call model.train() (a model handed over in eval mode stays there). "
+        "Fix: model.train() before the forward pass",
+    )
+    if "dropout" in spec.impl.capabilities:
+        logits = spec.impl.forward(model, x)
+        eval_loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), y.reshape(-1)))
+        spec.impl.manual_seed(0)
+        loss = float(spec.impl.train_step(model, opt, x, y))
+        spec.require(
+            abs(loss - eval_loss) > 1e-6 * (1 + abs(eval_loss)),
+            causes=causes,
+            behaviour="with dropout 0.5, train_step's loss differs from the eval-mode loss (training mode)",
+            found=f"train_step returned {loss:.8g}, the eval-mode loss is {eval_loss:.8g}",
+        )
+        return
+    seen = spec.impl.observe_modes(model, "train_step", model, opt, x, y)["modes"]
+    if not seen:
+        pytest.skip("cannot observe the training mode: no submodule runs as a module, and dropout is not declared")
+    spec.require(
+        all(seen),
+        causes=causes,
+        behaviour="every submodule that runs in train_step is in training mode",
+        found=f"{seen.count(False)} of {len(seen)} module calls ran in eval mode",
     )
 
 
 CORPUS = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3] * 12)
 
 
-def test_tiny_model_overfits_tiny_corpus(spec, llama):
+@judges("train", uses=("build_model",))
+@pytest.mark.bug_class("training")
+def test_tiny_model_overfits_tiny_corpus(spec, family):
     """A small model trained with `train` memorises a repeating 16-token corpus (course notes: tiny training loop)."""
-    cfg = dict(CFG, vocab_size=10, dropout=0.0)
-    torch.manual_seed(0)
-    with models.default_dtype(torch.float32):
-        model = spec.impl.build_model(cfg).to(spec.device)
+    config = models.family_config(spec.impl, family, vocab_size=10, dropout=0.0)
+    model = spec.impl.build(config, None, dtype="float32", device=spec.device, seed=0, training=True)
     losses = spec.impl.train(model, CORPUS, steps=80, batch_size=8, context_length=16, lr=3e-3, seed=0)
-    require(
-        len(losses) == 80,
-        component="training",
-        behaviour="train returns one loss per step",
-        found=f"{len(losses)} losses",
-    )
+    spec.require(len(losses) == 80, behaviour="train returns one loss per step", found=f"{len(losses)} losses")
     # Uniform guessing costs ln(10) = 2.30; the corpus is a fixed cycle, so after the first
     # 16-token period every next token is determined and the loss can approach 0.
     final = sum(losses[-5:]) / 5
-    require(
+    spec.require(
         final < 0.5,
-        component="training",
         behaviour="the loss falls from ~ln(10) = 2.3 to below 0.5 in 80 steps",
         found=f"first {losses[0]:.3f}, mean of last five {final:.3f}",
     )
 
 
-def test_train_is_deterministic_for_a_seed(spec, llama):
-    """`train` from the same weights with the same seed gives the same losses (protocol: train)."""
-    cfg = dict(CFG, dropout=0.1)
-    sd = models.random_state_dict(cfg, seed=65, dtype=torch.float32, device=spec.device)
-    runs = [
-        spec.impl.train(
-            models.build(spec.impl, cfg, sd).train(),
-            CORPUS % cfg["vocab_size"],
-            steps=4,
-            batch_size=4,
-            context_length=10,
-            seed=3,
-        )
-        for _ in range(2)
-    ]
-    require(
-        runs[0] == runs[1], component="training", behaviour="same seed, same losses", found=f"{runs[0]} vs {runs[1]}"
-    )
-    default = spec.impl.train(
-        models.build(spec.impl, cfg, sd).train(), CORPUS % cfg["vocab_size"], steps=4, batch_size=4, context_length=10
-    )
-    seed0 = spec.impl.train(
-        models.build(spec.impl, cfg, sd).train(),
-        CORPUS % cfg["vocab_size"],
-        steps=4,
-        batch_size=4,
-        context_length=10,
-        seed=0,
-    )
-    require(
+@judges("train", uses=("build_model",))
+@pytest.mark.bug_class("training")
+def test_train_is_deterministic_for_a_seed(spec, family):
+    """`train` from the same weights with the same seed gives the same losses, and its default seed is 0 (protocol: train)."""
+    dropout = {"dropout": 0.1} if "dropout" in spec.impl.capabilities else {}
+    config = models.family_config(spec.impl, family, **dropout)
+    sd = models.random_state_dict(config, seed=65, dtype="float32", device=spec.device)
+    data = CORPUS % config["vocab_size"]
+
+    def run(**seed):
+        model = models.build(spec.impl, config, sd, training=True)
+        return spec.impl.train(model, data, steps=4, batch_size=4, context_length=10, **seed)
+
+    first, again = run(seed=3), run(seed=3)
+    spec.require(first == again, behaviour="same seed, same losses", found=f"{first} vs {again}")
+    default, seed0 = run(), run(seed=0)
+    spec.require(
         default == seed0,
-        component="training",
         behaviour="train's default seed is 0 (protocol: train)",
         found=f"{default} without a seed vs {seed0} with seed=0",
     )
 
 
-EVAL_DATA = inputs.token_ids(61, vocab=CFG["vocab_size"], seed=66)  # 60 predictions: 5 windows of 11 + one of 5
+EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
 
 
+@judges("evaluate", uses=("build_model", "forward"))
 @pytest.mark.bug_class("evaluation")
 @pytest.mark.parametrize(
     "n_tokens,context_length,batch_size",
     [(61, 11, 2), (61, 11, 8), (40, 7, 3), (2, 5, 8)],
     ids=["61/11/b2", "61/11/b8", "40/7/b3", "2-tokens"],
 )
-def test_evaluate_matches_reference(spec, llama, n_tokens, context_length, batch_size):
-    """evaluate's loss is total NLL / number of predicted tokens over consecutive windows (a short last one counts by its tokens) and perplexity = exp(loss) (course notes: evaluation loss and perplexity)."""
-    sd = models.random_state_dict(CFG, seed=67, device=spec.device)
-    data = EVAL_DATA[:n_tokens]
-    result = spec.check(
-        lambda m, sd: m.evaluate(models.build(m, CFG, sd), data, context_length, batch_size=batch_size),
-        sd,
-        kind="loss",
-        component="evaluate",
-        behaviour=f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size})",
+def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batch_size):
+    """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a short last one counts by its tokens), and perplexity = exp(loss) (course notes: evaluation loss and perplexity)."""
+    config = models.family_config(spec.impl, family)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=67, device=spec.device))
+    data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()[:n_tokens]
+    got = spec.impl.evaluate(model, data, context_length, batch_size=batch_size)
+    want = oracles.evaluate_teacher(spec.impl, model, data, context_length, spec.device)
+    spec.close(
+        got,
+        want,
+        kind="model",
+        behaviour=f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) "
+        "= the model's own token-weighted loss",
     )
-    require(
-        math.isclose(result["perplexity"], math.exp(result["loss"]), rel_tol=1e-12),
-        component="evaluate",
+    spec.require(
+        math.isclose(got["perplexity"], math.exp(got["loss"]), rel_tol=1e-12),
         behaviour="perplexity = exp(loss)",
-        found=f"perplexity {result['perplexity']}, exp(loss) {math.exp(result['loss'])}",
+        found=f"perplexity {got['perplexity']}, exp(loss) {math.exp(got['loss'])}",
     )
 
 
+@judges("evaluate", uses=("build_model",))
+@pytest.mark.bug_class("evaluation", "mode_restore")
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
+    """evaluate computes no gradients and leaves the model in the mode it found (protocol: evaluate)."""
+    config = models.family_config(spec.impl, family)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=68, device=spec.device))
+    spec.impl.set_training(model, mode == "train")
+    data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()
+    spec.impl.evaluate(model, data, 11)
+    flags = set(spec.impl.training_flags(model))
+    spec.require(
+        flags == {mode == "train"},
+        behaviour=f"evaluate leaves a model in {mode} mode in {mode} mode",
+        found=f"after evaluate, module training flags are {sorted(flags)}",
+    )
+    grads = spec.impl.grads_present(model)
+    spec.require(grads == 0, behaviour="evaluate computes no gradients", found=f"{grads} parameters have .grad set")
+
+
+@judges("evaluate", uses=("build_model",))
 @pytest.mark.bug_class("evaluation", "dropout_generation")
-def test_evaluate_without_dropout_or_grad_and_mode_restored(spec, llama):
-    """evaluate uses no dropout and no gradients, and leaves the model in the mode it found (protocol: evaluate)."""
-    cfg = dict(CFG, dropout=0.5)
-    sd = models.random_state_dict(cfg, seed=68, device=spec.device)
-    model = models.build(spec.impl, cfg, sd)
-    clean = spec.impl.evaluate(model.eval(), EVAL_DATA, 11)
-    model.train()
-    torch.manual_seed(1)
-    noisy = spec.impl.evaluate(model, EVAL_DATA, 11)
-    assert_close(
+def test_evaluate_ignores_dropout(spec, family):
+    """evaluate of a model in training mode with dropout equals evaluate in eval mode (protocol: evaluate, no dropout)."""
+    config = models.family_config(spec.impl, family, dropout=0.5)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=68, device=spec.device))
+    data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()
+    clean = spec.impl.evaluate(model, data, 11)
+    spec.impl.set_training(model, True)
+    spec.impl.manual_seed(1)
+    noisy = spec.impl.evaluate(model, data, 11)
+    spec.close(
         noisy["loss"],
         clean["loss"],
         tol=EXACT,
-        component="evaluate",
-        behaviour="evaluate of a model in training mode with dropout 0.5 equals evaluate in eval mode",
-    )
-    require(
-        all(m.training for m in model.modules()),
-        component="evaluate",
-        behaviour="evaluate restores training mode",
-        found="some modules were left in eval mode",
-    )
-    grads = [p for p in model.parameters() if p.grad is not None]
-    require(
-        not grads,
-        component="evaluate",
-        behaviour="evaluate computes no gradients",
-        found=f"{len(grads)} parameters have .grad set",
+        behaviour="evaluate in training mode with dropout 0.5 equals evaluate in eval mode",
     )

@@ -1,63 +1,6 @@
-"""Bug classes, and the spec test files meant to catch each.
+"""The bug classes live in ``spec_tests/bug_classes.py`` (the suite's markers need them where the
+catalog is not shipped); re-exported here for the catalog."""
 
-``tools/bugcheck.py`` fails a catalogued bug that is caught only by test files *unrelated* to its
-class: a bug killed by accident (a crash somewhere else) shows a hole in the tests that are about
-it. Names match the suite's ``bug_class`` markers where one exists. Files are test-module stems.
-"""
+from ..bug_classes import BUG_CLASSES, related_files
 
-from __future__ import annotations
-
-ATTENTION, MODEL, CACHE, GENERATION = "test_attention", "test_model", "test_kv_cache", "test_generation"
-SAMPLING, TRAINING, LOSSES, POSITIONS = "test_sampling", "test_training", "test_losses", "test_positions"
-PRIMITIVES, NORMS, MLP = "test_primitives", "test_norms", "test_mlp"
-
-# class -> (what it is, the test files meant to catch it)
-BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "layout": ("wrong tensor layout after reshape/transpose", (PRIMITIVES, ATTENTION, MODEL)),
-    "mask_broadcast": ("mask broadcast over the wrong axes", (ATTENTION,)),
-    "masking": ("mask applied at the wrong stage", (ATTENTION,)),
-    "softmax_dim": ("softmax over the wrong dimension", (PRIMITIVES, ATTENTION)),
-    "causality": ("no causal mask: the model sees the future", (ATTENTION, MODEL, CACHE)),
-    "causal_mask": ("causal mask aligned top-left instead of bottom-right", (ATTENTION, CACHE, MODEL)),
-    "attention_scale": ("scores not scaled by 1/sqrt(d_head)", (ATTENTION,)),
-    "stability": ("exp of a large number: no max subtraction", (PRIMITIVES, LOSSES, ATTENTION)),
-    "flash": ("online softmax bookkeeping", (ATTENTION,)),
-    "gqa": ("grouped-query head sharing", (ATTENTION, MODEL, CACHE)),
-    "rope": ("rotary embedding rotation or positions", (POSITIONS, ATTENTION, MODEL)),
-    "rope_frequency": ("wrong RoPE frequency exponent", (POSITIONS, ATTENTION, MODEL)),
-    "rope_on_values": ("RoPE applied to values", (ATTENTION, MODEL, CACHE)),
-    "rope_q_only": ("RoPE applied to queries only", (ATTENTION, MODEL, CACHE)),
-    "sinusoidal": ("sinusoidal position table", (POSITIONS,)),
-    "rmsnorm": ("RMSNorm formula (eps placement)", (NORMS, MODEL)),
-    "layernorm": ("LayerNorm formula (variance)", (NORMS, MODEL)),
-    "precision": ("statistics in too low a precision", (NORMS,)),
-    "swiglu": ("SwiGLU gate and up projections", (MLP, MODEL)),
-    "gelu": ("GELU variant", (MLP, MODEL)),
-    "norm_placement": ("post-LN or a missing norm", (MODEL,)),
-    "tied_weights": ("tied weights copied instead of shared", (MODEL, TRAINING)),
-    "init": ("initialisation scale", (MODEL,)),
-    "validation": ("bad configuration accepted silently", (MODEL, POSITIONS)),
-    "kv_cache": ("KV cache layout or contents", (CACHE, GENERATION)),
-    "cache_positions": ("positions do not continue in the cache", (CACHE, GENERATION)),
-    "prompt_cropping": ("no cropping to the last context_length tokens", (GENERATION,)),
-    "dropout_generation": ("dropout on during generation", (GENERATION,)),
-    "mode_restore": ("the module's train/eval mode not restored", (GENERATION, TRAINING)),
-    "sampling_order": ("sampling before the temperature/top-k/top-p transforms", (SAMPLING, GENERATION)),
-    "top_p": ("nucleus boundary", (SAMPLING,)),
-    "top_k": ("top-k count", (SAMPLING,)),
-    "unshifted_labels": ("loss on unshifted labels", (LOSSES, TRAINING)),
-    "ignore_index": ("ignored targets counted", (LOSSES,)),
-    "evaluation": ("evaluation loss weighting or mode", (TRAINING,)),
-    "training": ("optimisation step", (TRAINING,)),
-    "gradient_clipping": ("gradient clipping", (TRAINING,)),
-    "get_batch": ("batch sampling windows", (TRAINING,)),
-    "memory": ("KV cache memory accounting", (CACHE, MODEL)),
-}
-
-
-def related_files(bug_class: str) -> tuple[str, ...]:
-    """The test-file stems meant to catch bugs of ``bug_class``."""
-    try:
-        return BUG_CLASSES[bug_class][1]
-    except KeyError:
-        raise ValueError(f"unknown bug class {bug_class!r}; known: {sorted(BUG_CLASSES)}") from None
+__all__ = ["BUG_CLASSES", "related_files"]

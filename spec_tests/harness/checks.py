@@ -1,0 +1,304 @@
+"""The per-test ``spec`` object: how a test judges an implementation.
+
+- ``spec.call(name, *args, **kwargs)``: the implementation's ``name`` on the inputs against the
+  reference's on float64 copies (the subject is the function's name);
+- ``spec.check(compute, *args, subject=...)``: the same for ``compute(subject_like, *args)``;
+- ``spec.expected(compute, *args)``: the reference's value only;
+- ``spec.close(actual, expected)``: values the test computed itself (relations: the implementation
+  against its own other outputs);
+- ``spec.require(condition, ...)`` and ``spec.raises(ValueError, call, ...)``.
+
+Each records one ``CheckResult`` (``results.py``) and raises ``SpecFailure`` when it fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import tolerance_measurement
+from .compare import mismatch, shape_note
+from .results import CheckResult
+from .subject import ImplementationError, NotImplementedInImpl
+from .tolerances import Tolerance, tolerance
+from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
+
+
+class SpecFailure(AssertionError):
+    """A behaviour the implementation does not meet; the message is the whole report.
+
+    ``diagnose`` (when set) explains the failure on demand: the plugin asks for it only when the
+    failure is charged to this test, not when a root-cause rerun shows it is a consequence.
+    """
+
+    def __init__(self, result: CheckResult | str, diagnose: Callable[[], tuple[list, list]] | None = None):
+        self.result = result if isinstance(result, CheckResult) else None
+        self._diagnose = diagnose
+        super().__init__(result.message() if isinstance(result, CheckResult) else result)
+
+    def run_diagnosis(self) -> None:
+        if self._diagnose is None or self.result is None:
+            return
+        diagnose, self._diagnose = self._diagnose, None
+        lines, codes = diagnose()
+        self.result.causes, self.result.cause_codes = [*self.result.causes, *lines], list(codes)
+        self.args = (self.result.message(),)
+
+    def __str__(self) -> str:
+        return self.result.message() if self.result is not None else super().__str__()
+
+
+class ConsequenceFailure(SpecFailure):
+    """A failure that disappears when failing upstream names are corrected: charged to ``root``."""
+
+    def __init__(self, result: CheckResult, root):
+        super().__init__(result)
+        self.root = list(root)
+
+
+class Spec:
+    """What a test needs: the subject under test, expected values, and the device."""
+
+    def __init__(
+        self,
+        impl,
+        expectations,
+        device: str,
+        test_id: str,
+        component: str,
+        subjects=(),
+        *,
+        sink=None,
+        failing=lambda names: [],
+    ):
+        self.impl, self.expectations, self.device = impl, expectations, device
+        self.failing = failing  # names -> those of them failing their own tests in this session
+        self.test_id, self.component, self.subjects = test_id, component, tuple(subjects)
+        self.results: list[CheckResult] = sink if sink is not None else []
+        self._labels: dict[str, int] = {}
+        from .. import inputs
+
+        self.inputs = inputs.On(device)
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _key(self, label: str | None) -> str:
+        label = label or "value"
+        n = self._labels.get(label, 0)
+        self._labels[label] = n + 1
+        return f"{self.test_id}::{label}#{n}"
+
+    def _result(self, subject: str | None, behaviour: str, **fields) -> CheckResult:
+        subject = subject or (self.subjects[0] if self.subjects else "")
+        result = CheckResult(self.test_id, subject, self.component, behaviour, **fields)
+        self.results.append(result)
+        return result
+
+    def _tolerance(self, kind: str, value, tol: Tolerance | None) -> Tolerance:
+        if tol is not None:
+            return tol
+        dtype = floating_dtype(value) or torch.float64
+        return tolerance(kind, dtype if dtype in (torch.float32, torch.float64) else torch.float32, self.device)
+
+    # ---------------------------------------------------------------------------------- checks
+    def expected(self, compute: Callable, *args, label: str | None = None):
+        """``compute(reference, *args)`` with floating inputs promoted to float64."""
+        args64 = to_float64(args)
+        return self.expectations.value(self._key(label), lambda ref: compute(ref, *args64), args64)
+
+    def call(
+        self,
+        name: str,
+        *args,
+        behaviour: str,
+        kind: str = "pointwise",
+        label: str | None = None,
+        tol: Tolerance | None = None,
+        axes: str | None = None,
+        hint: str | None = None,
+        **kwargs,
+    ):
+        """The implementation's ``name(*args, **kwargs)`` against the reference's; returns the actual value."""
+        return self.check(
+            lambda m, *a: getattr(m, name)(*a, **kwargs),
+            *args,
+            subject=name,
+            behaviour=behaviour,
+            kind=kind,
+            label=label,
+            tol=tol,
+            axes=axes,
+            call=(name, kwargs),
+            hint=hint,
+        )
+
+    def check(
+        self,
+        compute: Callable,
+        *args,
+        behaviour: str,
+        subject: str | None = None,
+        kind: str = "pointwise",
+        label: str | None = None,
+        tol: Tolerance | None = None,
+        axes: str | None = None,
+        call=None,
+        rebase=None,
+        hint: str | None = None,
+    ):
+        """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
+
+        The tolerance is the table's math tolerance for ``kind``, unless ``tol`` is given.
+
+        ``rebase = (names, own)``: when the check fails while some of ``names`` (model-bound names
+        that cannot be swapped for correct ones) fail their own tests, ``own()`` gives what a correct
+        subject computes on top of the implementation's own (failing) upstream. Matching it makes the
+        failure a consequence of those names; not matching it leaves the failure charged here.
+        """
+        pristine = clone_tensors(args)
+        actual = compute(self.impl, *args)
+        changed = modified_inputs(pristine, args)
+        if changed:
+            self.require(
+                False,
+                subject=subject,
+                behaviour="Inputs are never modified in place (protocol v1, Conventions)",
+                found=f"the implementation changed input(s) {changed} during the call",
+            )
+        key = self._key(label)
+        args64 = to_float64(pristine)
+        expected = self.expectations.value(key, lambda ref: compute(ref, *args64), args64)
+        subject = subject or (self.subjects[0] if self.subjects else "")
+        self.expectations.observe_check(key, subject, lambda bug: compute(bug, *pristine))
+        tol = self._tolerance(kind, args, tol)
+        if tolerance_measurement.enabled():
+            tolerance_measurement.record(kind, self.test_id, actual, expected, floating_dtype(args))
+        found = mismatch(actual, expected, tol)
+        result = self._result(subject, behaviour, kind="compare", tolerance=tol.describe())
+        if found is None:
+            return actual
+        result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
+        result.note = shape_note(actual, expected)
+        if hint:
+            result.causes.append(hint)
+        if rebase is not None:
+            self._rebase(result, rebase, actual, tol)
+
+        def diagnose():
+            from .diagnosis import diagnose as run
+
+            return run(
+                subject=subject,
+                call=call,
+                args64=args64,
+                actual=actual,
+                expected=expected,
+                tol=tol,
+                axes=axes,
+                rope_style=self.impl.rope_style,
+                known_bugs=lambda: self.expectations.known_bugs(
+                    key, subject, lambda bug: compute(bug, *pristine), actual, tol
+                ),
+            )
+
+        raise SpecFailure(result, diagnose)
+
+    def _rebase(self, result: CheckResult, rebase, actual, tol: Tolerance) -> None:
+        names, own = rebase
+        failing = self.failing(names)
+        if not failing:
+            return
+        if mismatch(actual, own(), tol) is None:
+            names = ", ".join(failing)
+            result.found = (
+                f"consequence of failing {names}: the result differs from the reference's but equals what a correct "
+                f"{result.subject} computes with your own {names}. Fix {names} first.\n  (it failed with: "
+                f"{result.found})"
+            )
+            raise ConsequenceFailure(result, failing)
+        result.advice.append(
+            f"it also differs from what a correct {result.subject} computes with your own {', '.join(failing)}"
+        )
+
+    def close(
+        self,
+        actual,
+        expected,
+        *,
+        behaviour: str,
+        subject: str | None = None,
+        kind: str | None = None,
+        tol: Tolerance | None = None,
+        axes: str | None = None,
+    ):
+        """Compare two values the test computed (a relation); ``kind`` picks a math tolerance."""
+        if tol is None:
+            tol = self._tolerance(kind or "pointwise", expected, None)
+        found = mismatch(actual, expected, tol)
+        result = self._result(subject, behaviour, kind="relation", tolerance=tol.describe())
+        if found is None:
+            return
+        result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
+        result.note = shape_note(actual, expected)
+
+        def diagnose():
+            from .diagnosis import diagnose as run
+
+            return run(
+                subject=subject,
+                call=None,
+                args64=None,
+                actual=actual,
+                expected=expected,
+                tol=tol,
+                axes=axes,
+                rope_style=self.impl.rope_style,
+                known_bugs=list,
+            )
+
+        raise SpecFailure(result, diagnose)
+
+    def require(
+        self, condition: bool, *, behaviour: str, found: str, subject: str | None = None, causes: tuple[str, ...] = ()
+    ) -> None:
+        """Fail with ``found`` unless ``condition`` holds. ``causes``: diagnosis lines the test can state."""
+        result = self._result(subject, behaviour, kind="require")
+        if condition:
+            return
+        result.outcome, result.found, result.causes = "failed", found, list(causes)
+        raise SpecFailure(result)
+
+    def raises(
+        self,
+        exc_type: type[BaseException],
+        call: Callable,
+        *,
+        behaviour: str,
+        subject: str | None = None,
+        mention: tuple[str, ...] = (),
+    ) -> None:
+        """Fail unless ``call()`` raises ``exc_type`` (the protocol's contract).
+
+        ``mention``: values a good message names. A message without them is advice shown with the
+        result, never a failure: the protocol fixes the exception type and condition, not the wording.
+        """
+        result = self._result(subject, behaviour, kind="raises")
+        try:
+            call()
+        except NotImplementedInImpl:
+            raise
+        except ImplementationError as exc:
+            if exc.is_a(exc_type):
+                missing = [s for s in mention if s not in exc.message]
+                if missing:
+                    result.advice.append(
+                        f"advice: the {exc.type_name} message {exc.message!r} does not mention {missing}; "
+                        "naming the bad values helps whoever reads it"
+                    )
+                return
+            result.outcome, result.found = "failed", f"raised {exc.type_name} instead: {exc.message}"
+            if exc.where:
+                result.found += f" (at {exc.where})"
+            raise SpecFailure(result) from None
+        result.outcome, result.found = "failed", f"no error was raised (expected {exc_type.__name__})"
+        raise SpecFailure(result)

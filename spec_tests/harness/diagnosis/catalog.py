@@ -1,0 +1,64 @@
+"""Naming a failure after a catalogued bug by comparing outputs, not names.
+
+When a check fails, the catalogued bugs that change its subject (``spec_tests.bugs``) are run on the
+same inputs; those reproducing the implementation's output are named. An implementation written
+independently with the same mistake therefore gets the same line. The catalog is optional (student
+handouts ship without it, and use the bug outputs recorded with the expected values instead).
+"""
+
+from __future__ import annotations
+
+from ..compare import mismatch
+from ..tolerances import Tolerance
+
+# The catalog tags bugs by the checks they change; model-level checks judge these protocol names.
+CATALOG_GROUPS = {
+    "forward": ("model",),
+    "canonical_state_dict": ("model",),
+    "count_parameters": ("model",),
+    "build_model": ("model", "init"),
+    "kv_cache_bytes": ("model",),
+    "new_cache": ("kv_cache",),
+    "cache_kv": ("kv_cache",),
+    "generate": ("generation",),
+    "sampling_probs": ("sampling",),
+    "sample": ("sampling",),
+    "train_step": ("train_step", "training"),
+    "train": ("training",),
+    "get_batch": ("training",),
+    "evaluate": ("evaluate",),
+}
+
+
+def bug_subjects(subject: str, rope_style: str) -> list:
+    """``[(bug, reference-like subject), ...]`` for the catalogued bugs that change ``subject``'s checks."""
+    try:
+        from ...bugs import CATALOG, load_bug
+    except ImportError:
+        return []
+    from ..subject import reference_subject
+
+    tags = {subject, *CATALOG_GROUPS.get(subject, ())}
+    return [
+        (bug, reference_subject(rope_style, load_bug(bug.name), label=f"bug:{bug.name}"))
+        for bug in CATALOG.values()
+        if tags & set(bug.components)
+    ]
+
+
+def matching_bugs(subject: str, compute_on, actual, tol: Tolerance, rope_style: str) -> list:
+    """The catalogued bugs whose output on the check's inputs matches ``actual`` within ``tol``."""
+    matches = []
+    for bug, bug_subject in bug_subjects(subject, rope_style):
+        try:
+            out = compute_on(bug_subject)
+        except Exception:  # noqa: BLE001 - a bug that cannot run on these inputs cannot be the one
+            continue
+        if mismatch(actual, out, tol) is None:
+            matches.append(bug)
+    return matches
+
+
+def known_bug_lines(bugs) -> list[str]:
+    """``matches known bug <name>: <explanation>. Fix: <fix>`` for each bug."""
+    return [f"matches known bug {b.name}: {b.explanation}. Fix: {b.fix}" for b in bugs]

@@ -1,0 +1,174 @@
+"""Operations on an implementation's models that tests need beyond the protocol's own calls.
+
+Each operation is a plain function ``op(impl, *args)`` where ``impl`` gives attribute access to
+the implementation's protocol functions. The same code runs in the test process (local subjects)
+and in the grading worker next to the submission (``worker.py`` dispatches on ``OPS``), so what a
+test learns about a module comes back as plain data (tensors, numbers, lists, dicts) or opaque
+handles, never as a verdict computed beside the submission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _dtype(dtype) -> torch.dtype:
+    return DTYPES[dtype] if isinstance(dtype, str) else dtype
+
+
+def build(impl, config: dict, state_dict=None, dtype="float64", device="cpu", seed=None, training=False):
+    """``build_model(config, state_dict)`` created under the weights' dtype and device (protocol amendment 1).
+
+    Then ``.to(device, dtype)`` and eval mode (training mode with ``training=True``). With ``seed``,
+    the global RNG is seeded first (fresh initialisation). ``device="meta"`` builds without memory
+    and skips the move.
+    """
+    dtype = _dtype(dtype)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with default_dtype(dtype), torch.device(device):
+        model = impl.build_model(config, state_dict)
+    if device != "meta":
+        model = model.to(device=device, dtype=dtype)
+    return model.train(training)
+
+
+def set_training(impl, model, training: bool) -> None:
+    model.train(training)
+
+
+def training_flags(impl, model) -> list[bool]:
+    """``module.training`` of every submodule, in ``model.modules()`` order."""
+    return [bool(m.training) for m in model.modules()]
+
+
+def manual_seed(impl, seed: int) -> None:
+    """Seed the global RNG (dropout masks, samplers that ignore the protocol's generator)."""
+    torch.manual_seed(seed)
+
+
+def make_optimizer(impl, model, kind: str, lr: float, eps: float = 1e-8):
+    """A fresh ``SGD`` or ``AdamW`` over ``model.parameters()``."""
+    params = list(model.parameters())
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, eps=eps)
+    raise ValueError(f"make_optimizer: unknown optimizer {kind!r}; known: sgd, adamw")
+
+
+def _storage_ids(tensors) -> list[int]:
+    """Small integers naming each tensor's storage (the same number for shared storage)."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault((t.untyped_storage().data_ptr(), t.device.type), len(ids)) for t in tensors]
+
+
+def parameter_facts(impl, model) -> dict:
+    """Shapes and storage of every parameter, and which one holds ``tok_embeddings.weight``.
+
+    ``storage`` numbers tell shared parameters apart without leaking addresses; ``embedding`` is the
+    index of the parameter whose storage holds the canonical token embedding (None if none does).
+    """
+    params = list(model.parameters())
+    emb = impl.canonical_state_dict(model)["tok_embeddings.weight"]
+    storages = _storage_ids([*params, emb])
+    matches = [i for i, p in enumerate(params) if storages[i] == storages[-1] and tuple(p.shape) == tuple(emb.shape)]
+    return {
+        "shapes": [list(p.shape) for p in params],
+        "storage": storages[:-1],
+        "embedding": matches[0] if len(matches) == 1 else None,
+        "n_embedding_matches": len(matches),
+    }
+
+
+def embedding_grad(impl, model, ids):
+    """The gradient reaching the token-embedding parameter from ``forward(model, ids).pow(2).mean()``."""
+    facts = parameter_facts(impl, model)
+    impl.forward(model, ids).pow(2).mean().backward()
+    if facts["embedding"] is None:
+        return None
+    return list(model.parameters())[facts["embedding"]].grad
+
+
+def grads_present(impl, model) -> int:
+    """How many parameters hold a ``.grad``."""
+    return sum(p.grad is not None for p in model.parameters())
+
+
+def observe_modes(impl, model, name: str, args: list, kwargs: dict) -> dict:
+    """Call ``impl.<name>(*args, **kwargs)`` and record ``training`` of every submodule each time one runs.
+
+    Hooks sit on every submodule, so the observation holds however the code routes its calls
+    (``model(x)``, ``forward(model, x)``, a method): as long as some submodule runs as a module.
+    """
+    seen: list[bool] = []
+    hooks = [m.register_forward_pre_hook(lambda mod, _: seen.append(bool(mod.training))) for m in model.modules()]
+    try:
+        result = getattr(impl, name)(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {"result": result, "modes": seen}
+
+
+def cross_entropy_grads(impl, model, x, y) -> dict:
+    """Loss and gradients of ``cross_entropy(forward(model, x), y)`` under canonical names.
+
+    The relation ``train_step`` must satisfy on the implementation's own model (used to tell a
+    training failure caused by a failing model from one of the training step itself).
+    """
+    for p in model.parameters():
+        p.grad = None
+    logits = impl.forward(model, x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    canonical = impl.canonical_state_dict(model)
+    params = list(model.parameters())
+    storages = _storage_ids([*params, *canonical.values()])
+    by_storage = {storages[i]: p for i, p in enumerate(params)}
+    grads = {}
+    for j, name in enumerate(canonical):
+        p = by_storage.get(storages[len(params) + j])
+        grads[name] = None if p is None or p.grad is None else p.grad.detach().clone()
+    for p in params:
+        p.grad = None
+    return {"loss": float(loss.item()), "grads": grads}
+
+
+OPS = {
+    fn.__name__: fn
+    for fn in (
+        build,
+        set_training,
+        training_flags,
+        manual_seed,
+        make_optimizer,
+        parameter_facts,
+        embedding_grad,
+        grads_present,
+        observe_modes,
+        cross_entropy_grads,
+    )
+}
+# The protocol names each operation calls (a test using an operation needs them provided).
+OP_USES = {
+    "build": ("build_model",),
+    "parameter_facts": ("canonical_state_dict",),
+    "embedding_grad": ("canonical_state_dict", "forward"),
+    "cross_entropy_grads": ("forward", "canonical_state_dict"),
+}

@@ -1,0 +1,319 @@
+"""The pytest plugin behind ``pytest spec_tests --impl=NAME``.
+
+Registered as a ``pytest11`` entry point (and by ``spec_tests/conftest.py`` where the suite is not
+installed, as in a student handout). It is a good citizen of other projects' test runs: its options
+all start with ``--spec-`` (the short ``--impl`` is added by ``spec_tests/conftest.py``, only when
+the suite itself is collected), its fixtures live in that conftest, and it changes nothing (torch
+threads, Hypothesis settings, test order) unless spec tests are collected.
+
+For spec tests it: loads the implementation as a ``Subject``; checks that every name a test judges
+or uses is provided before any setup runs ("not provided" -> skip); runs components upstream first;
+turns failures into one-line reports; reruns a failing test with failing upstream names replaced by
+correct ones to tell consequences from causes (``rootcause.py``); attaches every check's typed result
+to the report; and applies the implementation's expected-failure list.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ..protocol import COMPONENT_ORDER
+from . import markers, rootcause
+from .loading import ACCEPTED_FORMS, ImplImportError, ImplUsageError, load_implementation
+from .results import RESULTS_KEY, VERDICT_KEY
+
+SUITE_DIR = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("spec", "transformer spec suite (spec_tests)")
+    group.addoption(
+        "--spec-impl",
+        dest="spec_impl",
+        default=None,
+        help=f"implementation to check: {ACCEPTED_FORMS} (also --impl; default: $SPEC_IMPL or reference)",
+    )
+    group.addoption("--spec-device", dest="spec_device", default="cpu", choices=("cpu", "cuda"), help="device (cpu)")
+    group.addoption(
+        "--spec-xfails",
+        dest="spec_xfails",
+        default=None,
+        help="TOML file of expected failures, [xfail] 'test id' = 'reason' (default: the implementation's SPEC_XFAILS)",
+    )
+    group.addoption(
+        "--spec-capabilities",
+        dest="spec_capabilities",
+        default=None,
+        help="comma-separated capabilities to judge, overriding the implementation's CAPABILITIES (grading)",
+    )
+    group.addoption(
+        "--spec-tb", dest="spec_tb", action="store_true", help="show full tracebacks of the implementation's errors"
+    )
+    group.addoption(
+        "--spec-record",
+        dest="spec_record",
+        metavar="DIR",
+        default=None,
+        help="also record every expected value (live reference) to DIR/expected-<ROPE_STYLE>.pt",
+    )
+    group.addoption(
+        "--spec-replay",
+        dest="spec_replay",
+        metavar="DIR",
+        default=None,
+        help="take expected values from DIR/expected-<ROPE_STYLE>.pt (default where the suite ships recordings)",
+    )
+
+
+def add_short_impl_option(parser) -> None:
+    """``--impl``, the short form of ``--spec-impl``, for conftests of this project's own folders.
+
+    Registered by ``spec_tests/conftest.py`` (and ``benchmarks/conftest.py``), so it exists only when
+    those folders are collected; a second registration in the same run is skipped.
+    """
+    try:
+        parser.getgroup("spec").addoption(
+            "--impl",
+            dest="impl",
+            default=None,
+            help="implementation to check (same as --spec-impl; default: $SPEC_IMPL or reference)",
+        )
+    except ValueError:  # already registered by the other conftest
+        pass
+
+
+def pytest_configure(config):
+    for line in markers.MARKERS:
+        config.addinivalue_line("markers", line)
+    config._spec = None
+
+
+class Session:
+    """The suite's state for one pytest session: the subject, expected values, failing names."""
+
+    def __init__(self, config):
+        self.config = config
+        self.impl = make_subject(config)
+        self.device = config.getoption("spec_device")
+        self.registry = rootcause.FailureRegistry()
+        self._expectations = None
+        self.torch_threads = None
+
+    @property
+    def expectations(self):
+        if self._expectations is None:
+            from .expectations import expectations_for
+
+            self._expectations = expectations_for(self.config, self.impl.rope_style, self.device)
+        return self._expectations
+
+    @property
+    def reference(self):
+        """The live reference subject, or None (replaying a recording, as a handout does)."""
+        return getattr(self.expectations, "reference", None)
+
+
+def impl_spec(config) -> str:
+    return (
+        config.getoption("spec_impl", None)
+        or getattr(config.option, "impl", None)
+        or os.environ.get("SPEC_IMPL", "reference")
+    )
+
+
+def make_subject(config):
+    from .subject import LocalSubject
+
+    spec = impl_spec(config)
+    caps = config.getoption("spec_capabilities")
+    capabilities = None if caps is None else [c.strip() for c in caps.split(",") if c.strip()]
+    try:
+        obj, label = load_implementation(spec)
+        return LocalSubject(obj, label, capabilities=capabilities)
+    except (ImplUsageError, ImplImportError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def session_of(config) -> Session:
+    if config._spec is None:
+        config._spec = Session(config)
+    return config._spec
+
+
+def is_spec_item(item) -> bool:
+    path = getattr(item, "path", None)
+    return (
+        path is not None and SUITE_DIR in Path(path).resolve().parents and "spec" in getattr(item, "fixturenames", ())
+    )
+
+
+def _xfails(config, impl) -> dict[str, str]:
+    source = config.getoption("spec_xfails") or getattr(impl.obj, "SPEC_XFAILS", None)
+    if source is None:
+        return {}
+    if isinstance(source, dict):
+        return dict(source)
+    path = Path(source)
+    if not path.is_absolute() and getattr(impl.obj, "__file__", None) and not path.exists():
+        path = Path(impl.obj.__file__).parent / path
+    try:
+        table = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise pytest.UsageError(f"expected-failure file {path}: {exc}") from None
+    return dict(table.get("xfail", {}))
+
+
+def test_id(item) -> str:
+    return item.nodeid.split("spec_tests/", 1)[-1]
+
+
+def pytest_collection_modifyitems(config, items):
+    spec_items = [item for item in items if is_spec_item(item)]
+    if not spec_items:
+        return
+    state = session_of(config)
+    bad = [(test_id(i), p) for i in spec_items for p in markers.problems(i)]
+    if bad:
+        raise pytest.UsageError("spec tests with bad markers:\n" + "\n".join(f"  {t}: {p}" for t, p in bad))
+    import torch
+
+    from . import hypothesis_profiles
+
+    # The suite's tensors are tiny: one thread is fastest, and on a shared 2-core machine a spinning
+    # thread pool makes a 50 us matmul take milliseconds. SPEC_TORCH_THREADS overrides.
+    state.torch_threads = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("SPEC_TORCH_THREADS", "1")))
+    if state.device == "cuda":
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--spec-device cuda: torch.cuda.is_available() is False on this machine")
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32
+        torch.backends.cudnn.allow_tf32 = False
+    hypothesis_profiles.apply(spec_items, config)
+
+    # upstream components first, so that a consequence can be told from its cause
+    rank = {c: i for i, c in enumerate(COMPONENT_ORDER)}
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda i: (rank.get(markers.component_of(i), -1) if is_spec_item(i) else -1, position[id(i)]))
+
+    xfails = _xfails(config, state.impl)
+    matched = set()
+    for item in spec_items:
+        key = test_id(item)
+        key = key if key in xfails else item.nodeid if item.nodeid in xfails else None
+        if key:
+            matched.add(key)
+            reason = f"expected failure for {state.impl.label}: {xfails[key]}"
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    stale = sorted(set(xfails) - matched)
+    if stale:  # harmless when only part of the suite was collected; otherwise a stale entry
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(f"{len(stale)} expected-failure entries match no collected test: {stale[:5]}"), 2
+        )
+
+
+def pytest_sessionfinish(session):
+    state = session.config._spec
+    if state is None:
+        return
+    from . import tolerance_measurement
+
+    tolerance_measurement.dump()
+    recording = getattr(session.config, "_spec_recording", None)
+    if recording is not None:
+        recording.save()
+    if state.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(state.torch_threads)
+
+
+def pytest_report_header(config):
+    if config._spec is None and not any(Path(a).resolve() == SUITE_DIR for a in config.args if os.path.exists(a)):
+        return None
+    try:
+        impl = session_of(config).impl
+    except pytest.UsageError:
+        return None
+    spec = impl_spec(config)
+    hint = (
+        "  (the reference: the ground truth itself. To check your code: --impl=student or --impl=path/to/code)"
+        if spec == "reference"
+        else ""
+    )
+    caps = ",".join(sorted(impl.capabilities))
+    return (
+        f"spec suite: checking {impl.label}{hint}\n"
+        f"  ROPE_STYLE={impl.rope_style} FAMILIES={','.join(impl.families)} CAPABILITIES={caps} "
+        f"device={config.getoption('spec_device')}"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# running one test
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if not is_spec_item(item):
+        return
+    state = session_of(item.config)
+    subjects, uses = markers.subjects_of(item)
+    item._spec_run = rootcause.ItemRun(test_id(item), markers.component_of(item), subjects, uses)
+    state.impl.begin_test()
+    state.impl.require(*subjects, *uses)  # subject first: skip before any setup runs
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    run = getattr(item, "_spec_run", None)
+    if run is None:
+        return (yield)
+    try:
+        result = yield
+    except BaseException as exc:
+        state = session_of(item.config)
+        spec = item.funcargs.get("spec")
+
+        def rerun():
+            if spec is not None:
+                spec.results, spec._labels = [], {}
+            item.runtest()
+
+        saved = list(run.results)
+        raised = rootcause.judge_failure(item, run, exc, state.impl, state.reference, state.registry, rerun)
+        run.results[:] = saved if raised is exc else [*saved, *(raised.result and [raised.result] or [])]
+        run.failure = raised
+        if raised is exc:
+            raise
+        raise raised from None
+    run.set_verdict("passed")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    run = getattr(item, "_spec_run", None)
+    if run is None:
+        return report
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        if report.skipped and run.verdict is None:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            run.set_verdict("xfailed" if hasattr(report, "wasxfail") else "skipped", message=str(reason))
+        elif hasattr(report, "wasxfail") and run.verdict is not None:
+            run.verdict.status = "xfailed" if report.skipped else run.verdict.status
+        report.user_properties.append((RESULTS_KEY, [r.to_json() for r in run.results]))
+        if run.verdict is not None:
+            report.user_properties.append((VERDICT_KEY, run.verdict.to_json()))
+    if report.failed and call.excinfo is not None and not item.config.getoption("spec_tb"):
+        from .terminal import short_report
+
+        line = short_report(call.excinfo.value)
+        if line:
+            report.longrepr = line
+    return report

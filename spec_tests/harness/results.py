@@ -1,0 +1,97 @@
+"""The typed result of every check: one record that the terminal, recordings, the kill matrix,
+grading and the tolerance measurement all read, instead of parsing message text.
+
+Results travel on pytest's reports as JSON data: ``report.user_properties`` holds
+``("spec_results", [CheckResult.to_json(), ...])`` and ``("spec_test", TestVerdict.to_json())``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+RESULTS_KEY = "spec_results"
+VERDICT_KEY = "spec_test"
+
+# Outcomes of a check. "error": the implementation raised; "setup": a name the test needed but does
+# not judge failed; "not_implemented": NotImplementedError.
+CHECK_OUTCOMES = ("passed", "failed", "error", "setup", "not_implemented")
+
+
+@dataclass
+class CheckResult:
+    test: str  # test id relative to spec_tests/
+    subject: str  # the protocol name judged
+    component: str  # the test's component (rubric group)
+    behaviour: str  # what is checked, in words
+    outcome: str = "passed"
+    kind: str = "compare"  # compare | relation | require | raises | precision
+    tolerance: str = ""  # the tolerance, described
+    ratio: float | None = None  # worst |error| / allowed; None when categorical or passed
+    where: str = ""  # index or path of the worst entry
+    found: str = ""  # what differs, one line
+    note: str = ""  # shapes and dtypes
+    causes: list[str] = field(
+        default_factory=list
+    )  # diagnosis lines, ranked ("likely cause: ..." / "matches known bug ...")
+    cause_codes: list[str] = field(default_factory=list)  # codes of the confident causes (diagnosis/codes.py)
+    advice: list[str] = field(default_factory=list)  # shown, never failing (e.g. an error message not naming the value)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome != "passed"
+
+    def message(self) -> str:
+        head = f"[{self.subject}] {self.behaviour}" if self.subject else self.behaviour
+        lines = [head, f"  {self.found}"] if self.found else [head]
+        lines += [f"  {x}" for x in (self.note, *self.causes, *self.advice) if x]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        if data["ratio"] is not None and not math.isfinite(data["ratio"]):
+            data["ratio"] = None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> CheckResult:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class TestVerdict:
+    """How a whole test ended, for grading and summaries.
+
+    ``status``: passed | failed | consequence | not_implemented | setup | skipped | xfailed | error.
+    ``consequence``: the test failed, and passed again with ``root_cause`` (failing upstream names)
+    replaced by correct versions: its failure is charged to them, not to this test.
+    """
+
+    test: str
+    component: str
+    subjects: list[str]
+    status: str
+    root_cause: list[str] = field(default_factory=list)
+    message: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> TestVerdict:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def results_of(report) -> list[CheckResult]:
+    """The check results attached to a pytest report."""
+    for key, value in getattr(report, "user_properties", ()):
+        if key == RESULTS_KEY:
+            return [CheckResult.from_json(v) for v in value]
+    return []
+
+
+def verdict_of(report) -> TestVerdict | None:
+    for key, value in getattr(report, "user_properties", ()):
+        if key == VERDICT_KEY:
+            return TestVerdict.from_json(value)
+    return None

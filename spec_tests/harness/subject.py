@@ -1,0 +1,350 @@
+"""The implementation under test as tests see it: a ``Subject``.
+
+A test calls protocol functions on its subject (``subject.rmsnorm(x, w)``) and asks it for model
+operations (``subject.build(config, weights)``, ``subject.training_flags(model)``). The same interface
+is served in-process (``LocalSubject``: the ``--impl`` module, the reference, a catalogued bug) and
+by a sandboxed worker process (``remote.RemoteSubject``, grading), so a test is written once.
+
+A name the implementation does not define is "not provided": the test is skipped. A name that
+raises ``NotImplementedError`` is "not implemented": a one-line failure. Any other exception raised
+by the implementation under test becomes an ``ImplementationError`` that says where it was raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import sys
+import traceback
+
+import pytest
+
+from ..protocol import (
+    ALL_CAPABILITIES,
+    ALL_FAMILIES,
+    CAPABILITIES,
+    DEFAULT_ROPE_STYLE,
+    PROTOCOL_NAMES,
+    ROPE_STYLES,
+)
+from . import model_ops
+
+
+class NotImplementedInImpl(BaseException):
+    """A protocol function reported ``NotImplementedError``; carries its name.
+
+    A ``BaseException`` on purpose: Hypothesis then stops at the first example instead of
+    shrinking a failure that every input reproduces, and no ``except Exception`` in a test or in
+    the implementation can swallow it.
+    """
+
+    def __init__(self, name: str, inner: str = ""):
+        self.name, self.inner = name, inner
+        super().__init__(name if inner in ("", name) else f"{inner} (reached through {name})")
+
+
+class ImplementationError(Exception):
+    """The implementation raised while the suite called ``name``.
+
+    ``type_names`` are the names of the exception's classes (its MRO), so that checks for an
+    exception type work the same for an exception object (local) and for its description (remote).
+    """
+
+    def __init__(self, name: str, type_names: tuple[str, ...], message: str, where: str = "", original=None):
+        self.name, self.type_names, self.message, self.where = name, tuple(type_names), message, where
+        self.original = original
+        text = f"{type_names[0]}: {message}" if message else type_names[0]
+        super().__init__(text + (f"\n  raised at {where}" if where else "") + f" (reached through {name})")
+
+    @property
+    def type_name(self) -> str:
+        return self.type_names[0]
+
+    def is_a(self, exc_type: type[BaseException]) -> bool:
+        return exc_type.__name__ in self.type_names
+
+
+def safe_text(value, limit: int = 2000) -> str:
+    """``str(value)``, never raising, without lone surrogates or control characters, capped."""
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises must not decide anything
+        return f"<unprintable {type(value).__name__}>"
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    text = "".join(c for c in text if c in "\n\t" or c.isprintable())
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
+
+
+class Subject:
+    """The interface tests use; see the module docstring. Subclasses serve calls and operations."""
+
+    label: str
+    rope_style: str
+    families: tuple[str, ...]
+    capabilities: frozenset[str]
+
+    def provides(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def require(self, *names: str) -> None:
+        """Skip the calling test unless every name is provided."""
+        missing = [n for n in names if not self.provides(n)]
+        if missing:
+            pytest.skip(f"not provided by {self.label}: {', '.join(missing)}")
+
+    def require_family(self, family: str) -> None:
+        if family not in self.families:
+            pytest.skip(f"not provided by {self.label}: family {family!r} (FAMILIES = {self.families})")
+
+    def require_capability(self, *capabilities: str) -> None:
+        missing = [c for c in capabilities if c not in self.capabilities]
+        if missing:
+            pytest.skip(f"not provided by {self.label}: capability {', '.join(missing)} (CAPABILITIES)")
+
+    def op(self, name: str, *args):
+        raise NotImplementedError
+
+    # model operations (model_ops.py), by name
+    def build(self, config, state_dict=None, *, dtype="float64", device="cpu", seed=None, training=False):
+        dtype = str(dtype).removeprefix("torch.")
+        return self.op("build", config, state_dict, dtype, str(device), seed, training)
+
+    def set_training(self, model, training: bool) -> None:
+        self.op("set_training", model, bool(training))
+
+    def training_flags(self, model) -> list[bool]:
+        return self.op("training_flags", model)
+
+    def manual_seed(self, seed: int) -> None:
+        self.op("manual_seed", int(seed))
+
+    def make_optimizer(self, model, kind: str, lr: float, eps: float = 1e-8):
+        return self.op("make_optimizer", model, kind, float(lr), float(eps))
+
+    def parameter_facts(self, model) -> dict:
+        return self.op("parameter_facts", model)
+
+    def embedding_grad(self, model, ids):
+        return self.op("embedding_grad", model, ids)
+
+    def grads_present(self, model) -> int:
+        return self.op("grads_present", model)
+
+    def observe_modes(self, model, name: str, *args, **kwargs) -> dict:
+        return self.op("observe_modes", model, name, list(args), dict(kwargs))
+
+    def cross_entropy_grads(self, model, x, y) -> dict:
+        return self.op("cross_entropy_grads", model, x, y)
+
+    # root-cause reruns
+    def substituted(self, replacements: dict):
+        """A context in which each named protocol function is replaced by ``replacements[name]``."""
+        raise NotImplementedError
+
+    # per-test bookkeeping
+    def begin_test(self) -> None:
+        self.calls: set[str] = set()
+
+
+def declared_attributes(obj, label: str) -> tuple[str, tuple[str, ...], frozenset[str]]:
+    """``ROPE_STYLE``, ``FAMILIES`` and ``CAPABILITIES`` of an implementation, validated."""
+    families = tuple(getattr(obj, "FAMILIES", ALL_FAMILIES))
+    unknown = [f for f in families if f not in ALL_FAMILIES]
+    if unknown:
+        raise ValueError(f"{label}: FAMILIES lists unknown families {unknown}; known: {ALL_FAMILIES}")
+    rope_style = getattr(obj, "ROPE_STYLE", DEFAULT_ROPE_STYLE)
+    if rope_style not in ROPE_STYLES:
+        raise ValueError(f"{label}: ROPE_STYLE must be one of {ROPE_STYLES}, got {rope_style!r}")
+    capabilities = getattr(obj, "CAPABILITIES", ALL_CAPABILITIES)
+    if isinstance(capabilities, str):
+        raise ValueError(f"{label}: CAPABILITIES must be a collection of names, got the string {capabilities!r}")
+    unknown = [c for c in capabilities if c not in CAPABILITIES]
+    if unknown:
+        raise ValueError(f"{label}: CAPABILITIES lists unknown capabilities {unknown}; known: {ALL_CAPABILITIES}")
+    return rope_style, families, frozenset(capabilities)
+
+
+# The reference's options that select the RoPE pairing (see docs/protocol.md, amendment 6).
+STYLE_KEYWORD = {"rope": "style", "multihead_self_attention": "rope_style", "build_model": "rope_style"}
+
+
+class _Calls:
+    """Attribute access to a subject's protocol functions, for model operations."""
+
+    def __init__(self, subject: LocalSubject):
+        self._subject = subject
+
+    def __getattr__(self, name: str):
+        return getattr(self._subject, name)
+
+
+class LocalSubject(Subject):
+    """An implementation in this process: a module or any object with the protocol's names.
+
+    ``bind_style`` (the reference and catalogued bugs): calls get the reference-only RoPE style
+    option of ``rope_style``. ``under_test``: exceptions become ``ImplementationError`` (the
+    reference's own exceptions are the suite's bugs and keep their tracebacks).
+    """
+
+    def __init__(
+        self,
+        obj,
+        label: str,
+        *,
+        rope_style: str | None = None,
+        bind_style: bool = False,
+        under_test: bool = True,
+        capabilities=None,
+        roots: tuple[str, ...] | None = None,
+    ):
+        self.obj, self.label, self.bind_style, self.under_test = obj, label, bind_style, under_test
+        declared_style, self.families, declared = declared_attributes(obj, label)
+        self.rope_style = rope_style or declared_style
+        self.capabilities = frozenset(capabilities) if capabilities is not None else declared
+        self.roots = roots if roots is not None else source_roots(obj)
+        self._replaced: dict[str, object] = {}
+        self.calls = set()
+
+    def __repr__(self) -> str:
+        return f"LocalSubject({self.label})"
+
+    def provides(self, name: str) -> bool:
+        return getattr(self.obj, name, None) is not None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in PROTOCOL_NAMES:
+            raise AttributeError(f"{name!r} is not a protocol v1 name")
+        self.require(name)
+        self.calls.add(name)
+        fn = self._replaced.get(name) or getattr(self.obj, name)
+        if self.bind_style and name in STYLE_KEYWORD:
+            fn = functools.partial(fn, **{STYLE_KEYWORD[name]: self.rope_style})
+        return self._wrap(fn, name) if self.under_test else fn
+
+    def _wrap(self, fn, name: str):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except (NotImplementedInImpl, ImplementationError):
+                raise
+            except NotImplementedError as exc:
+                raise NotImplementedInImpl(name, safe_text(exc)) from None
+            except Exception as exc:  # noqa: BLE001 - whatever the implementation raised is reported, not re-raised raw
+                raise self.describe(exc, name) from exc
+
+        return call
+
+    def describe(self, exc: BaseException, name: str) -> ImplementationError:
+        names = tuple(c.__name__ for c in type(exc).__mro__ if c is not object)
+        return ImplementationError(name, names, safe_text(exc), innermost_frame(exc, self.roots), original=exc)
+
+    def op(self, name: str, *args):
+        return model_ops.OPS[name](_Calls(self), *args)
+
+    @contextlib.contextmanager
+    def substituted(self, replacements: dict):
+        """Rebind each named function in the implementation's own modules (and on the subject)."""
+        originals = {name: getattr(self.obj, name) for name in replacements if self.provides(name)}
+        patched = []
+        for module in implementation_modules(self.obj, self.roots):
+            for attr, value in list(vars(module).items()):
+                for name, original in originals.items():
+                    if value is original:
+                        setattr(module, attr, replacements[name])
+                        patched.append((module, attr, value))
+        saved = dict(self._replaced)
+        self._replaced.update(replacements)
+        try:
+            yield
+        finally:
+            self._replaced = saved
+            for module, attr, value in patched:
+                setattr(module, attr, value)
+
+
+def source_roots(obj) -> tuple[str, ...]:
+    """Where an implementation's code lives: its package folder or file (or in-memory label)."""
+    module = obj if inspect.ismodule(obj) else inspect.getmodule(type(obj)) or inspect.getmodule(obj)
+    if module is None:
+        return ()
+    file = getattr(module, "__file__", None)
+    if file:
+        path = os.path.realpath(file)
+        return (os.path.dirname(path) + os.sep,) if hasattr(module, "__path__") else (path,)
+    origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+    return (origin.rsplit("/", 1)[0] + "/",) if origin.startswith("<") else ()
+
+
+def implementation_modules(obj, roots: tuple[str, ...]) -> list:
+    """The loaded modules whose code lies under ``roots`` (and the implementation object itself)."""
+    found = [obj] if inspect.ismodule(obj) or hasattr(obj, "__dict__") else []
+    package = getattr(obj, "__name__", "") if inspect.ismodule(obj) else ""
+    for module in list(sys.modules.values()):
+        if module is None or module is obj:
+            continue
+        file = getattr(module, "__file__", None)
+        if file and any(os.path.realpath(file).startswith(r) or os.path.realpath(file) == r for r in roots):
+            found.append(module)
+        elif package and module.__name__.startswith(package + "."):
+            found.append(module)
+    return found
+
+
+def innermost_frame(exc: BaseException, roots: tuple[str, ...]) -> str:
+    """``file:line in function`` of the innermost traceback frame inside the implementation."""
+    if not roots:
+        return ""
+    where = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        real = os.path.realpath(frame.filename) if not frame.filename.startswith("<") else frame.filename
+        for root in roots:
+            if real.startswith(root) or real == root:
+                base = os.path.dirname(root.rstrip(os.sep)) if not root.startswith("<") else ""
+                shown = os.path.relpath(real, base) if base else real
+                where = f"{shown}:{frame.lineno} in {frame.name}"
+    return where
+
+
+# --------------------------------------------------------------------------------------------
+# The reference as a subject
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def reference_module():
+    """The live reference package (absent from student handouts)."""
+    import reference
+
+    return reference
+
+
+def reference_subject(rope_style: str, module=None, label: str = "reference") -> LocalSubject:
+    """The reference (or a catalogued copy of it) with its RoPE style fixed to ``rope_style``."""
+    return LocalSubject(module or reference_module(), label, rope_style=rope_style, bind_style=True, under_test=False)
+
+
+class ReferenceImplementation:
+    """The reference bound to one RoPE style, usable as ``--impl`` (recording passes check it).
+
+    ``--impl=spec_tests.harness.subject:reference_half`` or ``...:reference_interleaved``.
+    """
+
+    FAMILIES = ALL_FAMILIES
+
+    def __init__(self, rope_style: str):
+        self.ROPE_STYLE = rope_style
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name.isupper():
+            raise AttributeError(name)
+        return getattr(reference_subject(self.ROPE_STYLE), name)
+
+
+def __getattr__(name: str):
+    style = name.removeprefix("reference_")
+    if name.startswith("reference_") and style in ROPE_STYLES:
+        return ReferenceImplementation(style)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

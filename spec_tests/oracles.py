@@ -1,0 +1,66 @@
+"""Oracles of relations the protocol states between an implementation's own outputs.
+
+The model-level consumers (the KV cache, generation, evaluation) are judged against the
+implementation's own forward pass, because the protocol defines them through it: "positions
+continue from the cache", "conditions on the last context_length tokens", "loss = total NLL / number
+of predicted tokens". A mistake in the forward pass is then charged to the model once, not again to
+every consumer, and a consumer's own mistake is caught whatever the forward pass computes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rotate(x: torch.Tensor, delta: int, theta: float, style: str) -> torch.Tensor:
+    """``x [..., d]`` with channel pair ``i`` turned by ``delta * theta**(-2i/d)`` (protocol: RoPE)."""
+    d = x.shape[-1]
+    angle = delta * theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = (x[..., 0::2], x[..., 1::2]) if style == "interleaved" else (x[..., : d // 2], x[..., d // 2 :])
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if style == "interleaved":
+        return torch.stack((ra, rb), dim=-1).flatten(-2)
+    return torch.cat((ra, rb), dim=-1)
+
+
+def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, *, use_cache: bool):
+    """Greedy continuation by the implementation's own forward: ``[B, T + n]``.
+
+    Each token is the argmax of the last logits over the last ``context_length`` tokens. With
+    ``use_cache``, the prompt is fed into a fresh cache and each new token after it (as the
+    protocol's ``forward(model, ids, cache)`` defines); once the sequence slides past the context,
+    the window is fed into a fresh cache again, since every position shifts.
+    """
+    ids, cache = prompt, None
+    for _ in range(n):
+        if use_cache and cache is not None and ids.shape[1] <= context_length:
+            logits = impl.forward(model, ids[:, -1:], cache)
+        else:
+            cache = impl.new_cache(model, ids.shape[0]) if use_cache else None
+            window = ids[:, -context_length:]
+            logits = impl.forward(model, window, cache) if use_cache else impl.forward(model, window)
+        next_id = logits[:, -1].argmax(dim=-1)
+        ids = torch.cat((ids, next_id[:, None].to(ids.dtype)), dim=1)
+    return ids
+
+
+def windows(n_tokens: int, context_length: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of evaluate's windows: consecutive, non-overlapping, from 0, the last shorter."""
+    n_pred = n_tokens - 1
+    spans = [(s, context_length) for s in range(0, n_pred - n_pred % context_length, context_length)]
+    if n_pred % context_length:
+        spans.append((n_pred - n_pred % context_length, n_pred % context_length))
+    return spans
+
+
+def evaluate_teacher(impl, model, data: torch.Tensor, context_length: int, device: str = "cpu") -> dict[str, float]:
+    """``{"loss", "perplexity"}`` as the protocol defines them, from the model's own logits."""
+    total = torch.zeros((), dtype=torch.float64)
+    for start, length in windows(len(data), context_length):
+        x = data[start : start + length][None].long().to(device)
+        y = data[start + 1 : start + length + 1].long()
+        logits = impl.forward(model, x)[0].double().cpu()
+        total += -torch.log_softmax(logits, dim=-1).gather(-1, y[:, None]).sum()
+    loss = float(total / (len(data) - 1))
+    return {"loss": loss, "perplexity": float(torch.tensor(loss, dtype=torch.float64).exp())}

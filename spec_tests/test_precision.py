@@ -1,0 +1,111 @@
+"""Precision, as a behaviour of its own: float64 inputs are computed in float64.
+
+The math tests judge formulas at a tolerance a float32-internal computation meets; these tests,
+one per computing function, hold float64 inputs to float64 rounding (1e-10). Code that upcasts to
+float32 inside (``x.float()`` in RMSNorm, float32 RoPE tables, a float32 softmax, as Meta's and
+Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else for it.
+"""
+
+import pytest
+
+from . import models
+from .harness.markers import judges
+from .harness.tolerances import EXACT
+from .inputs import S
+from .protocol import COMPONENT_OF
+
+CAUSE = (
+    "likely cause: float64 inputs are computed in float32 inside (x.float(), float32 tables or softmax, "
+    "torch.float32 constants), so the result carries float32 rounding (~1e-7). The protocol's ground truth is "
+    "float64: compute in the input's dtype, upcasting only 16-bit inputs"
+)
+
+
+def inputs_for(spec, name):
+    """Positional and keyword arguments exercising ``name`` in float64."""
+    i = spec.inputs
+    x = i.randn(S.B, S.T, S.d_model, seed=91)
+    per_head = [i.per_head(S.B, S.H, S.T, S.D_HEAD, seed=92 + k) for k in range(3)]
+    causal = (i.positions(S.T, start=0)[None, :] <= i.positions(S.T, start=0)[:, None]).to(spec.device)
+    mha = [i.fan_in_weight(S.d_model, S.d_model, seed=95 + k) for k in range(4)]
+    table = {
+        "linear": ((x, i.weight(S.D_FF, S.d_model, seed=96)), {}),
+        "softmax": ((i.randn(S.B, S.T, S.V, seed=97, scale=3.0),), {"dim": -1}),
+        "silu": ((i.randn(S.B, S.T, S.D_FF, seed=98, scale=4.0),), {}),
+        "rmsnorm": ((x, i.norm_weight(S.d_model, seed=99)), {}),
+        "layernorm": ((x, i.norm_weight(S.d_model, seed=99), i.randn(S.d_model, seed=100)), {}),
+        "swiglu": (
+            (
+                x,
+                i.fan_in_weight(S.D_FF, S.d_model, seed=101),
+                i.fan_in_weight(S.D_FF, S.d_model, seed=102),
+                i.fan_in_weight(S.d_model, S.D_FF, seed=103),
+            ),
+            {},
+        ),
+        "gelu_mlp": (
+            (
+                x,
+                i.fan_in_weight(S.D_FF, S.d_model, seed=104),
+                i.randn(S.D_FF, seed=105),
+                i.fan_in_weight(S.d_model, S.D_FF, seed=106),
+                i.randn(S.d_model, seed=107),
+            ),
+            {},
+        ),
+        "rope": ((per_head[0], i.scattered_positions(S.T, seed=108)), {}),
+        "scaled_dot_product_attention": ((*per_head, causal), {}),
+        "flash_attention": (tuple(per_head), {"causal": True, "block_size": 4}),
+        "multihead_self_attention": ((x, *mha, S.H, S.H), {"theta": 10000.0}),
+        "cross_entropy": ((i.randn(S.B * S.T, S.V, seed=109, scale=3.0), i.token_ids(S.B * S.T, seed=110)), {}),
+        "lm_loss": ((i.randn(S.B, S.T, S.V, seed=111, scale=3.0), i.token_ids(S.B, S.T, seed=112)), {}),
+        "sampling_probs": ((i.randn(4, S.V, seed=113, scale=2.0),), {"temperature": 0.8, "top_k": 9}),
+    }
+    return table[name]
+
+
+FUNCTIONS = (
+    "linear",
+    "softmax",
+    "silu",
+    "rmsnorm",
+    "layernorm",
+    "swiglu",
+    "gelu_mlp",
+    "rope",
+    "scaled_dot_product_attention",
+    "flash_attention",
+    "multihead_self_attention",
+    "cross_entropy",
+    "lm_loss",
+    "sampling_probs",
+)
+
+
+def _param(name: str, uses=()):
+    marks = [pytest.mark.component(COMPONENT_OF[name]), judges(name, uses=uses), pytest.mark.bug_class("precision")]
+    return pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in FUNCTIONS])
+def test_float64_computed_in_float64(spec, name):
+    """A float64 input is computed in float64: equal to the reference to float64 rounding (protocol: Conventions, ground truth in float64; amendment 11)."""
+    args, kwargs = inputs_for(spec, name)
+    spec.call(name, *args, tol=EXACT, hint=CAUSE, behaviour=f"{name} of float64 inputs, to float64 rounding", **kwargs)
+
+
+@pytest.mark.parametrize("name", [_param("forward", uses=("build_model",))])
+def test_float64_model_computed_in_float64(spec, name):
+    """A float64 model's logits are computed in float64 (protocol: Conventions; amendment 11)."""
+    config = models.family_config(spec.impl, spec.impl.families[0])
+    sd = models.random_state_dict(config, seed=114, device=spec.device)
+    ids = spec.inputs.token_ids(3, 11, vocab=config["vocab_size"], seed=115)
+    spec.check(
+        lambda m, sd, ids: models.logits(m, config, sd, ids),
+        sd,
+        ids,
+        tol=EXACT,
+        axes="b t v",
+        hint=CAUSE,
+        behaviour=f"logits of a float64 {config['family']} model, to float64 rounding",
+    )
