@@ -29,7 +29,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,8 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 MIN_MARGIN = 10.0
-PROFILE = "bugcheck"
-RATIO = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?|inf|nan)x the tolerance")
+PROFILE = "spec-ci"
 # Column order and short labels of the kill matrix (test-file stems).
 FILES = {
     "test_primitives": "prim",
@@ -65,31 +63,15 @@ FILES = {
 class TestOutcome:
     nodeid: str
     file: str
-    outcome: str  # passed | failed | skipped | xfailed | xpassed
+    outcome: str  # passed | failed | consequence | skipped | xfailed | xpassed
     message: str = ""
-    ratio: float | None = None  # error / tolerance of the failing comparison; None = categorical
+    ratio: float | None = None  # worst error / tolerance of the failing checks; None = categorical
     markers: list[str] = field(default_factory=list)
-
-
-def failure_ratio(message: str) -> float | None:
-    """The first "N.NNx the tolerance" in a failure message (inf for a NaN ratio); None if absent."""
-    found = RATIO.search(message)
-    if not found:
-        return None
-    value = float(found.group(1))
-    return math.inf if math.isnan(value) else value
-
-
-def short_message(report) -> str:
-    text = report.longreprtext or ""
-    if "\nE " in "\n" + text:  # a plain exception: keep pytest's "E   ..." lines
-        lines = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
-        text = "\n".join(lines[-6:])
-    return text[:3000]
+    named: list[str] = field(default_factory=list)  # catalogued bugs the failure's diagnosis names
 
 
 class Recorder:
-    """A pytest plugin object collecting each test's outcome, failure message and markers."""
+    """A pytest plugin object collecting each test's verdict, typed check results and markers."""
 
     def __init__(self):
         self.tests: dict[str, TestOutcome] = {}
@@ -102,36 +84,28 @@ class Recorder:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.collect_errors.append(f"{report.nodeid}: {short_message(report)}")
+            self.collect_errors.append(f"{report.nodeid}: {(report.longreprtext or '')[:500]}")
 
     def pytest_runtest_logreport(self, report):
+        from spec_tests.harness.results import results_of, verdict_of
+
+        verdict = verdict_of(report)
+        if verdict is None or (report.when != "call" and not report.skipped):
+            return
         file = Path(report.nodeid.split("::")[0]).stem
-        previous = self.tests.get(report.nodeid)
-        if previous is not None and previous.outcome == "failed":
-            return  # keep the first failure (setup or call)
-        if report.failed:
-            message = short_message(report)
-            outcome = "xpassed" if hasattr(report, "wasxfail") else "failed"
-            self.tests[report.nodeid] = TestOutcome(report.nodeid, file, outcome, message, failure_ratio(message))
-        elif report.skipped and hasattr(report, "wasxfail"):
-            self.tests[report.nodeid] = TestOutcome(report.nodeid, file, "xfailed")
-        elif report.skipped:
-            self.tests[report.nodeid] = TestOutcome(report.nodeid, file, "skipped", short_message(report)[:300])
-        elif report.when == "call":
-            self.tests[report.nodeid] = TestOutcome(report.nodeid, file, "passed")
-
-
-def _register_profile() -> None:
-    from hypothesis import Phase, settings
-
-    from spec_tests.plugin import HYPOTHESIS_PROFILES, _register_hypothesis_profiles
-
-    _register_hypothesis_profiles()
-    examples, derandomize = HYPOTHESIS_PROFILES["ci"]
-    settings.register_profile(
-        PROFILE, parent=settings.get_profile("ci"), phases=[Phase.explicit, Phase.reuse, Phase.generate]
-    )
-    assert settings.get_profile(PROFILE).max_examples == examples and derandomize
+        status = verdict.status
+        if hasattr(report, "wasxfail"):
+            status = "xpassed" if report.failed else "xfailed"
+        elif status in ("error", "setup", "not_implemented"):
+            status = "failed"
+        failing = [r for r in results_of(report) if r.failed]
+        ratios = [r.ratio for r in failing]
+        ratio = None if not ratios or any(r is None for r in ratios) else max(ratios)
+        named = sorted(
+            {c.removeprefix("known_bug:") for r in failing for c in r.cause_codes if c.startswith("known_bug:")}
+        )
+        message = "\n".join(r.message() for r in failing)[:3000] or verdict.message
+        self.tests[report.nodeid] = TestOutcome(report.nodeid, file, status, message, ratio, named=named)
 
 
 _INITIAL_SEED = None
@@ -144,36 +118,14 @@ def _worker_init() -> None:
 
     torch.set_num_threads(1)
     _INITIAL_SEED = torch.initial_seed()
-    _register_profile()
-
-
-@contextlib.contextmanager
-def own_diagnosis_only(impl: str):
-    """While running ``bug:<name>``, diagnosis tries that bug alone (not every bug of the component).
-
-    Whether the failure names the bug is all the matrix needs; trying every candidate of a model
-    component on every failing check would dominate the run time.
-    """
-    import spec_tests.bugs as catalog
-
-    if not impl.startswith("bug:"):
-        yield
-        return
-    bug = catalog.get_bug(impl[4:])
-    everyone = catalog.candidates_for
-    catalog.candidates_for = lambda component: (
-        [(bug, catalog.load_bug(bug.name))] if component in bug.components else []
-    )
-    try:
-        yield
-    finally:
-        catalog.candidates_for = everyone
 
 
 def run_suite(task: str | tuple[str, bool]) -> dict:
     """Run the whole suite against ``impl`` in this process; the per-test outcomes and exit code.
 
-    ``task``: ``impl`` or ``(impl, full_diagnosis)``.
+    ``task``: ``impl`` or ``(impl, full_diagnosis)``. Without full diagnosis, a failing check of
+    ``bug:<name>`` tries that bug alone (whether the failure names the bug is all the matrix needs;
+    trying every candidate of a model component on every failing check would dominate the run time).
     """
     import pytest
     import torch
@@ -181,22 +133,13 @@ def run_suite(task: str | tuple[str, bool]) -> dict:
     impl, full_diagnosis = (task, False) if isinstance(task, str) else task
     torch.manual_seed(_INITIAL_SEED)  # as a fresh interpreter would start
     recorder = Recorder()
-    args = [
-        str(ROOT / "spec_tests"),
-        f"--impl={impl}",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        f"--hypothesis-profile={PROFILE}",
-        "--rootdir",
-        str(ROOT),
-        "-W",
-        "ignore",
-    ]
+    args = [str(ROOT / "spec_tests"), f"--spec-impl={impl}", "-q", "-p", "no:cacheprovider",
+            f"--hypothesis-profile={PROFILE}", "--rootdir", str(ROOT), "-W", "ignore"]  # fmt: skip
+    if impl.startswith("bug:") and not full_diagnosis:
+        args.append(f"--spec-diagnosis-bugs={impl[4:]}")
     out = io.StringIO()
     start = time.perf_counter()
-    diagnosis = contextlib.nullcontext() if full_diagnosis else own_diagnosis_only(impl)
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), diagnosis:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = int(pytest.main(args, plugins=[recorder]))
     tests = []
     for nodeid, outcome in recorder.tests.items():
@@ -233,7 +176,7 @@ class Verdict:
 def judge(bug, result: dict) -> Verdict:
     from spec_tests.bugs import related_files
 
-    failed = [t for t in result["tests"] if t["outcome"] in ("failed", "xpassed")]
+    failed = [t for t in result["tests"] if t["outcome"] in ("failed", "consequence", "xpassed")]
     killed_by: dict[str, int] = {}
     for t in failed:
         killed_by[t["file"]] = killed_by.get(t["file"], 0) + 1
@@ -242,7 +185,7 @@ def judge(bug, result: dict) -> Verdict:
     ratios = [math.inf if t["ratio"] is None else t["ratio"] for t in in_related]
     margin = max(ratios) if ratios else None
     marked = any(bug.bug_class in t["markers"] for t in failed)
-    diagnosed = any(f"matches known bug {bug.name}:" in t["message"] for t in failed)
+    diagnosed = any(bug.name in t["named"] for t in failed)
     detail = ""
     if result["exit_code"] not in (0, 1) or result["collect_errors"]:
         status = "error"

@@ -220,6 +220,11 @@ class Spec:
             f"it also differs from what a correct {result.subject} computes with your own {', '.join(failing)}"
         )
 
+    def defer(self, root, behaviour: str, found: str, subject: str | None = None) -> ConsequenceFailure:
+        """A failure this test leaves to ``root`` (another check reports it): raise the returned exception."""
+        result = self._result(subject, behaviour, kind="relation", outcome="failed", found=found)
+        return ConsequenceFailure(result, root)
+
     def close(
         self,
         actual,
@@ -234,6 +239,8 @@ class Spec:
         """Compare two values the test computed (a relation); ``kind`` picks a math tolerance."""
         if tol is None:
             tol = self._tolerance(kind or "pointwise", expected, None)
+        if kind and tolerance_measurement.enabled():
+            tolerance_measurement.record(kind, self.test_id, actual, expected)
         found = mismatch(actual, expected, tol)
         result = self._result(subject, behaviour, kind="relation", tolerance=tol.describe())
         if found is None:

@@ -24,9 +24,21 @@ import pytest
 from ..protocol import COMPONENT_ORDER
 from . import markers, rootcause
 from .loading import ACCEPTED_FORMS, ImplImportError, ImplUsageError, load_implementation
-from .results import RESULTS_KEY, VERDICT_KEY
+from .results import RESULTS_KEY, VERDICT_KEY, verdict_of
 
 SUITE_DIR = Path(__file__).resolve().parents[1]
+
+# Registered (never loaded) on import: Hypothesis's own plugin may load the profile named by
+# --hypothesis-profile before this plugin's hooks run. The names are prefixed "spec-", so another
+# project's profiles are untouched.
+_hypothesis_registered = False
+try:
+    from . import hypothesis_profiles
+
+    hypothesis_profiles.register()
+    _hypothesis_registered = True
+except ImportError:  # pragma: no cover - hypothesis is a dependency of the suite
+    pass
 
 
 def pytest_addoption(parser):
@@ -52,6 +64,12 @@ def pytest_addoption(parser):
     )
     group.addoption(
         "--spec-tb", dest="spec_tb", action="store_true", help="show full tracebacks of the implementation's errors"
+    )
+    group.addoption(
+        "--spec-diagnosis-bugs",
+        dest="spec_diagnosis_bugs",
+        default=None,
+        help="comma-separated catalogued bugs diagnosis may name (default: all; tools/bugcheck.py narrows it)",
     )
     group.addoption(
         "--spec-record",
@@ -90,6 +108,10 @@ def pytest_configure(config):
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     config._spec = None
+    from .diagnosis import catalog
+
+    only = config.getoption("spec_diagnosis_bugs")
+    catalog.ONLY = None if only is None else {n.strip() for n in only.split(",") if n.strip()}
 
 
 class Session:
@@ -102,6 +124,7 @@ class Session:
         self.registry = rootcause.FailureRegistry()
         self._expectations = None
         self.torch_threads = None
+        self.verdicts: dict[str, object] = {}
 
     @property
     def expectations(self):
@@ -193,6 +216,11 @@ def pytest_collection_modifyitems(config, items):
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32
         torch.backends.cudnn.allow_tf32 = False
     hypothesis_profiles.apply(spec_items, config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        from .terminal import make_failures_red
+
+        make_failures_red(reporter)
 
     # upstream components first, so that a consequence can be told from its cause
     rank = {c: i for i, c in enumerate(COMPONENT_ORDER)}
@@ -310,6 +338,7 @@ def pytest_runtest_makereport(item, call):
         report.user_properties.append((RESULTS_KEY, [r.to_json() for r in run.results]))
         if run.verdict is not None:
             report.user_properties.append((VERDICT_KEY, run.verdict.to_json()))
+            report._spec_state = session_of(item.config)
     if report.failed and call.excinfo is not None and not item.config.getoption("spec_tb"):
         from .terminal import short_report
 
@@ -317,3 +346,35 @@ def pytest_runtest_makereport(item, call):
         if line:
             report.longrepr = line
     return report
+
+
+# ------------------------------------------------------------------------------------------------
+# reporting
+# ------------------------------------------------------------------------------------------------
+
+
+def pytest_report_teststatus(report, config):
+    if report.when != "call" or not report.failed or hasattr(report, "wasxfail"):
+        return None
+    from .terminal import OWN_CATEGORIES, category
+
+    name = category(verdict_of(report))
+    return (name, *OWN_CATEGORIES[name]) if name else None
+
+
+def pytest_runtest_logreport(report):
+    verdict = verdict_of(report)
+    state = getattr(report, "_spec_state", None)
+    if verdict is not None and state is not None:
+        state.verdicts[verdict.test] = verdict
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    state = config._spec
+    if state is None or not state.verdicts:
+        return
+    from .terminal import summary_lines
+
+    terminalreporter.write_sep("=", f"spec summary: {state.impl.label}")
+    for line in summary_lines(state.impl.label, list(state.verdicts.values()), state.registry.failing):
+        terminalreporter.write_line(line)

@@ -126,7 +126,8 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
         note = f"possibly a consequence of failing {', '.join(upstream)} (fix it first)"
         run.set_verdict(status, upstream, note)
     else:
-        run.set_verdict(status, [name] if status == "setup" and name else [], first_line(exc))
+        message = f"not implemented: {exc}" if isinstance(exc, NotImplementedInImpl) else first_line(exc)
+        run.set_verdict(status, [name] if status == "setup" and name else [], message)
     if status in ("failed", "not_implemented", "error"):
         registry.mark(run.subjects, run.test)
     return exc

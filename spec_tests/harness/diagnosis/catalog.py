@@ -11,6 +11,8 @@ from __future__ import annotations
 from ..compare import mismatch
 from ..tolerances import Tolerance
 
+ONLY: set[str] | None = None  # --spec-diagnosis-bugs: the bugs diagnosis may name (None: all)
+
 # The catalog tags bugs by the checks they change; model-level checks judge these protocol names.
 CATALOG_GROUPS = {
     "forward": ("model",),
@@ -42,7 +44,7 @@ def bug_subjects(subject: str, rope_style: str) -> list:
     return [
         (bug, reference_subject(rope_style, load_bug(bug.name), label=f"bug:{bug.name}"))
         for bug in CATALOG.values()
-        if tags & set(bug.components)
+        if tags & set(bug.components) and (ONLY is None or bug.name in ONLY)
     ]
 
 
