@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from . import models
 from .harness.markers import judges
-from .harness.tolerances import BIT_IDENTICAL, EXACT
+from .harness.tolerances import BIT_IDENTICAL, EXACT, Tolerance
 from .models import CONFIGS
 from .strategies import seeds
 
@@ -112,7 +112,7 @@ def test_batch_rows_are_independent(spec, config):
 
 def loss_of(m, cfg, sd, ids):
     """``mean(forward(model, ids)**2)`` of a model built from ``sd`` (a float)."""
-    return float(models.logits(m, cfg, sd, ids).pow(2).mean())
+    return float(models.logits(m, cfg, sd, ids).detach().pow(2).mean())
 
 
 @judges("build_model", uses=("forward", "canonical_state_dict"))
@@ -145,17 +145,23 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
     ids = ids_for(spec, config, seed=8)
     grad = spec.impl.embedding_grad(model, ids)
     spec.require(grad is not None, behaviour="the tied matrix receives a gradient", found="its .grad is None")
-    eps = 1e-3
+    weight = sd["tok_embeddings.weight"]
     for k in range(2):
-        direction = spec.inputs.randn(*sd["tok_embeddings.weight"].shape, seed=80 + k)
-        plus = dict(sd, **{"tok_embeddings.weight": sd["tok_embeddings.weight"] + eps * direction})
-        minus = dict(sd, **{"tok_embeddings.weight": sd["tok_embeddings.weight"] - eps * direction})
-        numeric = (loss_of(spec.impl, config, plus, ids) - loss_of(spec.impl, config, minus, ids)) / (2 * eps)
+        direction = spec.inputs.randn(*weight.shape, seed=80 + k)
+
+        def slope(h):  # central difference of the model's own loss along the direction
+            at = [dict(sd, **{"tok_embeddings.weight": weight + s * h * direction}) for s in (1, -1)]
+            return (loss_of(spec.impl, config, at[0], ids) - loss_of(spec.impl, config, at[1], ids)) / (2 * h)
+
+        numeric = (4 * slope(5e-4) - slope(1e-3)) / 3  # Richardson: the h**2 error cancels
         analytic = float((grad.double() * direction).sum())
+        # Measured: the reference agrees to 6e-6 relative, a float32-internal model to 4e-5 absolute; a
+        # missing use (head or lookup) changes these directional derivatives by 0.03 to 0.5.
+        tol = Tolerance(1e-4, 1e-3, "Richardson-extrapolated central difference, h = 1e-3", "finite difference")
         spec.close(
             analytic,
             numeric,
-            tol=type(EXACT)(1e-6, 2e-3, "central difference, eps 1e-3", "finite difference"),
+            tol=tol,
             behaviour="the tied matrix's gradient is the derivative through both uses (lookup and LM head)",
         )
 
