@@ -253,7 +253,7 @@ class Worker:
         tmp_mb: int = 256,
         guard: bool | None = None,
         protect=(),
-        gpu: bool = False,
+        gpu: bool | None = None,
         start_timeout: float = 120.0,
         call_timeout: float = 60.0,
         workdir: str | os.PathLike | None = None,
@@ -263,7 +263,8 @@ class Worker:
     ):
         self.impl, self.ops, self.sandbox = os.fspath(impl), ops, sandbox
         self.memory_mb, self.max_procs, self.tmp_mb = memory_mb, max_procs, tmp_mb
-        self.guard, self.protect, self.gpu = guard, tuple(protect), gpu
+        self.guard, self.protect = guard, tuple(protect)
+        self.gpu = os.path.exists("/dev/nvidiactl") if gpu is None else gpu
         self.start_timeout, self.call_timeout = start_timeout, call_timeout
         self.device, self.limits = device, limits or wire.DEFAULT_LIMITS
         self._own_workdir = workdir is None
@@ -287,6 +288,7 @@ class Worker:
         self._substituted: list[str] = []
         self._oracle = None
         self._closed = False
+        self._import_error: RemoteImportError | None = None
 
     # ----------------------------------------------------------------------------------------
     # what the hello said
@@ -340,6 +342,8 @@ class Worker:
         implementation cannot be imported)."""
         if self._closed:
             raise WorkerError("this worker was closed")
+        if self._import_error is not None:  # it will not import any better the next time
+            raise self._import_error
         if self.alive and self.info is not None:
             return self.info
         self._stop()
@@ -349,6 +353,7 @@ class Worker:
             self.restarts += 1
             self.log.feed(f"\n--- worker generation {self.generation} ---\n".encode())
         parent, child = socket.socketpair()
+        launch = None
         try:
             launch = sandbox_mod.worker_command(
                 self.impl,
@@ -375,6 +380,8 @@ class Worker:
             )
         except BaseException:
             parent.close()
+            if launch is not None:
+                launch.release()
             raise
         finally:
             child.close()
@@ -385,6 +392,7 @@ class Worker:
         self._pump.start()
         deadline = time.monotonic() + self.start_timeout
         header, blobs = self._wait(None, deadline, None, "starting (importing the implementation)")
+        deadline = time.monotonic() + self.start_timeout
         if header.get("type") != "hello":
             self._protocol_error(f"expected a hello, got {wire.sanitize_str(str(header.get('type')), 40)!r}")
         if "error" in header:
@@ -393,7 +401,10 @@ class Worker:
             except wire.WireError as exc:
                 self._protocol_error(exc)
             self._stop()
-            raise RemoteImportError(error.type, error.mro, error.message, error.where, error.not_implemented)
+            self._import_error = RemoteImportError(
+                error.type, error.mro, error.message, error.where, error.not_implemented
+            )
+            raise self._import_error
         self.info = self._read_hello(header, blobs)
         self.pid = self.info["pid"]
         if self._substituted:
@@ -510,14 +521,22 @@ class Worker:
     def _deadline(self, deadline: float | None) -> float:
         return deadline if deadline is not None else time.monotonic() + self.call_timeout
 
-    def _simple(self, kind: str, fields: dict, *, deadline: float | None):
+    def _started(self, deadline: float) -> float:
+        """Start the worker if needed; the deadline, moved on by the time (re)starting took (the
+        harness's time, not the implementation's)."""
+        if self.alive and self.info is not None:
+            return deadline
+        began = time.monotonic()
         self.start()
+        return deadline + (time.monotonic() - began)
+
+    def _simple(self, kind: str, fields: dict, *, deadline: float | None):
+        deadline = self._started(self._deadline(deadline))
         rid = self._new_id()
-        return self._exchange(rid, {"type": kind, "id": rid, **fields}, wire.Encoder(), self._deadline(deadline), None)
+        return self._exchange(rid, {"type": kind, "id": rid, **fields}, wire.Encoder(), deadline, None)
 
     def _run(self, kind: str, name: str, args, kwargs, deadline, oracle):
-        deadline = self._deadline(deadline)
-        self.start()
+        deadline = self._started(self._deadline(deadline))
         if type(args) not in (list, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
             raise TypeError("args must be a list or tuple and kwargs a dict")
         encoder = wire.Encoder(self._encode_object, limits=self.limits)

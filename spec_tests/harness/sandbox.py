@@ -119,6 +119,9 @@ def _uid_base() -> int:
 def acquire_slot() -> Slot:
     folder = Path(tempfile.gettempdir()) / f"transformer-spec-sandbox-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxError(f"{folder} is not a private folder of this user; remove it")
     base = _uid_base()
     for index in range(SLOTS):
         uid = base + index
@@ -127,7 +130,8 @@ def acquire_slot() -> Slot:
             continue  # a real account: not ours to use
         except KeyError:
             pass
-        fd = os.open(folder / f"slot-{index}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(folder / f"slot-{index}.lock", flags, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -318,7 +322,9 @@ def bwrap_prefix(slot: Slot | None, *, tmp_mb: int = 256, gpu: bool = False, bin
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     mounts = _system_mounts()
     mounts += ["--proc", "/proc", "--dev", "/dev"]
-    mounts += ["--perms", "1777", "--size", str(max(1, tmp_mb) << 20), "--tmpfs", "/tmp"]
+    if _bwrap_supports("--size"):  # bubblewrap >= 0.7
+        mounts += ["--size", str(max(1, tmp_mb) << 20)]
+    mounts += ["--perms", "1777", "--tmpfs", "/tmp"]
     mounts += _python_mounts()
     mounts += _harness_mounts()
     if gpu:
@@ -342,6 +348,21 @@ def bwrap_prefix(slot: Slot | None, *, tmp_mb: int = 256, gpu: bool = False, bin
             "--",
         ]
     return args
+
+
+_BWRAP_HELP: str | None = None
+
+
+def _bwrap_supports(option: str) -> bool:
+    global _BWRAP_HELP
+    if _BWRAP_HELP is None:
+        try:
+            command = [shutil.which("bwrap") or "bwrap", "--help"]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=10)
+            _BWRAP_HELP = done.stdout + done.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_HELP = ""
+    return option in _BWRAP_HELP
 
 
 # ---------------------------------------------------------------------------------------------

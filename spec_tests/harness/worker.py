@@ -41,6 +41,7 @@ import os
 import resource
 import socket
 import sys
+import threading
 import traceback
 
 from spec_tests.harness import wire
@@ -134,6 +135,7 @@ class Server:
         self.next_handle = 0
         self.next_oracle = 0
         self.patches: list = []
+        self.lock = threading.Lock()
 
     # handles --------------------------------------------------------------------------------
     def register(self, obj) -> dict:
@@ -153,7 +155,8 @@ class Server:
 
     # messages -------------------------------------------------------------------------------
     def send(self, header: dict, blobs=()) -> None:
-        wire.send(self.sock, header, blobs)
+        with self.lock:  # a thread the submission left running may ask an oracle too
+            wire.send(self.sock, header, blobs)
 
     def reply(self, rid, *, ok=None, error=None, generators=()) -> None:
         encoder = wire.Encoder(self.register)
