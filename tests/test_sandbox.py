@@ -187,6 +187,9 @@ def test_the_fallback_when_the_sandbox_is_forced_off(monkeypatch, tmp_path):
         assert probe(w, "import", "reference") == "BlockedImport"
         assert probe(w, "read", str(recording)) == "BlockedAccess"
         assert probe(w, "read", str(ROOT / "reference" / "model.py")) == "BlockedAccess"
+        for path in sandbox.protected_paths():  # wherever the reference is installed from, too
+            if path.endswith("/reference"):
+                assert probe(w, "read", f"{path}/model.py") == "BlockedAccess", path
         assert probe(w, "subprocess") == "BlockedAccess"
         assert probe(w, "fork_bomb", 0.1)["forked"] == 0
         # and the same failure handling

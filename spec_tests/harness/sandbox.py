@@ -481,6 +481,12 @@ def protected_paths(extra=()) -> list[str]:
             paths.append(Path(found.origin).resolve().parent)
     except (ImportError, ValueError):
         pass
+    for name, module in list(sys.modules.items()):  # setuptools' editable install maps packages elsewhere
+        mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
+        if isinstance(mapping, dict):
+            paths += [Path(mapping[p]) for p in ("reference", "tools") if isinstance(mapping.get(p), str)]
+            if isinstance(mapping.get("spec_tests"), str):
+                paths += [Path(mapping["spec_tests"]) / part for part in HIDDEN_HARNESS_PARTS]
     paths += [Path(p) for p in extra]
     out: list[str] = []
     for path in paths:
