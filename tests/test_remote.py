@@ -121,6 +121,18 @@ def test_unsendable_arguments_are_refused_before_sending(worker):
     assert worker.call("softmax", (torch.zeros(2),), deadline=soon()).tolist() == [0.5, 0.5]
 
 
+def test_a_request_the_worker_cannot_decode_is_an_error_not_a_crash(worker):
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
+    generation = worker.generation
+    with pytest.raises(RemoteError, match="does not provide rope"):
+        worker.call("rope", (torch.zeros(2),), {"generator": g}, deadline=soon())
+    forged = RemoteHandle(9999, "module", "x.Model", worker.generation, worker.epoch, id(worker))
+    with pytest.raises(RemoteError, match="handle 9999 .* is not held by this worker"):
+        worker.call("count_parameters", (forged,), {"generator": g}, deadline=soon())
+    assert torch.equal(g.get_state(), before) and worker.generation == generation
+
+
 def test_unknown_names_are_errors(worker):
     with pytest.raises(RemoteError, match="not a protocol v1 name"):
         worker.call("os_system", (), deadline=soon())

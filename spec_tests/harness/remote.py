@@ -570,7 +570,8 @@ class Worker:
         try:
             decoder = wire.Decoder(blobs, self._make_handle, device=self.device, limits=self.limits)
             states = answer["generators"]
-            if type(states) is not list or len(states) != len(encoder.generators):
+            nothing_ran = "error" in answer and states == []  # the worker could not even decode the request
+            if type(states) is not list or (len(states) != len(encoder.generators) and not nothing_ran):
                 raise wire.WireError(f"the reply carries {len(states)} generator states for {len(encoder.generators)}")
             states = [decoder(s) for s in states]
             value = decoder(answer["ok"]) if "ok" in answer else None

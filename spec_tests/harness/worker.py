@@ -236,8 +236,8 @@ class Server:
             if type(args) not in (list, tuple) or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
                 raise wire.WireError("args must be a list or tuple and kwargs a dict with str keys")
             fn = self.function(kind, name)
-        except (wire.WireError, LookupError) as exc:
-            self.reply(rid, error=error_data(exc, None), generators=decoder.generators)
+        except (wire.WireError, LookupError) as exc:  # nothing ran: no generator states to report
+            self.reply(rid, error=error_data(exc, None))
             return
         try:
             result = fn(self.impl, *args, **kwargs) if kind == "op" else fn(*args, **kwargs)
