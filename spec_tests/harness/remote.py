@@ -1,0 +1,709 @@
+"""The judge's side of remote execution: a worker process (``worker.py``), sandboxed where possible
+(``sandbox.py``), that runs the submission's protocol calls and model operations and returns plain
+data (``wire.py``). The judge never imports submission code.
+
+    with Worker("/staged/submission.py", ops="spec_tests.harness.model_ops") as worker:
+        worker.names, worker.rope_style              # from the worker's hello
+        y = worker.call("rmsnorm", (x, w), {"eps": 1e-5}, deadline=time.monotonic() + 60)
+        model = worker.op("build", (config, state_dict, torch.float64, "cpu"))   # a RemoteHandle
+        worker.substitute(["softmax"], oracle=lambda name, args, kwargs: ...)  # root-cause reruns
+        worker.restore()
+
+Failures are exceptions: ``RemoteError`` (the implementation raised: type, mro, message, where,
+not_implemented; ``RemoteImportError`` when it could not be imported), ``WorkerTimeout`` (the
+deadline passed: the whole sandbox was killed), ``WorkerCrashed`` (the worker died: the reason names
+the signal or exit status, with the log's tail; ``WorkerProtocolError`` when it sent something that
+is not a well-formed message). After a timeout or crash the next request starts a fresh worker (its
+``generation`` goes up); handles of the old one raise ``StaleHandleError``, and so do handles from
+before a ``reset()``. Substitutions are re-applied in a fresh worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+from spec_tests.harness import sandbox as sandbox_mod
+from spec_tests.harness import wire
+from spec_tests.protocol import DEFAULT_ROPE_STYLE
+
+
+class WorkerError(Exception):
+    """Base of what a request to the worker can raise besides ``WireError`` for unsendable values."""
+
+
+class WorkerTimeout(WorkerError, TimeoutError):
+    """The deadline passed before the worker answered; the worker (its whole sandbox) was killed."""
+
+
+class WorkerCrashed(WorkerError):
+    """The worker died. ``reason`` says how (signal name or exit status), ``log_tail`` what it printed last."""
+
+    def __init__(self, reason: str, *, signal_name: str | None = None, exit_status: int | None = None, log_tail=""):
+        self.reason, self.signal_name, self.exit_status, self.log_tail = reason, signal_name, exit_status, log_tail
+        super().__init__(f"the worker {reason}")
+
+
+class WorkerProtocolError(WorkerCrashed):
+    """The worker sent something that is not a well-formed message (it was killed)."""
+
+
+class StaleHandleError(WorkerError, ValueError):
+    """A handle from a worker that has since been restarted or reset."""
+
+
+class RemoteError(WorkerError):
+    """The implementation raised. The fields are data reported by the worker (sanitised)."""
+
+    def __init__(self, type_name: str, mro: list[str], message: str, where: str | None, not_implemented: bool):
+        self.type, self.mro, self.message, self.where = type_name, list(mro), message, where
+        self.not_implemented = not_implemented
+        text = f"{type_name}: {message}" if message else type_name
+        super().__init__(text + (f" (at {where})" if where else ""))
+
+    def is_a(self, exc_type: type[BaseException]) -> bool:
+        """Whether the remote exception was an instance of ``exc_type`` (by qualified class names)."""
+        return f"{exc_type.__module__}.{exc_type.__qualname__}" in self.mro
+
+    @classmethod
+    def from_data(cls, data) -> RemoteError:
+        if type(data) is not dict or set(data) != {"type", "mro", "message", "where", "not_implemented"}:
+            raise wire.WireError("an error report needs exactly type, mro, message, where, not_implemented")
+        type_name, mro, message, where, not_impl = (
+            data[k] for k in ("type", "mro", "message", "where", "not_implemented")
+        )
+        if type(type_name) is not str or type(message) is not str or type(not_impl) is not bool:
+            raise wire.WireError("an error report has fields of the wrong type")
+        if type(mro) is not list or len(mro) > 64 or not all(type(m) is str for m in mro):
+            raise wire.WireError("an error report's mro must be a list of at most 64 strings")
+        if where is not None and type(where) is not str:
+            raise wire.WireError("an error report's where must be a string or null")
+        return cls(
+            wire.sanitize_str(type_name, 200),
+            [wire.sanitize_str(m, 300) for m in mro],
+            wire.sanitize_str(message, 4000),
+            wire.sanitize_str(where, 500) if where is not None else None,
+            not_impl,
+        )
+
+
+class RemoteImportError(RemoteError):
+    """The implementation failed to import in the worker."""
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteHandle:
+    """An object that stays in the worker (a model, a cache, an optimizer, ...)."""
+
+    id: int
+    kind: str
+    type: str
+    generation: int
+    epoch: int
+    owner: int  # id() of the Worker that made it
+
+    def __repr__(self) -> str:
+        return f"<remote {self.kind} {self.type} #{self.id}, worker generation {self.generation}>"
+
+
+_SIGNAL_TEXT = {
+    "SIGSEGV": "crashed with a segmentation fault (SIGSEGV)",
+    "SIGABRT": "crashed: the process aborted (SIGABRT, e.g. os.abort() or a failed check in C code)",
+    "SIGKILL": "was killed (SIGKILL), usually for using too much memory",
+    "SIGBUS": "crashed with a bus error (SIGBUS)",
+    "SIGFPE": "crashed with a floating-point exception (SIGFPE)",
+    "SIGILL": "crashed with an illegal instruction (SIGILL)",
+}
+
+
+def describe_exit(returncode: int | None, sandboxed: bool) -> tuple[str, str | None, int | None]:
+    """``(reason, signal name, exit status)`` for a worker process that ended with ``returncode``.
+    bwrap reports a command killed by signal N as exit status 128 + N."""
+    signum = None
+    if returncode is None:
+        return "stopped answering", None, None
+    if returncode < 0:
+        signum = -returncode
+    elif sandboxed and 128 < returncode < 128 + 65:
+        signum = returncode - 128
+    if signum is not None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return _SIGNAL_TEXT.get(name, f"was ended by {name}"), name, None
+    return (
+        f"ended with exit status {returncode} (graded code must return, not end the process: sys.exit, os._exit?)",
+        None,
+        returncode,
+    )
+
+
+class CappedLog:
+    """The worker's stdout and stderr: the first ``cap/2`` bytes go to ``path``, the last ``cap/2``
+    are kept in memory (and appended to the file when the worker ends)."""
+
+    def __init__(self, path: str, cap: int):
+        self.path, self.half = path, max(1024, cap // 2)
+        self.head = bytearray()
+        self.tail: collections.deque[bytes] = collections.deque()
+        self.tail_size = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
+
+    def feed(self, data: bytes) -> None:
+        with self.lock:
+            room = self.half - len(self.head)
+            if room > 0:
+                part = data[:room]
+                self.head += part
+                self.file.write(part)
+                self.file.flush()
+                data = data[room:]
+            if data:
+                self.tail.append(data)
+                self.tail_size += len(data)
+                while self.tail_size - len(self.tail[0]) >= self.half:
+                    dropped = self.tail.popleft()
+                    self.tail_size -= len(dropped)
+                    self.dropped += len(dropped)
+
+    def text(self) -> str:
+        with self.lock:
+            middle = f"\n[... {self.dropped} bytes of output dropped ...]\n" if self.dropped else ""
+            raw = bytes(self.head) + middle.encode() + b"".join(self.tail)
+        return wire.sanitize_str(raw.decode("utf-8", "replace"), 10 * self.half)
+
+    def tail_text(self, chars: int = 2000) -> str:
+        return self.text()[-chars:]
+
+    def close(self) -> None:
+        with self.lock:
+            if self.file.closed:
+                return
+            if self.dropped:
+                self.file.write(f"\n[... {self.dropped} bytes of output dropped ...]\n".encode())
+            self.file.write(b"".join(self.tail))
+            self.file.close()
+
+
+def _pump(stream, log: CappedLog) -> None:
+    fd = stream.fileno()
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            log.feed(chunk)
+    except OSError:
+        pass
+    finally:
+        stream.close()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _error_report(exc: BaseException) -> dict:
+    kind = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = f"<unprintable {kind.__name__}>"
+    return {
+        "type": kind.__name__,
+        "mro": [wire.qualname(c) for c in kind.__mro__ if c is not object],
+        "message": wire.sanitize_str(message, 4000),
+        "where": None,
+        "not_implemented": isinstance(exc, NotImplementedError),
+    }
+
+
+class Worker:
+    """One submission's worker process, started on first use (or by ``start()``), restarted after a
+    timeout or crash. Not thread-safe: one request at a time."""
+
+    def __init__(
+        self,
+        impl: str | os.PathLike,
+        *,
+        ops: str | os.PathLike | None = None,
+        sandbox: bool | None = None,
+        memory_mb: int = 0,
+        max_procs: int = 64,
+        tmp_mb: int = 256,
+        guard: bool | None = None,
+        protect=(),
+        gpu: bool | None = None,
+        start_timeout: float = 120.0,
+        call_timeout: float = 60.0,
+        workdir: str | os.PathLike | None = None,
+        log_cap: int = 1 << 20,
+        device=None,
+        limits: wire.Limits | None = None,
+    ):
+        self.impl, self.ops, self.sandbox = os.fspath(impl), ops, sandbox
+        self.memory_mb, self.max_procs, self.tmp_mb = memory_mb, max_procs, tmp_mb
+        self.guard, self.protect = guard, tuple(protect)
+        self.gpu = os.path.exists("/dev/nvidiactl") if gpu is None else gpu
+        self.start_timeout, self.call_timeout = start_timeout, call_timeout
+        self.device, self.limits = device, limits or wire.DEFAULT_LIMITS
+        self._own_workdir = workdir is None
+        self.workdir = os.fspath(workdir) if workdir else tempfile.mkdtemp(prefix="spec-worker-")
+        os.makedirs(self.workdir, exist_ok=True)
+        self.log = CappedLog(os.path.join(self.workdir, "worker.log"), log_cap)
+        self.log_path = self.log.path
+        self.generation = 0
+        self.epoch = 0
+        self.restarts = 0
+        self.info: dict | None = None
+        self.sandboxed: bool | None = None
+        self.sandbox_reason = ""
+        self.pid: int | None = None  # the worker's pid as the worker sees it (inside its namespace)
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self._launch: sandbox_mod.Launch | None = None
+        self._pump: threading.Thread | None = None
+        self._finalizer = None
+        self._next_id = 0
+        self._substituted: list[str] = []
+        self._oracle = None
+        self._closed = False
+        self._import_error: RemoteImportError | None = None
+
+    # ----------------------------------------------------------------------------------------
+    # what the hello said
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _hello(self) -> dict:
+        if self.info is None:
+            self.start()
+        return self.info
+
+    @property
+    def label(self) -> str:
+        return self._hello()["label"]
+
+    @property
+    def names(self) -> frozenset:
+        return self._hello()["names"]
+
+    @property
+    def attributes(self) -> dict:
+        return self._hello()["attributes"]
+
+    @property
+    def rope_style(self):
+        return self.attributes.get("ROPE_STYLE", DEFAULT_ROPE_STYLE)
+
+    @property
+    def families(self):
+        return self.attributes.get("FAMILIES")
+
+    @property
+    def capabilities(self):
+        """As declared (``None`` when the implementation does not declare ``CAPABILITIES``)."""
+        return self.attributes.get("CAPABILITIES")
+
+    @property
+    def has_xfails(self) -> bool:
+        return self._hello()["has_xfails"]
+
+    def provides(self, name: str) -> bool:
+        return name in self.names
+
+    # ----------------------------------------------------------------------------------------
+    # starting and stopping
+
+    def start(self) -> dict:
+        """Start the worker if it is not running; returns its hello (``RemoteImportError`` when the
+        implementation cannot be imported)."""
+        if self._closed:
+            raise WorkerError("this worker was closed")
+        if self._import_error is not None:  # it will not import any better the next time
+            raise self._import_error
+        if self.alive and self.info is not None:
+            return self.info
+        self._stop()
+        self.generation += 1
+        self.epoch = 0
+        if self.generation > 1:
+            self.restarts += 1
+            self.log.feed(f"\n--- worker generation {self.generation} ---\n".encode())
+        parent, child = socket.socketpair()
+        launch = None
+        try:
+            launch = sandbox_mod.worker_command(
+                self.impl,
+                fd=child.fileno(),
+                ops=self.ops,
+                memory_mb=self.memory_mb,
+                max_procs=self.max_procs,
+                tmp_mb=self.tmp_mb,
+                guard=self.guard,
+                protect=self.protect,
+                sandbox=self.sandbox,
+                gpu=self.gpu,
+                workdir=self.workdir,
+            )
+            self.proc = subprocess.Popen(
+                launch.argv,
+                env=launch.env,
+                cwd=launch.cwd,
+                pass_fds=launch.pass_fds,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            parent.close()
+            if launch is not None:
+                launch.release()
+            raise
+        finally:
+            child.close()
+        self._launch, self.sock = launch, parent
+        self.sandboxed, self.sandbox_reason = launch.sandboxed, launch.reason
+        self._finalizer = weakref.finalize(self, _finalize, self.proc, launch)
+        self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log), daemon=True)
+        self._pump.start()
+        deadline = time.monotonic() + self.start_timeout
+        header, blobs = self._wait(None, deadline, None, "starting (importing the implementation)")
+        deadline = time.monotonic() + self.start_timeout
+        if header.get("type") != "hello":
+            self._protocol_error(f"expected a hello, got {wire.sanitize_str(str(header.get('type')), 40)!r}")
+        if "error" in header:
+            try:
+                error = RemoteError.from_data(header["error"])
+            except wire.WireError as exc:
+                self._protocol_error(exc)
+            self._stop()
+            self._import_error = RemoteImportError(
+                error.type, error.mro, error.message, error.where, error.not_implemented
+            )
+            raise self._import_error
+        self.info = self._read_hello(header, blobs)
+        self.pid = self.info["pid"]
+        if self._substituted:
+            self._simple("substitute", {"names": list(self._substituted)}, deadline=deadline)
+        return self.info
+
+    def _read_hello(self, header: dict, blobs) -> dict:
+        expected = {"type", "label", "names", "attributes", "has_xfails", "pid"}
+        if set(header) != expected:
+            self._protocol_error(f"a hello needs exactly {sorted(expected)}")
+        try:
+            decoder = wire.Decoder(blobs, self._make_handle, limits=self.limits)
+            attributes = decoder(header["attributes"])
+            decoder.finish()
+            names, label = header["names"], header["label"]
+            if type(names) is not list or not all(type(n) is str for n in names) or type(label) is not str:
+                raise wire.WireError("hello: names must be a list of strings, label a string")
+            if type(attributes) is not dict or type(header["has_xfails"]) is not bool or type(header["pid"]) is not int:
+                raise wire.WireError("hello: malformed attributes, has_xfails or pid")
+        except wire.WireError as exc:
+            self._protocol_error(exc)
+        return {
+            "label": wire.sanitize_str(label, 500),
+            "names": frozenset(wire.sanitize_str(n, 100) for n in names),
+            "attributes": attributes,
+            "has_xfails": header["has_xfails"],
+            "pid": header["pid"],
+        }
+
+    def _stop(self) -> int | None:
+        """Kill the worker's whole tree (if any) and forget it; its exit status."""
+        returncode = None
+        if self.proc is not None:
+            _kill_group(self.proc)
+            returncode = self.proc.returncode
+        if self._launch is not None:
+            self._launch.release()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._pump is not None:
+            self._pump.join(timeout=2.0)
+        if self.sock is not None:
+            self.sock.close()
+        self.proc, self.sock, self._launch, self._pump, self._finalizer = None, None, None, None, None
+        self.info = None
+        return returncode
+
+    def close(self) -> None:
+        """Ask the worker to exit, then kill whatever is left of its tree."""
+        if self._closed:
+            return
+        if self.alive and self.sock is not None:
+            try:
+                wire.send(self.sock, {"type": "exit", "id": self._new_id()}, timeout=1.0)
+                self.proc.wait(timeout=1.0)
+            except (OSError, wire.WireError, subprocess.TimeoutExpired):
+                pass
+        self._stop()
+        self._closed = True
+        self.log.close()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def log_text(self) -> str:
+        """What the worker printed (capped: head and tail)."""
+        return self.log.text()
+
+    # ----------------------------------------------------------------------------------------
+    # requests
+
+    def call(self, name: str, args=(), kwargs=None, *, deadline: float | None = None, oracle=None):
+        """The implementation's ``name(*args, **kwargs)``. ``deadline`` is a ``time.monotonic()``
+        value (default: now + ``call_timeout``); ``oracle(name, args, kwargs)`` answers substituted
+        names during this call (default: the one given to ``substitute``)."""
+        return self._run("call", name, args, kwargs, deadline, oracle)
+
+    def op(self, name: str, args=(), kwargs=None, *, deadline: float | None = None, oracle=None):
+        """The model operation ``OPS[name](implementation, *args, **kwargs)``."""
+        return self._run("op", name, args, kwargs, deadline, oracle)
+
+    def substitute(self, names, *, oracle=None, deadline: float | None = None) -> dict:
+        """Replace the named protocol functions inside the implementation by stubs that ask
+        ``oracle`` (here, per call, or the one given now). Returns ``{"replaced": {name: count}}``."""
+        names = [str(n) for n in names]
+        if oracle is not None:
+            self._oracle = oracle
+        self._substituted = names
+        return self._simple("substitute", {"names": names}, deadline=deadline)
+
+    def restore(self, *, deadline: float | None = None) -> None:
+        self._substituted = []
+        self._oracle = None
+        if self.alive:
+            self._simple("restore", {}, deadline=deadline)
+
+    def reset(self, *, deadline: float | None = None) -> None:
+        """Drop every handle the worker holds (handles from before raise ``StaleHandleError``)."""
+        self._simple("reset", {}, deadline=deadline)
+        self.epoch += 1
+
+    def ping(self, *, deadline: float | None = None) -> dict:
+        return self._simple("ping", {}, deadline=deadline)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _deadline(self, deadline: float | None) -> float:
+        return deadline if deadline is not None else time.monotonic() + self.call_timeout
+
+    def _started(self, deadline: float) -> float:
+        """Start the worker if needed; the deadline, moved on by the time (re)starting took (the
+        harness's time, not the implementation's)."""
+        if self.alive and self.info is not None:
+            return deadline
+        began = time.monotonic()
+        self.start()
+        return deadline + (time.monotonic() - began)
+
+    def _simple(self, kind: str, fields: dict, *, deadline: float | None):
+        deadline = self._started(self._deadline(deadline))
+        rid = self._new_id()
+        return self._exchange(rid, {"type": kind, "id": rid, **fields}, wire.Encoder(), deadline, None)
+
+    def _run(self, kind: str, name: str, args, kwargs, deadline, oracle):
+        deadline = self._started(self._deadline(deadline))
+        if type(args) not in (list, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
+            raise TypeError("args must be a list or tuple and kwargs a dict")
+        encoder = wire.Encoder(self._encode_object, limits=self.limits)
+        rid = self._new_id()
+        header = {
+            "type": kind,
+            "id": rid,
+            "name": str(name),
+            "args": encoder(tuple(args)),
+            "kwargs": encoder(dict(kwargs or {})),
+        }
+        return self._exchange(rid, header, encoder, deadline, oracle, f"{kind} {name}")
+
+    def _exchange(self, rid: int, header: dict, encoder: wire.Encoder, deadline: float, oracle, what: str = ""):
+        left = max(0.05, deadline - time.monotonic())
+        try:
+            wire.send(self.sock, header, encoder.blobs, timeout=left, limits=self.limits)
+        except wire.WireTimeout:
+            self._timed_out(deadline, f"reading the request for {what or header['type']}")
+        except (OSError, wire.WireError) as exc:
+            if isinstance(exc, wire.WireError) and not isinstance(exc, wire.WireClosed):
+                raise  # our own message is too large: nothing was sent
+            self._crashed()
+        answer, blobs = self._wait(rid, deadline, oracle, what or header["type"])
+        return self._result(answer, blobs, encoder)
+
+    def _result(self, answer: dict, blobs, encoder: wire.Encoder):
+        fields = set(answer) - {"type", "id"}
+        if fields not in ({"ok", "generators"}, {"error", "generators"}):
+            self._protocol_error(f"a reply needs ok or error, and generators; got {sorted(fields)}")
+        try:
+            decoder = wire.Decoder(blobs, self._make_handle, device=self.device, limits=self.limits)
+            states = answer["generators"]
+            nothing_ran = "error" in answer and states == []  # the worker could not even decode the request
+            if type(states) is not list or (len(states) != len(encoder.generators) and not nothing_ran):
+                raise wire.WireError(f"the reply carries {len(states)} generator states for {len(encoder.generators)}")
+            states = [decoder(s) for s in states]
+            value = decoder(answer["ok"]) if "ok" in answer else None
+            decoder.finish()
+            error = RemoteError.from_data(answer["error"]) if "error" in answer else None
+            for generator, state in zip(encoder.generators, states):
+                _set_state(generator, state)
+        except wire.WireError as exc:
+            self._protocol_error(exc)
+        if error is not None:
+            raise error
+        return value
+
+    def _wait(self, rid, deadline: float, oracle, what: str):
+        """The worker's answer to request ``rid`` (``None``: the hello), answering oracle requests
+        meanwhile; a timeout kills the worker, a dead worker is a ``WorkerCrashed``."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._timed_out(deadline, what)
+            if not wire.readable(self.sock, min(left, 0.2)):
+                if self.proc.poll() is not None and not wire.readable(self.sock, 0):
+                    self._crashed()
+                continue
+            try:
+                header, blobs = wire.recv(self.sock, timeout=max(left, 0.05), limits=self.limits)
+            except wire.WireTimeout:
+                self._timed_out(deadline, what)
+            except wire.WireClosed:
+                self._crashed()
+            except wire.WireError as exc:
+                self._protocol_error(exc)
+            except OSError:
+                self._crashed()
+            kind = header.get("type")
+            if kind == "oracle" and rid is not None:
+                self._answer_oracle(header, blobs, oracle or self._oracle)
+                continue
+            if (rid is None and kind == "hello") or (kind == "reply" and header.get("id") == rid):
+                return header, blobs
+            self._protocol_error(f"unexpected message {wire.sanitize_str(str(kind), 40)!r} while waiting for {what}")
+
+    def _answer_oracle(self, header: dict, blobs, oracle) -> None:
+        if set(header) != {"type", "id", "name", "args", "kwargs"} or type(header["id"]) is not int:
+            self._protocol_error("an oracle request needs exactly id, name, args, kwargs")
+        name = header["name"]
+        try:
+            decoder = wire.Decoder(blobs, self._make_handle, device=None, limits=self.limits)
+            args, kwargs = decoder(header["args"]), decoder(header["kwargs"])
+            decoder.finish()
+            if type(name) is not str or type(args) is not tuple or type(kwargs) is not dict:
+                raise wire.WireError("an oracle request needs a name, an args tuple and a kwargs dict")
+        except wire.WireError as exc:
+            self._protocol_error(exc)
+        encoder = wire.Encoder(self._encode_object, limits=self.limits)
+        answer = {"type": "oracle_result", "id": header["id"]}
+        if oracle is None:
+            answer["error"] = _error_report(RuntimeError(f"no oracle was given to answer {name}"))
+        else:
+            try:
+                answer["ok"] = encoder(oracle(name, args, kwargs))
+            except Exception as exc:  # noqa: BLE001 - reported to the worker, where the stub raises it
+                encoder = wire.Encoder(self._encode_object, limits=self.limits)
+                answer["error"] = _error_report(exc)
+            except BaseException:
+                self._stop()  # the worker waits for an answer it will not get
+                raise
+        answer["generators"] = [encoder(g.get_state()) for g in decoder.generators]
+        try:
+            wire.send(self.sock, answer, encoder.blobs, timeout=30.0, limits=self.limits)
+        except (OSError, wire.WireError):
+            self._crashed()
+
+    # ----------------------------------------------------------------------------------------
+    # handles
+
+    def _make_handle(self, handle_id: int, kind: str, type_name: str) -> RemoteHandle:
+        return RemoteHandle(handle_id, kind, type_name, self.generation, self.epoch, id(self))
+
+    def _encode_object(self, value) -> dict:
+        if isinstance(value, RemoteHandle):
+            if value.owner != id(self):
+                raise StaleHandleError(f"{value!r} belongs to another worker")
+            if value.generation != self.generation:
+                raise StaleHandleError(
+                    f"{value!r} was made by worker generation {value.generation}; the worker has since been "
+                    f"restarted (now generation {self.generation}) and that object is gone"
+                )
+            if value.epoch != self.epoch:
+                raise StaleHandleError(f"{value!r} was dropped by a reset() of the worker")
+            return {"$handle": value.id, "kind": value.kind, "type": value.type}
+        raise wire.WireError(f"a value of type {wire.qualname(type(value))} cannot be sent to the worker")
+
+    # ----------------------------------------------------------------------------------------
+    # failures
+
+    def _timed_out(self, deadline: float, what: str = "the request"):
+        self._stop()
+        raise WorkerTimeout(f"timed out: the worker did not finish {what} before the deadline (it was stopped)")
+
+    def _crashed(self):
+        proc = self.proc
+        returncode = None
+        if proc is not None:
+            try:
+                returncode = proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                returncode = None
+        sandboxed = bool(self.sandboxed)
+        self._stop()
+        reason, signal_name, status = describe_exit(returncode, sandboxed)
+        raise WorkerCrashed(reason, signal_name=signal_name, exit_status=status, log_tail=self.log.tail_text())
+
+    def _protocol_error(self, problem):
+        self._stop()
+        raise WorkerProtocolError(
+            f"broke the protocol: {wire.sanitize_str(str(problem), 500)}", log_tail=self.log.tail_text()
+        )
+
+
+def _set_state(generator, state) -> None:
+    import torch
+
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+        raise wire.WireError("a generator state must be a 1-D uint8 tensor")
+    try:
+        generator.set_state(state)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise wire.WireError(f"invalid generator state: {wire.sanitize_str(str(exc), 200)}") from None
+
+
+def _finalize(proc: subprocess.Popen, launch) -> None:
+    if proc.poll() is None:
+        _kill_group(proc)
+    launch.release()

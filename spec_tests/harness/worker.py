@@ -1,0 +1,508 @@
+"""The worker: runs next to a submission and executes protocol calls for the judge.
+
+    python -m spec_tests.harness.worker --impl SPEC --fd N [--ops MODULE_OR_FILE] [--memory-mb M]
+        [--max-procs P] [--guard] [--protect DIR ...]
+
+Started by ``remote.py`` (inside ``sandbox.py``'s sandbox when there is one). In order: resource
+limits (no core dumps, ``RLIMIT_AS`` when ``--memory-mb`` > 0, ``RLIMIT_NPROC`` when
+``--max-procs`` > 0), the socket inherited as fd ``N``, torch with one thread, the model-operation
+registry (``--ops``: a module exposing ``OPS: dict[str, callable]``, default
+``spec_tests.harness.model_ops``, or a path to a ``.py`` file), the in-process guard (``--guard``),
+and the implementation. Then a ``hello`` message: the label, the protocol names it defines, the
+module attributes ``ROPE_STYLE``, ``FAMILIES``, ``CAPABILITIES`` it declares, whether it declares
+``SPEC_XFAILS``; or, when the import failed, the error, after which the worker exits.
+
+Requests (JSON headers, see ``wire.py``; each has an ``id`` and gets one ``reply``):
+
+- ``call`` {name, args, kwargs}: the implementation's protocol function;
+- ``op`` {name, args, kwargs}: ``OPS[name](implementation, *args, **kwargs)``;
+- ``substitute`` {names}: each named protocol function, wherever the implementation's own modules
+  refer to it (module globals of every module whose file lies inside the implementation's folder,
+  or is its file, plus the implementation object's attribute), is replaced by a stub that sends an
+  ``oracle`` request {name, args, kwargs} to the judge and returns its ``oracle_result`` (or raises
+  the error it reports); ``restore`` undoes it;
+- ``reset``: drop every handle; ``ping``; ``exit``.
+
+A reply is ``{"ok": value}`` or ``{"error": {type, mro, message, where, not_implemented}}``, plus
+``generators``: the state, after the call, of each ``torch.Generator`` the request carried, so that
+the judge's generators follow the same stream as they would in-process. Anything a call returns
+that is not plain data stays here and is sent as a handle. The submission may print: stdout and
+stderr are not the protocol channel (the judge keeps a capped log of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import gc
+import importlib
+import importlib.util
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+from spec_tests.harness import wire
+from spec_tests.impl_loading import load_implementation  # moves to spec_tests.harness.loading
+from spec_tests.protocol import PROTOCOL_NAMES
+
+DEFAULT_OPS = "spec_tests.harness.model_ops"
+MESSAGE_CAP = 4000
+DECLARED_ATTRIBUTES = ("ROPE_STYLE", "FAMILIES", "CAPABILITIES")
+_MISSING = object()
+
+
+def limit_resources(memory_mb: int, max_procs: int) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if memory_mb > 0:
+        limit = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if max_procs > 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_procs, max_procs))
+
+
+def die_with_parent() -> None:
+    """SIGKILL for this process when its parent dies (Linux ``PR_SET_PDEATHSIG``): a judge that is
+    killed does not leave a busy worker behind (the sandbox has its own means; this is for the fallback)."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(5)
+
+
+def submission_root(spec: str, impl) -> str | None:
+    """The file or folder whose modules are the submission's own (``where``, substitution)."""
+    if os.path.exists(spec):
+        return os.path.realpath(spec)
+    module = impl if type(impl).__name__ == "module" else sys.modules.get(spec.partition(":")[0])
+    path = getattr(module, "__file__", None) if module is not None else None
+    if not isinstance(path, str):
+        return None
+    path = os.path.realpath(path)
+    return os.path.dirname(path) if os.path.basename(path) == "__init__.py" else path
+
+
+def _inside(path: str, root: str | None) -> bool:
+    if root is None or not isinstance(path, str):
+        return False
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return False
+    return real == root or real.startswith(root + os.sep)
+
+
+def _where(exc: BaseException, root: str | None) -> str | None:
+    where = None
+    try:
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if _inside(frame.filename, root):
+                rel = os.path.relpath(os.path.realpath(frame.filename), os.path.dirname(root))
+                where = f"{rel}:{frame.lineno} in {frame.name}"
+        if where is None and isinstance(exc, SyntaxError) and _inside(exc.filename, root):
+            where = f"{os.path.relpath(os.path.realpath(exc.filename), os.path.dirname(root))}:{exc.lineno}"
+    except Exception:  # noqa: BLE001 - a broken traceback must not take the worker down
+        return None
+    return wire.sanitize_str(where, 500) if where else None
+
+
+def error_data(exc: BaseException, root: str | None, message: str | None = None) -> dict:
+    """An exception as plain data (computed defensively: the exception is the submission's)."""
+    kind = type(exc)
+    mro = [wire.qualname(c) for c in kind.__mro__ if c is not object][:32]
+    if message is None:
+        message = _safe_str(exc)  # __str__ may raise anything
+    return {
+        "type": wire.sanitize_str(kind.__name__, 200),
+        "mro": mro,
+        "message": wire.sanitize_str(message, MESSAGE_CAP),
+        "where": _where(exc, root),
+        "not_implemented": issubclass(kind, NotImplementedError),
+    }
+
+
+class OracleError(RuntimeError):
+    """The judge's oracle raised an error that is not a builtin exception."""
+
+
+def _raise_reported(error: dict):
+    kind = getattr(builtins, str(error.get("type")), None)
+    message = str(error.get("message", ""))
+    if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, OSError):
+        raise kind(message)
+    raise OracleError(f"{error.get('type')}: {message}")
+
+
+class Server:
+    def __init__(self, sock: socket.socket, impl, root: str | None, ops: dict, ops_error: str | None):
+        self.sock, self.impl, self.root = sock, impl, root
+        self.ops, self.ops_error = ops, ops_error
+        self.objects: dict[int, object] = {}
+        self.ids: dict[int, int] = {}
+        self.next_handle = 0
+        self.next_oracle = 0
+        self.patches: list = []
+        self.lock = threading.Lock()
+
+    # handles --------------------------------------------------------------------------------
+    def register(self, obj) -> dict:
+        key = id(obj)
+        handle = self.ids.get(key)
+        if handle is None or self.objects.get(handle) is not obj:
+            handle = self.next_handle
+            self.next_handle += 1
+            self.objects[handle] = obj
+            self.ids[key] = handle
+        return {"$handle": handle, "kind": _kind(obj), "type": wire.qualname(type(obj))}
+
+    def lookup(self, handle: int, kind: str, type_name: str):
+        if handle not in self.objects:
+            raise wire.WireError(f"handle {handle} ({type_name}) is not held by this worker (reset or restarted?)")
+        return self.objects[handle]
+
+    # messages -------------------------------------------------------------------------------
+    def send(self, header: dict, blobs=()) -> None:
+        with self.lock:  # a thread the submission left running may ask an oracle too
+            wire.send(self.sock, header, blobs)
+
+    def reply(self, rid, *, ok=None, error=None, generators=()) -> None:
+        encoder = wire.Encoder(self.register)
+        header = {"type": "reply", "id": rid}
+        try:
+            states = [encoder(_generator_state(g)) for g in generators]
+            if error is None:
+                header["ok"] = encoder(ok)
+            else:
+                header["error"] = error
+        except BaseException as exc:  # noqa: BLE001 - the result could not be encoded
+            encoder = wire.Encoder(self.register)
+            states = [encoder(_generator_state(g)) for g in generators]
+            header.pop("ok", None)
+            header["error"] = error_data(exc, self.root, f"the result could not be sent: {_text(exc)}")
+        header["generators"] = states
+        self.send(header, encoder.blobs)
+
+    def serve(self) -> None:
+        while True:
+            _flush()
+            try:
+                header, blobs = wire.recv(self.sock)
+            except wire.WireClosed:
+                return
+            kind, rid = header.get("type"), header.get("id")
+            if type(rid) is not int:
+                raise wire.WireError(f"a request without an integer id: {wire.sanitize_str(str(header)[:200])}")
+            if kind in ("call", "op"):
+                self.run(kind, rid, header, blobs)
+            elif kind == "substitute":
+                names = header.get("names")
+                if type(names) is not list or not all(type(n) is str for n in names):
+                    self.reply(rid, error=_plain_error("WireError", "substitute needs a list of names"))
+                    continue
+                try:
+                    self.reply(rid, ok=self.substitute(names))
+                except ValueError as exc:
+                    self.reply(rid, error=error_data(exc, self.root))
+            elif kind == "restore":
+                self.restore()
+                self.reply(rid, ok=None)
+            elif kind == "reset":
+                self.restore_handles()
+                self.reply(rid, ok=None)
+            elif kind == "ping":
+                self.reply(rid, ok={"pid": os.getpid(), "handles": len(self.objects)})
+            elif kind == "exit":
+                self.reply(rid, ok=None)
+                return
+            else:
+                self.reply(rid, error=_plain_error("WireError", f"unknown request type {wire.sanitize_str(str(kind))}"))
+
+    def run(self, kind: str, rid: int, header: dict, blobs) -> None:
+        decoder = wire.Decoder(blobs, self.lookup)
+        try:
+            if set(header) != {"type", "id", "name", "args", "kwargs"}:
+                raise wire.WireError(f"a {kind} request has fields {sorted(header)}")
+            name = header["name"]
+            args, kwargs = decoder(header["args"]), decoder(header["kwargs"])
+            decoder.finish()
+            if type(args) not in (list, tuple) or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
+                raise wire.WireError("args must be a list or tuple and kwargs a dict with str keys")
+            fn = self.function(kind, name)
+        except (wire.WireError, LookupError) as exc:  # nothing ran: no generator states to report
+            self.reply(rid, error=error_data(exc, None))
+            return
+        try:
+            result = fn(self.impl, *args, **kwargs) if kind == "op" else fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - whatever the submission raises is reported as data
+            error = error_data(exc, self.root)
+            del exc
+            self.reply(rid, error=error, generators=decoder.generators)
+            return
+        del args, kwargs
+        self.reply(rid, ok=result, generators=decoder.generators)
+
+    def function(self, kind: str, name):
+        if type(name) is not str:
+            raise LookupError("the name must be a string")
+        if kind == "op":
+            if name not in self.ops:
+                extra = f" ({self.ops_error})" if self.ops_error else ""
+                raise LookupError(f"no model operation {wire.sanitize_str(name, 100)!r}{extra}")
+            return self.ops[name]
+        if name not in PROTOCOL_NAMES:
+            raise LookupError(f"{wire.sanitize_str(name, 100)!r} is not a protocol v1 name")
+        fn = getattr(self.impl, name, None)
+        if fn is None:
+            raise LookupError(f"the implementation does not provide {name}")
+        return fn
+
+    def restore_handles(self) -> None:
+        self.objects.clear()
+        self.ids.clear()
+        gc.collect()
+
+    # substitution ---------------------------------------------------------------------------
+    def substitute(self, names: list[str]) -> dict:
+        self.restore()
+        originals = {}
+        for name in names:
+            if name not in PROTOCOL_NAMES:
+                raise ValueError(f"{wire.sanitize_str(name, 100)!r} is not a protocol v1 name")
+            fn = getattr(self.impl, name, None)
+            if fn is not None:
+                originals[name] = fn
+        stubs = {name: self.stub(name) for name in originals}
+        by_id = {id(fn): name for name, fn in originals.items()}
+        replaced = dict.fromkeys(originals, 0)
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if type(namespace) is not dict or not _inside(namespace.get("__file__"), self.root):
+                continue
+            for key, value in list(namespace.items()):
+                name = by_id.get(id(value))
+                if name is not None and value is originals[name]:
+                    namespace[key] = stubs[name]
+                    self.patches.append((namespace, key, value, stubs[name]))
+                    replaced[name] += 1
+        for name, fn in originals.items():
+            if getattr(self.impl, name, None) is fn:
+                try:
+                    setattr(self.impl, name, stubs[name])
+                    self.patches.append((self.impl, name, fn, stubs[name]))
+                    replaced[name] += 1
+                except (AttributeError, TypeError):
+                    pass
+        return {"replaced": replaced}
+
+    def restore(self) -> None:
+        for target, key, original, stub in reversed(self.patches):
+            if type(target) is dict:
+                if target.get(key) is stub:
+                    target[key] = original
+            elif getattr(target, key, None) is stub:
+                setattr(target, key, original)
+        self.patches.clear()
+
+    def stub(self, name: str):
+        server = self
+
+        def oracle_stub(*args, **kwargs):
+            return server.ask_oracle(name, args, kwargs)
+
+        oracle_stub.__name__ = oracle_stub.__qualname__ = name
+        oracle_stub.__doc__ = f"{name}, answered by the judge's oracle (a substituted protocol function)"
+        return oracle_stub
+
+    def ask_oracle(self, name: str, args, kwargs):
+        oid = self.next_oracle
+        self.next_oracle += 1
+        encoder = wire.Encoder(self.register)
+        header = {"type": "oracle", "id": oid, "name": name, "args": encoder(tuple(args)), "kwargs": encoder(kwargs)}
+        self.send(header, encoder.blobs)
+        try:
+            answer, blobs = wire.recv(self.sock)
+            if answer.get("type") != "oracle_result" or answer.get("id") != oid:
+                raise wire.WireError(f"expected the oracle_result {oid}, got {wire.sanitize_str(str(answer)[:200])}")
+            decoder = wire.Decoder(blobs, self.lookup)
+            states = [decoder(s) for s in answer.get("generators", [])]
+            value = decoder(answer["ok"]) if "ok" in answer else None
+            decoder.finish()
+        except (wire.WireError, KeyError) as exc:  # the channel is broken: nothing sensible is left to do
+            print(f"worker: protocol error while waiting for an oracle answer: {exc}", file=sys.stderr)
+            _flush()
+            os._exit(4)
+        for generator, state in zip(encoder.generators, states):
+            generator.set_state(state)
+        if "error" in answer:
+            _raise_reported(answer["error"] if type(answer["error"]) is dict else {})
+        return value
+
+
+def _generator_state(generator):
+    import torch
+
+    return torch.Generator.get_state(generator)
+
+
+def _kind(obj) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(obj, torch.nn.Module):
+            return "module"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+    return "callable" if callable(obj) else "object"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+        return text if type(text) is str else f"<unprintable {type(exc).__name__}>"
+    except BaseException:  # noqa: BLE001
+        return f"<unprintable {type(exc).__name__}>"
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except BaseException:  # noqa: BLE001
+        return f"<unprintable {type(exc).__name__}>"
+
+
+def _plain_error(type_name: str, message: str) -> dict:
+    return {"type": type_name, "mro": [], "message": message, "where": None, "not_implemented": False}
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - the submission may have replaced the streams
+            pass
+
+
+def load_ops(spec: str | None):
+    """``(OPS dict, error text or None)``."""
+    try:
+        if spec and spec.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location("_spec_worker_ops", spec)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(spec or DEFAULT_OPS)
+    except ModuleNotFoundError as exc:
+        if spec is None and exc.name is not None and DEFAULT_OPS.startswith(exc.name):
+            return {}, f"no model operations: {DEFAULT_OPS} does not exist"
+        raise
+    ops = getattr(module, "OPS", None)
+    if not isinstance(ops, dict):
+        raise TypeError(f"the ops module {spec or DEFAULT_OPS} has no OPS dict")
+    return dict(ops), None
+
+
+def hello(impl, label: str) -> dict:
+    names = []
+    for name in PROTOCOL_NAMES:
+        try:
+            if getattr(impl, name, None) is not None:
+                names.append(name)
+        except Exception as exc:  # noqa: BLE001 - a module __getattr__ may raise anything
+            print(f"worker: looking up {name} raised {_text(exc)}; treated as not provided", file=sys.stderr)
+    attributes = {}
+    for attr in DECLARED_ATTRIBUTES:
+        try:
+            value = getattr(impl, attr, _MISSING)
+        except Exception:  # noqa: BLE001
+            value = _MISSING
+        if value is _MISSING:
+            continue
+        if isinstance(value, (set, frozenset)):
+            value = sorted(value, key=str)
+        attributes[attr] = value
+    try:
+        has_xfails = getattr(impl, "SPEC_XFAILS", None) is not None
+    except Exception:  # noqa: BLE001
+        has_xfails = False
+    return {
+        "type": "hello",
+        "label": label,
+        "names": names,
+        "attributes": attributes,
+        "has_xfails": has_xfails,
+        "pid": os.getpid(),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.worker")
+    parser.add_argument("--impl", required=True)
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--ops", default=None)
+    parser.add_argument("--memory-mb", type=int, default=0)
+    parser.add_argument("--max-procs", type=int, default=0)
+    parser.add_argument("--guard", action="store_true")
+    parser.add_argument("--protect", action="append", default=[])
+    args = parser.parse_args(argv)
+
+    limit_resources(args.memory_mb, args.max_procs)
+    die_with_parent()
+    sock = socket.socket(fileno=args.fd)
+    sock.set_inheritable(False)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - for the lifetime of the process
+
+    def fail(error: dict) -> int:
+        wire.send(sock, {"type": "hello", "error": error})
+        _flush()
+        return 3
+
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        ops, ops_error = load_ops(args.ops)
+    except BaseException as exc:  # noqa: BLE001
+        return fail(error_data(exc, None, f"the worker could not start: {_text(exc)}"))
+    if args.guard:
+        from spec_tests.harness.guard import Guard
+
+        Guard(args.protect, args.impl if os.path.exists(args.impl) else None, on_block=_report_block).install()
+    try:
+        impl, label = load_implementation(args.impl)
+    except BaseException as exc:  # noqa: BLE001 - whatever importing the submission does
+        # the loader wraps the submission's own error (its __cause__) in one sentence naming the file
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        root = os.path.realpath(args.impl) if os.path.exists(args.impl) else None
+        return fail(error_data(cause, root, _safe_str(exc) if cause is not exc else None))
+    root = submission_root(args.impl, impl)
+    server = Server(sock, impl, root, ops, ops_error)
+    header = hello(impl, label)
+    encoder = wire.Encoder(server.register)
+    header["attributes"] = encoder(header["attributes"])
+    wire.send(sock, header, encoder.blobs)
+    try:
+        server.serve()
+    except wire.WireError as exc:
+        print(f"worker: protocol error: {exc}", file=sys.stderr)
+        _flush()
+        return 2
+    _flush()
+    return 0
+
+
+def _report_block(what: str, where: str | None) -> None:
+    print(f"worker guard: blocked {what}" + (f" at {where}" if where else ""), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    code = main()
+    _flush()
+    os._exit(code)

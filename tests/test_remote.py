@@ -1,0 +1,309 @@
+"""spec_tests/harness/remote.py and worker.py: the judge's requests to a worker running a toy
+implementation (tests/remote_toy_impl.py), in the sandbox where one is available."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from spec_tests.harness import wire
+from spec_tests.harness.remote import (
+    RemoteError,
+    RemoteHandle,
+    RemoteImportError,
+    StaleHandleError,
+    Worker,
+    WorkerCrashed,
+    WorkerTimeout,
+)
+
+HERE = Path(__file__).resolve().parent
+TOY = HERE / "remote_toy_impl.py"
+OPS = HERE / "remote_ops_fixture.py"
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker(TOY, ops=OPS, memory_mb=3072, call_timeout=30)
+    w.start()
+    yield w
+    w.close()
+
+
+def soon(seconds: float = 20.0) -> float:
+    return time.monotonic() + seconds
+
+
+def test_hello_describes_the_implementation(worker):
+    assert worker.label.endswith("remote_toy_impl.py")
+    assert {"softmax", "cross_entropy", "build_model", "sample", "generate"} <= worker.names
+    assert "lm_loss" not in worker.names and "rope" not in worker.names
+    assert worker.rope_style == "half" and worker.families == ("llama",)
+    assert worker.capabilities == ["gqa", "tied_head"]  # a set arrives sorted
+    assert worker.has_xfails is False
+    assert worker.provides("softmax") and not worker.provides("rope")
+
+
+def test_a_correct_function_returns_exact_plain_tensors(worker):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        x = torch.randn(3, 5, dtype=torch.float64).to(dtype)
+        out = worker.call("softmax", (x,), {"dim": -1}, deadline=soon())
+        assert type(out) is torch.Tensor and out.dtype == dtype
+        assert torch.equal(out, torch.softmax(x, -1))
+
+
+def test_not_implemented_is_reported_with_where(worker):
+    with pytest.raises(RemoteError) as info:
+        worker.call("layernorm", (1, 2, 3), deadline=soon())
+    err = info.value
+    assert err.not_implemented and err.is_a(NotImplementedError) and err.type == "NotImplementedError"
+    assert err.message == "layernorm is still to do"
+    assert err.where.startswith("remote_toy_impl.py:") and err.where.endswith(" in layernorm")
+
+
+def test_an_exception_that_cannot_be_printed(worker):
+    with pytest.raises(RemoteError) as info:
+        worker.call("linear", (1, 2), deadline=soon())
+    err = info.value
+    assert err.message == "<unprintable _Unprintable>" and err.is_a(ValueError) and not err.not_implemented
+    assert err.mro[0].endswith("._Unprintable") and "builtins.ValueError" in err.mro
+
+
+def test_too_much_memory_is_an_error_and_the_worker_lives_on(worker):
+    generation = worker.generation
+    with pytest.raises(RemoteError) as info:
+        worker.call("embedding", (1, 2), deadline=soon())
+    assert "allocate" in info.value.message
+    assert worker.ping(deadline=soon())["pid"] == worker.pid and worker.generation == generation
+
+
+def test_a_lying_tensor_subclass_arrives_as_its_true_bytes(worker):
+    out = worker.call("sinusoidal_positions", (2, 3), deadline=soon())
+    assert type(out) is torch.Tensor
+    assert torch.equal(out, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert not torch.equal(out, torch.zeros(2, 3))
+
+
+def test_an_int_that_claims_to_equal_anything_arrives_as_a_plain_int(worker):
+    out = worker.call("kv_cache_bytes", ({}, 1, 2), deadline=soon())
+    assert type(out) is int and out == 5 and out != 124439808
+
+
+def test_objects_stay_in_the_worker_as_handles(worker):
+    model = worker.call("build_model", ({"d": 3},), deadline=soon())
+    assert isinstance(model, RemoteHandle) and model.kind == "module" and model.type.endswith("Linear")
+    assert model.generation == worker.generation
+    assert worker.call("count_parameters", (model,), deadline=soon()) == 9
+    state = worker.call("canonical_state_dict", (model,), deadline=soon())
+    assert list(state) == ["weight"] and type(state["weight"]) is torch.Tensor and state["weight"].shape == (3, 3)
+    facts = worker.op("parameter_facts", (model,), deadline=soon())
+    assert facts == {"weight": ((3, 3), torch.float32, True)}
+    model64 = worker.op("build", ({"d": 2}, torch.float64), deadline=soon())
+    assert worker.op("parameter_facts", (model64,), deadline=soon())["weight"][1] == torch.float64
+
+
+def test_handles_are_stale_after_reset(worker):
+    model = worker.call("build_model", ({"d": 2},), deadline=soon())
+    assert worker.ping(deadline=soon())["handles"] >= 1
+    worker.reset(deadline=soon())
+    assert worker.ping(deadline=soon())["handles"] == 0
+    with pytest.raises(StaleHandleError, match="reset"):
+        worker.call("count_parameters", (model,), deadline=soon())
+
+
+def test_unsendable_arguments_are_refused_before_sending(worker):
+    with pytest.raises(wire.WireError, match="cannot be sent"):
+        worker.call("softmax", (object(),), deadline=soon())
+    assert worker.call("softmax", (torch.zeros(2),), deadline=soon()).tolist() == [0.5, 0.5]
+
+
+def test_a_request_the_worker_cannot_decode_is_an_error_not_a_crash(worker):
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
+    generation = worker.generation
+    with pytest.raises(RemoteError, match="does not provide rope"):
+        worker.call("rope", (torch.zeros(2),), {"generator": g}, deadline=soon())
+    forged = RemoteHandle(9999, "module", "x.Model", worker.generation, worker.epoch, id(worker))
+    with pytest.raises(RemoteError, match="handle 9999 .* is not held by this worker"):
+        worker.call("count_parameters", (forged,), {"generator": g}, deadline=soon())
+    assert torch.equal(g.get_state(), before) and worker.generation == generation
+
+
+def test_unknown_names_are_errors(worker):
+    with pytest.raises(RemoteError, match="not a protocol v1 name"):
+        worker.call("os_system", (), deadline=soon())
+    with pytest.raises(RemoteError, match="does not provide rope"):
+        worker.call("rope", (1, 2), deadline=soon())
+    with pytest.raises(RemoteError, match="no model operation"):
+        worker.op("nonexistent", (), deadline=soon())
+
+
+def test_timeout_kills_the_worker_within_the_deadline_and_the_next_call_restarts(worker):
+    model = worker.call("build_model", ({"d": 2},), deadline=soon())
+    generation = worker.generation
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeout, match="call silu"):
+        worker.call("silu", (torch.zeros(1),), deadline=start + 1.5)
+    took = time.monotonic() - start
+    assert 1.4 <= took < 2.5, took
+    assert not worker.alive
+    assert worker.call("softmax", (torch.zeros(2),), deadline=soon()).tolist() == [0.5, 0.5]
+    assert worker.generation == generation + 1
+    with pytest.raises(StaleHandleError, match=f"generation {generation}; the worker has since been restarted"):
+        worker.call("count_parameters", (model,), deadline=soon())
+
+
+def test_restarting_is_not_charged_to_the_deadline(worker):
+    with pytest.raises(WorkerCrashed):
+        worker.call("rmsnorm", (1, 2), deadline=soon())
+    started = time.monotonic()
+    out = worker.call("softmax", (torch.zeros(2),), deadline=started + 0.3)  # a restart takes longer than that
+    assert out.tolist() == [0.5, 0.5] and time.monotonic() - started > 0.3
+
+
+@pytest.mark.parametrize(
+    "name, args, signal_name, reason",
+    [
+        ("rmsnorm", (1, 2), "SIGSEGV", "crashed with a segmentation fault (SIGSEGV)"),
+        ("flash_attention", (1, 2, 3), "SIGKILL", "was killed (SIGKILL), usually for using too much memory"),
+        ("repeat_kv", (1, 2), None, "ended with exit status 7"),
+    ],
+)
+def test_crashes_are_reported_and_followed_by_a_fresh_worker(worker, name, args, signal_name, reason):
+    generation = worker.generation
+    worker.call("causal_mask", (2, 2), deadline=soon())  # something in the log
+    with pytest.raises(WorkerCrashed) as info:
+        worker.call(name, args, deadline=soon())
+    assert reason in str(info.value) and info.value.signal_name == signal_name
+    assert info.value.exit_status == (7 if signal_name is None else None)
+    assert "hello from causal_mask" in info.value.log_tail
+    assert worker.call("softmax", (torch.zeros(2),), deadline=soon()).tolist() == [0.5, 0.5]
+    assert worker.generation == generation + 1
+
+
+def test_generators_follow_the_same_stream_as_in_process(worker):
+    logits = torch.randn(4, 10)
+    remote_g = torch.Generator().manual_seed(7)
+    local_g = torch.Generator().manual_seed(7)
+    for _ in range(3):  # one generator reused across calls
+        got = worker.call("sample", (logits,), {"generator": remote_g}, deadline=soon())
+        want = torch.multinomial(torch.softmax(logits, -1), 1, generator=local_g).squeeze(-1)
+        assert torch.equal(got, want)
+    assert torch.equal(remote_g.get_state(), local_g.get_state())
+    data = torch.arange(100)
+    x, y = worker.call("get_batch", (data, 4, 8), {"generator": remote_g}, deadline=soon())
+    starts = torch.randint(0, 92, (4,), generator=local_g)
+    assert torch.equal(x[:, 0], starts) and torch.equal(y[:, 0], starts + 1)
+    assert torch.equal(remote_g.get_state(), local_g.get_state())
+    # the generator state also comes back when the call fails
+    with pytest.raises(RemoteError, match="random_ expects"):
+        worker.call("get_batch", (torch.arange(3), 4, 8), {"generator": remote_g}, deadline=soon())
+    assert torch.equal(remote_g.get_state(), local_g.get_state())
+
+
+def test_substitution_asks_the_judges_oracle(worker):
+    logits = torch.randn(3, 5, dtype=torch.float64)
+    targets = torch.tensor([0, 4, 2])
+    own = worker.call("cross_entropy", (logits, targets), deadline=soon())
+    assert torch.allclose(own, torch.nn.functional.cross_entropy(logits, targets))
+    asked = []
+
+    def uniform(name, args, kwargs):
+        asked.append((name, args, kwargs))
+        return torch.full_like(args[0], 0.2)
+
+    assert worker.substitute(["softmax"], oracle=uniform, deadline=soon()) == {"replaced": {"softmax": 1}}
+    try:
+        out = worker.call("cross_entropy", (logits, targets), deadline=soon())
+        assert math.isclose(out.item(), math.log(5)) and out.dtype == torch.float64
+        assert len(asked) == 1 and asked[0][0] == "softmax" and torch.equal(asked[0][1][0], logits)
+        assert asked[0][1][1:] == (-1,) and asked[0][2] == {}
+
+        def refuse(name, args, kwargs):
+            raise ValueError("the oracle refuses")
+
+        with pytest.raises(RemoteError) as info:  # the stub raises the oracle's error inside the worker
+            worker.call("cross_entropy", (logits, targets), deadline=soon(), oracle=refuse)
+        assert info.value.is_a(ValueError) and info.value.message == "the oracle refuses"
+        assert info.value.where.endswith("in cross_entropy")
+    finally:
+        worker.restore(deadline=soon())
+    assert torch.equal(worker.call("cross_entropy", (logits, targets), deadline=soon()), own)
+
+
+def test_substituted_generators_stay_in_step(worker):
+    """generate -> (substituted) sample: the judge's generator goes to the worker, on to the oracle, back."""
+    prompt = torch.randn(2, 6)
+    local = torch.Generator().manual_seed(3)
+    expected = torch.stack(
+        [torch.multinomial(torch.softmax(prompt, -1), 1, generator=local).squeeze(-1) for _ in range(4)], -1
+    )
+
+    def oracle(name, args, kwargs):
+        assert name == "sample" and isinstance(kwargs["generator"], torch.Generator)
+        logits, temperature = args
+        probs = torch.softmax(logits / temperature, -1)
+        return torch.multinomial(probs, 1, generator=kwargs["generator"]).squeeze(-1)
+
+    g = torch.Generator().manual_seed(3)
+    worker.substitute(["sample"], oracle=oracle, deadline=soon())
+    try:
+        out = worker.call("generate", (None, prompt, 4), {"generator": g}, deadline=soon())
+    finally:
+        worker.restore(deadline=soon())
+    assert torch.equal(out, expected) and torch.equal(g.get_state(), local.get_state())
+
+
+def test_without_an_oracle_a_stub_raises(worker):
+    worker.substitute(["softmax"], deadline=soon())
+    try:
+        with pytest.raises(RemoteError, match="no oracle was given to answer softmax"):
+            worker.call("cross_entropy", (torch.randn(2, 3), torch.tensor([0, 1])), deadline=soon())
+    finally:
+        worker.restore(deadline=soon())
+
+
+def test_printing_does_not_disturb_the_channel(worker):
+    out = worker.call("causal_mask", (2, 3), deadline=soon())
+    assert torch.equal(out, torch.ones(2, 3, dtype=torch.bool).tril(1))
+    worker.ping(deadline=soon())
+    text = worker.log_text()
+    assert "hello from causal_mask" in text and "to stderr" in text and "raw bytes on fd 1" in text
+    assert "\x00" not in text
+
+
+def test_the_log_is_capped(tmp_path):
+    from spec_tests.harness.remote import CappedLog
+
+    log = CappedLog(str(tmp_path / "log"), cap=4096)
+    for i in range(1000):
+        log.feed(f"line {i}\n".encode())
+    text = log.text()
+    assert text.startswith("line 0\n") and text.endswith("line 999\n") and "bytes of output dropped" in text
+    assert len(text) < 4096 + 100
+    log.close()
+    assert (tmp_path / "log").stat().st_size < 4096 + 100
+
+
+def test_import_failures_are_reported_with_where(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nraise ValueError('no model today')\n")
+    with Worker(broken, start_timeout=60) as w:
+        with pytest.raises(RemoteImportError) as info:
+            w.start()
+        started = time.monotonic()
+        with pytest.raises(RemoteImportError):  # remembered, not retried
+            w.call("softmax", (torch.zeros(2),))
+        assert time.monotonic() - started < 0.5
+    err = info.value
+    assert err.type == "ValueError" and err.where == "broken.py:2 in <module>"
+    assert "failed to import" in err.message and "no model today" in err.message
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("def f(:\n")
+    with Worker(syntax, start_timeout=60) as w, pytest.raises(RemoteImportError) as info:
+        w.start()
+    assert info.value.type == "SyntaxError" and info.value.where == "syntax.py:1"
