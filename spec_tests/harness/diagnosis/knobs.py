@@ -1336,7 +1336,7 @@ def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol):
         summary = vs[0].summary + ("; equally: " + "; ".join(v.summary for v in vs[1:]) if len(vs) > 1 else "")
         evidence = (
             f"{name} as specified but with this knob changed reproduces actual within {tol} at every entry; "
-            f"{tried - len(matches)} other knob settings that change the output on these inputs do not"
+            f"{len(matches)} of the {tried} knob settings that change the output on these inputs fit"
         )
         if ambiguous:
             others = [x.summary for c, xs in by_code.items() if c != code for x in xs]

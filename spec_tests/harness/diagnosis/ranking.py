@@ -32,7 +32,7 @@ FAMILIES = {
     "noop": "noop",
 }
 CLOSE = 0.1  # confidences closer than this are "close"
-SHOWN = 4  # at most this many lines
+SHOWN = 5  # at most this many lines
 
 
 def specificity(cause: Cause) -> int:
@@ -67,25 +67,37 @@ def conflicting(a: Cause, b: Cause) -> bool:
     return FAMILIES.get(a.code, a.code) != FAMILIES.get(b.code, b.code)
 
 
+def is_ambiguous(cause: Cause) -> bool:
+    """A cause its detector marked ambiguous (several knob settings of different codes fit)."""
+    return cause.summary.startswith("ambiguous")
+
+
 def describe(causes) -> list[str]:
     """The ``likely cause`` lines for a failure, best first; empty when nothing fits."""
     ranked = [c for c in rank(causes) if c.confidence >= WEAK]
     if not ranked:
         return []
     top = ranked[0]
-    rivals = [c for c in ranked[1:] if top.confidence - c.confidence < CLOSE and conflicting(top, c)]
-    # a cause the detectors themselves marked ambiguous (several knob settings fit)
-    if rivals or top.summary.startswith("ambiguous"):
-        fitting = [top, *rivals] if rivals else [c for c in ranked if c.summary.startswith("ambiguous")]
+    knobs = [c for c in ranked if specificity(c) == 2]
+    fitting: list[Cause] = []
+    if knobs and all(is_ambiguous(c) for c in knobs):
+        fitting = knobs  # the most specific evidence does not single out one knob
+    else:
+        rivals = [c for c in ranked[1:] if top.confidence - c.confidence < CLOSE and conflicting(top, c)]
+        if rivals:
+            fitting = [top, *rivals]
+    if fitting:
         names = "; or ".join(_short(c) for c in fitting)
         lines = [f"likely cause (ambiguous, {len(fitting)} fit): {names}"]
         lines += [f"likely cause (one of {len(fitting)}, unconfirmed): {c.body()}" for c in fitting]
-        return lines[:SHOWN]
-    if top.confidence < LOCAL:
-        lines = [f"likely cause (weak evidence, {top.confidence:.2f}): {top.body()}"]
+        rest = [c for c in ranked if c not in fitting]
     else:
-        lines = [top.line()]
-    for c in ranked[1:]:
+        if top.confidence < LOCAL:
+            lines = [f"likely cause (weak evidence, {top.confidence:.2f}): {top.body()}"]
+        else:
+            lines = [top.line()]
+        rest = ranked[1:]
+    for c in rest:
         if len(lines) >= SHOWN:
             break
         lines.append(f"likely cause (also fits, {c.confidence:.2f}): {c.body()}")

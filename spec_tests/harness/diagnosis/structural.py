@@ -29,6 +29,7 @@ KEY_NAMES = {"k", "tk", "t_k", "j", "key", "keys", "s", "s_k"}
 CHANNEL_NAMES = {"d", "dh", "d_head", "c", "channel", "channels", "hd", "e"}
 HEAD_NAMES = {"h", "head", "heads", "hq", "h_q", "hkv", "h_kv"}
 BATCH_NAMES = {"b", "batch", "n"}
+LARGE = 250_000  # above this many entries, only the detectors linear in the size run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,8 +136,12 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
         return causes
     case = _Case(e, a, names, groups, named, atol, rtol, care, bad, input_arrays, is_bool)
 
-    detectors = [_nonfinite_causes, _sign_causes, _scale_causes] if not is_bool else [_bool_inversion]
-    detectors += [_layout_causes, _slice_permutation_causes, _shift_causes]
+    if not is_bool:
+        detectors = [_nonfinite_causes, _sign_causes, _scale_causes]
+    else:  # a 2-D bool tensor is read as a [t_q, t_k] mask, whose inversion the mask detector names
+        detectors = [_bool_inversion] if e.ndim != 2 else []
+    if e.size <= LARGE:  # the rearrangement searches cost O(size) per candidate
+        detectors += [_layout_causes, _slice_permutation_causes, _shift_causes]
     detectors += [lambda c: _noop_causes(c.a, c.inputs, c.atol, c.rtol)]
     detectors += [_mask_causes, _boundary_causes, _rope_pairing_causes]
     for detect in detectors:
@@ -453,8 +458,8 @@ def _scale_causes(c: _Case) -> list[Cause]:
         if (per_slice < 2).any():
             continue
         f = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
-        if not c.fits(f * e):
-            continue
+        if (np.abs(f) < 1e-9).any() or not c.fits(f * e):
+            continue  # zeroed slices are filtering or masking, not a factor
         fv = f.ravel()
         out.append(_per_axis_cause(c, axis, fv))
         break
@@ -463,7 +468,7 @@ def _scale_causes(c: _Case) -> list[Cause]:
         num = np.sum(aw * ew, axis=-1, keepdims=True)
         if (np.sum(big, axis=-1) >= 2).all():
             f = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
-            if c.fits(f * e):
+            if not (np.abs(f) < 1e-9).any() and c.fits(f * e):
                 fv = f.ravel()
                 out.append(
                     Cause(
@@ -624,26 +629,29 @@ def _layout_causes(c: _Case) -> list[Cause]:
     ef, af, care = c.e.ravel(), c.a.ravel(), c.care.ravel()
     rng = np.random.default_rng(0)
     bad_idx = np.flatnonzero(c.bad.ravel())
-    sample = np.concatenate([bad_idx[:: max(1, bad_idx.size // 24)][:24], rng.integers(0, n, 8)])
-    a_s = af[sample]
+    # probe positions: some wrong entries and some random ones; a rearrangement must fit there first
+    probe = np.unique(np.concatenate([bad_idx[:: max(1, bad_idx.size // 24)][:24], rng.integers(0, n, 40)]))
+    a_probe = af[probe]
     seen, matches = set(), []
     for fine, fnames, split in _fine_layouts(c):
         f = len(fine)
         if f < 2 or f > 5:
             continue
-        base = np.arange(n).reshape(fine)
+        strides = [math.prod(fine[i + 1 :]) for i in range(f)]
         for perm in itertools.permutations(range(f)):
             if perm == tuple(range(f)):
                 continue
-            idx_s = base.transpose(perm).ravel()
-            key = idx_s[: min(n, 64)].tobytes() + idx_s[-64:].tobytes()
-            if key in seen:
+            # the expected entry that lands at each probe position when expected is laid out as fine[perm]
+            coords = np.unravel_index(probe, [fine[p] for p in perm])
+            src = sum(coords[i] * strides[perm[i]] for i in range(f))
+            key = src.tobytes()
+            if key in seen or np.array_equal(src, probe):
                 continue
             seen.add(key)
-            src = idx_s[sample]
-            if not (close(ef[src], a_s, c.atol, c.rtol) | ~care[src]).all():
+            if not (close(ef[src], a_probe, c.atol, c.rtol) | ~care[src]).all():
                 continue
-            if (close(ef[idx_s], af, c.atol, c.rtol) | ~care[idx_s]).all():
+            idx = np.arange(n).reshape(fine).transpose(perm).ravel()
+            if (close(ef[idx], af, c.atol, c.rtol) | ~care[idx]).all():
                 matches.append((split is not None, perm, fine, fnames, split))
     if not matches:
         return []
@@ -736,7 +744,7 @@ def _is_shift(M: np.ndarray) -> bool:
     n = M.shape[0]
     for s in (1, -1, 2, -2, 3, -3):
         rows = np.arange(max(0, s), min(n, n + s))
-        if rows.size and M[rows, rows - s].all():
+        if rows.size >= max(3, math.ceil(0.6 * n)) and M[rows, rows - s].all():  # as the shift detector needs
             return True
     return False
 
@@ -826,10 +834,11 @@ def _noop_causes(a, inputs, atol, rtol, expected_shape=None) -> list[Cause]:
             if cand is None:
                 cand = _softmax(x, int(label.rsplit(" ", 1)[1]))
             if fits(cand, a, atol, rtol, care):
+                what = "the operation was not applied" if conf == EXACT else "the wrong operation (or axis) was applied"
                 out.append(
                     Cause(
                         "noop",
-                        f"the output is the input {name!r} {label}: the operation was not applied{shape_note}",
+                        f"the output is the input {name!r} {label}: {what}{shape_note}",
                         f"the return value (is the computed result returned, or the input {name}?)",
                         "return the result of the computation",
                         f"actual == input {name!r} {label} within tolerance at every entry",
@@ -998,10 +1007,11 @@ def _mask_grid(c: _Case, qa: int, ka: int) -> list[Cause]:
 def _boundary_causes(c: _Case) -> list[Cause]:
     out = []
     t = c.find(TIME_NAMES)
+    sequence_like = TIME_NAMES | QUERY_NAMES | KEY_NAMES | {"block", "window", "chunk"}
     for axis in range(c.e.ndim):
         n = c.e.shape[axis]
-        if n < 3:
-            continue
+        if n < 3 or (c.named and c.names[axis].lower() not in sequence_like):
+            continue  # boundaries are along sequence axes: not channels (low RoPE pairs), heads or batch rows
         other = tuple(k for k in range(c.e.ndim) if k != axis)
         rows = c.bad.any(axis=other) if other else c.bad
         if rows.all() or not rows.any():
@@ -1023,7 +1033,7 @@ def _boundary_causes(c: _Case) -> list[Cause]:
                     "that stops early, a window boundary)",
                     f"handle {name} >= {first} like the rest (include the partial last block)",
                     f"slices {name} = {first}..{n - 1} differ, {name} = 0..{first - 1} match within tolerance",
-                    LOCAL,
+                    LOCAL if c.named else 0.7,
                 )
             )
         elif contiguous and first == 0 and not (axis == t and last == n - 2):
@@ -1035,7 +1045,7 @@ def _boundary_causes(c: _Case) -> list[Cause]:
                     f"the handling of the first block/window along {name}, or a start offset",
                     f"handle {name} < {last + 1} like the rest",
                     f"slices {name} = 0..{last} differ, {name} = {last + 1}..{n - 1} match within tolerance",
-                    0.7,
+                    0.7 if c.named else 0.65,
                 )
             )
     return out
