@@ -12,6 +12,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from spec_tests.harness.diagnosis import cause as _cause
+
+_cause.STRICT = True  # a detector's own error fails the diagnosis tests instead of being skipped
+
 B, T, H, H_KV, D, V = 3, 13, 8, 2, 10, 67
 D_MODEL, D_FF = H * D, 56
 EXACT = dict(atol=1e-10, rtol=1e-10)

@@ -128,6 +128,7 @@ def cases():
                     "knob:variance_bias",
                 ),
                 "not_centred": (lambda: F.rms_norm(xl, (D_MODEL,), w, 1e-5) + bl, "knob:mean_subtraction"),
+                "weight_bias_swapped": (lambda: F.layer_norm(xl, (D_MODEL,), bl, w, 1e-5), "knob:norm_weight"),
                 "no_bias": (lambda: F.layer_norm(xl, (D_MODEL,), w, None, 1e-5), "knob:bias"),
             },
         )
@@ -260,6 +261,7 @@ def cases():
             {},
             table,
             {
+                "halves": (lambda: torch.cat((ang.sin(), ang.cos()), -1), "knob:sinusoid_layout"),
                 "sin_cos_swapped": (
                     lambda: torch.stack((ang.cos(), ang.sin()), -1).reshape(n, d),
                     "knob:sinusoid_layout",
@@ -327,6 +329,15 @@ def cases():
                 "mask_ignored": (lambda: sdpa(q, k, v), "knob:mask_missing"),
                 "mask_inverted": (lambda: sdpa(q, k, v, ~m), "knob:mask_polarity"),
                 "gqa_tiled": (lambda: sdpa(q, k.repeat(1, 4, 1, 1), v.repeat(1, 4, 1, 1), m), "knob:gqa_mapping"),
+                "masked_scores_zero": (
+                    lambda: (
+                        torch.softmax(
+                            (q @ k.repeat_interleave(4, 1).transpose(-1, -2) / math.sqrt(D)).masked_fill(~m, 0.0), -1
+                        )
+                        @ v.repeat_interleave(4, 1)
+                    ),
+                    "knob:mask_missing",
+                ),
             },
         )
     )
@@ -364,9 +375,9 @@ def cases():
     )
     wo = randn(D_MODEL, H * D, seed=62) / math.sqrt(D_MODEL)
 
-    def mha(merge_view=False, tiled=False, rope_values=False, theta=None):
+    def mha(merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False):
         def split(y, h):
-            return y.view(B, T, h, D).transpose(1, 2)
+            return y.view(B, h, T, D) if split_view else y.view(B, T, h, D).transpose(1, 2)
 
         qh, kh, vh = split(xa @ wq.T, H), split(xa @ wk.T, H_KV), split(xa @ wv.T, H_KV)
         if theta is not None:
@@ -390,6 +401,7 @@ def cases():
                 "merged_without_transpose": (lambda: mha(merge_view=True, theta=10000.0), "knob:head_layout"),
                 "gqa_tiled": (lambda: mha(tiled=True, theta=10000.0), "knob:gqa_mapping"),
                 "rope_on_values": (lambda: mha(rope_values=True, theta=10000.0), "knob:rope_target"),
+                "split_without_transpose": (lambda: mha(split_view=True, theta=10000.0), "knob:head_layout"),
             },
         )
     )
@@ -409,8 +421,29 @@ def cases():
             {
                 "ignored_counted": (lambda: nll.sum() / N, "knob:ignore_index"),
                 "summed": (lambda: nll[valid].sum(), "knob:loss_reduction"),
+                "log_softmax_over_rows": (
+                    lambda: -(lg.log_softmax(0).gather(1, tg.clamp(min=0)[:, None])[:, 0])[valid].mean(),
+                    "knob:reduction_dim",
+                ),
             },
             other=lambda out: out + 0.05,
+        )
+    )
+    huge = randn(N, V, seed=35) * 1e4
+    t_huge = ids(N, seed=36)
+    out.append(
+        Case(
+            "cross_entropy",
+            (huge, t_huge),
+            {},
+            F.cross_entropy(huge, t_huge),
+            {
+                "naive_logsumexp": (
+                    lambda: -(huge - huge.exp().sum(-1, keepdim=True).log()).gather(1, t_huge[:, None]).mean(),
+                    "knob:max_subtraction",
+                )
+            },
+            other=lambda out: out * 1.01,
         )
     )
     lg3 = randn(B, T, V, seed=37, scale=3.0)
@@ -428,6 +461,7 @@ def cases():
             {
                 "unshifted": (lambda: ce(lg3, id3), "knob:label_shift"),
                 "shifted_twice": (lambda: ce(lg3[:, :-2], id3[:, 2:]), "knob:label_shift"),
+                "rolled": (lambda: ce(lg3, id3.roll(-1, 1)), "knob:label_shift"),
                 "summed": (lambda: ce(lg3[:, :-1], id3[:, 1:], "sum"), "knob:loss_reduction"),
             },
             other=lambda out: out + 0.05,
@@ -461,6 +495,11 @@ def cases():
                     "knob:sampling_order",
                 ),
                 "temperature_multiplied": (lambda: sampling_probs(blg * 0.5, 1.0, None, 0.9), "knob:temperature"),
+                "temperature_ignored": (lambda: sampling_probs(blg, 1.0, None, 0.9), "knob:temperature"),
+                "not_renormalised": (
+                    lambda: torch.softmax(blg / 0.5, -1) * (sampling_probs(blg, 0.5, None, 0.9) > 0),
+                    "knob:renormalisation",
+                ),
                 "drops_crossing_token": (
                     lambda: renorm(torch.softmax(blg / 0.5, -1), top_p_on(torch.softmax(blg / 0.5, -1), 0.9, "drop")),
                     "knob:top_p_boundary",

@@ -89,6 +89,13 @@ def test_constant_factor_is_named():
     assert "1/sqrt(10)" in cause.summary
 
 
+def test_factor_named_from_the_inputs_head_size():
+    q, k, v = qkv(h_kv=H)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    cause = assert_names(diagnose(scores, scores / math.sqrt(D), inputs={"q": q, "k": k}), "scale", 0.95)
+    assert "1/sqrt(d) for d = 10" in cause.summary
+
+
 def test_per_row_factor_of_a_norm():
     """rmsnorm with eps outside the root: every row off by its own factor."""
     x = randn(B, T, D_MODEL, seed=5, scale=3e-3)
@@ -134,6 +141,14 @@ def test_shift_by_one_along_time():
 def test_roll_is_an_exact_shift():
     cause = assert_names(diagnose(LOGITS, LOGITS.roll(-2, dims=1), axes="b t v"), "shift", 0.95)
     assert "-2 along t" in cause.summary
+
+
+def test_positions_that_restart():
+    """A position table for a second chunk of 8 tokens after 5 cached ones, with positions restarting at 0."""
+    table = randn(T, D_MODEL, seed=30)  # row p: the embedding of position p
+    wrong = torch.cat((table[:5], table[:8]))
+    cause = assert_names(diagnose(table, wrong, axes="p d"), "shift")
+    assert "restarts at p = 5" in cause.summary
 
 
 @pytest.mark.parametrize("wrong", [noise_like(LOGITS, 10), LOGITS * 2], ids=["noise", "scaled"])
@@ -332,6 +347,16 @@ def test_softmax_overflow():
         wrong = (x.float().exp() / x.float().exp().sum(-1, keepdim=True)).double()  # no max subtraction
     cause = assert_names(diagnose(expected, wrong, tol=F32_MATMUL, inputs={"x": x}), "overflow", 0.8)
     assert "the inputs reach |x| =" in cause.evidence
+
+
+@pytest.mark.parametrize("kind", ["noise", "nan_rows"])
+def test_overflow_not_claimed_for_finite_or_row_errors(kind):
+    expected = randn(B, T, V, seed=31)
+    wrong = noise_like(expected, 32)
+    if kind == "nan_rows":
+        wrong = expected.clone()
+        wrong[:, 0] = float("nan")
+    assert best(diagnose(expected, wrong, axes="b t v"), "overflow") is None
 
 
 def test_scattered_nan_is_not_nan_rows():

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import cause as cause_module
 from .cause import EXACT, EXACT_SHARED, LOCAL, WEAK, Cause, as_array, as_float, close, fits, fmt_indices, nice_number
 
 TIME_NAMES = {"t", "q", "tq", "t_q", "i", "query", "queries", "seq", "s_q", "pos", "p", "position", "positions"}
@@ -117,12 +118,13 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
         arr = as_array(value)
         if arr is not None and arr.dtype == np.float64:
             input_arrays[name] = arr
-    causes += _dtype_causes(expected, actual, e_raw, a_raw, inputs or {})
+    causes += _guarded(_dtype_causes, expected, actual, e_raw, a_raw, inputs or {})
     if e_raw.dtype == np.bool_ and a_raw.dtype != np.bool_ and e_raw.shape == a_raw.shape:
         return causes  # a float/int mask: the dtype cause says how its values relate
     if e_raw.shape != a_raw.shape:
-        causes += _shape_causes(as_float(e_raw), as_float(a_raw), atol, rtol, _parse_axes(axes, e_raw.shape))
-        causes += _noop_causes(as_float(a_raw), input_arrays, atol, rtol, expected_shape=e_raw.shape)
+        e_f, a_f = as_float(e_raw), as_float(a_raw)
+        causes += _guarded(_shape_causes, e_f, a_f, atol, rtol, _parse_axes(axes, e_raw.shape))
+        causes += _guarded(_noop_causes, a_f, input_arrays, atol, rtol, e_raw.shape)
         return causes
 
     names, groups, named = _parse_axes(axes, e_raw.shape)
@@ -145,10 +147,19 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
     detectors += [lambda c: _noop_causes(c.a, c.inputs, c.atol, c.rtol)]
     detectors += [_mask_causes, _boundary_causes, _rope_pairing_causes]
     for detect in detectors:
-        causes += detect(case)
+        causes += _guarded(detect, case)
     if not is_bool:
-        causes += _precision_causes(case, actual, causes)
+        causes += _guarded(lambda c: _precision_causes(c, actual, causes), case)
     return causes
+
+
+def _guarded(detect, *args) -> list[Cause]:
+    try:
+        return detect(*args)
+    except Exception:
+        if cause_module.STRICT:
+            raise
+        return []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +445,7 @@ def _scale_causes(c: _Case) -> list[Cause]:
             summary = "the output is zero everywhere"
             fix = "return the computed values (the result is never written, or is multiplied by 0)"
         else:
-            summary = f"the output is the expected one times {nice_number(k)} (= {k:.6g})"
+            summary = f"the output is the expected one times {nice_number(k)} (= {k:.6g}){_size_hint(c, k)}"
             fix = f"remove the extra factor {nice_number(k)} (or add the missing one, {nice_number(1 / k)})"
         return [
             Cause(
@@ -485,6 +496,16 @@ def _scale_causes(c: _Case) -> list[Cause]:
                 )
     out += _power_causes(c)
     return out
+
+
+def _size_hint(c: _Case, k: float) -> str:
+    """Names a factor that is a size of the inputs' last axis: ``d``, ``sqrt(d)`` or their inverses."""
+    sizes = sorted({v.shape[-1] for v in c.inputs.values() if v.ndim >= 1 and v.shape[-1] > 1})
+    for n in sizes:
+        for value, text in ((math.sqrt(n), "sqrt(d)"), (1 / math.sqrt(n), "1/sqrt(d)"), (n, "d"), (1 / n, "1/d")):
+            if abs(k - value) <= 1e-9 * abs(value):
+                return f", i.e. {text} for d = {n} (the last axis of the inputs): sqrt(d) and d confused?"
+    return ""
 
 
 def _per_axis_cause(c: _Case, axis: int, fv: np.ndarray) -> Cause:
@@ -801,7 +822,38 @@ def _shift_causes(c: _Case) -> list[Cause]:
                 )
             )
             break
+        else:
+            out += _restart_cause(c, axis)
     return out
+
+
+def _restart_cause(c: _Case, axis: int) -> list[Cause]:
+    """Right up to index m, then the expected values from index 0 again: positions restart at m."""
+    n = c.e.shape[axis]
+    other = tuple(k for k in range(c.e.ndim) if k != axis)
+    rows = c.bad.any(axis=other) if other else c.bad
+    if not rows.any():
+        return []
+    m = int(np.argmax(rows))
+    if m < 1 or n - m < 2:
+        return []
+    src, dst = range(0, n - m), range(m, n)
+    e_reg, care = np.take(c.e, src, axis=axis), np.take(c.care, src, axis=axis)
+    if not fits(e_reg, np.take(c.a, dst, axis=axis), c.atol, c.rtol, care):
+        return []
+    name = c.axis_name(axis)
+    return [
+        Cause(
+            "shift",
+            f"the output restarts at {name} = {m}: actual[{name} = {m} + i] == expected[{name} = i] (positions or "
+            f"offsets restart at 0 instead of continuing from {m})",
+            f"the position offset for entries from {name} = {m} on (a cache length or chunk start not added)",
+            f"continue positions from {m}",
+            f"{name} = 0..{m - 1} match expected; {name} = {m}..{n - 1} equal expected {name} = 0..{n - m - 1} "
+            "within tolerance",
+            EXACT_SHARED,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
