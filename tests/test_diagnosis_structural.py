@@ -123,6 +123,16 @@ def test_softmax_of_scaled_scores_is_a_power():
     assert "1/sqrt(10)" in cause.summary
 
 
+def test_zeroed_entries_are_not_a_factor():
+    """Filtered distributions (some tokens zeroed, the rest renormalised) are not a per-token factor, even
+    when every row happens to keep the same mass."""
+    logits = torch.tensor([[0.5, 0.3, 0.12, 0.08], [0.45, 0.35, 0.12, 0.08]], dtype=torch.float64).log()
+    p = torch.softmax(logits, -1)
+    filtered = torch.zeros_like(p)
+    filtered[:, :2] = p[:, :2] / p[:, :2].sum(-1, keepdim=True)
+    assert best(diagnose(p, filtered, axes="b v"), "scale") is None
+
+
 @pytest.mark.parametrize("wrong", [noise_like(HEADS, 9), HEADS.roll(1, dims=2)], ids=["noise", "shifted"])
 def test_scale_not_claimed_for_other_mistakes(wrong):
     assert_not_confident(diagnose(HEADS, wrong, axes="b h t d"), "scale")
@@ -281,6 +291,14 @@ def test_float32_rounding_is_precision():
 def test_float16_rounding_is_precision():
     expected = randn(B, T, D_MODEL, seed=18)
     assert_names(diagnose(expected, expected.half().double(), axes="b t d"), "precision")
+
+
+def test_small_systematic_error_is_not_precision():
+    """An error of 1e-6 relative that grows with the value (x * |x|) is math, however small: no factor fits it,
+    and it is correlated with the values, which rounding is not."""
+    expected = randn(B, T, D_MODEL, seed=33)
+    wrong = expected + 1e-6 * expected * expected.abs()
+    assert best(diagnose(expected, wrong, axes="b t d"), "precision") is None
 
 
 @pytest.mark.parametrize("kind", ["eps_value", "noise"])
