@@ -1072,8 +1072,8 @@ def _boundary_causes(c: _Case) -> list[Cause]:
         name = c.axis_name(axis)
         first, last = int(idx[0]), int(idx[-1])
         contiguous = last - first + 1 == idx.size
-        # on a time axis, position 0 (one key, one token) is right under many unrelated bugs
-        min_right = 2 if axis == t or c.names[axis].lower() in QUERY_NAMES else 1
+        # on a time axis (or one that may be), position 0 (one key, one token) is right under many unrelated bugs
+        min_right = 2 if not c.named or axis == t or c.names[axis].lower() in QUERY_NAMES else 1
         if contiguous and last == n - 1 and first >= min_right:
             tail = n - first
             out.append(
