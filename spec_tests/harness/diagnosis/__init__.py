@@ -1,20 +1,61 @@
-"""Explaining a failed check: what the output's structure shows, which single knob of the reference
-reproduces it, and which catalogued bug it matches.
+"""Explaining a failed check: which catalogued bug it matches, which single knob of the specified
+function reproduces it, and what the output's structure shows.
 
-Every line starts ``likely cause:`` or ``matches known bug``; lines are ranked, and ambiguous
-evidence is said to be ambiguous rather than named with confidence.
+- ``structural_causes(expected, actual, axes=..., inputs=..., atol=..., rtol=...)``: detectors that
+  relate the output to the expected one (layout, scale, shift, no-op, mask, boundary, precision, ...);
+- ``causality_probe`` / ``batch_probe``: reruns on modified inputs;
+- ``knob_causes(name, args, kwargs, actual, rope_style=..., atol=..., rtol=...)``: the specified
+  function with one knob changed;
+- ``rank`` / ``describe``: order the causes and write the ``likely cause:`` lines;
+- ``diagnose(...)``: all of these for one failed check (``checks.Spec`` calls it on demand).
+
+Every line starts ``likely cause`` or ``matches known bug``; several fitting causes are ranked, and
+ambiguous evidence is said to be ambiguous rather than named with confidence.
 """
 
 from __future__ import annotations
 
+import torch
+
 from .catalog import known_bug_lines
+from .cause import Cause
+from .knobs import knob_causes
+from .ranking import describe, rank
+from .structural import batch_probe, causality_probe, structural_causes
+
+__all__ = [
+    "Cause", "batch_probe", "causality_probe", "describe", "diagnose", "knob_causes", "rank", "structural_causes",
+]  # fmt: skip
 
 PREFIX_KNOWN = "known_bug:"
+CONFIDENT = 0.9
+
+
+def _tensor_inputs(args, kwargs) -> dict:
+    found = {f"arg{i}": a for i, a in enumerate(args or ()) if isinstance(a, torch.Tensor)}
+    found.update({k: v for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)})
+    return found
 
 
 def diagnose(*, subject, call, args64, actual, expected, tol, axes, rope_style, known_bugs) -> tuple[list, list]:
-    """``(lines, codes)`` for a failed check: diagnosis lines and the codes of the confident causes."""
+    """``(lines, codes)`` for a failed check: diagnosis lines and the codes of the confident causes.
+
+    ``call``: ``(protocol name, kwargs)`` when the check is one protocol call (knob search applies);
+    ``known_bugs()``: the catalogued bugs whose output matches (live catalog or recorded outputs).
+    """
     bugs = known_bugs()
     lines = known_bug_lines(bugs)
     codes = [PREFIX_KNOWN + b.name for b in bugs]
+    causes: list[Cause] = []
+    if call is not None and args64 is not None:
+        name, kwargs = call
+        causes += knob_causes(name, args64, kwargs, actual, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol)
+    if isinstance(expected, torch.Tensor):
+        inputs = _tensor_inputs(args64, call[1] if call else None)
+        causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
+    if causes:
+        ranked = rank(causes)
+        lines += describe(ranked)
+        if not bugs:
+            codes += [c.code for c in ranked if c.confidence >= CONFIDENT][:1]
     return lines, codes

@@ -24,6 +24,7 @@ STRUCTURAL = {
     "sign": "the output is the expected one negated (or a rotation the wrong way)",
     "dtype": "the output has the wrong dtype or device",
     "shape": "the output has the wrong shape",
+    "overflow": "inf or NaN where the expected value is finite: an intermediate overflowed (exp, squares)",
 }
 
 KNOBS = {
@@ -53,6 +54,14 @@ KNOBS = {
     "clipping": "gradient clipping is missing, per-parameter, or applied after the step",
     "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
     "mode": "the module's training mode is wrong during the call or not restored after it",
+    "max_subtraction": "softmax or log-sum-exp without subtracting the max: inf/NaN for large inputs",
+    "weight_layout": "a weight is used as [in, out] instead of [out, in] (not transposed, or transposed twice)",
+    "bias": "a bias is missing, added twice, or added in the wrong place",
+    "mask_missing": "the mask is not applied (ignored, added as 0/1, or masked scores set to 0 instead of -inf)",
+    "sinusoid_layout": "sin and cos are swapped, or laid out in halves instead of alternating channels",
+    "renormalisation": "the kept probabilities are not renormalised after filtering",
+    "head_layout": "heads are split or merged with a plain reshape/view where a transpose is needed",
+    "rope_target": "RoPE rotates the wrong tensors (values too, or not both queries and keys)",
 }
 
 PREFIX_KNOB = "knob:"

@@ -1,0 +1,1363 @@
+"""Knob search: is the output the reference's with one knob changed?
+
+For each protocol function, a small family of variants written from docs/protocol.md (independently
+of ``reference/`` and of the bug catalog): the function as specified, and the same function with one
+knob turned (eps outside the root, softmax over the wrong axis, the other RoPE pairing, tiled GQA,
+top-p before temperature, ...). ``knob_causes`` evaluates every variant on float64 copies of the
+failing call's inputs and reports those that reproduce the implementation's output within tolerance.
+
+A variant that gives the specified output on these inputs (within tolerance) says nothing and is
+skipped. One fitting variant (or several of the same code) is reported with confidence >= 0.9;
+variants of different codes that all fit are each reported as ambiguous (0.6).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from . import cause as cause_module
+from .cause import AMBIGUOUS, EXACT, EXACT_SHARED, Cause, as_array, as_float, fits
+
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class Variant:
+    code: str  # a full cause code: "knob:..." (or a structural code such as "sign")
+    summary: str
+    where: str
+    fix: str
+    compute: Callable[[], object]
+
+
+class _Args(dict):
+    """Bound call arguments (float tensors as float64 CPU copies), readable as attributes."""
+
+    __getattr__ = dict.__getitem__
+
+
+def _f64(x):
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return x.to(F64) if x.is_floating_point() else x.clone()
+    return x
+
+
+def _bind(signature: str, args, kwargs) -> _Args:
+    """Bind ``args``/``kwargs`` to a protocol signature such as ``"x, weight, eps=1e-5"``."""
+    ns: dict = {}
+    exec(f"def f({signature}): pass", {}, ns)  # noqa: S102 - a fixed signature string from this module
+    bound = inspect.signature(ns["f"]).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _Args({k: _f64(v) for k, v in bound.arguments.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# norms
+
+
+def _norm(x, w, b, eps, *, center, dim=-1, eps_mode="inside", unbiased=False, weight="once", bias="once"):
+    dims = tuple(range(x.dim())) if dim is None else (dim,)
+    n = math.prod(x.shape[d] for d in dims)
+    xx = x - x.mean(dims, keepdim=True) if center else x
+    ms = (xx * xx).sum(dims, keepdim=True) / (n - 1 if unbiased else n)
+    if eps_mode == "inside":
+        y = xx / torch.sqrt(ms + eps)
+    elif eps_mode == "outside":
+        y = xx / (torch.sqrt(ms) + eps)
+    else:
+        y = xx / torch.sqrt(ms)
+    y = {"once": lambda: y * w, "none": lambda: y, "twice": lambda: y * w * w, "plus_one": lambda: y * (1 + w)}[
+        weight
+    ]()
+    if b is not None:
+        y = {"once": y + b, "none": y, "twice": y + 2 * b}[bias]
+    return y
+
+
+def _norm_family(p: _Args, center: bool):
+    b = p.get("bias")
+    kind = "layernorm" if center else "rmsnorm"
+
+    def v(code, summary, where, fix, **kw):
+        return Variant(
+            f"knob:{code}", summary, where, fix, lambda: _norm(p.x, p.weight, b, p.eps, **({"center": center} | kw))
+        )
+
+    where_denominator = f"the denominator of {kind}: sqrt({'var' if center else 'mean(x**2)'} + eps)"
+    out = [
+        v(
+            "eps_placement",
+            "eps is added outside the square root",
+            where_denominator,
+            "use sqrt(... + eps)",
+            eps_mode="outside",
+        ),
+        v(
+            "eps_placement",
+            "eps is missing from the denominator",
+            where_denominator,
+            "add eps inside the root",
+            eps_mode="none",
+        ),
+        v(
+            "variance_bias",
+            "the variance is the unbiased (n-1) one instead of the biased (n) one",
+            f"the mean of squares in {kind}",
+            "divide by n (torch: unbiased=False / correction=0)",
+            unbiased=True,
+        ),
+        v("norm_weight", "the norm weight is not applied", f"the end of {kind}", "multiply by weight", weight="none"),
+        v(
+            "norm_weight",
+            "the norm weight is applied twice",
+            f"the end of {kind}",
+            "multiply by weight once",
+            weight="twice",
+        ),
+        v(
+            "norm_weight",
+            "the output is multiplied by (1 + weight) instead of weight",
+            f"the end of {kind}",
+            "multiply by weight",
+            weight="plus_one",
+        ),
+    ]
+    for other in (1e-5, 1e-6, 1e-8, 1e-4, 1e-3):
+        if not math.isclose(other, p.eps):
+            ignored = " (the eps argument is ignored)" if other == 1e-5 else ""
+            out.append(
+                Variant(
+                    "knob:eps_value",
+                    f"eps = {other:g} is used instead of {p.eps:g}{ignored}",
+                    f"the eps used by {kind} (its default, a hard-coded value)",
+                    "pass the eps argument through",
+                    (lambda o: lambda: _norm(p.x, p.weight, b, o, center=center))(other),
+                )
+            )
+    if center:
+        out.append(
+            Variant(
+                "knob:mean_subtraction",
+                "the mean is not subtracted from x (RMSNorm computed instead)",
+                "the centring step of layernorm",
+                "subtract the mean over the last axis first",
+                lambda: _norm(p.x, p.weight, b, p.eps, center=False),
+            )
+        )
+        out.append(
+            Variant(
+                "knob:mean_subtraction",
+                "x is divided by the standard deviation but the mean is not subtracted from the numerator",
+                "the numerator of layernorm",
+                "normalise x - mean(x)",
+                lambda: p.x / torch.sqrt(p.x.var(-1, unbiased=False, keepdim=True) + p.eps) * p.weight + b,
+            )
+        )
+        out += [
+            v("bias", "the layernorm bias is not added", "the end of layernorm", "add bias", bias="none"),
+            v("bias", "the layernorm bias is added twice", "the end of layernorm", "add bias once", bias="twice"),
+            Variant(
+                "knob:norm_weight",
+                "weight and bias are swapped",
+                "the argument order of layernorm",
+                "multiply by weight, add bias",
+                lambda: _norm(p.x, b, p.weight, p.eps, center=True),
+            ),
+        ]
+    else:
+        out.append(
+            v(
+                "mean_subtraction",
+                "the mean is subtracted (a LayerNorm without bias instead of RMSNorm)",
+                "the statistics of rmsnorm",
+                "use mean(x**2) of x itself, without centring",
+                center=True,
+            )
+        )
+    for d in list(range(p.x.dim() - 1)) + [None]:
+        label = "all axes" if d is None else f"axis {d}"
+        out.append(
+            v(
+                "reduction_dim",
+                f"the statistics are taken over {label} instead of the last axis",
+                f"the dim of the mean in {kind}",
+                "reduce over the last axis (dim=-1, keepdim=True)",
+                dim=d,
+            )
+        )
+    return (lambda: _norm(p.x, p.weight, b, p.eps, center=center)), out
+
+
+def _rmsnorm(args, kwargs, style):
+    return _norm_family(_bind("x, weight, eps=1e-5", args, kwargs), center=False)
+
+
+def _layernorm(args, kwargs, style):
+    return _norm_family(_bind("x, weight, bias, eps=1e-5", args, kwargs), center=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# primitives
+
+
+def _naive_softmax(x, dim, dtype):
+    e = torch.exp(x.to(dtype))
+    return (e / e.sum(dim, keepdim=True)).to(F64)
+
+
+def _softmax(args, kwargs, style):
+    p = _bind("x, dim", args, kwargs)
+    x, dim = p.x, p.dim % p.x.dim()
+    out = [
+        Variant(
+            "knob:reduction_dim",
+            f"the softmax runs over axis {d} instead of axis {dim}",
+            "the dim passed to the softmax's max/sum",
+            f"reduce over dim={p.dim}",
+            partial(torch.softmax, x, d),
+        )
+        for d in range(x.dim())
+        if d != dim
+    ]
+    for dtype, label in ((F64, "float64"), (torch.float32, "float32")):
+        out.append(
+            Variant(
+                "knob:max_subtraction",
+                f"exp(x) is taken without subtracting the max ({label})",
+                "the softmax's exponential",
+                "subtract x.max(dim, keepdim=True) before exp",
+                (lambda dt: lambda: _naive_softmax(x, dim, dt))(dtype),
+            )
+        )
+    return (lambda: torch.softmax(x, dim)), out
+
+
+def _linear(args, kwargs, style):
+    p = _bind("x, weight, bias=None", args, kwargs)
+    x, w, b = p.x, p.weight, p.bias
+    plus = (lambda y: y + b) if b is not None else (lambda y: y)
+    out = []
+    if w.shape[0] == x.shape[-1]:
+        out.append(
+            Variant(
+                "knob:weight_layout",
+                "the weight is used as [in, out]: x @ W instead of x @ W.T",
+                "the matmul in linear",
+                "compute x @ weight.T (weights are [out_features, in_features])",
+                lambda: plus(x @ w),
+            )
+        )
+    if b is not None:
+        out += [
+            Variant("knob:bias", "the bias is not added", "the end of linear", "add bias", lambda: x @ w.T),
+            Variant(
+                "knob:bias", "the bias is added twice", "the end of linear", "add bias once", lambda: x @ w.T + 2 * b
+            ),
+        ]
+    return (lambda: plus(x @ w.T)), out
+
+
+def _gelu_tanh(x, cubic=0.044715):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + cubic * x**3)))
+
+
+def _gelu_erf(x):
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def _silu(x):
+    return x * torch.sigmoid(x)
+
+
+def _silu_family(args, kwargs, style):
+    p = _bind("x", args, kwargs)
+    x = p.x
+    act = "the activation function"
+    out = [
+        Variant(
+            "knob:activation",
+            "sigmoid(x) is returned (the factor x is missing)",
+            act,
+            "return x * sigmoid(x)",
+            lambda: torch.sigmoid(x),
+        ),
+        Variant(
+            "knob:activation", "GELU is computed instead of SiLU", act, "return x * sigmoid(x)", lambda: _gelu_erf(x)
+        ),
+    ]
+    return (lambda: _silu(x)), out
+
+
+def _swiglu(args, kwargs, style):
+    p = _bind("x, w_gate, w_up, w_down", args, kwargs)
+    g, u = p.x @ p.w_gate.T, p.x @ p.w_up.T
+    down = lambda h: h @ p.w_down.T  # noqa: E731
+    where = "the gating line of swiglu: silu(x @ w_gate.T) * (x @ w_up.T)"
+    out = [
+        Variant(
+            "knob:activation",
+            "SiLU is applied to the up projection instead of the gate (equivalently: w_gate and w_up swapped)",
+            where,
+            "apply silu to x @ w_gate.T only",
+            lambda: down(g * _silu(u)),
+        ),
+        Variant(
+            "knob:activation",
+            "SiLU is applied to both the gate and the up projection",
+            where,
+            "apply silu to the gate only",
+            lambda: down(_silu(g) * _silu(u)),
+        ),
+        Variant(
+            "knob:activation",
+            "no SiLU: the gate is used linearly",
+            where,
+            "apply silu to the gate",
+            lambda: down(g * u),
+        ),
+        Variant(
+            "knob:activation",
+            "sigmoid instead of SiLU on the gate",
+            where,
+            "silu(g) = g * sigmoid(g)",
+            lambda: down(torch.sigmoid(g) * u),
+        ),
+        Variant(
+            "knob:activation", "GELU instead of SiLU on the gate", where, "use silu", lambda: down(_gelu_erf(g) * u)
+        ),
+    ]
+    return (lambda: down(_silu(g) * u)), out
+
+
+def _gelu_mlp(args, kwargs, style):
+    p = _bind("x, w_fc, b_fc, w_proj, b_proj", args, kwargs)
+    h = p.x @ p.w_fc.T + p.b_fc
+    proj = lambda a: a @ p.w_proj.T + p.b_proj  # noqa: E731
+    where = "the activation of gelu_mlp"
+    out = [
+        Variant(
+            "knob:activation",
+            "the exact (erf) GELU is used instead of the tanh approximation",
+            where,
+            "use F.gelu(h, approximate='tanh')",
+            lambda: proj(_gelu_erf(h)),
+        ),
+        Variant(
+            "knob:activation",
+            "the tanh GELU is missing its cubic term (0.044715 x**3)",
+            where,
+            "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))",
+            lambda: proj(_gelu_tanh(h, cubic=0.0)),
+        ),
+        Variant(
+            "knob:activation", "ReLU is used instead of GELU", where, "use the tanh GELU", lambda: proj(torch.relu(h))
+        ),
+        Variant("knob:activation", "SiLU is used instead of GELU", where, "use the tanh GELU", lambda: proj(_silu(h))),
+        Variant(
+            "knob:bias",
+            "b_fc is not added",
+            "the first projection of gelu_mlp",
+            "add b_fc",
+            lambda: proj(_gelu_tanh(h - p.b_fc)),
+        ),
+        Variant(
+            "knob:bias",
+            "b_proj is not added",
+            "the output projection of gelu_mlp",
+            "add b_proj",
+            lambda: _gelu_tanh(h) @ p.w_proj.T,
+        ),
+    ]
+    return (lambda: proj(_gelu_tanh(h))), out
+
+
+# ---------------------------------------------------------------------------------------------
+# positions
+
+
+def _rope(x, pos, theta, style, *, exponent="2i", denom=None, sign=1.0, pos_shift=0, restart=False, pair_sign=None):
+    d = x.shape[-1]
+    half = d // 2
+    i = torch.arange(half, dtype=F64)
+    num = {"2i": 2 * i, "i": i, "4i": 4 * i}[exponent]
+    freqs = theta ** (-num / (denom or d))
+    pos = pos.to(F64)
+    if restart:
+        pos = torch.arange(x.shape[-2], dtype=F64)
+    angle = (pos + pos_shift)[..., None] * freqs * sign
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    if style == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        a, b = x[..., :half], x[..., half:]
+    sa, sb = (1.0, 1.0) if pair_sign is None else pair_sign
+    ra = a * cos - sa * b * sin
+    rb = sb * a * sin + b * cos
+    if style == "interleaved":
+        return torch.stack((ra, rb), dim=-1).flatten(-2)
+    return torch.cat((ra, rb), dim=-1)
+
+
+def _rope_family(args, kwargs, style):
+    p = _bind("x, positions, theta=10000.0", args, kwargs)
+    x, pos, theta = p.x, p.positions, float(p.theta)
+    other = "half" if style == "interleaved" else "interleaved"
+    r = lambda **kw: lambda: _rope(x, pos, kw.pop("theta", theta), kw.pop("style", style), **kw)  # noqa: E731
+    freq = "the RoPE frequencies theta ** (-2i / d_head)"
+    out = [
+        Variant(
+            "knob:rope_style",
+            f"channels are paired in the {other} style instead of the declared {style} one",
+            "the channel pairing of the rotation (x[..., 0::2]/x[..., 1::2] vs x[..., :d/2]/x[..., d/2:])",
+            f"pair channels {style}: " + ("(2i, 2i+1)" if style == "interleaved" else "(i, i + d/2)"),
+            r(style=other),
+        ),
+        Variant(
+            "sign",
+            "the rotation goes the wrong way (by -angle: the sin terms have the wrong sign)",
+            "the signs of the sin terms (rotate_half = cat(-x2, x1))",
+            "out = x cos + rotate(x) sin with rotate(a, b) = (-b, a)",
+            r(sign=-1.0),
+        ),
+        Variant(
+            "sign",
+            "the first channel of each pair rotates with the wrong sign (rotate_half without the minus)",
+            "rotate_half / the sin term of the first channel of each pair",
+            "use (a cos - b sin, a sin + b cos)",
+            r(pair_sign=(-1.0, 1.0)),
+        ),
+        Variant(
+            "sign",
+            "the second channel of each pair rotates with the wrong sign",
+            "the sin term of the second channel of each pair",
+            "use (a cos - b sin, a sin + b cos)",
+            r(pair_sign=(1.0, -1.0)),
+        ),
+        Variant(
+            "knob:rope_base",
+            "the exponent uses i instead of 2i: theta ** (-i / d_head)",
+            freq,
+            "use theta ** (-2i / d_head) for pair i",
+            r(exponent="i"),
+        ),
+        Variant(
+            "knob:rope_base",
+            "the exponent doubles 2i: theta ** (-4i / d_head) (arange(0, d, 2) times 2, or divided by d/2)",
+            freq,
+            "use theta ** (-2i / d_head) for pair i",
+            r(exponent="4i"),
+        ),
+        Variant(
+            "knob:position_offset",
+            "positions are off by +1",
+            "the positions passed to the rotation",
+            "rotate by the given positions",
+            r(pos_shift=1),
+        ),
+        Variant(
+            "knob:position_offset",
+            "positions are off by -1",
+            "the positions passed to the rotation",
+            "rotate by the given positions",
+            r(pos_shift=-1),
+        ),
+        Variant(
+            "knob:position_offset",
+            "the positions argument is ignored: positions restart at 0 (arange(T))",
+            "the positions used by the rotation",
+            "use the given positions",
+            r(restart=True),
+        ),
+    ]
+    if x.dim() >= 3:
+        dm = x.shape[-1] * x.shape[-3]
+        out.append(
+            Variant(
+                "knob:rope_base",
+                f"the exponent divides by d_model ({dm}) instead of d_head ({x.shape[-1]})",
+                freq,
+                "use theta ** (-2i / d_head)",
+                r(denom=dm),
+            )
+        )
+    if not math.isclose(theta, 10000.0):
+        out.append(
+            Variant(
+                "knob:rope_theta",
+                f"theta = 10000 is used instead of the given {theta:g} (the theta argument is ignored)",
+                "the theta used for the frequencies",
+                "use the theta argument",
+                r(theta=10000.0),
+            )
+        )
+    return r(), out
+
+
+def _sinusoid(n, d, *, exponent="2i", swap=False, halves=False, pos_shift=0):
+    pos = torch.arange(n, dtype=F64)[:, None] + pos_shift
+    cols = torch.arange(d)
+    pair = cols // 2
+    num = {"2i": 2 * pair, "i": pair, "4i": 4 * pair, "j": cols}[exponent].to(F64)
+    angle = pos / 10000.0 ** (num / d)
+    even = cols % 2 == 0
+    if swap:
+        even = ~even
+    table = torch.where(even, torch.sin(angle), torch.cos(angle))
+    if halves:
+        h = (d + 1) // 2
+        first = torch.arange(h)
+        table = torch.empty(n, d, dtype=F64)
+        ang = pos / 10000.0 ** (2 * first.to(F64) / d)
+        table[:, :h] = torch.sin(ang)
+        table[:, h:] = torch.cos(ang[:, : d - h])
+    return table
+
+
+def _sinusoidal(args, kwargs, style):
+    p = _bind("n_positions, d_model", args, kwargs)
+    n, d = int(p.n_positions), int(p.d_model)
+    where = "the sinusoidal table: pe[p, 2i] = sin(p / 10000**(2i/d)), pe[p, 2i+1] = cos(...)"
+    s = lambda **kw: lambda: _sinusoid(n, d, **kw)  # noqa: E731
+    out = [
+        Variant(
+            "knob:sinusoid_layout",
+            "sin and cos are swapped (cos in the even channels)",
+            where,
+            "sin in even channels, cos in odd ones",
+            s(swap=True),
+        ),
+        Variant(
+            "knob:sinusoid_layout",
+            "sin and cos are laid out in halves instead of alternating channels",
+            where,
+            "interleave: sin at 2i, cos at 2i+1",
+            s(halves=True),
+        ),
+        Variant(
+            "knob:rope_base",
+            "the exponent uses the channel index j instead of 2i (the cos channel 2i+1 gets its own frequency)",
+            where,
+            "both channels of pair i use 10000**(2i/d)",
+            s(exponent="j"),
+        ),
+        Variant("knob:rope_base", "the exponent uses i instead of 2i", where, "use 10000**(2i/d)", s(exponent="i")),
+        Variant("knob:rope_base", "the exponent uses 4i instead of 2i", where, "use 10000**(2i/d)", s(exponent="4i")),
+        Variant(
+            "knob:position_offset", "positions start at 1 instead of 0", where, "rows are p = 0 .. n-1", s(pos_shift=1)
+        ),
+    ]
+    return s(), out
+
+
+# ---------------------------------------------------------------------------------------------
+# masks and attention
+
+
+def _causal(tq, tk, shift=0, top_left=False):
+    i = torch.arange(tq)[:, None]
+    j = torch.arange(tk)[None, :]
+    return j <= i + (0 if top_left else tk - tq) + shift
+
+
+def _causal_mask(args, kwargs, style):
+    p = _bind("t_q, t_k, device=None", args, kwargs)
+    tq, tk = int(p.t_q), int(p.t_k)
+    where = "the causal mask: query i may attend key j iff j <= i + (t_k - t_q)"
+    fix = "return j <= i + (t_k - t_q) as bool (True = may attend)"
+    out = [
+        Variant(
+            "knob:mask_alignment",
+            "the mask is aligned top-left (j <= i) instead of bottom-right",
+            where,
+            fix,
+            lambda: _causal(tq, tk, top_left=True),
+        ),
+        Variant(
+            "knob:mask_alignment",
+            "the diagonal is excluded (j < i + t_k - t_q)",
+            where,
+            fix,
+            lambda: _causal(tq, tk, shift=-1),
+        ),
+        Variant(
+            "knob:mask_alignment",
+            "the mask lets each query see one key too many (j <= i + t_k - t_q + 1)",
+            where,
+            fix,
+            lambda: _causal(tq, tk, shift=1),
+        ),
+        Variant(
+            "knob:mask_polarity", "the mask is inverted (True marks masked keys)", where, fix, lambda: ~_causal(tq, tk)
+        ),
+        Variant(
+            "knob:mask_polarity",
+            "the mask is inverted and aligned top-left (triu(1): True marks future keys)",
+            where,
+            fix,
+            lambda: ~_causal(tq, tk, top_left=True),
+        ),
+        Variant(
+            "knob:mask_polarity",
+            "the upper triangle including the diagonal is returned (triu instead of tril)",
+            where,
+            fix,
+            lambda: ~_causal(tq, tk, top_left=True, shift=-1),
+        ),
+    ]
+    return (lambda: _causal(tq, tk)), out
+
+
+def _repeat(x, n_rep, tiled=False):
+    if n_rep == 1:
+        return x
+    return x.repeat(*([1] * (x.dim() - 3)), n_rep, 1, 1) if tiled else x.repeat_interleave(n_rep, dim=-3)
+
+
+def _repeat_kv(args, kwargs, style):
+    p = _bind("x, n_rep", args, kwargs)
+    out = [
+        Variant(
+            "knob:gqa_mapping",
+            "key/value heads are tiled (head h gets kv head h % n_kv) instead of interleaved (h // n_rep)",
+            "the head repetition in repeat_kv",
+            "use x.repeat_interleave(n_rep, dim=-3) (or expand on a new axis after the kv-head axis)",
+            lambda: _repeat(p.x, int(p.n_rep), tiled=True),
+        ),
+    ]
+    return (lambda: _repeat(p.x, int(p.n_rep))), out
+
+
+def _attend(q, k, v, mask, *, scale=None, tiled=False, dim=-1, mask_mode="apply"):
+    rep = q.shape[-3] // k.shape[-3]
+    k, v = _repeat(k, rep, tiled), _repeat(v, rep, tiled)
+    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if mask is not None:
+        mask = mask.to(torch.bool)
+        if mask_mode == "apply":
+            s = s.masked_fill(~mask, -math.inf)
+        elif mask_mode == "inverted":
+            s = s.masked_fill(mask, -math.inf)
+        elif mask_mode == "added":
+            s = s + mask.to(F64)
+        elif mask_mode == "zero":
+            s = s.masked_fill(~mask, 0.0)
+    return torch.softmax(s, dim) @ v
+
+
+def _attention_variants(q, k, v, mask, *, scale_where: str):
+    d, h = q.shape[-1], q.shape[-3]
+    a = lambda **kw: lambda: _attend(q, k, v, mask, **kw)  # noqa: E731
+    fix_scale = "multiply q k^T by 1/sqrt(d_head)"
+    out = [
+        Variant(
+            "knob:scale_constant",
+            "the scores are not scaled (1/sqrt(d_head) missing)",
+            scale_where,
+            fix_scale,
+            a(scale=1.0),
+        ),
+        Variant(
+            "knob:scale_constant",
+            f"the scores are divided by d_head ({d}) instead of sqrt(d_head)",
+            scale_where,
+            fix_scale,
+            a(scale=1.0 / d),
+        ),
+        Variant(
+            "knob:scale_constant",
+            f"the scores are divided by sqrt(d_model) = sqrt({h * d}) instead of sqrt(d_head)",
+            scale_where,
+            fix_scale,
+            a(scale=1.0 / math.sqrt(h * d)),
+        ),
+        Variant(
+            "knob:scale_constant",
+            "the scores are multiplied by sqrt(d_head) instead of divided",
+            scale_where,
+            fix_scale,
+            a(scale=math.sqrt(d)),
+        ),
+        Variant(
+            "knob:reduction_dim",
+            "the softmax runs over the queries (dim -2) instead of the keys",
+            "the dim of the attention softmax",
+            "softmax over the last axis (keys)",
+            a(dim=-2),
+        ),
+    ]
+    if k.shape[-3] not in (1, q.shape[-3]):
+        out.append(
+            Variant(
+                "knob:gqa_mapping",
+                "query heads use the tiled key/value head (h % n_kv) instead of h // n_rep",
+                "the head repetition before the scores",
+                "repeat_interleave k and v over the head axis",
+                a(tiled=True),
+            )
+        )
+    if mask is not None:
+        mwhere = "where the mask is applied to the scores (masked_fill(~mask, -inf))"
+        mfix = "set scores to -inf where mask is False, before the softmax"
+        out += [
+            Variant("knob:mask_missing", "the mask is not applied", mwhere, mfix, a(mask_mode="ignored")),
+            Variant(
+                "knob:mask_polarity",
+                "the mask is inverted (True taken as masked)",
+                mwhere,
+                mfix,
+                a(mask_mode="inverted"),
+            ),
+            Variant(
+                "knob:mask_missing",
+                "the bool mask is added to the scores as 0/1 instead of masking with -inf",
+                mwhere,
+                mfix,
+                a(mask_mode="added"),
+            ),
+            Variant(
+                "knob:mask_missing", "masked scores are set to 0 instead of -inf", mwhere, mfix, a(mask_mode="zero")
+            ),
+        ]
+    return out
+
+
+def _sdpa(args, kwargs, style):
+    p = _bind("q, k, v, mask=None", args, kwargs)
+    out = _attention_variants(p.q, p.k, p.v, p.mask, scale_where="the score scaling in attention")
+    return (lambda: _attend(p.q, p.k, p.v, p.mask)), out
+
+
+def _flash(args, kwargs, style):
+    p = _bind("q, k, v, causal=True, block_size=64", args, kwargs)
+    tq, tk = p.q.shape[-2], p.k.shape[-2]
+    mask = _causal(tq, tk) if p.causal else None
+    out = _attention_variants(p.q, p.k, p.v, mask, scale_where="the score scaling in flash_attention")
+    if p.causal and tq != tk:
+        out.append(
+            Variant(
+                "knob:mask_alignment",
+                "the causal mask is aligned top-left (j <= i) instead of bottom-right",
+                "the causal condition inside the blocks",
+                "allow j <= i + t_k - t_q",
+                lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, top_left=True)),
+            )
+        )
+    if p.causal:
+        out.append(
+            Variant(
+                "knob:mask_alignment",
+                "the diagonal is excluded from the causal mask",
+                "the causal condition inside the blocks",
+                "allow j <= i + t_k - t_q",
+                lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, shift=-1)),
+            )
+        )
+    else:
+        out.append(
+            Variant(
+                "knob:mask_missing",
+                "a causal mask is applied although causal=False",
+                "the causal flag",
+                "mask only when causal=True",
+                lambda: _attend(p.q, p.k, p.v, _causal(tq, tk)),
+            )
+        )
+    return (lambda: _attend(p.q, p.k, p.v, mask)), out
+
+
+def _mha(
+    x,
+    wq,
+    wk,
+    wv,
+    wo,
+    h,
+    hkv,
+    theta,
+    positions,
+    style,
+    *,
+    split_view=False,
+    merge_view=False,
+    rope_values=False,
+    rope_q_only=False,
+    **attend,
+):
+    b, t, _ = x.shape
+    dh = wq.shape[0] // h
+
+    def split(y, heads):
+        if split_view:
+            return y.reshape(b, heads, t, dh)
+        return y.reshape(b, t, heads, dh).transpose(1, 2)
+
+    q, k, v = split(x @ wq.T, h), split(x @ wk.T, hkv), split(x @ wv.T, hkv)
+    if theta is not None:
+        pos = positions if positions is not None else torch.arange(t)
+        q = _rope(q, pos, theta, style)
+        if not rope_q_only:
+            k = _rope(k, pos, theta, style)
+        if rope_values:
+            v = _rope(v, pos, theta, style)
+    mask = attend.pop("mask", _causal(t, t))
+    o = _attend(q, k, v, mask, **attend)
+    o = o.reshape(b, t, h * dh) if merge_view else o.transpose(1, 2).reshape(b, t, h * dh)
+    return o @ wo.T
+
+
+def _mha_family(args, kwargs, style):
+    p = _bind("x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None", args, kwargs)
+    h = int(p.n_heads)
+    hkv = int(p.n_kv_heads) if p.n_kv_heads is not None else h
+    theta = float(p.theta) if p.theta is not None else None
+    base = (p.x, p.wq, p.wk, p.wv, p.wo, h, hkv)
+    m = lambda **kw: (
+        lambda: _mha(
+            *base,
+            kw.pop("theta", theta),
+            kw.pop("positions", p.positions),  # noqa: E731
+            kw.pop("style", style),
+            **kw,
+        )
+    )
+    t = p.x.shape[1]
+    dh = p.wq.shape[0] // h
+    scale_where = "the score scaling in multihead_self_attention"
+    out = [
+        Variant(
+            "knob:head_layout",
+            "heads are merged with a plain reshape of [B, H, T, d_head] (no transpose back to [B, T, H, d_head])",
+            "the reshape that merges heads before wo",
+            "o.transpose(1, 2).reshape(B, T, H * d_head)",
+            m(merge_view=True),
+        ),
+        Variant(
+            "knob:head_layout",
+            "heads are split with a plain view to [B, H, T, d_head] (no transpose from [B, T, H, d_head])",
+            "the view that splits q/k/v into heads",
+            "y.view(B, T, H, d_head).transpose(1, 2)",
+            m(split_view=True),
+        ),
+        Variant(
+            "knob:scale_constant", "the scores are not scaled", scale_where, "divide by sqrt(d_head)", m(scale=1.0)
+        ),
+        Variant(
+            "knob:scale_constant",
+            f"the scores are divided by d_head ({dh})",
+            scale_where,
+            "divide by sqrt(d_head)",
+            m(scale=1.0 / dh),
+        ),
+        Variant(
+            "knob:scale_constant",
+            f"the scores are divided by sqrt(d_model) = sqrt({p.x.shape[-1]})",
+            scale_where,
+            "divide by sqrt(d_head)",
+            m(scale=1.0 / math.sqrt(p.x.shape[-1])),
+        ),
+        Variant(
+            "knob:mask_missing",
+            "no causal mask is applied",
+            "the causal mask of self-attention",
+            "mask keys j > i",
+            m(mask=None),
+        ),
+        Variant(
+            "knob:mask_alignment",
+            "the causal mask excludes the diagonal",
+            "the causal mask of self-attention",
+            "allow j <= i",
+            m(mask=_causal(t, t, shift=-1)),
+        ),
+        Variant(
+            "knob:reduction_dim",
+            "the softmax runs over the queries",
+            "the dim of the attention softmax",
+            "softmax over keys",
+            m(dim=-2),
+        ),
+    ]
+    if hkv not in (1, h):
+        out.append(
+            Variant(
+                "knob:gqa_mapping",
+                "query heads use the tiled key/value head (h % n_kv) instead of h // n_rep",
+                "the head repetition of k and v",
+                "repeat_interleave over the head axis",
+                m(tiled=True),
+            )
+        )
+    if theta is not None:
+        other = "half" if style == "interleaved" else "interleaved"
+        out += [
+            Variant(
+                "knob:rope_style",
+                f"RoPE pairs channels in the {other} style instead of {style}",
+                "the RoPE pairing",
+                f"pair channels {style}",
+                m(style=other),
+            ),
+            Variant(
+                "knob:rope_target",
+                "RoPE is applied to the values too",
+                "where RoPE is applied",
+                "rotate queries and keys only",
+                m(rope_values=True),
+            ),
+            Variant(
+                "knob:rope_target",
+                "RoPE is applied to the queries only",
+                "where RoPE is applied",
+                "rotate queries and keys",
+                m(rope_q_only=True),
+            ),
+        ]
+        if p.positions is not None:
+            out.append(
+                Variant(
+                    "knob:position_offset",
+                    "the positions argument is ignored (arange(T) used)",
+                    "the positions passed to RoPE",
+                    "use the given positions",
+                    m(positions=None),
+                )
+            )
+        if not math.isclose(theta, 10000.0):
+            out.append(
+                Variant(
+                    "knob:rope_theta",
+                    f"theta = 10000 is used instead of {theta:g}",
+                    "the theta passed to RoPE",
+                    "pass theta through",
+                    m(theta=10000.0),
+                )
+            )
+    return m(), out
+
+
+# ---------------------------------------------------------------------------------------------
+# losses
+
+
+def _ce(
+    logits, targets, ignore_index=-100, *, count_ignored=False, reduction="mean", dim=-1, naive=None, row_means=False
+):
+    if naive is not None:
+        x = logits.to(naive)
+        lp = (x - torch.log(torch.exp(x).sum(dim, keepdim=True))).to(F64)
+    else:
+        lp = torch.log_softmax(logits, dim)
+    valid = targets != ignore_index
+    t = torch.where(valid, targets, torch.zeros_like(targets))
+    if ((t < 0) | (t >= logits.shape[-1])).any():
+        raise IndexError("target out of range")
+    nll = torch.where(valid, -lp.gather(-1, t[..., None]).squeeze(-1), torch.zeros((), dtype=F64))
+    if reduction == "sum":
+        return nll.sum()
+    if row_means:
+        if targets.dim() < 2:
+            raise ValueError("no rows")
+        return (nll.sum(-1) / valid.sum(-1)).mean()
+    return nll.sum() / (valid.numel() if count_ignored else valid.sum())
+
+
+def _cross_entropy(args, kwargs, style):
+    p = _bind("logits, targets, ignore_index=-100", args, kwargs)
+    lg, tg, ig = p.logits, p.targets, int(p.ignore_index)
+    c = lambda **kw: lambda: _ce(lg, tg, kw.pop("ignore_index", ig), **kw)  # noqa: E731
+    where = "the reduction of cross_entropy"
+    out = [
+        Variant(
+            "knob:ignore_index",
+            "ignored targets are counted in the mean (sum / all targets)",
+            where,
+            "divide by the number of non-ignored targets",
+            c(count_ignored=True),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is summed instead of averaged",
+            where,
+            "average over the non-ignored targets",
+            c(reduction="sum"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-row means instead of the mean over all targets",
+            where,
+            "sum the NLL over every non-ignored target, then divide by their number",
+            c(row_means=True),
+        ),
+        Variant(
+            "knob:reduction_dim",
+            "the log-softmax runs over the wrong axis (dim 0)",
+            "the dim of the log-softmax",
+            "normalise over the vocabulary axis (dim=-1)",
+            c(dim=0),
+        ),
+    ]
+    for dtype, label in ((F64, "float64"), (torch.float32, "float32")):
+        out.append(
+            Variant(
+                "knob:max_subtraction",
+                f"log-sum-exp is computed without subtracting the max ({label})",
+                "the log-softmax / log-sum-exp",
+                "use torch.logsumexp or subtract the row max first",
+                c(naive=dtype),
+            )
+        )
+    if ig != -100:
+        out.append(
+            Variant(
+                "knob:ignore_index",
+                f"the ignore_index argument ({ig}) is not honoured (-100 is used)",
+                "the ignore_index used by cross_entropy",
+                "pass ignore_index through",
+                c(ignore_index=-100),
+            )
+        )
+    return c(), out
+
+
+def _lm_loss(args, kwargs, style):
+    p = _bind("logits, ids", args, kwargs)
+    lg, ids = p.logits, p.ids
+    where = "the shift in lm_loss: cross_entropy(logits[:, :-1], ids[:, 1:])"
+    fix = "score logits[:, :-1] against ids[:, 1:]"
+    out = [
+        Variant(
+            "knob:label_shift",
+            "labels are not shifted (logits at t scored against ids at t)",
+            where,
+            fix,
+            lambda: _ce(lg, ids),
+        ),
+        Variant(
+            "knob:label_shift",
+            "labels are shifted twice (logits at t scored against ids at t+2)",
+            where,
+            fix,
+            lambda: _ce(lg[:, :-2], ids[:, 2:]),
+        ),
+        Variant(
+            "knob:label_shift",
+            "the shift goes the wrong way (logits at t+1 scored against ids at t)",
+            where,
+            fix,
+            lambda: _ce(lg[:, 1:], ids[:, :-1]),
+        ),
+        Variant(
+            "knob:label_shift",
+            "labels are rolled instead of sliced (the last position scored against the first id)",
+            where,
+            fix,
+            lambda: _ce(lg, torch.roll(ids, -1, 1)),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is summed instead of averaged",
+            "the reduction in lm_loss",
+            "average over the predicted tokens",
+            lambda: _ce(lg[:, :-1], ids[:, 1:], reduction="sum"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-sequence means",
+            "the reduction in lm_loss",
+            "average over all predicted tokens",
+            lambda: _ce(lg[:, :-1], ids[:, 1:], row_means=True),
+        ),
+    ]
+    return (lambda: _ce(lg[:, :-1], ids[:, 1:])), out
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling
+
+
+def _top_k_filter(z, k):
+    if k is None or k >= z.shape[-1]:
+        return z
+    if k < 1:
+        raise ValueError("k < 1")
+    kth = torch.topk(z, k, dim=-1).values[..., -1:]
+    return z.masked_fill(z < kth, -math.inf)
+
+
+def _nucleus(probs, top_p, crossing="keep"):
+    """Bool mask of the nucleus of ``probs`` (rows on the last axis)."""
+    if top_p is None:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sp, order = torch.sort(probs, dim=-1, descending=True)
+    cum = sp.cumsum(-1)
+    before = cum - sp
+    tol = 16 * torch.finfo(F64).eps
+    if crossing == "keep":
+        keep_sorted = before < top_p - tol
+    elif crossing == "drop":
+        keep_sorted = cum <= top_p + tol
+    else:  # one more than the nucleus
+        inside = before < top_p - tol
+        keep_sorted = inside | torch.cat((inside[..., :1], inside[..., :-1]), dim=-1)
+    keep_sorted[..., 0] = True
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def _sampling(
+    logits, temperature, top_k, top_p, *, temp="divide", order="specified", crossing="keep", k_delta=0, renorm=True
+):
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(F64)
+    z = {
+        "divide": lambda: logits / temperature,
+        "multiply": lambda: logits * temperature,
+        "ignore": lambda: logits,
+        "twice": lambda: logits / temperature**2,
+    }[temp]()
+    k = None if top_k is None else int(top_k) + k_delta
+    zk = _top_k_filter(z, k)
+    if order == "p_before_temperature":
+        keep = _nucleus(torch.softmax(_top_k_filter(logits, k), -1), top_p, crossing) & torch.isfinite(zk)
+    elif order == "p_before_k":
+        keep = _nucleus(torch.softmax(z, -1), top_p, crossing) & torch.isfinite(zk)
+    else:
+        keep = _nucleus(torch.softmax(zk, -1), top_p, crossing)
+    probs = torch.softmax(zk, -1) * keep
+    return probs / probs.sum(-1, keepdim=True) if renorm else probs
+
+
+def _sampling_probs(args, kwargs, style):
+    p = _bind("logits, temperature=1.0, top_k=None, top_p=None", args, kwargs)
+    lg, t, k, tp = p.logits, float(p.temperature), p.top_k, p.top_p
+    tp = None if tp is None else float(tp)
+    s = lambda **kw: lambda: _sampling(lg, t, k, tp, **kw)  # noqa: E731
+    order_where = "the order of sampling_probs: divide by temperature, top-k, top-p on the scaled distribution"
+    out = [
+        Variant(
+            "knob:temperature",
+            "the logits are multiplied by the temperature instead of divided",
+            "the temperature step",
+            "divide the logits by temperature",
+            s(temp="multiply"),
+        ),
+        Variant(
+            "knob:temperature",
+            "the temperature is applied twice (logits / temperature**2)",
+            "the temperature step",
+            "divide by temperature once",
+            s(temp="twice"),
+        ),
+        Variant(
+            "knob:temperature",
+            "the temperature is ignored",
+            "the temperature step",
+            "divide the logits by temperature",
+            s(temp="ignore"),
+        ),
+        Variant(
+            "knob:renormalisation",
+            "the kept probabilities are not renormalised",
+            "the end of sampling_probs",
+            "divide by the kept mass",
+            s(renorm=False),
+        ),
+    ]
+    if tp is not None:
+        out += [
+            Variant(
+                "knob:sampling_order",
+                "the nucleus is taken from the distribution before temperature",
+                order_where,
+                "apply top-p to softmax(logits / temperature)",
+                s(order="p_before_temperature"),
+            ),
+            Variant(
+                "knob:sampling_order",
+                "top-p is applied before top-k (on the unfiltered distribution)",
+                order_where,
+                "apply top-k first, then top-p on the top-k distribution",
+                s(order="p_before_k"),
+            ),
+            Variant(
+                "knob:top_p_boundary",
+                "the nucleus drops the token that crosses top_p (keeps cumsum <= top_p)",
+                "the top-p cut",
+                "keep tokens while the mass before them is < top_p",
+                s(crossing="drop"),
+            ),
+            Variant(
+                "knob:top_p_boundary",
+                "the nucleus keeps one token more than the smallest set reaching top_p",
+                "the top-p cut",
+                "keep tokens while the mass before them is < top_p",
+                s(crossing="extra"),
+            ),
+        ]
+    if k is not None:
+        out += [
+            Variant(
+                "knob:top_k",
+                "top-k keeps k+1 tokens",
+                "the top-k cut",
+                "keep exactly the k largest logits",
+                s(k_delta=1),
+            ),
+            Variant(
+                "knob:top_k",
+                "top-k keeps k-1 tokens",
+                "the top-k cut",
+                "keep exactly the k largest logits",
+                s(k_delta=-1),
+            ),
+        ]
+    return s(), out
+
+
+# attention: "rows with no allowed key are unspecified" (NaN in these computations)
+NAN_UNSPECIFIED = {"scaled_dot_product_attention", "flash_attention", "multihead_self_attention"}
+
+FAMILIES: dict[str, Callable] = {
+    "rmsnorm": _rmsnorm,
+    "layernorm": _layernorm,
+    "softmax": _softmax,
+    "linear": _linear,
+    "silu": _silu_family,
+    "swiglu": _swiglu,
+    "gelu_mlp": _gelu_mlp,
+    "rope": _rope_family,
+    "sinusoidal_positions": _sinusoidal,
+    "causal_mask": _causal_mask,
+    "repeat_kv": _repeat_kv,
+    "scaled_dot_product_attention": _sdpa,
+    "flash_attention": _flash,
+    "multihead_self_attention": _mha_family,
+    "cross_entropy": _cross_entropy,
+    "lm_loss": _lm_loss,
+    "sampling_probs": _sampling_probs,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# the search
+
+
+def _as_compared(x, bool_like: bool) -> np.ndarray | None:
+    arr = as_array(x)
+    if arr is None:
+        return None
+    if bool_like and arr.dtype != np.bool_:
+        arr = as_float(arr)
+        arr = (arr == 0) if np.isin(arr, (0.0, -np.inf)).all() and np.isneginf(arr).any() else (arr != 0)
+    return as_float(arr)
+
+
+def variants(name: str, args, kwargs, *, rope_style: str = "interleaved"):
+    """(specified computation, [Variant]) for protocol function ``name``; None when no family exists."""
+    family = FAMILIES.get(name)
+    if family is None:
+        return None
+    with torch.no_grad():
+        return family(tuple(args), dict(kwargs or {}), rope_style)
+
+
+@contextmanager
+def _one_thread():
+    """The tensors are tiny: with several intra-op threads, OpenMP start-up and spinning cost 10-30x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # variants on odd inputs (x.T of a vector, overflow) may warn
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def knob_causes(name: str, args, kwargs, actual, *, rope_style: str = "interleaved", atol: float, rtol: float):
+    """Causes of the form "the specified ``name`` with one knob changed reproduces ``actual``"."""
+    try:
+        with _one_thread():
+            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol)
+    except Exception:  # arguments the families cannot handle: no diagnosis rather than a broken report
+        if cause_module.STRICT:
+            raise
+        return []
+
+
+def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol):
+    try:
+        found = variants(name, args, kwargs, rope_style=rope_style)
+    except TypeError:  # the arguments do not bind to the protocol signature
+        return []
+    except (RuntimeError, ValueError, IndexError):  # arguments of shapes the specified computation rejects
+        return []
+    if found is None:
+        return []
+    specified, candidates = found
+    try:
+        with torch.no_grad():
+            spec_out = specified()
+    except (RuntimeError, ValueError, IndexError, TypeError):
+        return []
+    bool_like = isinstance(spec_out, torch.Tensor) and spec_out.dtype == torch.bool
+    expected = _as_compared(spec_out, False)
+    a = _as_compared(actual, bool_like)
+    if a is None or expected is None or a.shape != expected.shape:
+        return []
+    if bool_like:
+        atol = rtol = 0.0
+    care = ~np.isnan(expected)  # rows the protocol leaves unspecified (every key masked)
+    if fits(expected, a, atol, rtol, care):
+        return []
+    matches, tried = [], 0
+    for v in candidates:
+        try:
+            with torch.no_grad(), np.errstate(all="ignore"):
+                out = _as_compared(v.compute(), False)
+        except (RuntimeError, ValueError, IndexError, TypeError, ZeroDivisionError):
+            continue
+        if out is None or out.shape != a.shape:
+            continue
+        care_v = care
+        if name in NAN_UNSPECIFIED:  # rows the variant's own mask leaves without keys are unspecified too
+            care_v = care & ~np.isnan(out)
+            if care_v.sum() < care.sum() / 2:
+                continue
+        if fits(out, expected, atol, rtol, care_v):
+            continue  # indistinguishable from the specified computation on these inputs
+        tried += 1
+        if fits(out, a, atol, rtol, care_v):
+            matches.append(v)
+    if not matches:
+        return []
+    by_code: dict[str, list[Variant]] = {}
+    for v in matches:
+        by_code.setdefault(v.code, []).append(v)
+    ambiguous = len(by_code) > 1
+    causes = []
+    tol = f"atol {atol:.0e} + rtol {rtol:.0e}"
+    for code, vs in by_code.items():
+        summary = vs[0].summary + ("; equally: " + "; ".join(v.summary for v in vs[1:]) if len(vs) > 1 else "")
+        evidence = (
+            f"{name} as specified but with this knob changed reproduces actual within {tol} at every entry; "
+            f"{len(matches)} of the {tried} knob settings that change the output on these inputs fit"
+        )
+        if ambiguous:
+            others = [x.summary for c, xs in by_code.items() if c != code for x in xs]
+            summary = f"ambiguous ({len(matches)} knob settings fit): {summary}"
+            evidence += f"; also fitting: {'; '.join(others)}"
+            conf = AMBIGUOUS
+        else:
+            conf = EXACT if len(vs) == 1 else EXACT_SHARED
+        causes.append(Cause(code, summary, vs[0].where, vs[0].fix, evidence, conf, source="knob"))
+    return causes

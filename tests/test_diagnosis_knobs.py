@@ -1,0 +1,53 @@
+"""Knob search: for every protocol function with a family, each bug (written with torch.nn.functional or a
+plain formula in tests/diagnosis_knob_cases.py, not with the library's variants) is named with confidence
+>= 0.9; the correct output, random noise, and a bug outside the family are not."""
+
+import pytest
+import torch
+from diagnosis_cases import EXACT, assert_names, noise_like, randn
+from diagnosis_knob_cases import CASES, POSITIVE
+
+from spec_tests.harness.diagnosis import knob_causes
+
+
+@pytest.mark.parametrize("case,label", POSITIVE, ids=[f"{c.name}-{label}" for c, label in POSITIVE])
+def test_bug_is_named(case, label):
+    make, code = case.bugs[label]
+    with torch.no_grad():
+        actual = make()
+    causes = case.diagnose(actual)
+    cause = assert_names(causes, code, 0.9)
+    assert [c for c in causes if c.confidence >= 0.9] == [cause], "one confident cause only"
+
+
+def case_id(c):
+    return f"{c.name}-{'_'.join(f'{k}={v}' for k, v in c.kwargs.items()) or 'defaults'}-{c.style}-{c.tol['atol']:g}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_correct_output_is_silent(case):
+    """The independently computed specified output matches the family's own specified computation."""
+    assert case.diagnose(case.correct) == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_noise_names_nothing(case):
+    correct = case.correct
+    if correct.dtype == torch.bool:
+        actual = torch.rand(correct.shape, generator=torch.Generator().manual_seed(1)) > 0.5
+    else:
+        actual = noise_like(correct.double(), 99)
+    assert [c for c in case.diagnose(actual) if c.confidence >= 0.9] == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_bug_outside_the_family_names_nothing(case):
+    with torch.no_grad():
+        actual = case.other(case.correct)
+    assert [c for c in case.diagnose(actual) if c.confidence >= 0.9] == []
+
+
+def test_unknown_function_and_unbindable_arguments_give_nothing():
+    x = randn(3, 4, seed=0)
+    assert knob_causes("not_a_protocol_name", (x,), {}, x, rope_style="interleaved", **EXACT) == []
+    assert knob_causes("rmsnorm", (x, x, x, x, x), {}, x, rope_style="interleaved", **EXACT) == []
