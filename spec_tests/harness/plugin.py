@@ -72,6 +72,27 @@ def pytest_addoption(parser):
         help="comma-separated catalogued bugs diagnosis may name (default: all; tools/bugcheck.py narrows it)",
     )
     group.addoption(
+        "--spec-remote",
+        dest="spec_remote",
+        metavar="PATH",
+        default=None,
+        help="judge the implementation at PATH run in a separate, sandboxed worker process (grading)",
+    )
+    group.addoption(
+        "--spec-test-timeout",
+        dest="spec_test_timeout",
+        type=float,
+        default=60.0,
+        help="with --spec-remote: seconds each test may spend in the implementation (60)",
+    )
+    group.addoption(
+        "--spec-memory-mb",
+        dest="spec_memory_mb",
+        type=int,
+        default=4096,
+        help="with --spec-remote: address-space limit of the worker in MiB (0: none)",
+    )
+    group.addoption(
         "--spec-record",
         dest="spec_record",
         metavar="DIR",
@@ -154,6 +175,17 @@ def make_subject(config):
     spec = impl_spec(config)
     caps = config.getoption("spec_capabilities")
     capabilities = None if caps is None else [c.strip() for c in caps.split(",") if c.strip()]
+    remote = config.getoption("spec_remote")
+    if remote:
+        from .remote import RemoteError, Worker
+        from .remote_subject import RemoteSubject
+
+        worker = Worker(remote, memory_mb=config.getoption("spec_memory_mb"), device=config.getoption("spec_device"))
+        try:
+            return RemoteSubject(worker, capabilities=capabilities, test_timeout=config.getoption("spec_test_timeout"))
+        except RemoteError as exc:
+            worker.close()
+            raise pytest.UsageError(f"implementation {remote} failed to import: {exc}") from None
     try:
         obj, label = load_implementation(spec)
         return LocalSubject(obj, label, capabilities=capabilities)
@@ -175,7 +207,7 @@ def is_spec_item(item) -> bool:
 
 
 def _xfails(config, impl) -> dict[str, str]:
-    source = config.getoption("spec_xfails") or getattr(impl.obj, "SPEC_XFAILS", None)
+    source = config.getoption("spec_xfails") or getattr(getattr(impl, "obj", None), "SPEC_XFAILS", None)
     if source is None:
         return {}
     if isinstance(source, dict):
@@ -257,6 +289,9 @@ def pytest_sessionfinish(session):
         import torch
 
         torch.set_num_threads(state.torch_threads)
+    worker = getattr(state.impl, "worker", None)
+    if worker is not None:
+        worker.close()
 
 
 def pytest_report_header(config):

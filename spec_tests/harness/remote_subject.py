@@ -1,0 +1,107 @@
+"""The implementation under test in another process: a ``Subject`` whose calls and model operations
+are requests to a worker (``remote.Worker``), normally inside the sandbox.
+
+This is how grading judges a submission: the test process (the judge) never imports submission
+code, holds the expected values and decides; the worker only runs protocol calls and model
+operations and sends back plain data. Root-cause reruns substitute failing functions inside the
+worker by stubs that ask this process, which answers with the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from .model_ops import OP_USES
+from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerTimeout
+from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
+
+
+class _Declared:
+    """The attributes the worker reported, as an object ``declared_attributes`` can read."""
+
+    def __init__(self, attributes: dict):
+        for key, value in attributes.items():
+            setattr(self, key, tuple(value) if isinstance(value, list) else value)
+
+
+class RemoteSubject(Subject):
+    """The submission behind a worker; every call carries the current test's deadline."""
+
+    def __init__(self, worker: Worker, *, capabilities=None, test_timeout: float = 60.0):
+        self.worker, self.test_timeout = worker, test_timeout
+        worker.start()
+        self.label = worker.label
+        self.rope_style, self.families, declared = declared_attributes(_Declared(worker.attributes), self.label)
+        self.capabilities = frozenset(capabilities) if capabilities is not None else declared
+        self.deadline = time.monotonic() + test_timeout
+        self._replacements: dict = {}
+        self.calls = set()
+
+    def __repr__(self) -> str:
+        return f"RemoteSubject({self.label})"
+
+    def provides(self, name: str) -> bool:
+        return self.worker.provides(name)
+
+    def begin_test(self) -> None:
+        super().begin_test()
+        self.deadline = time.monotonic() + self.test_timeout
+        try:
+            self.worker.reset(deadline=self.deadline)
+        except (WorkerTimeout, WorkerCrashed):
+            pass  # the next call starts a fresh worker
+
+    def __getattr__(self, name: str):
+        from ..protocol import PROTOCOL_NAMES
+
+        if name.startswith("_") or name not in PROTOCOL_NAMES:
+            raise AttributeError(f"{name!r} is not a protocol v1 name")
+        self.require(name)
+
+        def call(*args, **kwargs):
+            self.calls.add(name)
+            if name in self._replacements:  # a direct call to a substituted name: the correct one
+                return self._replacements[name](*args, **kwargs)
+            return self._request(name, name, lambda: self.worker.call(name, args, kwargs, deadline=self.deadline))
+
+        return call
+
+    def op(self, name: str, *args):
+        protocol_name = OP_USES.get(name, (name,))[0]
+        return self._request(protocol_name, name, lambda: self.worker.op(name, args, deadline=self.deadline))
+
+    def _request(self, name: str, what: str, send):
+        try:
+            return send()
+        except RemoteError as exc:
+            if exc.not_implemented:
+                raise NotImplementedInImpl(name, exc.message) from None
+            short = tuple(m.rsplit(".", 1)[-1] for m in exc.mro) or (exc.type,)
+            raise ImplementationError(name, short, exc.message, exc.where or "") from None
+        except WorkerTimeout:
+            raise ImplementationError(
+                name, ("Timeout",), f"{what} did not finish within the test's limit of {self.test_timeout:g} s"
+            ) from None
+        except WorkerCrashed as exc:
+            raise ImplementationError(name, ("Crash",), f"the process running your code {exc}") from None
+        except StaleHandleError as exc:
+            raise ImplementationError(name, ("Crash",), f"{exc} (your code's process was restarted)") from None
+
+    @contextlib.contextmanager
+    def substituted(self, replacements: dict):
+        """Inside the worker, the named functions ask this process, which answers with ``replacements``."""
+
+        def oracle(name, args, kwargs):
+            return replacements[name](*args, **kwargs)
+
+        self.worker.substitute(list(replacements), oracle=oracle, deadline=self.deadline)
+        saved, self._replacements = self._replacements, {**self._replacements, **replacements}
+        try:
+            yield
+        finally:
+            self._replacements = saved
+            try:
+                self.worker.restore(deadline=time.monotonic() + 10)
+            except (WorkerTimeout, WorkerCrashed):
+                pass
