@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from spec_adapters.hf_names import LLAMA_LAYER_NAMES
 from einops import rearrange
 
 
@@ -59,19 +60,6 @@ def interleaved_to_half_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor
     return rearrange(weight, "(h pairs two) d -> (h two pairs) d", h=n_heads, two=2)
 
 
-HF_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn.wq.weight": "self_attn.q_proj.weight",
-    "attn.wk.weight": "self_attn.k_proj.weight",
-    "attn.wv.weight": "self_attn.v_proj.weight",
-    "attn.wo.weight": "self_attn.o_proj.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-    "mlp.w_gate.weight": "mlp.gate_proj.weight",
-    "mlp.w_up.weight": "mlp.up_proj.weight",
-    "mlp.w_down.weight": "mlp.down_proj.weight",
-}
-
-
 def hf_state_dict(canonical: dict, config: dict, rope_style: str) -> dict[str, torch.Tensor]:
     """Canonical llama weights under Hugging Face names (q/k rows permuted for ``interleaved``)."""
     n_heads, n_kv = config["n_heads"], config.get("n_kv_heads") or config["n_heads"]
@@ -82,7 +70,7 @@ def hf_state_dict(canonical: dict, config: dict, rope_style: str) -> dict[str, t
     if "lm_head.weight" in canonical:
         out["lm_head.weight"] = canonical["lm_head.weight"]
     for i in range(config["n_layers"]):
-        for ours, theirs in HF_NAMES.items():
+        for ours, theirs in LLAMA_LAYER_NAMES.items():
             w = canonical[f"layers.{i}.{ours}"]
             if rope_style == "interleaved" and ours in ("attn.wq.weight", "attn.wk.weight"):
                 w = interleaved_to_half_rows(w, n_heads if ours == "attn.wq.weight" else n_kv)

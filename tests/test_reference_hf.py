@@ -12,6 +12,7 @@ import inspect
 
 import pytest
 import torch
+from spec_adapters.hf_names import llama_name_map
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -117,22 +118,8 @@ def hf_llama(attn="sdpa", seed=0):
     inv_freq = model.model.rotary_emb.inv_freq  # theta reached the model, whatever the config API
     torch.testing.assert_close(inv_freq, THETA ** (-torch.arange(0, 8, 2, dtype=F64) / 8), atol=1e-7, rtol=0)
     randomize_hf(model, seed, lambda n: "norm" in n)
-    sd = {"tok_embeddings.weight": model.model.embed_tokens.weight, "final_norm.weight": model.model.norm.weight}
-    names = {
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "mlp_norm",
-        "self_attn.q_proj": "attn.wq",
-        "self_attn.k_proj": "attn.wk",
-        "self_attn.v_proj": "attn.wv",
-        "self_attn.o_proj": "attn.wo",
-        "mlp.gate_proj": "mlp.w_gate",
-        "mlp.up_proj": "mlp.w_up",
-        "mlp.down_proj": "mlp.w_down",
-    }
     hf = dict(model.named_parameters())
-    for i in range(2):
-        for theirs, ours in names.items():
-            sd[f"layers.{i}.{ours}.weight"] = hf[f"model.layers.{i}.{theirs}.weight"].detach()
+    sd = {ours: hf[theirs].detach() for ours, theirs in llama_name_map(2, tied=True).items()}
     return model, sd
 
 

@@ -21,10 +21,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, eager_attention_forward
 
-try:  # imported as tools.adapters.hf_gpt2
-    from . import hf_common
-except ImportError:  # loaded from its path by --impl=tools/adapters/hf_gpt2.py
-    import hf_common
+from spec_adapters import hf_common
 
 FAMILIES = ("gpt2",)
 SPEC_XFAILS = "hf_gpt2.xfails.toml"

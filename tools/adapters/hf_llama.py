@@ -27,10 +27,8 @@ from transformers.models.llama.modeling_llama import (
 )
 from transformers.models.llama.modeling_llama import repeat_kv as _hf_repeat_kv
 
-try:  # imported as tools.adapters.hf_llama
-    from . import hf_common
-except ImportError:  # loaded from its path by --impl=tools/adapters/hf_llama.py
-    import hf_common
+from spec_adapters import hf_common
+from spec_adapters.hf_names import llama_name_map as name_map
 
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
@@ -140,29 +138,6 @@ def hf_config(config: dict) -> LlamaConfig:
         pad_token_id=None,
         attn_implementation=ATTN_IMPLEMENTATION,
     )
-
-
-LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn.wq.weight": "self_attn.q_proj.weight",
-    "attn.wk.weight": "self_attn.k_proj.weight",
-    "attn.wv.weight": "self_attn.v_proj.weight",
-    "attn.wo.weight": "self_attn.o_proj.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-    "mlp.w_gate.weight": "mlp.gate_proj.weight",
-    "mlp.w_up.weight": "mlp.up_proj.weight",
-    "mlp.w_down.weight": "mlp.down_proj.weight",
-}
-
-
-def name_map(n_layers: int, tied: bool) -> dict[str, str]:
-    """Canonical name -> ``LlamaForCausalLM`` parameter name (nn.Linear layouts match: no transposes)."""
-    names = {"tok_embeddings.weight": "model.embed_tokens.weight", "final_norm.weight": "model.norm.weight"}
-    for i in range(n_layers):
-        names.update({f"layers.{i}.{c}": f"model.layers.{i}.{h}" for c, h in LAYER_NAMES.items()})
-    if not tied:
-        names["lm_head.weight"] = "lm_head.weight"
-    return names
 
 
 def build_model(config: dict, state_dict: dict | None = None) -> LlamaForCausalLM:

@@ -105,7 +105,7 @@ def _limit_resources(memory_mb: int) -> None:
 
 def describe_exception(exc: BaseException, state: ChildState, tb_entries=()) -> str:
     """One short paragraph for an exception raised by graded code (no traceback)."""
-    from tools.grading.guard import GradingViolation
+    from .guard import GradingViolation
 
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return describe_exception(exc.exceptions[0], state, tb_entries)
@@ -155,7 +155,7 @@ def pytest_configure(config):
 
     torch.set_num_threads(1)
     _limit_resources(state.memory_mb)
-    from tools.grading.guard import Guard
+    from .guard import Guard
 
     guard = Guard(
         config.getoption("grading_protect"),

@@ -31,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.grading import report  # noqa: E402
-from tools.grading.progress import Progress  # noqa: E402
-from tools.grading.recording import RecordingError, prepare  # noqa: E402
-from tools.grading.rubric import RubricError, assign, load_rubric, unknown_components  # noqa: E402
-from tools.grading.runner import Limits, run_submission  # noqa: E402
-from tools.grading.submission import SubmissionError, discover, rope_style, stage, static_flags  # noqa: E402
+from . import report  # noqa: E402
+from .progress import Progress  # noqa: E402
+from .recording import RecordingError, prepare  # noqa: E402
+from .rubric import RubricError, assign, load_rubric, unknown_components  # noqa: E402
+from .runner import Limits, run_submission  # noqa: E402
+from .submission import SubmissionError, discover, rope_style, stage, static_flags  # noqa: E402
 
 DEFAULT_RUBRIC = ROOT / "rubric.toml"
 STYLES = ("interleaved", "half")

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.grading.recording import RecordingError, record, torch_version  # noqa: E402
-from tools.grading.rubric import RubricError, load_rubric  # noqa: E402
+from .recording import RecordingError, record, torch_version  # noqa: E402
+from .rubric import RubricError, load_rubric  # noqa: E402
 
 STYLES = ("interleaved", "half")
 EXCLUDED_DIRS = {"bugs", "recorded", "__pycache__", ".hypothesis", ".pytest_cache"}
