@@ -1,11 +1,15 @@
 """The suite's plugin as its users meet it: choosing an implementation, "not provided" skips,
-"not implemented" one-liners, import failures, usage errors and expected-failure files.
+"not implemented" one-liners, short crash reports, import failures, usage errors, expected-failure
+files, the run header and summary, and staying out of other projects' test runs.
 Each test runs pytest in a subprocess on a small slice of the suite."""
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
-from suite_subprocess import run_suite
+from suite_subprocess import ROOT, run_suite
 
 
 def write(path: Path, source: str) -> Path:
@@ -14,33 +18,45 @@ def write(path: Path, source: str) -> Path:
 
 
 def test_partial_implementation_skips_what_it_does_not_provide(tmp_path):
-    """A file defining only silu passes its test and skips the rest as "not provided by <file>"."""
+    """A file defining only silu passes its tests and skips the rest as "not provided by <file>"."""
     impl = write(
         tmp_path / "only_silu.py",
         """
         import torch
         def silu(x):
             return x * torch.sigmoid(x)
-    """,
+        """,
     )
     proc = run_suite(f"--impl={impl}", "-rs", "-k", "silu or rmsnorm")
-    assert "2 passed" in proc.stdout and "skipped" in proc.stdout, proc.stdout[-2000:]
+    assert "3 passed" in proc.stdout and "skipped" in proc.stdout, proc.stdout[-2000:]
     assert f"not provided by {impl}: rmsnorm" in proc.stdout
 
 
-def test_not_implemented_is_one_line(tmp_path):
-    """A name raising NotImplementedError fails with the single line "not implemented: <name>"."""
+def test_not_implemented_is_one_line_per_function(tmp_path):
+    """A name raising NotImplementedError fails as "not implemented", summarised once per function,
+    with no traceback and no per-test failure section."""
     impl = write(
         tmp_path / "stub.py",
         """
         def rmsnorm(x, weight, eps=1e-5):
             raise NotImplementedError("rmsnorm")
-    """,
+        """,
     )
     proc = run_suite(f"--impl={impl}", "-k", "test_rmsnorm")
     assert proc.returncode == 1
-    assert "not implemented: rmsnorm" in proc.stdout
+    assert "not implemented: rmsnorm: 4 tests" in proc.stdout, proc.stdout[-2000:]
     assert "Traceback" not in proc.stdout and "raise NotImplementedError" not in proc.stdout
+    assert "4 not implemented" in proc.stdout.splitlines()[-1]
+
+
+def test_skeleton_run_is_short():
+    """The untouched skeleton: one summary line per unimplemented function, not a section per test."""
+    proc = run_suite("--impl=student")
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert len(lines) < 80, len(lines)
+    assert any(line.startswith("not implemented: rmsnorm: ") for line in lines)
+    assert lines[-1].split(" in ")[0].endswith("not implemented") and "passed" not in lines[-1]
 
 
 def test_not_implemented_deep_inside_names_the_entry_point(tmp_path):
@@ -52,10 +68,29 @@ def test_not_implemented_deep_inside_names_the_entry_point(tmp_path):
             raise NotImplementedError("my_norm_helper")
         def rmsnorm(x, weight, eps=1e-5):
             return _norm(x)
-    """,
+        """,
     )
-    proc = run_suite(f"--impl={impl}", "-k", "test_rmsnorm and unit-f64")
-    assert "not implemented: my_norm_helper (reached through rmsnorm)" in proc.stdout
+    proc = run_suite(f"--impl={impl}", "-k", "test_rmsnorm and unit and f64")
+    assert "not implemented: my_norm_helper (reached through rmsnorm)" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_crash_is_two_lines_and_the_traceback_is_on_request(tmp_path):
+    """An exception inside the implementation is reported as its message and the line of the
+    implementation that raised it; --spec-tb shows the full traceback."""
+    impl = write(
+        tmp_path / "crashy.py",
+        """
+        import torch
+        def rmsnorm(x, weight, eps=1e-5):
+            extra = torch.zeros(1)
+            return torch.cat((x, extra), dim=1)
+        """,
+    )
+    proc = run_suite(f"--impl={impl}", "-k", "test_rmsnorm and unit and f64")
+    assert "RuntimeError: " in proc.stdout and f"raised at {impl.name}:5 in rmsnorm" in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stdout and "site-packages" not in proc.stdout
+    verbose = run_suite(f"--impl={impl}", "-k", "test_rmsnorm and unit and f64", "--spec-tb")
+    assert "torch.cat((x, extra), dim=1)" in verbose.stdout
 
 
 def test_import_failure_is_one_clear_error(tmp_path):
@@ -84,11 +119,25 @@ def test_object_form_and_families(tmp_path):
             FAMILIES=("gpt2",), build_model=reference.build_model, forward=reference.forward,
             canonical_state_dict=reference.canonical_state_dict,
         )
-    """,
+        """,
     )
     proc = run_suite("--impl=gpt2_only:impl", "-rs", "-k", "test_logits_match_reference", cwd=tmp_path)
     assert "2 passed" in proc.stdout, proc.stdout[-2000:]
     assert "not provided by gpt2_only:impl: family 'llama'" in proc.stdout
+
+
+def test_capabilities_skip_what_is_not_supported(tmp_path):
+    """CAPABILITIES without "gqa": GQA cases are skipped as not provided, MHA cases still run."""
+    write(
+        tmp_path / "mha_only.py",
+        """
+        from reference import *  # noqa: F403
+        CAPABILITIES = ("tied_head", "untied_head", "linear_bias", "dropout", "free_d_ff", "rope_theta")
+        """,
+    )
+    proc = run_suite("--impl=mha_only", "-rs", "-k", "test_repeat_kv or test_multihead_attention_layout", cwd=tmp_path)
+    assert "capability gqa" in proc.stdout, proc.stdout[-2000:]
+    assert "passed" in proc.stdout and "failed" not in proc.stdout
 
 
 def test_expected_failures_are_strict(tmp_path):
@@ -101,32 +150,92 @@ def test_expected_failures_are_strict(tmp_path):
             return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight
         def silu(x):
             return x * torch.sigmoid(x)
-    """,
+        """,
     )
     xfails = write(
         tmp_path / "x.toml",
         """
         [xfail]
-        "test_norms.py::test_rmsnorm[unit-f64]" = "eps outside the root, on purpose"
-        "test_primitives.py::test_silu[f64]" = "claimed to fail, but passes"
-    """,
+        "test_norms.py::test_rmsnorm[f64-small]" = "eps outside the root"
+        "test_primitives.py::test_silu[f64]" = "not really failing"
+        """,
     )
-    proc = run_suite(
-        f"--impl={impl}", f"--xfails-file={xfails}", "-k", "test_rmsnorm and unit-f64 or test_silu and f64"
-    )
-    assert "1 failed" in proc.stdout and "1 xfailed" in proc.stdout, proc.stdout[-2000:]
-    assert "XPASS(strict)" in proc.stdout
+    proc = run_suite(f"--impl={impl}", f"--spec-xfails={xfails}", "-k", "test_rmsnorm or test_silu")
+    assert "XPASS(strict)" in proc.stdout and "xfailed" in proc.stdout, proc.stdout[-2000:]
 
 
-def test_failure_names_the_matching_bug(tmp_path):
-    """An independently written rmsnorm with eps outside the root is told which catalogued bug it matches."""
-    impl = write(
-        tmp_path / "eps_outside.py",
+def test_header_names_the_implementation_and_warns_about_the_default():
+    """The run header says which implementation is checked, and that the default is the reference."""
+    plain = run_suite("-k", "test_silu and f64", "--co", "-v")
+    assert "spec suite: checking reference  (the reference: the ground truth itself." in plain.stdout
+    student = run_suite("--impl=student", "-k", "test_silu and f64", "--co", "-v")
+    assert "spec suite: checking student" in student.stdout and "ground truth itself" not in student.stdout
+
+
+def test_the_plugin_leaves_other_projects_alone(tmp_path):
+    """An unrelated project in the same environment: its own --device and --impl options, its
+    Hypothesis settings and torch's thread count are untouched by the installed suite."""
+    (tmp_path / "conftest.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            THREADS = torch.get_num_threads()
+
+            def pytest_addoption(parser):
+                parser.addoption("--device", default="cpu")
+                parser.addoption("--impl", default="mine")
+            """
+        )
+    )
+    (tmp_path / "test_other.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from hypothesis import given, settings, strategies as st
+            import conftest
+
+            SEEN = []
+
+            @given(st.integers())
+            def test_property(n):
+                SEEN.append(n)
+
+            def test_settings_and_threads(request):
+                assert request.config.getoption("device") == "cpu"
+                assert request.config.getoption("impl") == "mine"
+                assert settings.default.max_examples == 100 and not settings.default.derandomize
+                assert torch.get_num_threads() == conftest.THREADS
+
+            def test_property_ran_with_the_default_examples():
+                assert len(SEEN) > 10
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPEC_", "HYPOTHESIS"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "3 passed" in proc.stdout
+    assert "spec suite" not in proc.stdout
+
+
+def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
+    """`spec-check --impl=module` (and `pytest --pyargs spec_tests --spec-impl=...`) work outside the checkout."""
+    write(
+        tmp_path / "my_silu.py",
         """
-        def rmsnorm(x, weight, eps=1e-5):
-            return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight
-    """,
+        import torch
+        def silu(x):
+            return x * torch.sigmoid(x)
+        """,
     )
-    proc = run_suite(f"--impl={impl}", "-k", "test_rmsnorm and small-f64")
-    assert "matches known bug rmsnorm_eps_outside_root" in proc.stdout, proc.stdout[-2000:]
-    assert "Fix:" in proc.stdout
+    cmd = [sys.executable, "-m", "spec_tests.harness.cli", "--impl=my_silu", "-q", "-p", "no:warnings", "-k", "silu"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert str(ROOT) not in str(tmp_path)

@@ -102,9 +102,9 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[st
     missing: dict[str, int] = {}
     for v in verdicts:
         if category(v) == NOT_IMPLEMENTED:
-            name = v.message.removeprefix("not implemented: ").split(" (reached through")[0].strip() or "?"
+            name = v.message.removeprefix("not implemented: ").strip() or "?"
             missing[name] = missing.get(name, 0) + 1
     if missing:
         lines.append("")
-        lines += [f"not implemented: {name} ({n} test{'s' if n > 1 else ''})" for name, n in sorted(missing.items())]
+        lines += [f"not implemented: {name}: {n} test{'s' if n > 1 else ''}" for name, n in sorted(missing.items())]
     return lines
