@@ -6,7 +6,6 @@ Written with einops, in float64-exact form, CPU and CUDA. Every protocol name is
 from .attention import (
     causal_mask,
     flash_attention,
-    fused_attention,
     multihead_self_attention,
     repeat_kv,
     scaled_dot_product_attention,
@@ -59,4 +58,4 @@ PROTOCOL_NAMES = (
     "evaluate",
 )
 
-__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "KVCache", "fused_attention"]
+__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "KVCache"]

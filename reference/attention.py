@@ -1,8 +1,10 @@
-"""Causal self-attention: masks, grouped-query head sharing, and three exact attention paths.
+"""Causal self-attention: masks, grouped-query head sharing, attention itself, and multi-head attention.
 
-- ``scaled_dot_product_attention``: the readable one (explicit scores, mask, softmax over keys);
+- ``scaled_dot_product_attention``: explicit scores, mask and softmax over keys; with ``fused=True``
+  PyTorch's ``F.scaled_dot_product_attention`` instead (the same result to rounding, the model's fast path);
 - ``flash_attention``: tiled online softmax in pure torch (same result to rounding, any block size);
-- ``fused_attention``: ``F.scaled_dot_product_attention``, the fast path the model uses by default.
+- ``multihead_self_attention``: projections, RoPE, the KV cache and one of the above; the model's
+  attention layer is this function.
 
 Per-head tensors are ``[B, H, T, d_head]``. Query head ``h`` reads key/value head
 ``h // n_rep`` with ``n_rep = n_heads // n_kv_heads`` (repeat_interleave semantics).
@@ -18,6 +20,8 @@ from einops import einsum, rearrange, repeat
 
 from .positions import rope
 from .primitives import linear, softmax
+
+ATTENTION_KERNELS = ("naive", "sdpa", "flash")
 
 
 def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -47,16 +51,45 @@ def _group_size(q: torch.Tensor, k: torch.Tensor) -> int:
     return n_heads // n_kv_heads
 
 
+def with_causal(mask: torch.Tensor | None, t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
+    """``mask`` (broadcastable to ``[..., Tq, Tk]``) and ``causal_mask(t_q, t_k)`` both; the latter alone for None."""
+    causal = causal_mask(t_q, t_k, device=device)
+    return causal if mask is None else mask.to(torch.bool) & causal
+
+
 def scaled_dot_product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    fused: bool = False,
 ) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d_head) masked, over keys) @ v``.
 
     q: ``[..., Hq, Tq, d]``; k, v: ``[..., Hkv, Tk, d]``; mask: bool, broadcastable to
     ``[..., Hq, Tq, Tk]`` (True = may attend). Returns ``[..., Hq, Tq, d]``.
     Rows with no allowed key are unspecified (NaN here).
+    ``causal``: also mask the future, ``causal_mask(Tq, Tk)`` (bottom-right aligned).
+    ``fused`` (the model's fast path): PyTorch's ``F.scaled_dot_product_attention``, equal to rounding.
     """
     n_rep = _group_size(q, k)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    if fused:
+        if causal and mask is None and t_q == 1 and n_rep > 1:
+            # one new query sees every key; each kv head's query heads become its rows, so a
+            # decoding step never repeats the cached keys to n_heads
+            grouped = rearrange(q, "... (h_kv rep) 1 d -> ... h_kv rep d", rep=n_rep)
+            out = F.scaled_dot_product_attention(grouped, k, v)
+            return rearrange(out, "... h_kv rep d -> ... (h_kv rep) 1 d")
+        # PyTorch's is_causal is aligned top-left: right only when Tq == Tk (and one query sees every key)
+        is_causal = causal and mask is None and t_q == t_k
+        if causal and not is_causal and t_q > 1:
+            mask = with_causal(mask, t_q, t_k, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)
+    if causal:
+        mask = with_causal(mask, t_q, t_k, q.device)
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])
     if mask is not None:
@@ -71,7 +104,7 @@ def flash_attention(
     """Tiled attention with an online softmax; equal to ``scaled_dot_product_attention`` to rounding.
 
     Shapes as there. Queries and keys are processed in blocks of ``block_size``; for each query
-    block a running max ``m``, normaliser ``l`` and unnormalised output ``acc`` are rescaled as each
+    block a running max ``m``, normaliser ``denom`` and unnormalised output ``acc`` are rescaled as each
     key block arrives, so no ``[Tq, Tk]`` matrix is ever formed. ``causal`` uses the bottom-right
     aligned mask; key blocks entirely in a query block's future are skipped.
     """
@@ -86,7 +119,7 @@ def flash_attention(
         q_blk = q[..., q_start : q_start + block_size, :]
         n_q = q_blk.shape[-2]
         m = q.new_full((*q_blk.shape[:-1], 1), float("-inf"))
-        l = q.new_zeros((*q_blk.shape[:-1], 1))
+        denom = q.new_zeros((*q_blk.shape[:-1], 1))
         acc = torch.zeros_like(q_blk)
         last_key = q_start + n_q - 1 + offset if causal else t_k - 1
         for k_start in range(0, min(t_k, last_key + 1), block_size):
@@ -104,42 +137,11 @@ def flash_attention(
             m_safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
             p = (scores - m_safe).exp()
             correction = (m - m_safe).exp()
-            l = l * correction + p.sum(dim=-1, keepdim=True)
+            denom = denom * correction + p.sum(dim=-1, keepdim=True)
             acc = acc * correction + einsum(p, v_blk, "... h tq tk, ... h tk d -> ... h tq d")
             m = m_new
-        out_blocks.append(acc / l)
+        out_blocks.append(acc / denom)
     return torch.cat(out_blocks, dim=-2)
-
-
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` with GQA and a bottom-right causal mask. Shapes as above.
-
-    ``is_causal`` in PyTorch is top-left aligned, which is only right when ``Tq == Tk``;
-    a single new query sees every key; other shapes get an explicit bottom-right mask.
-    A single query with GQA (a decoding step) attends as ``[B, Hkv, n_rep, d]`` queries against
-    the unrepeated keys, so the cache is never expanded to ``n_heads``.
-    """
-    n_rep = _group_size(q, k)
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    if t_q == 1 and n_rep > 1:  # one new query sees every key; fold each kv head's query heads into its rows
-        grouped = rearrange(q, "... (h_kv rep) 1 d -> ... h_kv rep d", rep=n_rep)
-        out = F.scaled_dot_product_attention(grouped, k, v)
-        return rearrange(out, "... h_kv rep d -> ... (h_kv rep) 1 d")
-    mask, is_causal = None, False
-    if causal and t_q == t_k:
-        is_causal = True
-    elif causal and t_q > 1:
-        mask = causal_mask(t_q, t_k, device=q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)
-
-
-ATTENTION_PATHS = {
-    "sdpa": fused_attention,
-    "flash": flash_attention,
-    "naive": lambda q, k, v, causal=True: scaled_dot_product_attention(
-        q, k, v, causal_mask(q.shape[-2], k.shape[-2], device=q.device) if causal else None
-    ),
-}
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -163,28 +165,52 @@ def multihead_self_attention(
     theta: float | None = None,
     positions: torch.Tensor | None = None,
     *,
+    bq: torch.Tensor | None = None,
+    bk: torch.Tensor | None = None,
+    bv: torch.Tensor | None = None,
+    bo: torch.Tensor | None = None,
+    cache=None,
+    layer: int = 0,
     rope_style: str = "interleaved",
+    rope_table_size: int | None = None,
+    attention: str = "naive",
 ) -> torch.Tensor:
     """Causal self-attention of ``x [B, T, d_model]`` -> ``[B, T, d_model]``.
 
     wq: ``[H*d_head, d_model]``; wk, wv: ``[Hkv*d_head, d_model]``; wo: ``[d_model, H*d_head]``.
     RoPE (on q and k only) when ``theta`` is given, at ``positions``: long ``[T]`` or ``[B, T]``
-    (default ``arange(T)``).
+    (default ``arange(T)``, after the cached tokens when there is a cache).
+
+    Keyword options (the model's attention layer is this function with them):
+    ``bq [H*d_head]``, ``bk, bv [Hkv*d_head]``, ``bo [d_model]``: projection biases (gpt2).
+    ``cache``, ``layer``: ``cache.update(layer, k, v)`` appends the new keys (after RoPE) and values
+    ``[B, Hkv, T, d_head]`` to that layer and returns all of them (``kv_cache.KVCache``); the new
+    queries attend to every cached key. ``rope_table_size``: passed to ``rope`` as ``table_size``.
+    ``attention``: ``"naive"`` (the math written out), ``"sdpa"`` (``scaled_dot_product_attention``
+    with ``fused=True``) or ``"flash"`` (``flash_attention``); the same result to rounding.
     """
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     if wq.shape[0] % n_heads:
         raise ValueError(f"multihead_self_attention: wq has {wq.shape[0]} rows, not divisible by n_heads={n_heads}")
     if n_heads % n_kv_heads:
         raise ValueError(f"multihead_self_attention: n_heads={n_heads} not divisible by n_kv_heads={n_kv_heads}")
-    q = split_heads(linear(x, wq), n_heads)
-    k = split_heads(linear(x, wk), n_kv_heads)
-    v = split_heads(linear(x, wv), n_kv_heads)
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"multihead_self_attention: attention must be one of {ATTENTION_KERNELS}, got {attention!r}")
+    q = split_heads(linear(x, wq, bq), n_heads)  # [B, H, T, d_head]
+    k = split_heads(linear(x, wk, bk), n_kv_heads)  # [B, Hkv, T, d_head]
+    v = split_heads(linear(x, wv, bv), n_kv_heads)
     if theta is not None:
         if positions is None:
-            positions = torch.arange(x.shape[1], device=x.device)
+            start = 0 if cache is None else cache.length
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
         if positions.dim() == 2:
             positions = rearrange(positions, "b t -> b 1 t")  # broadcast over heads
-        q = rope(q, positions, theta, style=rope_style)
-        k = rope(k, positions, theta, style=rope_style)
-    out = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2], k.shape[-2], device=x.device))
-    return linear(merge_heads(out), wo)
+        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size)
+        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)
+    if cache is not None:
+        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
+    if attention == "flash":
+        out = flash_attention(q, k, v, causal=True)
+    else:
+        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")
+    return linear(merge_heads(out), wo, bo)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .attention import ATTENTION_KERNELS
+
 FAMILIES = ("llama", "gpt2")
-ATTENTION_IMPLS = ("sdpa", "flash", "naive")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     family: str = "llama"
-    attention: str = "sdpa"  # reference only: "sdpa" (fastest exact), "flash" or "naive"
+    attention: str = "sdpa"  # reference only: multihead_self_attention's attention, "sdpa" (fastest), "flash", "naive"
 
     @property
     def kv_heads(self) -> int:
@@ -52,8 +53,8 @@ def parse_config(config: dict) -> ModelConfig:
             raise ValueError(f"config {key} must be >= 1, got {getattr(cfg, key)}")
     if cfg.family not in FAMILIES:
         raise ValueError(f"config family must be one of {FAMILIES}, got {cfg.family!r}")
-    if cfg.attention not in ATTENTION_IMPLS:
-        raise ValueError(f"config attention must be one of {ATTENTION_IMPLS}, got {cfg.attention!r}")
+    if cfg.attention not in ATTENTION_KERNELS:
+        raise ValueError(f"config attention must be one of {ATTENTION_KERNELS}, got {cfg.attention!r}")
     if cfg.d_model % cfg.n_heads:
         raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
     if cfg.kv_heads < 1 or cfg.n_heads % cfg.kv_heads:

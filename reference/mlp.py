@@ -14,12 +14,15 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
-def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+def swiglu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, fused: bool = False
+) -> torch.Tensor:
     """``(silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T``; the gate goes through SiLU, up does not.
 
     x: ``[..., d_model]``; w_gate, w_up: ``[d_ff, d_model]``; w_down: ``[d_model, d_ff]``.
+    Returns ``[..., d_model]``. ``fused`` (the model's fast path): ``silu(..., fused=True)``.
     """
-    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+    return linear(silu(linear(x, w_gate), fused=fused) * linear(x, w_up), w_down)
 
 
 def gelu_mlp(
@@ -27,6 +30,7 @@ def gelu_mlp(
 ) -> torch.Tensor:
     """GPT-2 MLP: ``gelu_tanh(x @ w_fc.T + b_fc) @ w_proj.T + b_proj``.
 
-    x: ``[..., d_model]``; w_fc: ``[d_ff, d_model]``; w_proj: ``[d_model, d_ff]``.
+    x: ``[..., d_model]``; w_fc: ``[d_ff, d_model]``, b_fc: ``[d_ff]``; w_proj: ``[d_model, d_ff]``,
+    b_proj: ``[d_model]``. Returns ``[..., d_model]``.
     """
     return linear(gelu_tanh(linear(x, w_fc, b_fc)), w_proj, b_proj)

@@ -1,10 +1,16 @@
-"""The decoder-only transformer, both families, readable top to bottom.
+"""The decoder-only transformer, both families, composed from the component functions.
 
 ``llama``: RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases.
 ``gpt2``: LayerNorm, learned absolute positions, GELU MLP, biases on every projection.
 Both are pre-norm: ``x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))``, then a final norm
 and the LM head (by default the token embedding itself). Module names are the canonical weight
 names of protocol v1, so ``state_dict`` needs no renaming.
+
+Each module holds its parameters (``nn.Linear``/``nn.Embedding`` only hold weights under those
+names) and calls one component function by its module-level name (``rmsnorm``,
+``multihead_self_attention``, ``swiglu`` ...), choosing that function's fast path where it has one:
+the model computes nothing a component function does not, and rebinding a component's name in the
+module that calls it (as the suite's root-cause reruns do) changes what the model computes.
 """
 
 from __future__ import annotations
@@ -13,14 +19,14 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .attention import ATTENTION_PATHS, merge_heads, split_heads
+from .attention import multihead_self_attention
 from .config import ModelConfig, parse_config
 from .kv_cache import KVCache
-from .mlp import gelu_tanh
+from .mlp import gelu_mlp, swiglu
 from .norms import layernorm, rmsnorm
-from .positions import apply_rotation, check_rope_style, rope_angles
+from .positions import check_rope_style
+from .primitives import embedding, linear
 
 
 class RMSNorm(nn.Module):
@@ -30,6 +36,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
+        """``[..., d] -> [..., d]``."""
         return rmsnorm(x, self.weight, self.eps)
 
 
@@ -41,57 +48,46 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d))
 
     def forward(self, x):
+        """``[..., d] -> [..., d]``."""
         return layernorm(x, self.weight, self.bias, self.eps)
 
 
-class Rotary(nn.Module):
-    """RoPE with cos/sin tables for positions ``[0, context_length)``.
-
-    Tables are computed in float64 and cached per (device, dtype), so casting the model never
-    degrades them; they are not buffers and so not part of the state dict.
-    """
-
-    def __init__(self, d_head: int, context_length: int, theta: float, style: str):
-        super().__init__()
-        self.d_head, self.context_length, self.theta = d_head, context_length, theta
-        self.style = check_rope_style(style)
-        self._tables: dict = {}
-
-    def tables(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (str(device), dtype)
-        if key not in self._tables:
-            angles = rope_angles(torch.arange(self.context_length, device=device), self.d_head, self.theta)
-            compute = torch.promote_types(dtype, torch.float32)
-            self._tables[key] = (angles.cos().to(compute), angles.sin().to(compute))
-        return self._tables[key]
-
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate ``x [B, H, T, d_head]`` as positions ``start .. start+T-1``."""
-        cos, sin = self.tables(x.device, x.dtype)
-        t = x.shape[-2]
-        rotated = apply_rotation(x.to(cos.dtype), cos[start : start + t], sin[start : start + t], self.style)
-        return rotated.to(x.dtype)
-
-
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, bias: bool):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.d_head
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=bias)
-        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=bias)
-        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=bias)
-        self.wo = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=bias)
-        self.attend = ATTENTION_PATHS[cfg.attention]
+    """Causal self-attention with grouped-query heads; RoPE on q and k (llama), biases (gpt2)."""
 
-    def forward(self, x, rotary: Rotary | None, start: int, cache: KVCache | None, layer: int):
-        q = split_heads(self.wq(x), self.n_heads)  # [B, H, T, d_head]
-        k = split_heads(self.wk(x), self.n_kv_heads)  # [B, Hkv, T, d_head]
-        v = split_heads(self.wv(x), self.n_kv_heads)
-        if rotary is not None:
-            q, k = rotary(q, start), rotary(k, start)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)
-        return self.wo(merge_heads(self.attend(q, k, v, causal=True)))
+    def __init__(self, cfg: ModelConfig, rope_style: str):
+        super().__init__()
+        llama = cfg.family == "llama"
+        self.config, self.rope_style = cfg, rope_style
+        self.theta = cfg.rope_theta if llama else None  # gpt2 adds learned positions instead
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=not llama)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=not llama)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=not llama)
+        self.wo = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=not llama)
+
+    def forward(self, x, positions: torch.Tensor, cache: KVCache | None, layer: int):
+        """x ``[B, T, d_model]`` at positions ``[T]`` -> ``[B, T, d_model]``; keys and values go to the cache."""
+        cfg = self.config
+        return multihead_self_attention(
+            x,
+            self.wq.weight,
+            self.wk.weight,
+            self.wv.weight,
+            self.wo.weight,
+            cfg.n_heads,
+            cfg.kv_heads,
+            self.theta,
+            positions,
+            bq=self.wq.bias,
+            bk=self.wk.bias,
+            bv=self.wv.bias,
+            bo=self.wo.bias,
+            cache=cache,
+            layer=layer,
+            rope_style=self.rope_style,
+            rope_table_size=cfg.context_length,  # cos/sin looked up, not recomputed
+            attention=cfg.attention,  # "sdpa" by default: PyTorch's fused kernel
+        )
 
 
 class SwiGLU(nn.Module):
@@ -102,7 +98,8 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x):
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # F.silu: x * sigmoid(x), one kernel
+        """``[B, T, d_model] -> [B, T, d_model]``."""
+        return swiglu(x, self.w_gate.weight, self.w_up.weight, self.w_down.weight, fused=True)  # F.silu
 
 
 class GeluMLP(nn.Module):
@@ -112,22 +109,24 @@ class GeluMLP(nn.Module):
         self.w_proj = nn.Linear(cfg.d_ff, cfg.d_model)
 
     def forward(self, x):
-        return self.w_proj(gelu_tanh(self.w_fc(x)))
+        """``[B, T, d_model] -> [B, T, d_model]``."""
+        return gelu_mlp(x, self.w_fc.weight, self.w_fc.bias, self.w_proj.weight, self.w_proj.bias)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, rope_style: str):
         super().__init__()
         llama = cfg.family == "llama"
         Norm = RMSNorm if llama else LayerNorm
         self.attn_norm = Norm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, bias=not llama)
+        self.attn = Attention(cfg, rope_style)
         self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg) if llama else GeluMLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rotary, start, cache, layer):
-        x = x + self.drop(self.attn(self.attn_norm(x), rotary, start, cache, layer))
+    def forward(self, x, positions, cache, layer):
+        """``[B, T, d_model] -> [B, T, d_model]``, pre-norm residual."""
+        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
@@ -136,12 +135,11 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         llama = cfg.family == "llama"
+        check_rope_style(rope_style)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        if not llama:
-            self.pos_embeddings = nn.Embedding(cfg.context_length, cfg.d_model)
-        self.rotary = Rotary(cfg.d_head, cfg.context_length, cfg.rope_theta, rope_style) if llama else None
+        self.pos_embeddings = None if llama else nn.Embedding(cfg.context_length, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, rope_style) for _ in range(cfg.n_layers))
         self.final_norm = (RMSNorm if llama else LayerNorm)(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -158,13 +156,14 @@ class Transformer(nn.Module):
                 f"forward: {start} cached + {ids.shape[1]} new tokens exceed context_length="
                 f"{self.config.context_length}"
             )
-        x = self.tok_embeddings(ids)
-        if self.rotary is None:
-            x = x + self.pos_embeddings(torch.arange(start, start + ids.shape[1], device=ids.device))
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        x = embedding(ids, self.tok_embeddings.weight)  # [B, T, d_model]
+        if self.pos_embeddings is not None:
+            x = x + embedding(positions, self.pos_embeddings.weight)
         x = self.drop(x)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, self.rotary, start, cache, i)
-        return self.lm_head(self.final_norm(x))
+        for layer, block in enumerate(self.layers):
+            x = block(x, positions, cache, layer)
+        return linear(self.final_norm(x), self.lm_head.weight)
 
 
 def check_ids(ids: torch.Tensor, vocab_size: int) -> None:

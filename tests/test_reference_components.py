@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference as R
-from reference.attention import fused_attention
 from reference.positions import rope_frequencies
 
 B, HKV, NREP, TQ, DH, TK, T, V = 2, 3, 4, 5, 6, 7, 11, 13
@@ -302,23 +301,6 @@ def test_flash_attention_property(t_q, extra, block, n_rep, causal):
     mask = bottom_right(t_q, t_q + extra) if causal else None
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_rep > 1)
     torch.testing.assert_close(R.flash_attention(q, k, v, causal=causal, block_size=block), want, **TOL)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("t_q,t_k", [(T, T), (TQ, TK), (1, TK)])
-def test_fused_attention_equals_naive(causal, t_q, t_k):
-    """reference.attention.fused_attention (the model's default path) equals naive attention, incl. Tq != Tk."""
-    q, k, v = qkv(t_q, t_k, seed=40)
-    naive = R.scaled_dot_product_attention(q, k, v, R.causal_mask(t_q, t_k) if causal else None)
-    torch.testing.assert_close(fused_attention(q, k, v, causal=causal), naive, **TOL)
-
-
-def test_attention_paths_agree_in_float32():
-    """The three attention paths agree in float32 too (within float32 rounding)."""
-    q, k, v = (t.float() for t in qkv(TQ, TK, seed=41))
-    naive = R.scaled_dot_product_attention(q, k, v, R.causal_mask(TQ, TK))
-    torch.testing.assert_close(R.flash_attention(q, k, v, block_size=3), naive, atol=1e-5, rtol=0)
-    torch.testing.assert_close(fused_attention(q, k, v), naive, atol=1e-5, rtol=0)
 
 
 def test_flash_attention_bad_block_size_names_it():

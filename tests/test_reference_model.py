@@ -70,7 +70,8 @@ def test_untied_count_adds_the_head(oracles):
 
 
 def test_tied_embedding_is_one_parameter_with_both_gradients(oracles):
-    """With tie_embeddings the LM head is the embedding Parameter; its grad = embedding grad + head grad of an untied twin."""
+    """With tie_embeddings the LM head is the embedding Parameter; its grad = embedding grad + head grad of an
+    untied twin."""
     cfg = oracles.config("llama")
     tied = oracles.model(cfg)
     assert tied.lm_head.weight is tied.tok_embeddings.weight
@@ -372,3 +373,49 @@ def test_sampled_generation_reproducible_per_generator(oracles):
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
     assert torch.equal(R.generate(model, prompt, 0), prompt)
+
+
+# ----------------------------------------------------------------------------- composition
+
+
+REFERENCE_MODULES = ("attention", "generation", "kv_cache", "losses", "mlp", "model", "norms", "positions")
+REFERENCE_MODULES += ("primitives", "sampling", "training")
+COMPOSED_OF = {
+    "llama": {"embedding", "rmsnorm", "multihead_self_attention", "linear", "rope", "scaled_dot_product_attention"}
+    | {"causal_mask", "repeat_kv", "softmax", "swiglu", "silu", "cross_entropy"},
+    "gpt2": {"embedding", "layernorm", "multihead_self_attention", "linear", "gelu_mlp", "scaled_dot_product_attention"}
+    | {"causal_mask", "softmax", "cross_entropy"},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_model_calls_the_component_functions_by_their_module_names(family, attention, oracles, monkeypatch):
+    """The model is composed from the protocol's component functions, called through the names bound in the
+    calling modules (what root-cause reruns rebind), not through references captured when it was built:
+    rebinding them after build_model reaches forward (with a cache) and train_step."""
+    import importlib
+
+    cfg = oracles.config(family, attention=attention)
+    model = oracles.model(cfg)
+    called = set()
+
+    def recording(name, fn):
+        def wrapper(*args, **kwargs):
+            called.add(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for stem in REFERENCE_MODULES:
+        module = importlib.import_module(f"reference.{stem}")
+        for name in R.PROTOCOL_NAMES:
+            if callable(getattr(module, name, None)):
+                monkeypatch.setattr(module, name, recording(name, getattr(module, name)))
+    ids = ids_for(cfg, 3, 9)
+    cache = R.new_cache(model, 3)
+    R.forward(model, ids[:, :5], cache)
+    R.forward(model, ids[:, 5:], cache)
+    R.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), ids[:, :-1], ids[:, 1:])
+    want = COMPOSED_OF[family] - ({"repeat_kv", "softmax"} if attention == "sdpa" else set())
+    assert want <= called, sorted(want - called)

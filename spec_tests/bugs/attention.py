@@ -1,14 +1,16 @@
-"""Catalogued mistakes in masks, head sharing, the three attention paths and multi-head attention.
+"""Catalogued mistakes in masks, head sharing, attention, flash attention and multi-head attention.
 
-The model computes attention with ``fused_attention`` (``F.scaled_dot_product_attention``) by
-default, so model-level attention mistakes are patched there; the component functions
-(``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``) carry their own.
+The model's attention layer is ``multihead_self_attention`` with ``attention="sdpa"``, which calls
+``scaled_dot_product_attention(..., fused=True)``: mistakes in the shared code of
+``multihead_self_attention`` reach the model too, mistakes in the written-out attention math (what
+the suite checks) reach only the components, and ``model_top_left_mask_with_cache`` is in the
+fused branch, which only the model uses.
 """
 
 from __future__ import annotations
 
 from .bug import Bug
-from .model_components import MODEL
+from .model_components import CACHE, FORWARD, GENERATION, MODEL, MODEL_LLAMA
 
 MHA = "multihead_self_attention"
 SDPA = "scaled_dot_product_attention"
@@ -22,7 +24,8 @@ BUGS = (
         "attention.py",
         old="    q_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)",
         new="    q_pos = torch.arange(t_q, device=device)[:, None]",
-        explanation="causal_mask is aligned top-left (torch.tril): with t_q < t_k the new queries cannot see the newest keys",
+        explanation="causal_mask is aligned top-left (torch.tril): with "
+        "t_q < t_k the new queries cannot see the newest keys",
         fix="bottom-right alignment: query i may attend key j iff j <= i + (t_k - t_q)",
         corner=True,
     ),
@@ -74,7 +77,8 @@ BUGS = (
         "attention.py",
         old='        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))',
         new='        scores = scores.masked_fill(~mask.to(torch.bool).transpose(-1, -2), float("-inf"))',
-        explanation="the mask is applied transposed: it hides queries instead of keys (and a causal mask becomes anti-causal)",
+        explanation="the mask is applied transposed: it hides queries "
+        "instead of keys (and a causal mask becomes anti-causal)",
         fix="the mask's last axis indexes keys: masked_fill(~mask, -inf) on scores [..., Tq, Tk] as given",
     ),
     Bug(
@@ -109,7 +113,8 @@ BUGS = (
         "attention.py",
         old="        last_key = q_start + n_q - 1 + offset if causal else t_k - 1",
         new="        last_key = q_start + n_q - 1 if causal else t_k - 1",
-        explanation="flash attention skips key blocks as if the causal mask were top-left, dropping keys the queries may see when t_q < t_k",
+        explanation="flash attention skips key blocks as if the causal mask were "
+        "top-left, dropping keys the queries may see when t_q < t_k",
         fix="the last key a query block sees is its last query index + (t_k - t_q)",
         corner=True,
     ),
@@ -117,29 +122,31 @@ BUGS = (
     Bug(
         "mha_no_causal_mask",
         "causality",
-        (MHA,),
+        (MHA, *MODEL),
         "attention.py",
-        old="    out = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2], k.shape[-2], device=x.device))",
-        new="    out = scaled_dot_product_attention(q, k, v)",
-        explanation="self-attention has no causal mask: every position attends to the future",
+        old='        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")',
+        new='        out = scaled_dot_product_attention(q, k, v, fused=attention == "sdpa")',
+        explanation="self-attention has no causal mask: every position attends "
+        "to the future (logits at t depend on later tokens)",
         fix="mask the upper triangle of the scores with -inf (causal_mask) before the softmax",
     ),
     Bug(
         "mha_rope_on_values",
         "rope_on_values",
-        (MHA,),
+        (MHA, *MODEL_LLAMA),
         "attention.py",
-        old="        k = rope(k, positions, theta, style=rope_style)\n",
-        new="        k = rope(k, positions, theta, style=rope_style)\n        v = rope(v, positions, theta, style=rope_style)\n",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n",
+        new="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n"
+        "        v = rope(v, positions, theta, style=rope_style, table_size=rope_table_size)\n",
         explanation="RoPE is applied to the values as well as the queries and keys",
         fix="rotate q and k only; values carry content, not position",
     ),
     Bug(
         "mha_rope_q_only",
         "rope_q_only",
-        (MHA,),
+        (MHA, *MODEL_LLAMA),
         "attention.py",
-        old="        k = rope(k, positions, theta, style=rope_style)\n",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n",
         new="",
         explanation="RoPE rotates the queries but not the keys, so scores depend on absolute, not relative, position",
         fix="rotate both q and k with the same positions",
@@ -147,13 +154,15 @@ BUGS = (
     Bug(
         "mha_ignores_positions",
         "rope",
-        (MHA,),
+        (MHA, *CACHE, *GENERATION, *FORWARD),  # the model passes the positions after the cached tokens
         "attention.py",
         old="""        if positions is None:
-            positions = torch.arange(x.shape[1], device=x.device)""",
+            start = 0 if cache is None else cache.length
+            positions = torch.arange(start, start + x.shape[1], device=x.device)""",
         new="""        positions = torch.arange(x.shape[1], device=x.device)""",
-        explanation="multihead_self_attention always rotates at positions 0..T-1, ignoring the positions it is given",
-        fix="use the given positions; default to arange(T) only when none are given",
+        explanation="multihead_self_attention always rotates at positions 0..T-1, ignoring "
+        "the positions it is given (and with a cache, the cached length)",
+        fix="use the given positions; default to arange(T) after the cached tokens only when none are given",
         corner=True,
     ),
     Bug(
@@ -163,7 +172,8 @@ BUGS = (
         "attention.py",
         old='    return rearrange(x, "b h t d -> b t (h d)")',
         new="    return x.reshape(x.shape[0], x.shape[2], -1)",
-        explanation="heads are merged by reshaping [B, H, T, d] straight to [B, T, H*d], without moving H next to d first",
+        explanation="heads are merged by reshaping [B, H, T, d] straight "
+        "to [B, T, H*d], without moving H next to d first",
         fix="x.transpose(1, 2).contiguous().view(B, T, H * d_head)",
     ),
     Bug(
@@ -176,37 +186,16 @@ BUGS = (
         explanation="heads are split by reshaping [B, T, H*d] straight to [B, H, T, d], mixing time steps into heads",
         fix="x.view(B, T, H, d_head).transpose(1, 2)",
     ),
-    # ------------------------------------------------------------------ the model's attention (fused path)
-    Bug(
-        "model_no_causal_mask",
-        "causality",
-        MODEL,
-        "attention.py",
-        old="    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)",
-        new="    return F.scaled_dot_product_attention(q, k, v, enable_gqa=n_rep > 1)",
-        explanation="the model's attention has no causal mask: logits at t depend on tokens after t",
-        fix="pass a causal mask (is_causal=True when Tq == Tk, a bottom-right mask otherwise)",
-    ),
-    Bug(
-        "model_gqa_tiled",
-        "gqa",
-        MODEL,
-        "attention.py",
-        old="    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=n_rep > 1)",
-        new="    return F.scaled_dot_product_attention(\n"
-        "        q, k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1), attn_mask=mask, is_causal=is_causal\n"
-        "    )",
-        explanation="the model tiles kv heads with k.repeat(1, n_rep, 1, 1): query head h reads kv head h % n_kv_heads",
-        fix="k.repeat_interleave(n_rep, dim=1) (or enable_gqa=True): query head h reads kv head h // n_rep",
-    ),
+    # ------------------------------------------------------------------ the fused path (the model's)
     Bug(
         "model_top_left_mask_with_cache",
         "causal_mask",
         MODEL,
         "attention.py",
-        old="    if causal and t_q == t_k:",
-        new="    if causal and t_q > 1:",
-        explanation="several new tokens on top of a cache get is_causal=True, which is top-left aligned: they miss the newest keys",
+        old="        is_causal = causal and mask is None and t_q == t_k",
+        new="        is_causal = causal and mask is None and t_q > 1",
+        explanation="several new tokens on top of a cache get is_causal=True, "
+        "which is top-left aligned: they miss the newest keys",
         fix="is_causal=True only when Tq == Tk; with a cache use a bottom-right mask (j <= i + Tk - Tq)",
         corner=True,
     ),

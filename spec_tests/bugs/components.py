@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from .bug import Bug
-from .model_components import MODEL_GPT2, MODEL_LLAMA
+from .model_components import MODEL, MODEL_GPT2, MODEL_LLAMA
 
 BUGS = (
     # ------------------------------------------------------------------ primitives
     Bug(
         "linear_weight_not_transposed",
         "layout",
-        ("linear", "multihead_self_attention", "swiglu", "gelu_mlp"),
+        ("linear", "multihead_self_attention", "swiglu", "gelu_mlp", *MODEL),
         "primitives.py",
-        old='"... d_in, d_out d_in -> ... d_out"',
-        new='"... d_in, d_in d_out -> ... d_out"',
+        old="    y = x @ weight.T",
+        new="    y = x @ weight",
         explanation="linear computes x @ W instead of x @ W.T, reading W as [in_features, out_features]",
         fix="weights are stored [out_features, in_features]: compute x @ W.T (+ b)",
     ),
@@ -110,7 +110,8 @@ BUGS = (
     x0, x1 = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return rearrange(rotated, _UNPAIR_PATTERN["half"])""",
-        explanation="RoPE rotates pairs (i, i + d/2) (GPT-NeoX/Hugging Face) while ROPE_STYLE says interleaved (2i, 2i+1)",
+        explanation="RoPE rotates pairs (i, i + d/2) (GPT-NeoX/Hugging "
+        "Face) while ROPE_STYLE says interleaved (2i, 2i+1)",
         fix="rotate the pairs of the style you declare, or declare ROPE_STYLE = 'half'",
     ),
     Bug(
@@ -127,10 +128,10 @@ BUGS = (
     Bug(
         "swiglu_gate_up_swapped",
         "swiglu",
-        ("swiglu",),
+        ("swiglu", *MODEL_LLAMA),
         "mlp.py",
-        old="    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)",
-        new="    return linear(linear(x, w_gate) * silu(linear(x, w_up)), w_down)",
+        old="    return linear(silu(linear(x, w_gate), fused=fused) * linear(x, w_up), w_down)",
+        new="    return linear(linear(x, w_gate) * silu(linear(x, w_up), fused=fused), w_down)",
         explanation="SiLU is applied to the up projection instead of the gate",
         fix="silu(x @ w_gate.T) * (x @ w_up.T): only the gate goes through SiLU",
     ),

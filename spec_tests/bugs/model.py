@@ -12,9 +12,9 @@ BUGS = (
         "norm_placement",
         MODEL,
         "model.py",
-        old="""        x = x + self.drop(self.attn(self.attn_norm(x), rotary, start, cache, layer))
+        old="""        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer))
         return x + self.drop(self.mlp(self.mlp_norm(x)))""",
-        new="""        x = self.attn_norm(x + self.drop(self.attn(x, rotary, start, cache, layer)))
+        new="""        x = self.attn_norm(x + self.drop(self.attn(x, positions, cache, layer)))
         return self.mlp_norm(x + self.drop(self.mlp(x)))""",
         explanation="the block is post-LN, norm(x + f(x)), instead of pre-LN, x + f(norm(x))",
         fix="x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x)): normalise the sublayer input, not the residual",
@@ -24,40 +24,10 @@ BUGS = (
         "norm_placement",
         MODEL,
         "model.py",
-        old="        return self.lm_head(self.final_norm(x))",
-        new="        return self.lm_head(x)",
+        old="        return linear(self.final_norm(x), self.lm_head.weight)",
+        new="        return linear(x, self.lm_head.weight)",
         explanation="the LM head reads the residual stream without the final norm",
         fix="logits = lm_head(final_norm(x))",
-    ),
-    Bug(
-        "model_rope_on_values",
-        "rope_on_values",
-        MODEL,
-        "model.py",
-        old="            q, k = rotary(q, start), rotary(k, start)",
-        new="            q, k, v = rotary(q, start), rotary(k, start), rotary(v, start)",
-        explanation="the model applies RoPE to the values as well as the queries and keys",
-        fix="rotate q and k only",
-    ),
-    Bug(
-        "model_rope_q_only",
-        "rope_q_only",
-        MODEL,
-        "model.py",
-        old="            q, k = rotary(q, start), rotary(k, start)",
-        new="            q = rotary(q, start)",
-        explanation="the model rotates the queries but not the keys",
-        fix="rotate both q and k with the same positions",
-    ),
-    Bug(
-        "model_swiglu_gate_up_swapped",
-        "swiglu",
-        MODEL,
-        "model.py",
-        old="        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))",
-        new="        return self.w_down(self.w_gate(x) * F.silu(self.w_up(x)))",
-        explanation="the model's SwiGLU applies SiLU to the up projection instead of the gate",
-        fix="w_down(silu(w_gate(x)) * w_up(x))",
     ),
     Bug(
         "tied_weights_copied",
@@ -66,7 +36,8 @@ BUGS = (
         "model.py",
         old="            self.lm_head.weight = self.tok_embeddings.weight  # one parameter, two uses",
         new="            self.lm_head.weight = nn.Parameter(self.tok_embeddings.weight.detach().clone())",
-        explanation="the LM head gets a copy of the embedding matrix, not the same parameter: two tensors that drift apart",
+        explanation="the LM head gets a copy of the embedding matrix, "
+        "not the same parameter: two tensors that drift apart",
         fix="assign the same parameter: lm_head.weight = tok_embeddings.weight",
     ),
     Bug(
@@ -87,7 +58,8 @@ BUGS = (
         "model.py",
         old="    residual_std = 0.02 / math.sqrt(2 * model.config.n_layers)",
         new="    residual_std = 0.02",
-        explanation="residual output projections (wo, w_down, w_proj) are initialised with std 0.02, not 0.02/sqrt(2 n_layers)",
+        explanation="residual output projections (wo, w_down, w_proj) are "
+        "initialised with std 0.02, not 0.02/sqrt(2 n_layers)",
         fix="scale the residual projections' std by 1/sqrt(2 * n_layers)",
         corner=True,
     ),
@@ -119,16 +91,17 @@ BUGS = (
         "cache_keys_before_rope",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
-        "model.py",
-        old="""        if rotary is not None:
-            q, k = rotary(q, start), rotary(k, start)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)""",
-        new="""        if cache is not None:
-            k, v = cache.update(layer, k, v)
-        if rotary is not None:
-            q, k = rotary(q, start), rotary(k, start)""",
-        explanation="keys are cached before RoPE and the whole cache is then rotated as if it started at the new tokens' position",
+        "attention.py",
+        old="""        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size)
+        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)
+    if cache is not None:
+        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]""",
+        new="""    if cache is not None:
+        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
+    if theta is not None:
+        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size)
+        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)""",
+        explanation="keys are cached before RoPE and the whole cache is then rotated at the new tokens' positions",
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),
     Bug(
@@ -136,10 +109,12 @@ BUGS = (
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
         "kv_cache.py",
-        old="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=-2)
-        self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=-2)""",
-        new="""        self.keys[layer] = torch.cat((k, self.keys[layer].to(k.dtype)), dim=-2)
-        self.values[layer] = torch.cat((v, self.values[layer].to(v.dtype)), dim=-2)""",
+        old="""        self.key_buffers[layer][..., start:end, :] = k
+        self.value_buffers[layer][..., start:end, :] = v""",
+        new="""        k_all = torch.cat((k, self.key_buffers[layer][..., :start, :]), dim=-2)
+        v_all = torch.cat((v, self.value_buffers[layer][..., :start, :]), dim=-2)
+        self.key_buffers[layer][..., :end, :] = k_all
+        self.value_buffers[layer][..., :end, :] = v_all""",
         explanation="new keys/values are prepended to the cache instead of appended (invisible to one-token decoding)",
         fix="torch.cat((cached, new), dim=-2): the cache is in time order",
         corner=True,
@@ -149,10 +124,10 @@ BUGS = (
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
         "kv_cache.py",
-        old="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=-2)
-        self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=-2)""",
-        new="""        self.keys[layer] = torch.cat((self.keys[layer].to(k.dtype), k), dim=1)
-        self.values[layer] = torch.cat((self.values[layer].to(v.dtype), v), dim=1)""",
+        old="""        self.key_buffers[layer][..., start:end, :] = k
+        self.value_buffers[layer][..., start:end, :] = v""",
+        new="""        self.key_buffers[layer] = torch.cat((self.key_buffers[layer][..., :start, :], k), dim=1)
+        self.value_buffers[layer] = torch.cat((self.value_buffers[layer][..., :start, :], v), dim=1)""",
         explanation="the cache concatenates new keys/values along the head axis (dim 1) instead of time",
         fix="append along the time axis of [B, n_kv_heads, T, d_head]: dim=-2",
     ),
@@ -175,7 +150,8 @@ BUGS = (
         "generation.py",
         old="    with eval_mode(model):",
         new="    with torch.no_grad():",
-        explanation="generate runs in the module's current mode, so dropout stays on when the model is in training mode",
+        explanation="generate runs in the module's current mode, so "
+        "dropout stays on when the model is in training mode",
         fix="switch to eval mode for generation (and restore the previous mode afterwards)",
         corner=True,
     ),
@@ -198,7 +174,8 @@ BUGS = (
         "generation.py",
         old="                logits = model(ids[:, -ctx:], cache)",
         new="                logits = model(ids, cache)",
-        explanation="generate feeds the whole sequence, so prompts longer than context_length (or generation past it) fail",
+        explanation="generate feeds the whole sequence, so prompts longer "
+        "than context_length (or generation past it) fail",
         fix="condition on the last context_length tokens: model(ids[:, -context_length:])",
         corner=True,
     ),
@@ -209,7 +186,8 @@ BUGS = (
         "generation.py",
         old="            if cache is not None and ids.shape[1] <= ctx:",
         new="            if cache is not None:",
-        explanation="with the cache, generation keeps appending one token past context_length instead of re-encoding the last window",
+        explanation="with the cache, generation keeps appending one token past "
+        "context_length instead of re-encoding the last window",
         fix="once the sequence exceeds context_length, positions shift: re-encode the last context_length tokens",
         corner=True,
     ),
