@@ -17,10 +17,10 @@ import torch
 from suite_subprocess import run_suite
 
 import reference
-from spec_tests import bugs
-from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, candidates_for, load_bug, reference_sources
-from spec_tests.diagnosis import diagnose
-from spec_tests.tolerances import tolerance
+from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, load_bug, reference_sources
+from spec_tests.harness.diagnosis.catalog import CATALOG_GROUPS, bug_subjects, known_bug_lines, matching_bugs
+from spec_tests.harness.tolerances import tolerance
+from spec_tests.protocol import PROTOCOL_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures_bugs"
@@ -124,17 +124,10 @@ def test_unknown_bug_name_is_a_value_error_listing_the_catalog():
         load_bug("nope")
 
 
-def suite_component_names() -> set[str]:
-    """Every ``component="..."`` string in the spec test files."""
-    names = set()
-    for path in (ROOT / "spec_tests").glob("test_*.py"):
-        names.update(re.findall(r'component="([a-z_0-9]+)"', path.read_text()))
-    return names
-
-
-def test_every_catalog_component_is_checked_by_the_suite():
-    """A bug's components are names the suite's checks pass, so diagnosis can reach it."""
-    known = suite_component_names()
+def test_every_catalog_component_is_a_check_subject():
+    """A bug's components are protocol names the suite's checks judge (or the groups of model-level
+    checks, diagnosis/catalog.py CATALOG_GROUPS), so diagnosis can reach it."""
+    known = set(PROTOCOL_NAMES) | {g for groups in CATALOG_GROUPS.values() for g in groups}
     unknown = {f"{b.name}: {c}" for b in CATALOG.values() for c in b.components if c not in known}
     assert not unknown, sorted(unknown)
 
@@ -145,12 +138,11 @@ def test_every_bug_class_names_existing_test_files():
         assert related and set(related) <= files, (bug_class, related)
 
 
-def test_candidates_for_a_component():
-    names = {bug.name for bug, _ in candidates_for("multihead_self_attention")}
+def test_bug_subjects_of_a_check():
+    names = {bug.name for bug, _ in bug_subjects("multihead_self_attention", "interleaved")}
     assert {"mha_rope_on_values", "merge_heads_without_transpose", "attention_missing_scale"} <= names
-    assert all(module is load_bug(bug.name) for bug, module in candidates_for("rope"))
-    assert candidates_for("no_such_component") == []
-    assert bugs.candidates_for is candidates_for
+    assert all(s.obj is load_bug(bug.name) for bug, s in bug_subjects("rope", "half"))
+    assert bug_subjects("no_such_component", "interleaved") == []
 
 
 # ----------------------------------------------------------------------------- diagnosis
@@ -192,10 +184,11 @@ def test_independent_implementation_gets_the_catalog_diagnosis():
     actual = compute(fixture)
     tol = tolerance("attention", torch.float64)
     assert (actual - compute(reference)).abs().max() > 1e-3, "the fixture really is wrong"
-    line = diagnose("multihead_self_attention", compute, actual, tol, "interleaved")
-    assert line is not None and line.startswith("matches known bug mha_rope_on_values: ")
-    assert "Fix: rotate q and k only" in line
-    assert diagnose("multihead_self_attention", compute, compute(reference) + 0.1, tol, "interleaved") is None
+    found = matching_bugs("multihead_self_attention", compute, actual, tol, "interleaved")
+    lines = known_bug_lines(found)
+    assert [b.name for b in found] == ["mha_rope_on_values"], lines
+    assert lines[0].startswith("matches known bug mha_rope_on_values: ") and "Fix: rotate q and k only" in lines[0]
+    assert matching_bugs("multihead_self_attention", compute, compute(reference) + 0.1, tol, "interleaved") == []
 
 
 def test_independent_sampling_implementation_gets_the_catalog_diagnosis():
@@ -207,8 +200,8 @@ def test_independent_sampling_implementation_gets_the_catalog_diagnosis():
     def compute(m):
         return m.sampling_probs(logits, temperature=0.5, top_p=0.9)
 
-    line = diagnose("sampling", compute, compute(fixture), tolerance("pointwise", torch.float64), "interleaved")
-    assert line is not None and "matches known bug top_p_drops_crossing_token" in line
+    found = matching_bugs("sampling_probs", compute, compute(fixture), tolerance("pointwise"), "interleaved")
+    assert "top_p_drops_crossing_token" in [b.name for b in found]
 
 
 @pytest.mark.parametrize("impl", ["bug:mha_rope_on_values", "tests/fixtures_bugs/mha_rope_on_values.py"])
@@ -236,17 +229,17 @@ def bugcheck():
     return module
 
 
-def test_bugcheck_reads_the_margin_from_failure_messages():
-    bc = bugcheck()
-    assert bc.failure_ratio("max abs error 1.39, 1.01e+10x the tolerance, at [1]") == 1.01e10
-    assert bc.failure_ratio("expected 2.5, got 2.6 (error 0.1, 12.5x the tolerance; atol ...)") == 12.5
-    assert bc.failure_ratio("max abs error 0.1, infx the tolerance") == float("inf")
-    assert bc.failure_ratio("kept [0, 1]") is None  # categorical: no tolerance involved
-
-
 def synthetic_run(*failures: tuple[str, float | None]) -> dict:
     tests = [
-        {"nodeid": f"spec_tests/{f}.py::t", "file": f, "outcome": "failed", "message": "", "ratio": r, "markers": []}
+        {
+            "nodeid": f"spec_tests/{f}.py::t",
+            "file": f,
+            "outcome": "failed",
+            "message": "",
+            "ratio": r,
+            "markers": [],
+            "named": [],
+        }
         for f, r in failures
     ]
     tests.append(
@@ -257,6 +250,7 @@ def synthetic_run(*failures: tuple[str, float | None]) -> dict:
             "message": "",
             "ratio": None,
             "markers": [],
+            "named": [],
         }
     )
     return {"impl": "bug:x", "exit_code": 1 if failures else 0, "seconds": 1.0, "tests": tests, "collect_errors": []}
