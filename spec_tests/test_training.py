@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from . import models, oracles
+from .harness.checks import Variant
 from .harness.markers import judges
 from .harness.tolerances import EXACT
 
@@ -121,6 +122,79 @@ def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
     return {"losses": losses, "weights": {k: v.detach() for k, v in leaves.items()}}
 
 
+def variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, *, targets="y", zero_grad=True, clip="before"):
+    """Two training steps of the reference's model with one knob changed (for diagnosis)."""
+    model = models.build(ref, cfg, sd)
+    opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
+    params, losses = list(model.parameters()), []
+    for _ in range(2):
+        model.train()
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        logits = ref.forward(model, x)
+        lg, tg = {"y": (logits, y), "twice": (logits[:, :-1], y[:, 1:]), "x": (logits, x)}[targets]
+        loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1))
+        loss.backward()
+        if max_grad_norm is not None and clip == "before":
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if max_grad_norm is not None and clip == "per_parameter":
+            for p in params:
+                torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
+        opt.step()
+        if max_grad_norm is not None and clip == "after":
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        losses.append(float(loss))
+    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
+
+
+def step_variants(cfg, optimizer, max_grad_norm):
+    def with_(**knob):
+        return lambda ref, sd, x, y: variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, **knob)
+
+    found = [
+        Variant(
+            "knob:label_shift",
+            "train_step shifts the already-shifted targets again (logits[:, :-1] against y[:, 1:])",
+            "y is x shifted one token ahead already: cross_entropy(logits, y)",
+            with_(targets="twice"),
+        ),
+        Variant(
+            "knob:label_shift",
+            "train_step scores the logits against x, the unshifted labels",
+            "score against the targets y",
+            with_(targets="x"),
+        ),
+        Variant(
+            "knob:zero_grad",
+            "gradients of the first step are still there in the second (no zero_grad)",
+            "optimizer.zero_grad() before each backward pass",
+            with_(zero_grad=False),
+        ),
+    ]
+    if max_grad_norm is not None:
+        found += [
+            Variant(
+                "knob:clipping",
+                "gradients are clipped after optimizer.step(), so the step is unclipped",
+                "clip_grad_norm_ between backward() and step()",
+                with_(clip="after"),
+            ),
+            Variant(
+                "knob:clipping",
+                "each parameter's gradient is clipped on its own, not by the global norm",
+                "one clip_grad_norm_(model.parameters(), max_grad_norm) over all of them",
+                with_(clip="per_parameter"),
+            ),
+            Variant(
+                "knob:clipping",
+                "gradients are not clipped",
+                "clip_grad_norm_(model.parameters(), max_grad_norm)",
+                with_(clip="never"),
+            ),
+        ]
+    return found
+
+
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("unshifted_labels", "gradient_clipping", "training", "tied_weights")
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -142,6 +216,7 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
             ("forward", "build_model"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
         ),
+        variants=step_variants(config, optimizer, max_grad_norm),
     )
 
 
@@ -249,10 +324,43 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()[:n_tokens]
     got = spec.impl.evaluate(model, data, context_length, batch_size=batch_size)
     want = oracles.evaluate_teacher(spec.impl, model, data, context_length, spec.device)
+
+    def teacher(reduction):
+        return lambda: oracles.evaluate_teacher(
+            spec.impl, model, data, context_length, spec.device, batch_size=batch_size, reduction=reduction
+        )
+
+    variants = [
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-window means, so a short last window weighs like a full one",
+            "sum the NLL of every predicted token, divide by their number",
+            teacher("window_means"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-batch means",
+            "sum the NLL of every predicted token over all batches, divide by their number",
+            teacher("batch_means"),
+        ),
+        Variant(
+            "knob:window",
+            "the short last window is left out",
+            "keep the last, shorter window: every token after the first is predicted once",
+            teacher("drop_last"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the total NLL is divided by len(data) instead of the len(data) - 1 predicted tokens",
+            "divide by the number of predicted tokens",
+            teacher("all_tokens"),
+        ),
+    ]
     spec.close(
         got,
         want,
         kind="model",
+        variants=variants,
         behaviour=f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) "
         "= the model's own token-weighted loss",
     )

@@ -14,6 +14,7 @@ Each records one ``CheckResult`` (``results.py``) and raises ``SpecFailure`` whe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +24,38 @@ from .results import CheckResult
 from .subject import ImplementationError, NotImplementedInImpl
 from .tolerances import Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The specified computation with one knob changed: if it reproduces a failing output, the
+    failure says so (``code`` from diagnosis/codes.py). ``compute`` takes what the check's compute
+    takes (``spec.check``: a reference-like subject and the float64 inputs) or nothing
+    (``spec.close``)."""
+
+    code: str
+    summary: str
+    fix: str
+    compute: Callable
+
+
+def variant_lines(variants, actual, tol: Tolerance, *args) -> tuple[list[str], list[str]]:
+    """Diagnosis lines and codes for the variants whose output matches ``actual``."""
+    found = []
+    for v in variants:
+        try:
+            out = v.compute(*args)
+        except Exception:  # noqa: BLE001 - a variant that cannot run cannot be the one
+            continue
+        if mismatch(actual, out, tol) is None:
+            found.append(v)
+    if len(found) > 1:
+        names = "; or ".join(v.summary for v in found)
+        return [f"likely cause (ambiguous, {len(found)} fit): {names}"], []
+    return [
+        f"likely cause: {v.summary}. Fix: {v.fix} (evidence: the output equals the specified one with this change)"
+        for v in found
+    ], [v.code for v in found]
 
 
 class SpecFailure(AssertionError):
@@ -145,6 +178,7 @@ class Spec:
         call=None,
         rebase=None,
         hint: str | None = None,
+        variants=(),
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
 
@@ -154,6 +188,9 @@ class Spec:
         that cannot be swapped for correct ones) fail their own tests, ``own()`` gives what a correct
         subject computes on top of the implementation's own (failing) upstream. Matching it makes the
         failure a consequence of those names; not matching it leaves the failure charged here.
+
+        ``variants``: ``Variant``s whose ``compute(reference, *float64 args)`` is the specified
+        computation with one knob changed; one that reproduces the failing output is named.
         """
         pristine = clone_tensors(args)
         actual = compute(self.impl, *args)
@@ -184,10 +221,13 @@ class Spec:
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
 
+        reference = getattr(self.expectations, "reference", None)
+
         def diagnose():
             from .diagnosis import diagnose as run
 
-            return run(
+            lines, codes = variant_lines(variants, actual, tol, reference, *args64) if reference else ([], [])
+            more, more_codes = run(
                 subject=subject,
                 call=call,
                 args64=args64,
@@ -200,6 +240,7 @@ class Spec:
                     key, subject, lambda bug: compute(bug, *pristine), actual, tol
                 ),
             )
+            return lines + more, codes + more_codes
 
         raise SpecFailure(result, diagnose)
 
@@ -235,8 +276,12 @@ class Spec:
         kind: str | None = None,
         tol: Tolerance | None = None,
         axes: str | None = None,
+        variants=(),
     ):
-        """Compare two values the test computed (a relation); ``kind`` picks a math tolerance."""
+        """Compare two values the test computed (a relation); ``kind`` picks a math tolerance.
+
+        ``variants``: ``Variant``s whose ``compute()`` gives the related value with one knob changed.
+        """
         if tol is None:
             tol = self._tolerance(kind or "pointwise", expected, None)
         if kind and tolerance_measurement.enabled():
@@ -251,7 +296,8 @@ class Spec:
         def diagnose():
             from .diagnosis import diagnose as run
 
-            return run(
+            lines, codes = variant_lines(variants, actual, tol)
+            more, more_codes = run(
                 subject=subject,
                 call=None,
                 args64=None,
@@ -262,6 +308,7 @@ class Spec:
                 rope_style=self.impl.rope_style,
                 known_bugs=list,
             )
+            return lines + more, codes + more_codes
 
         raise SpecFailure(result, diagnose)
 

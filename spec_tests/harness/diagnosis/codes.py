@@ -52,6 +52,7 @@ KNOBS = {
     "loss_reduction": "the loss is summed, or averaged over the wrong count (mean of batch means)",
     "init_std": "initial weights have the wrong standard deviation (no residual scaling)",
     "clipping": "gradient clipping is missing, per-parameter, or applied after the step",
+    "zero_grad": "gradients of the previous step are not cleared before the next backward pass",
     "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
     "mode": "the module's training mode is wrong during the call or not restored after it",
     "max_subtraction": "softmax or log-sum-exp without subtracting the max: inf/NaN for large inputs",
