@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .functional import STATS, apply_rotary, inv_frequencies
+from .functional import STATS, apply_rotary
 
 
 class LlamaRMSNorm(nn.Module):
@@ -27,10 +27,12 @@ class LlamaRMSNorm(nn.Module):
 
 
 class LlamaRotaryEmbedding(nn.Module):
-    def __init__(self, head_dim, theta):
+    def __init__(self, config):
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-        self.register_buffer("inv_freq", inv_frequencies(head_dim, theta), persistent=False)
+        head_dim = config["d_model"] // config["n_heads"]
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(STATS) / head_dim
+        inv_freq = 1.0 / (config["rope_theta"] ** exponents)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @torch.no_grad()
     def forward(self, x, position_ids):
@@ -139,7 +141,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config["vocab_size"], config["d_model"])
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config["n_layers"]))
         self.norm = LlamaRMSNorm(config["d_model"], eps=config["norm_eps"])
-        self.rotary_emb = LlamaRotaryEmbedding(config["d_model"] // config["n_heads"], config["rope_theta"])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
 
     def forward(self, input_ids, past_key_values=None):
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
