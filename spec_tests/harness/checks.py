@@ -207,9 +207,9 @@ class Spec:
         expected = self.expectations.value(key, lambda ref: compute(ref, *args64), args64)
         subject = subject or (self.subjects[0] if self.subjects else "")
         self.expectations.observe_check(key, subject, lambda bug: compute(bug, *pristine))
-        tol = self._tolerance(kind, args, tol)
-        if tolerance_measurement.enabled():
+        if tol is None and tolerance_measurement.enabled():  # only checks judged at a math tolerance
             tolerance_measurement.record(kind, self.test_id, actual, expected, floating_dtype(args))
+        tol = self._tolerance(kind, args, tol)
         found = mismatch(actual, expected, tol)
         result = self._result(subject, behaviour, kind="compare", tolerance=tol.describe())
         if found is None:
@@ -282,10 +282,10 @@ class Spec:
 
         ``variants``: ``Variant``s whose ``compute()`` gives the related value with one knob changed.
         """
+        if tol is None and kind and tolerance_measurement.enabled():
+            tolerance_measurement.record(kind, self.test_id, actual, expected)
         if tol is None:
             tol = self._tolerance(kind or "pointwise", expected, None)
-        if kind and tolerance_measurement.enabled():
-            tolerance_measurement.record(kind, self.test_id, actual, expected)
         found = mismatch(actual, expected, tol)
         result = self._result(subject, behaviour, kind="relation", tolerance=tol.describe())
         if found is None:
