@@ -132,6 +132,7 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
                 "likely cause: the cache stores keys before RoPE (rotated later, or not at all). Fix: "
                 "rotate the new keys at their positions, then append them",
             ),
+            codes=("knob:cache_contents",),
         )
 
 

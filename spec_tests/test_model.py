@@ -136,6 +136,7 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
             "likely cause: the LM head was given a copy of the embedding matrix. Fix: assign the "
             "same Parameter (lm_head.weight = tok_embeddings.weight)",
         ),
+        codes=("knob:tying",),
     )
     spec.require(
         facts["embedding"] is not None,
@@ -163,6 +164,9 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
             numeric,
             tol=tol,
             behaviour="the tied matrix's gradient is the derivative through both uses (lookup and LM head)",
+            hint="likely cause: the gradient misses one of the tied matrix's two uses (the head uses a detached or "
+            "copied matrix, or the lookup does not reach the parameter). Fix: one Parameter, used by both",
+            hint_code="knob:tying",
         )
 
 

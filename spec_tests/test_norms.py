@@ -77,6 +77,7 @@ def test_norm_statistics_in_at_least_float32(spec, name):
             "likely cause: the mean of squares is computed in the input's 16-bit dtype. Fix: upcast x to float32 "
             "for the statistics (x.float()), then cast the result back",
         ),
+        codes=("precision",),
     )
     err = ((out.double() - expected).abs() / (1 + expected.abs())).max().item()
     # Output rounding alone is 2**-11 = 4.9e-4 relative; 8x that.
@@ -87,4 +88,5 @@ def test_norm_statistics_in_at_least_float32(spec, name):
         behaviour=behaviour,
         found=f"relative error {err:.3g} > {limit:.3g} (8x {low} rounding)",
         causes=("likely cause: statistics accumulated in the 16-bit dtype. Fix: compute them in float32",),
+        codes=("precision",),
     )

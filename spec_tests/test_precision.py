@@ -104,7 +104,15 @@ def test_float64_computed_in_float64(spec, name):
     ground truth in float64; amendment 11)."""
     args, kwargs = inputs_for(spec, name)
     math_first(spec, name, lambda m, *a: getattr(m, name)(*a, **kwargs), args)
-    spec.call(name, *args, tol=EXACT, hint=CAUSE, behaviour=f"{name} of float64 inputs, to float64 rounding", **kwargs)
+    spec.call(
+        name,
+        *args,
+        tol=EXACT,
+        hint=CAUSE,
+        hint_code="precision",
+        behaviour=f"{name} of float64 inputs, to float64 rounding",
+        **kwargs,
+    )
 
 
 def math_first(spec, name, compute, args):
@@ -137,5 +145,6 @@ def test_float64_model_computed_in_float64(spec, name):
         tol=EXACT,
         axes="b t v",
         hint=CAUSE,
+        hint_code="precision",
         behaviour=f"logits of a float64 {config['family']} model, to float64 rounding",
     )

@@ -141,10 +141,11 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
 
 @judges("sampling_probs")
 @pytest.mark.bug_class("top_p")
-@given(seed=seeds, top_p=st.floats(1e-6, 1e-3))
-def test_at_least_one_token_kept(spec, seed, top_p):
-    """However small top_p, the most probable token is kept (protocol: at least one token always kept)."""
-    logits = batch_logits(spec, seed % 1000)
+@given(seed=seeds, top_p=st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3]), float32=st.booleans())
+def test_at_least_one_token_kept(spec, seed, top_p, float32):
+    """However small top_p (below float32 rounding too), the most probable token is kept (protocol: at least one
+    token always kept)."""
+    logits = batch_logits(spec, seed % 1000).to(torch.float32 if float32 else torch.float64)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
     top = logits.argmax(dim=-1)
     spec.require(
@@ -194,6 +195,29 @@ def test_invalid_arguments_raise(spec, kw):
             mention=(value,),
             behaviour=f"{fn}({kw}) raises ValueError",
         )
+
+
+@judges("sample")
+def test_greedy_sample_leaves_the_generator_alone(spec):
+    """sample at temperature 0 returns the argmax without consuming the generator (protocol: amendment 4)."""
+    logits = batch_logits(spec, 38)
+    gen = torch.Generator(spec.device).manual_seed(11)
+    before = gen.get_state().clone()
+    ids = spec.impl.sample(logits, temperature=0.0, generator=gen)
+    spec.require(
+        torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
+        behaviour="sample(temperature=0) is the argmax",
+        found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
+    )
+    spec.require(
+        torch.equal(gen.get_state(), before),
+        behaviour="sample(temperature=0) draws nothing from the generator",
+        found="the generator's state moved: a random draw was made",
+        causes=(
+            "likely cause: temperature 0 still samples (from a one-hot distribution). Fix: return the argmax directly",
+        ),
+        codes=("knob:temperature",),
+    )
 
 
 @judges("sample")

@@ -75,7 +75,7 @@ class SpecFailure(AssertionError):
             return
         diagnose, self._diagnose = self._diagnose, None
         lines, codes = diagnose()
-        self.result.causes, self.result.cause_codes = [*self.result.causes, *lines], list(codes)
+        self.result.causes, self.result.cause_codes = [*self.result.causes, *lines], [*self.result.cause_codes, *codes]
         self.args = (self.result.message(),)
 
     def __str__(self) -> str:
@@ -149,6 +149,7 @@ class Spec:
         tol: Tolerance | None = None,
         axes: str | None = None,
         hint: str | None = None,
+        hint_code: str | None = None,
         **kwargs,
     ):
         """The implementation's ``name(*args, **kwargs)`` against the reference's; returns the actual value."""
@@ -163,6 +164,7 @@ class Spec:
             axes=axes,
             call=(name, kwargs),
             hint=hint,
+            hint_code=hint_code,
         )
 
     def check(
@@ -178,6 +180,7 @@ class Spec:
         call=None,
         rebase=None,
         hint: str | None = None,
+        hint_code: str | None = None,
         variants=(),
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
@@ -218,6 +221,7 @@ class Spec:
         result.note = shape_note(actual, expected)
         if hint:
             result.causes.append(hint)
+            result.cause_codes += [hint_code] if hint_code else []
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
 
@@ -277,6 +281,8 @@ class Spec:
         tol: Tolerance | None = None,
         axes: str | None = None,
         variants=(),
+        hint: str | None = None,
+        hint_code: str | None = None,
     ):
         """Compare two values the test computed (a relation); ``kind`` picks a math tolerance.
 
@@ -292,6 +298,9 @@ class Spec:
             return
         result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
         result.note = shape_note(actual, expected)
+        if hint:
+            result.causes.append(hint)
+            result.cause_codes += [hint_code] if hint_code else []
 
         def diagnose():
             from .diagnosis import diagnose as run
@@ -313,13 +322,21 @@ class Spec:
         raise SpecFailure(result, diagnose)
 
     def require(
-        self, condition: bool, *, behaviour: str, found: str, subject: str | None = None, causes: tuple[str, ...] = ()
+        self,
+        condition: bool,
+        *,
+        behaviour: str,
+        found: str,
+        subject: str | None = None,
+        causes: tuple[str, ...] = (),
+        codes: tuple[str, ...] = (),
     ) -> None:
-        """Fail with ``found`` unless ``condition`` holds. ``causes``: diagnosis lines the test can state."""
+        """Fail with ``found`` unless ``condition`` holds. ``causes``: diagnosis lines the test can state,
+        ``codes``: their cause codes (diagnosis/codes.py)."""
         result = self._result(subject, behaviour, kind="require")
         if condition:
             return
-        result.outcome, result.found, result.causes = "failed", found, list(causes)
+        result.outcome, result.found, result.causes, result.cause_codes = "failed", found, list(causes), list(codes)
         raise SpecFailure(result)
 
     def raises(

@@ -1,52 +1,40 @@
-"""Run the spec suite on every independently seeded bug and print what caught it.
+"""Run the spec suite on every independently seeded bug: is it killed, and is it named?
 
-    python tests/independent/measure.py                 # every bug in seeded.SEEDED
-    python tests/independent/measure.py --bugs a,b      # some bugs
-    python tests/independent/measure.py --json out.json # also write the results
+    python tests/independent/measure.py                   # every bug in seeded.SEEDED, 2 workers
+    python tests/independent/measure.py --bugs a,b --jobs 1
+    python tests/independent/measure.py --json out.json   # also write every result
 
 For each base implementation the suite first runs on the unpatched package: tests that already fail
-there (suite overreach, or what the base legitimately lacks) do not count as kills. Then, for each bug,
-the suite runs (one pytest process at a time) on a patched copy of the base; a bug is *killed* when a
-test fails that passes on its base. The failure texts of those tests are searched for a diagnosis
-line ("matches known bug ..." / "likely cause ..."); ``named`` says whether a diagnosis line mentions
-one of the bug's accepted cause codes (a text heuristic: read the lines before trusting it).
+there (what the base legitimately lacks, e.g. float64 precision for ``half_f32_mha``) do not count.
+Then each bug runs on a patched copy of its base (``seeded.materialize``), in-process, as
+``tools/bugcheck.py`` runs the catalog, reading the suite's typed check results:
 
-The results are plain dataclasses (``SuiteRun``, ``BugResult``) so that a later version can read the
-suite's typed check results instead of pytest's junit XML.
+- *killed*: a test fails that passes on the base;
+- *named*: some charged failure (not a consequence of another failing function) carries a confident
+  diagnosis code among the bug's ``accepted`` codes (``spec_tests/harness/diagnosis/codes.py``; a
+  "matches known bug" line counts through its catalog class's code);
+- *named wrongly*: some charged failure's confident top code is not among them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
+import multiprocessing
 import sys
 import tempfile
-import time
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
+for p in (str(ROOT), str(ROOT / "tools"), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
 import seeded  # noqa: E402
 
-DIAGNOSIS = re.compile(r"(matches known bug [^\n]*|likely cause[^\n]*)", re.IGNORECASE)
-
-
-@dataclass
-class SuiteRun:
-    """One pytest run of the suite: outcome per test id, failure text per failed test."""
-
-    impl: str
-    returncode: int
-    seconds: float
-    passed: set[str] = field(default_factory=set)
-    skipped: set[str] = field(default_factory=set)
-    failed: dict[str, str] = field(default_factory=dict)  # test id -> failure text
-    crash: str = ""  # pytest's own output when it produced no report
+CHARGED = ("failed",)  # bugcheck's statuses: failed (incl. not implemented, setup, error), consequence, ...
 
 
 @dataclass
@@ -54,148 +42,84 @@ class BugResult:
     name: str
     base: str
     killed: bool
-    new_failures: list[str]
-    diagnoses: list[str]  # distinct diagnosis lines in the new failures
-    named: bool | None  # a diagnosis mentions an accepted code (None: no diagnosis or nothing accepted)
-    accepted: tuple[str, ...]
-    mistake: str
-    seconds: float
+    failing: list[str]
+    named: bool
+    wrong: list[str] = field(default_factory=list)  # "test: code" of confident wrong names
+    causes: list[str] = field(default_factory=list)  # distinct diagnosis lines of the charged failures
+    accepted: tuple[str, ...] = ()
 
 
-def run_suite(impl: Path | str, timeout: float = 1200.0, extra: tuple[str, ...] = ()) -> SuiteRun:
-    with tempfile.TemporaryDirectory() as tmp:
-        xml_path = Path(tmp) / "report.xml"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "spec_tests",
-            f"--impl={impl}",
-            "-q",
-            "-p",
-            "no:warnings",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={xml_path}",
-            *extra,
-        ]
-        start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        run = SuiteRun(str(impl), proc.returncode, time.monotonic() - start)
-        if not xml_path.exists():
-            run.crash = (proc.stdout + proc.stderr)[-4000:]
-            return run
-        for case in ET.parse(xml_path).getroot().iter("testcase"):
-            test_id = _test_id(case)
-            bad = case.find("failure")
-            if bad is None:
-                bad = case.find("error")
-            if bad is not None:
-                run.failed[test_id] = "\n".join(filter(None, (bad.get("message", ""), bad.text or "")))
-            elif case.find("skipped") is not None:
-                run.skipped.add(test_id)
-            else:
-                run.passed.add(test_id)
-        if not (run.passed or run.failed or run.skipped):
-            run.crash = (proc.stdout + proc.stderr)[-4000:]
-        return run
+def failing_tests(result: dict) -> dict[str, dict]:
+    return {t["nodeid"]: t for t in result["tests"] if t["outcome"] in ("failed", "consequence", "xpassed")}
 
 
-def _test_id(case: ET.Element) -> str:
-    """``test_module.py::test_name[params]`` from a junit testcase (classname ``spec_tests.test_module``)."""
-    module = case.get("classname", "").split(".")[-1]
-    return f"{module}.py::{case.get('name', '')}"
+def judge(bug, base_failing: set[str], result: dict) -> BugResult:
+    new = {k: t for k, t in failing_tests(result).items() if k not in base_failing}
+    charged = [t for t in new.values() if t["outcome"] in CHARGED]
+    accepted = set(bug.accepted)
+    named = any(c in accepted for t in charged for c in t["codes"])
+    wrong = [
+        f"{t['nodeid'].split('::', 1)[-1]}: {t['codes'][0]}"
+        for t in charged
+        if t["codes"] and t["codes"][0] not in accepted and not t["codes"][0].startswith("known_bug:")
+    ]
+    wrong += [
+        f"{t['nodeid'].split('::', 1)[-1]}: {t['codes'][0]}"
+        for t in charged
+        if t["codes"] and t["codes"][0].startswith("known_bug:") and not set(t["codes"][1:2]) & accepted
+    ]
+    causes = sorted({line for t in charged for line in t["causes"]})
+    return BugResult(bug.name, bug.base, bool(new), sorted(new), named, wrong, causes, tuple(bug.accepted))
 
 
-def diagnosis_lines(texts) -> list[str]:
-    seen: dict[str, None] = {}
-    for text in texts:
-        for line in DIAGNOSIS.findall(text):
-            seen.setdefault(line.strip(), None)
-    return list(seen)
+def _init():
+    import bugcheck
+
+    bugcheck._worker_init()
 
 
-def names_accepted(lines: list[str], accepted: tuple[str, ...]) -> bool | None:
-    if not lines or not accepted:
-        return None
-    words = set()
-    for code in accepted:
-        tail = code.split(":", 1)[-1]
-        words.update({tail, tail.replace("_", " ")})
-    text = "\n".join(lines).lower()
-    return any(w.lower() in text for w in words)
+def _run(impl: str) -> dict:
+    import bugcheck
 
-
-def measure(bugs, timeout: float = 1200.0, log=print) -> tuple[dict[str, SuiteRun], list[BugResult]]:
-    baselines: dict[str, SuiteRun] = {}
-    for base in sorted({bug.base for bug in bugs}):
-        baselines[base] = run_suite(seeded.base_folder(base), timeout)
-        b = baselines[base]
-        log(f"baseline {base}: {len(b.passed)} passed, {len(b.failed)} failed, {len(b.skipped)} skipped")
-    results = []
-    with tempfile.TemporaryDirectory(prefix="seeded_") as tmp:
-        for bug in bugs:
-            folder = seeded.materialize(bug, Path(tmp))
-            run = run_suite(folder, timeout)
-            base = baselines[bug.base]
-            if run.crash:
-                new = ["<suite did not run: " + run.crash.strip().splitlines()[-1] + ">"]
-                lines: list[str] = []
-            else:
-                new = sorted(t for t in run.failed if t not in base.failed)
-                lines = diagnosis_lines(run.failed[t] for t in new)
-            result = BugResult(
-                name=bug.name,
-                base=bug.base,
-                killed=bool(new),
-                new_failures=new,
-                diagnoses=lines,
-                named=names_accepted(lines, bug.accepted),
-                accepted=bug.accepted,
-                mistake=bug.mistake,
-                seconds=round(run.seconds, 1),
-            )
-            results.append(result)
-            log(
-                f"{bug.name}: {'killed' if result.killed else 'SURVIVED'} ({len(new)} new failures, {run.seconds:.0f}s)"
-            )
-    return baselines, results
-
-
-def table(results: list[BugResult]) -> str:
-    rows = [("bug", "base", "killed", "fails", "diagnosis", "names accepted code", "first diagnosis")]
-    for r in results:
-        first = r.diagnoses[0][:70] if r.diagnoses else ""
-        named = {None: "-", True: "yes", False: "no"}[r.named]
-        rows.append(
-            (r.name, r.base, "yes" if r.killed else "NO", str(len(r.new_failures)), str(len(r.diagnoses)), named, first)
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    out = []
-    for row in rows:
-        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    killed = sum(r.killed for r in results)
-    out.append(f"\n{killed}/{len(results)} seeded bugs killed")
-    return "\n".join(out)
+    return bugcheck.run_suite((impl, True))
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bugs", help="comma-separated bug names (default: all)")
-    parser.add_argument("--json", type=Path, help="write baselines and per-bug results here")
-    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per suite run")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bugs", default="", help="comma-separated seeded bug names (default: all)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
-    bugs = [seeded.BY_NAME[n] for n in args.bugs.split(",")] if args.bugs else list(seeded.SEEDED)
-    baselines, results = measure(bugs, args.timeout, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(table(results))
-    if args.json:
-        payload = {
-            "baselines": {b: {"failed": sorted(r.failed), "passed": len(r.passed)} for b, r in baselines.items()},
-            "bugs": [asdict(r) for r in results],
-        }
-        args.json.write_text(json.dumps(payload, indent=2))
+    names = [n.strip() for n in args.bugs.split(",") if n.strip()]
+    bugs = [b for b in seeded.SEEDED if not names or b.name in names]
+    bases = sorted({b.base for b in bugs})
+    with tempfile.TemporaryDirectory(prefix="seeded-") as tmp:
+        impls = {base: str(HERE / base) for base in bases}
+        impls.update({b.name: str(seeded.materialize(b, Path(tmp) / b.name)) for b in bugs})
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(processes=max(1, args.jobs), initializer=_init) as pool:
+            runs = dict(zip(impls, pool.map(_run, list(impls.values()))))
+    base_failing = {base: set(failing_tests(runs[base])) for base in bases}
+    results = [judge(b, base_failing[b.base], runs[b.name]) for b in bugs]
+    width = max(len(r.name) for r in results)
+    print(f"{'seeded bug':<{width}}  killed  named  wrong  failing")
+    for r in results:
+        wrong = "; ".join(r.wrong[:2]) if r.wrong else ""
+        print(
+            f"{r.name:<{width}}  {'yes' if r.killed else 'NO':>6}  {'yes' if r.named else '-':>5}  "
+            f"{len(r.wrong):>5}  {len(r.failing):>3}  {wrong}"
+        )
+    killed = [r for r in results if r.killed]
+    named = [r for r in killed if r.named]
+    wrong = [r for r in killed if r.wrong]
+    print(
+        f"\nseeded bugs: {len(results)}; killed {len(killed)}; named correctly {len(named)} of the killed "
+        f"({100 * len(named) / max(1, len(killed)):.0f}%); named wrongly with confidence: {len(wrong)}"
+    )
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -171,7 +171,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    shifted = x - x.amax(dim=dim, keepdim=True)",
         new="    shifted = x",
         mistake="softmax exponentiates the raw inputs: exp overflows to inf for inputs near 1e4",
-        accepted=(),
+        accepted=("overflow", "knob:max_subtraction", "nan_rows",),
     ),
     SeededBug(
         name="cross_entropy_without_max_subtraction",
@@ -180,7 +180,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    row_max = flat.amax(dim=-1, keepdim=True)",
         new="    row_max = torch.zeros_like(flat[:, :1])",
         mistake="cross_entropy's log-sum-exp does not subtract the row max: inf loss for logits near 1e4",
-        accepted=(),
+        accepted=("overflow", "knob:max_subtraction",),
     ),
     # ------------------------------------------------------------------------------------ flash attention
     SeededBug(
@@ -228,7 +228,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="            q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)",
         new="            q, k, v = rope(q, pos, self.theta), rope(k, pos, self.theta), rope(v, pos, self.theta)",
         mistake="the attention layer rotates the values as well as the queries and keys",
-        accepted=(),
+        accepted=("knob:rope_target",),
     ),
     SeededBug(
         name="rope_half_pairs_in_interleaved_impl",
@@ -600,7 +600,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    if temperature == 0:\n        return logits.argmax(dim=-1)\n",
         new="",
         mistake="sample at temperature 0 draws from the one-hot distribution with multinomial, consuming the generator",
-        accepted=(),
+        accepted=("knob:temperature",),
     ),
     SeededBug(
         name="sample_flattens_leading_axes",
@@ -674,7 +674,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    optimizer.zero_grad(set_to_none=True)\n",
         new="",
         mistake="train_step never clears gradients, so each step adds to the previous step's gradients",
-        accepted=(),
+        accepted=("knob:zero_grad",),
     ),
     SeededBug(
         name="clip_after_step",
@@ -779,7 +779,7 @@ SEEDED: tuple[SeededBug, ...] = (
             ' if cfg["tie_embeddings"] else model.p("lm_head.weight")'
         ),
         mistake="the tied LM head uses a detached copy of the embedding, so it gets no gradient from the head",
-        accepted=(),
+        accepted=("knob:tying",),
     ),
     SeededBug(
         name="tied_head_shares_data_not_parameter",
@@ -788,7 +788,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="            self.lm_head.weight = self.model.embed_tokens.weight",
         new="            self.lm_head.weight.data = self.model.embed_tokens.weight.data",
         mistake="the head shares the embedding's storage but is a second Parameter (own gradient, counted twice)",
-        accepted=(),
+        accepted=("knob:tying",),
     ),
     SeededBug(
         name="kv_cache_bytes_without_factor_two",
