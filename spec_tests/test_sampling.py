@@ -175,26 +175,24 @@ def test_temperature_zero_is_argmax(spec):
     )
 
 
-@judges("sampling_probs", "sample")
 @pytest.mark.bug_class("validation")
 @pytest.mark.parametrize(
     "kw",
     [dict(temperature=-0.5), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5), dict(top_p=-0.1)],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
-def test_invalid_arguments_raise(spec, kw):
-    """temperature < 0, top_k < 1 and top_p outside (0, 1] raise ValueError in sampling_probs and sample
-    (protocol: sampling_probs)."""
+@pytest.mark.parametrize("fn", [pytest.param(f, marks=judges(f), id=f) for f in ("sampling_probs", "sample")])
+def test_invalid_arguments_raise(spec, kw, fn):
+    """temperature < 0, top_k < 1 and top_p outside (0, 1] raise ValueError (protocol: sampling_probs)."""
     logits = batch_logits(spec, 34)
     value = str(next(iter(kw.values())))
-    for fn in ("sampling_probs", "sample"):
-        spec.raises(
-            ValueError,
-            lambda fn=fn: getattr(spec.impl, fn)(logits, **kw),
-            subject=fn,
-            mention=(value,),
-            behaviour=f"{fn}({kw}) raises ValueError",
-        )
+    spec.raises(
+        ValueError,
+        lambda: getattr(spec.impl, fn)(logits, **kw),
+        subject=fn,
+        mention=(value,),
+        behaviour=f"{fn}({kw}) raises ValueError",
+    )
 
 
 @judges("sample")

@@ -24,6 +24,8 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, eager_attention_forw
 from spec_adapters import hf_common
 
 FAMILIES = ("gpt2",)
+# GPT-2's attention has one key/value head per query head: no grouped-query attention.
+CAPABILITIES = ("tied_head", "untied_head", "linear_bias", "dropout", "free_d_ff", "rope_theta")
 SPEC_XFAILS = "hf_gpt2.xfails.toml"
 
 ATTN_IMPLEMENTATION = "eager"  # transformers' own attention code (the default "sdpa" calls torch's kernel)
