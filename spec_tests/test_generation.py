@@ -68,7 +68,8 @@ def greedy_case(spec, config, seeds, t, n, *, use_cache, behaviour, causes=(), c
 @pytest.mark.bug_class("kv_cache", "sampling_order")
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_greedy_generation_follows_the_model(spec, config, use_cache):
-    """Greedy generation (temperature 0) picks the argmax of the model's own next-token logits, token for token, with and without the cache (protocol: generate; course notes: generation)."""
+    """Greedy generation (temperature 0) picks the argmax of the model's own next-token logits, token for token, with
+    and without the cache (protocol: generate; course notes: generation)."""
     greedy_case(
         spec,
         config,
@@ -111,7 +112,8 @@ def test_generate_rejects_an_empty_prompt(spec, family):
 @judges("generate", uses=("build_model", "forward", "new_cache"))
 @pytest.mark.bug_class("prompt_cropping")
 def test_long_prompt_is_cropped(spec, config):
-    """A prompt longer than context_length conditions on its last context_length tokens (symptoms table: crop to the last context_length tokens)."""
+    """A prompt longer than context_length conditions on its last context_length tokens (symptoms table: crop to the
+    last context_length tokens)."""
     ctx = config["context_length"]
     greedy_case(
         spec,
@@ -179,7 +181,8 @@ def test_generate_restores_the_mode(spec, family, mode):
 @judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("dropout_generation")
 def test_generation_ignores_dropout(spec, family):
-    """With dropout 0.5 and the model in training mode, generation equals generation in eval mode (course notes: dropout accidentally enabled during generation)."""
+    """With dropout 0.5 and the model in training mode, generation equals generation in eval mode (course notes:
+    dropout accidentally enabled during generation)."""
     config = models.family_config(spec.impl, family, dropout=0.5)
     sd = models.random_state_dict(config, seed=45, device=spec.device)
     model = models.build(spec.impl, config, sd)
@@ -204,7 +207,8 @@ def test_generation_ignores_dropout(spec, family):
 @judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("sampling_order", "top_k")
 def test_generate_applies_sampling_filters(spec, config):
-    """generate samples from the filtered distribution: top_k=1, or a tiny top_p, is greedy whatever the temperature (course notes: sampling before the transforms)."""
+    """generate samples from the filtered distribution: top_k=1, or a tiny top_p, is greedy whatever the temperature
+    (course notes: sampling before the transforms)."""
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=51, device=spec.device))
     prompt = prompt_for(spec, config, seed=52)
     want = spec.impl.generate(model, prompt, 8, temperature=0.0)
@@ -236,7 +240,8 @@ N_DRAWS = 4000
     "kw", [dict(temperature=0.7, top_p=0.9), dict(temperature=1.5, top_k=10)], ids=["t0.7,top_p0.9", "t1.5,top_k10"]
 )
 def test_generate_samples_from_sampling_probs(spec, kw):
-    """The first token generate draws follows sampling_probs of the model's last logits: the distribution generate really samples from, not only what sampling_probs returns (protocol: generate, sample).
+    """The first token generate draws follows sampling_probs of the model's last logits: the distribution generate
+    really samples from, not only what sampling_probs returns (protocol: generate, sample).
 
     4,000 copies of one prompt draw one token each; every frequency must lie within 5.5 standard
     errors (plus 4e-3) of the probability, and no token outside the kept set may appear.

@@ -29,7 +29,8 @@ def test_rmsnorm(spec, dtype, scale):
 @pytest.mark.bug_class("layernorm")
 @pytest.mark.parametrize("scale", [1.0, 3e-3], ids=["unit", "small"])
 def test_layernorm(spec, dtype, scale):
-    """layernorm = (x - mean) / sqrt(biased var + eps) * weight + bias, as F.layer_norm (protocol: Component functions)."""
+    """layernorm = (x - mean) / sqrt(biased var + eps) * weight + bias, as F.layer_norm (protocol: Component
+    functions)."""
     x = spec.inputs.randn(S.B, S.T, S.d_model, seed=13, scale=scale, dtype=dtype) + 2 * scale
     w = spec.inputs.norm_weight(S.d_model, seed=14, dtype=dtype)
     b = spec.inputs.randn(S.d_model, seed=15, dtype=dtype)
@@ -46,7 +47,8 @@ def compute(name):
 @pytest.mark.bug_class("precision")
 @pytest.mark.parametrize("name", [pytest.param(n, marks=judges(n), id=n) for n in ("rmsnorm", "layernorm")])
 def test_norm_statistics_in_at_least_float32(spec, name):
-    """Norm statistics are computed in at least float32: float16 inputs near 300 square past float16's max (protocol: rmsnorm, computed in at least float32).
+    """Norm statistics are computed in at least float32: float16 inputs near 300 square past float16's max (protocol:
+    rmsnorm, computed in at least float32).
 
     (bfloat16 has float32's range: its squares do not overflow, and a bfloat16-internal norm stays
     within bfloat16 rounding, so only float16 can show the mistake.)

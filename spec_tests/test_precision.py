@@ -9,8 +9,8 @@ Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else f
 import pytest
 
 from . import models
-from .harness.markers import judges
 from .harness.compare import mismatch
+from .harness.markers import judges
 from .harness.tolerances import EXACT, tolerance
 from .inputs import S
 from .protocol import COMPONENT_OF

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.component("training")
 @pytest.mark.bug_class("unshifted_labels", "get_batch")
 @pytest.mark.parametrize("as_numpy", [True, False], ids=["numpy", "tensor"])
 def test_get_batch_windows_and_shift(spec, as_numpy):
-    """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on unshifted labels)."""
+    """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on
+    unshifted labels)."""
     data = np.arange(100, 160) if as_numpy else torch.arange(100, 160)
     x, y = spec.impl.get_batch(data, 5, 8, generator=torch.Generator().manual_seed(0), device=spec.device)
     spec.require(
@@ -200,7 +201,8 @@ def step_variants(cfg, optimizer, max_grad_norm):
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no-clip", "clip0.5"])
 def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
-    """train_step's losses and updated weights over two steps equal the reference's with the same optimizer, clipping by global norm when asked (protocol: train_step)."""
+    """train_step's losses and updated weights over two steps equal the reference's with the same optimizer,
+    clipping by global norm when asked (protocol: train_step)."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=61, device=spec.device)
     ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
@@ -223,7 +225,8 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
 @judges("train_step", uses=("build_model", "forward"))
 @pytest.mark.bug_class("dropout_generation", "training")
 def test_train_step_runs_in_training_mode(spec, family):
-    """train_step runs the forward pass in training mode, even for a model handed over in eval mode, however it routes its calls (protocol: train_step).
+    """train_step runs the forward pass in training mode, even for a model handed over in eval mode, however it
+    routes its calls (protocol: train_step).
 
     With dropout (capability "dropout"), the loss train_step returns differs from the eval-mode loss
     of the same weights; without it, every submodule that runs during the step must be in training mode.
@@ -290,7 +293,8 @@ def test_tiny_model_overfits_tiny_corpus(spec):
 @judges("train", uses=("build_model",))
 @pytest.mark.bug_class("training")
 def test_train_is_deterministic_for_a_seed(spec, family):
-    """`train` from the same weights with the same seed gives the same losses, and its default seed is 0 (protocol: train)."""
+    """`train` from the same weights with the same seed gives the same losses, and its default seed is 0 (protocol:
+    train)."""
     dropout = {"dropout": 0.1} if "dropout" in spec.impl.capabilities else {}
     config = models.family_config(spec.impl, family, **dropout)
     sd = models.random_state_dict(config, seed=65, dtype="float32", device=spec.device)
@@ -321,7 +325,9 @@ EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
     ids=["61/11/b2", "61/11/b8", "40/7/b3", "2-tokens"],
 )
 def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batch_size):
-    """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a short last one counts by its tokens), and perplexity = exp(loss) (course notes: evaluation loss and perplexity)."""
+    """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a
+    short last one counts by its tokens), and perplexity = exp(loss) (course notes: evaluation loss and
+    perplexity)."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=67, device=spec.device))
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()[:n_tokens]
@@ -397,7 +403,8 @@ def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
 @judges("evaluate", uses=("build_model",))
 @pytest.mark.bug_class("evaluation", "dropout_generation")
 def test_evaluate_ignores_dropout(spec, family):
-    """evaluate of a model in training mode with dropout equals evaluate in eval mode (protocol: evaluate, no dropout)."""
+    """evaluate of a model in training mode with dropout equals evaluate in eval mode (protocol: evaluate, no
+    dropout)."""
     config = models.family_config(spec.impl, family, dropout=0.5)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=68, device=spec.device))
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()

@@ -171,7 +171,11 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    shifted = x - x.amax(dim=dim, keepdim=True)",
         new="    shifted = x",
         mistake="softmax exponentiates the raw inputs: exp overflows to inf for inputs near 1e4",
-        accepted=("overflow", "knob:max_subtraction", "nan_rows",),
+        accepted=(
+            "overflow",
+            "knob:max_subtraction",
+            "nan_rows",
+        ),
     ),
     SeededBug(
         name="cross_entropy_without_max_subtraction",
@@ -180,7 +184,10 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    row_max = flat.amax(dim=-1, keepdim=True)",
         new="    row_max = torch.zeros_like(flat[:, :1])",
         mistake="cross_entropy's log-sum-exp does not subtract the row max: inf loss for logits near 1e4",
-        accepted=("overflow", "knob:max_subtraction",),
+        accepted=(
+            "overflow",
+            "knob:max_subtraction",
+        ),
     ),
     # ------------------------------------------------------------------------------------ flash attention
     SeededBug(

@@ -274,7 +274,8 @@ def new_cache(model: GPT, batch_size: int) -> LitCache:
 
 
 def forward(model: GPT, ids: torch.Tensor, cache: LitCache | None = None) -> torch.Tensor:
-    """``model(ids)``; with a cache, ``model(ids, input_pos, input_pos_maxp1)`` at the positions after the cached ones."""
+    """``model(ids)``; with a cache, ``model(ids, input_pos, input_pos_maxp1)`` at the positions after the cached
+    ones."""
     if cache is None:
         return model(ids)
     t = ids.shape[1]
