@@ -82,5 +82,6 @@ BUGS = (
         explanation="logits are multiplied by the temperature, so a low temperature flattens the distribution instead "
         "of sharpening it",
         fix="divide the logits by the temperature",
+        code="knob:temperature",
     ),
 )
