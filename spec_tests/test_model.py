@@ -58,6 +58,7 @@ def test_logits_match_reference(spec, config, dtype):
         behaviour=f"logits of the {config['family']} model (n_heads {config['n_heads']}, n_kv_heads "
         f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
         variants=model_variants(config),
+        model_knobs=True,
     )
 
 

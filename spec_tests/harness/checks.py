@@ -39,8 +39,8 @@ class Variant:
     compute: Callable
 
 
-def variant_lines(variants, actual, tol: Tolerance, *args) -> tuple[list[str], list[str]]:
-    """Diagnosis lines and codes for the variants whose output matches ``actual``."""
+def fitting_variants(variants, actual, tol: Tolerance, *args) -> list:
+    """The variants whose output matches ``actual``."""
     found = []
     for v in variants:
         try:
@@ -49,6 +49,11 @@ def variant_lines(variants, actual, tol: Tolerance, *args) -> tuple[list[str], l
             continue
         if mismatch(actual, out, tol) is None:
             found.append(v)
+    return found
+
+
+def variant_lines(found) -> tuple[list[str], list[str]]:
+    """Diagnosis lines and codes for the fitting variants."""
     if len(found) > 1:
         names = "; or ".join(v.summary for v in found)
         return [f"likely cause (ambiguous, {len(found)} fit): {names}"], []
@@ -182,6 +187,7 @@ class Spec:
         hint: str | None = None,
         hint_code: str | None = None,
         variants=(),
+        model_knobs: bool = False,
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
 
@@ -194,6 +200,8 @@ class Spec:
 
         ``variants``: ``Variant``s whose ``compute(reference, *float64 args)`` is the specified
         computation with one knob changed; one that reproduces the failing output is named.
+        ``model_knobs``: also try the reference model with one knob of one of its components turned
+        (``diagnosis/model_knobs.py``), for computations that run a model.
         """
         pristine = clone_tensors(args)
         actual = compute(self.impl, *args)
@@ -230,7 +238,18 @@ class Spec:
         def diagnose():
             from .diagnosis import diagnose as run
 
-            lines, codes = variant_lines(variants, actual, tol, reference, *args64) if reference else ([], [])
+            tried = list(variants)
+            memo = f"{self.impl.label}::{self.test_id.split('[')[0]}"
+            if model_knobs and reference is not None:
+                from .diagnosis.model_knobs import model_variants
+
+                tried += model_variants(compute, reference, args64, memo=memo)
+            fitting = fitting_variants(tried, actual, tol, reference, *args64) if reference else []
+            lines, codes = variant_lines(fitting)
+            if model_knobs and reference is not None:
+                from .diagnosis.model_knobs import remember
+
+                remember(memo, [v for v in fitting if v not in variants])
             more, more_codes = run(
                 subject=subject,
                 call=call,
@@ -306,7 +325,7 @@ class Spec:
         def diagnose():
             from .diagnosis import diagnose as run
 
-            lines, codes = variant_lines(variants, actual, tol)
+            lines, codes = variant_lines(fitting_variants(variants, actual, tol))
             more, more_codes = run(
                 subject=subject,
                 call=None,
@@ -373,6 +392,7 @@ class Spec:
             result.outcome, result.found = "failed", f"raised {exc.type_name} instead: {exc.message}"
             if exc.where:
                 result.found += f" (at {exc.where})"
+            result.causes, result.cause_codes = list(causes), list(codes)  # the condition was not checked either
             raise SpecFailure(result) from None
         result.outcome, result.found = "failed", f"no error was raised (expected {exc_type.__name__})"
         result.causes, result.cause_codes = list(causes), list(codes)

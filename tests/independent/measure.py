@@ -10,10 +10,12 @@ Then each bug runs on a patched copy of its base (``seeded.materialize``), in-pr
 ``tools/bugcheck.py`` runs the catalog, reading the suite's typed check results:
 
 - *killed*: a test fails that passes on the base;
-- *named*: some charged failure (not a consequence of another failing function) carries a confident
-  diagnosis code among the bug's ``accepted`` codes (``spec_tests/harness/diagnosis/codes.py``; a
-  "matches known bug" line counts through its catalog class's code);
-- *named wrongly*: some charged failure's confident top code is not among them.
+- *named*: some charged failure (not a consequence of another failing function) names first, in its
+  diagnosis, a cause whose code is among the bug's ``accepted`` codes
+  (``spec_tests/harness/diagnosis/codes.py``; a "matches known bug" line counts through its catalogued
+  bug's code);
+- *named wrongly with confidence*: some charged failure names first, with confidence (not marked
+  weak, ambiguous or unconfirmed), a cause whose code is not among them.
 """
 
 from __future__ import annotations
@@ -53,21 +55,27 @@ def failing_tests(result: dict) -> dict[str, dict]:
     return {t["nodeid"]: t for t in result["tests"] if t["outcome"] in ("failed", "consequence", "xpassed")}
 
 
+def named_code(codes: list[str]) -> tuple[str, bool] | None:
+    """The code a failure's diagnosis names first, and whether with confidence (``~`` marks weak evidence).
+
+    A "matches known bug" line names the catalogued bug; its cause code follows it in ``codes``.
+    """
+    if not codes:
+        return None
+    first = codes[0]
+    if first.startswith("known_bug:"):
+        mapped = next((c for c in codes[1:] if not c.startswith("known_bug:")), None)
+        return (mapped, True) if mapped else None
+    return first.lstrip("~"), not first.startswith("~")
+
+
 def judge(bug, base_failing: set[str], result: dict) -> BugResult:
     new = {k: t for k, t in failing_tests(result).items() if k not in base_failing}
     charged = [t for t in new.values() if t["outcome"] in CHARGED]
     accepted = set(bug.accepted)
-    named = any(c in accepted for t in charged for c in t["codes"])
-    wrong = [
-        f"{t['nodeid'].split('::', 1)[-1]}: {t['codes'][0]}"
-        for t in charged
-        if t["codes"] and t["codes"][0] not in accepted and not t["codes"][0].startswith("known_bug:")
-    ]
-    wrong += [
-        f"{t['nodeid'].split('::', 1)[-1]}: {t['codes'][0]}"
-        for t in charged
-        if t["codes"] and t["codes"][0].startswith("known_bug:") and not set(t["codes"][1:2]) & accepted
-    ]
+    names = [(t, named_code(t["codes"])) for t in charged]
+    named = any(n is not None and n[0] in accepted for _, n in names)
+    wrong = [f"{t['nodeid'].split('::', 1)[-1]}: {n[0]}" for t, n in names if n and n[1] and n[0] not in accepted]
     causes = sorted({line for t in charged for line in t["causes"]})
     return BugResult(bug.name, bug.base, bool(new), sorted(new), named, wrong, causes, tuple(bug.accepted))
 

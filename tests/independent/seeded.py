@@ -491,7 +491,7 @@ SEEDED: tuple[SeededBug, ...] = (
             "        return self.mlp_norm(x + self.resid_drop(self.mlp(x)))\n"
         ),
         mistake="blocks are post-norm (norm after the residual add) instead of pre-norm",
-        accepted=(),
+        accepted=("knob:norm_placement",),
     ),
     SeededBug(
         name="final_norm_skipped",
@@ -500,7 +500,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old='    return linear(_norm(model, "final_norm", x), head)',
         new="    return linear(x, head)",
         mistake="the final norm before the LM head is never applied (its weights are loaded but unused)",
-        accepted=(),
+        accepted=("knob:norm_placement",),
     ),
     # ----------------------------------------------------------------------------------------- losses
     SeededBug(

@@ -1,0 +1,100 @@
+"""Knob search inside the model: is a failing model output the reference model's with one knob of one
+of its components changed (the RoPE exponent base, where eps sits, the attention scale, ...)?
+
+The reference model calls its component functions through module-level names, so a component can be
+swapped for one of its knob variants (``knobs.variants``) for one forward pass (``Subject.substituted``).
+A model that inlines its own attention or norm with such a mistake is then named at the model level,
+where the component's own tests (which call its function, not the model's copy) pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import Variant
+from .knobs import variants
+
+PARTS = ("rmsnorm", "layernorm", "rope", "scaled_dot_product_attention", "swiglu", "gelu_mlp")
+_REFERENCE_ONLY = ("style", "table_size", "fused", "rope_style")
+
+
+def _protocol_arguments(name: str, args, kwargs) -> tuple[tuple, dict]:
+    """The call as protocol v1 states it (the reference model's fast-path options turned back)."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in _REFERENCE_ONLY}
+    if name == "scaled_dot_product_attention" and kwargs.pop("causal", False):
+        q, k = args[0], args[1]
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        mask = torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_q, device=q.device)[:, None] + (t_k - t_q)
+        args = (*args[:3], mask)
+    return tuple(args), kwargs
+
+
+def _variant_fn(name: str, index: int, rope_style: str):
+    """``name`` with the ``index``-th knob of its family turned, on whatever it is called with."""
+
+    def call(*args, **kwargs):
+        a, k = _protocol_arguments(name, args, kwargs)
+        out = variants(name, a, k, rope_style=rope_style)[1][index].compute()
+        return out.to(dtype=args[0].dtype, device=args[0].device)
+
+    return call
+
+
+def _family(name: str, compute, reference, args) -> list:
+    """The knob variants of ``name`` at its first call in ``compute(reference, *args)`` (none if not called)."""
+    seen: list = []
+    original = getattr(reference.obj, name)
+
+    def probe(*a, **k):
+        if not seen:
+            pa, pk = _protocol_arguments(name, a, k)
+            seen.append(variants(name, pa, pk, rope_style=reference.rope_style)[1])
+        return original(*a, **k)
+
+    with torch.no_grad(), reference.substituted({name: probe}):
+        compute(reference, *args)
+    return seen[0] if seen else []
+
+
+@dataclass(frozen=True)
+class ModelVariant(Variant):
+    knob: tuple[str, int] = ("", 0)  # the component and the index of its knob in its family
+
+
+# A full search runs the model about 50 times: once per test function (and implementation); the cases
+# of the same function then try only the knobs that fitted the first.
+_SEARCHED: dict[str, list[tuple[str, int]] | None] = {}
+
+
+def model_variants(compute, reference, args, *, memo: str | None = None) -> list:
+    """``checks.Variant``s: the reference computation with one component's knob turned.
+
+    ``memo``: a key (test function and implementation); after the first search under a key, only the
+    knobs that fitted then are offered again.
+    """
+    known = _SEARCHED.get(memo) if memo else None
+    found = []
+    for name in PARTS:
+        try:
+            family = _family(name, compute, reference, args)
+        except Exception:  # noqa: BLE001 - a family that cannot bind these calls says nothing
+            continue
+        for i, v in enumerate(family):
+            if memo in _SEARCHED and (known is None or (name, i) not in known):
+                continue
+
+            def run(ref, *a, name=name, i=i):
+                with torch.no_grad(), ref.substituted({name: _variant_fn(name, i, ref.rope_style)}):
+                    return compute(ref, *a)
+
+            summary = f"{v.summary} (in the model's {name.replace('_', ' ')})"
+            found.append(ModelVariant(v.code, summary, v.fix, run, (name, i)))
+    return found
+
+
+def remember(memo: str | None, fitting) -> None:
+    """Record which model knobs fitted the first search under ``memo`` (None: none did)."""
+    if memo and memo not in _SEARCHED:
+        _SEARCHED[memo] = [v.knob for v in fitting] or None
