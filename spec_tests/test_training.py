@@ -1,6 +1,7 @@
 """Training and evaluation: batches, one optimisation step, the tiny training loop, and
 token-weighted evaluation."""
 
+import itertools
 import math
 
 import numpy as np
@@ -291,6 +292,39 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
         tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 1e-3"),
         behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
         "AdamW(lr=1e-3) steps",
+    )
+
+
+@judges("train", uses=("build_model", "forward"))
+@pytest.mark.bug_class("unshifted_labels", "training")
+def test_train_losses_are_next_token_losses(spec, family):
+    """Each loss train returns is that of a batch of get_batch windows predicting the next token: on the cycle
+    1, 2, 3, 1, 2, 3, ... its first loss (before any update) is the mean of four windows' losses, each window being
+    one of the cycle's three rotations (protocol: train, get_batch, train_step).
+
+    The 15 possible means are computed with the implementation's own forward; which one train drew depends on its
+    random windows, which the protocol leaves to the implementation. Targets taken one token behind (x and y
+    swapped), or unshifted, give none of them.
+    """
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=70, device=spec.device)
+    data = torch.tensor([1, 2, 3] * 14)
+    model = models.build(spec.impl, config, sd, training=True)
+    first = float(spec.impl.train(model, data, steps=1, batch_size=4, context_length=10)[0])
+    fresh = models.build(spec.impl, config, sd)
+    rotations = []
+    for r in range(3):
+        x, y = data[r : r + 10][None].to(spec.device), data[r + 1 : r + 11].to(spec.device)
+        logits = spec.impl.forward(fresh, x)[0].double()
+        rotations.append(float(F.cross_entropy(logits, y)))
+    means = sorted({sum(c) / 4 for c in itertools.combinations_with_replacement(rotations, 4)})
+    nearest = min(means, key=lambda m: abs(m - first))
+    spec.close(
+        first,
+        nearest,
+        kind="model",
+        behaviour="train's first loss on the 3-cycle is the mean of four next-token window losses "
+        f"(rotation losses {[round(v, 4) for v in rotations]})",
     )
 
 
