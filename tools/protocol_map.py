@@ -570,8 +570,8 @@ CLAUSES: list[Clause] = [
         ties="n/a: as sampling_probs",
         padding="n/a: as sampling_probs",
         state={
-            SAM + "test_sample_is_reproducible_per_generator": "two draws with one seed in a row (the global RNG "
-            "moves between them)",
+            SAM + "test_sample_is_reproducible_per_generator": "two draws in a row from generators seeded alike (a "
+            "sampler reading the global RNG draws differently)",
             SAM + "test_greedy_sample_leaves_the_generator_alone": "temperature 0 does not consume the generator",
         },
         paths={
@@ -705,7 +705,8 @@ CLAUSES: list[Clause] = [
         state={
             GEN + "test_generate_restores_the_mode": "a model in train or eval mode",
             GEN + "test_generation_ignores_dropout": "training mode with dropout 0.5",
-            GEN + "test_sampled_generation_is_reproducible": "the global RNG moved between two seeded runs",
+            GEN + "test_sampled_generation_is_reproducible": "two runs with generators seeded alike (a sampler "
+            "reading the global RNG differs)",
         },
         paths={
             GEN + "test_greedy_generation_follows_the_model": "with and without the cache",
