@@ -130,7 +130,7 @@ def format_goals(result: dict) -> str:
     for label, goals in result["goals"].items():
         lines.append(f"{label} (vs {result['hf_label']}), median [min] over interleaved rounds:")
         med, mn = goals["median"], goals["min"]
-        verdict = lambda key: "met" if med[key] else "not met"  # noqa: E731
+        verdict = lambda key, med=med: "met" if med[key] else "not met"  # noqa: E731
         lines.append(
             f"  training step / HF          {med['train_step_vs_hf']:.2f} [{mn['train_step_vs_hf']:.2f}]"
             f"   goal <= 1: {verdict('train_step_goal_met')}"

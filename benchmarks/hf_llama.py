@@ -11,8 +11,8 @@ from __future__ import annotations
 import inspect
 
 import torch
-from spec_adapters.hf_names import LLAMA_LAYER_NAMES
 from einops import rearrange
+from spec_adapters.hf_names import LLAMA_LAYER_NAMES
 
 
 def available() -> bool:

@@ -1,4 +1,4 @@
-"""Benchmark-backed performance checks a grader can award points for (issue 6).
+"""Benchmark-backed performance checks a grader can award points for.
 
     from benchmarks.perf_checks import run_perf_checks, leaderboard_entries
     checks = run_perf_checks(impl, device="cpu")          # list of dicts, see PerfCheck

@@ -39,6 +39,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     drop_sorted = mass_before >= p - 16 * torch.finfo(probs.dtype).eps
+    drop_sorted[..., 0] = False  # the top token always stays, however small p (even below the allowance)
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

@@ -12,18 +12,6 @@ from __future__ import annotations
 import torch
 
 
-def rotate(x: torch.Tensor, delta: int, theta: float, style: str) -> torch.Tensor:
-    """``x [..., d]`` with channel pair ``i`` turned by ``delta * theta**(-2i/d)`` (protocol: RoPE)."""
-    d = x.shape[-1]
-    angle = delta * theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    a, b = (x[..., 0::2], x[..., 1::2]) if style == "interleaved" else (x[..., : d // 2], x[..., d // 2 :])
-    ra, rb = a * cos - b * sin, a * sin + b * cos
-    if style == "interleaved":
-        return torch.stack((ra, rb), dim=-1).flatten(-2)
-    return torch.cat((ra, rb), dim=-1)
-
-
 def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, *, use_cache: bool):
     """Greedy continuation by the implementation's own forward: ``[B, T + n]``.
 
@@ -54,13 +42,43 @@ def windows(n_tokens: int, context_length: int) -> list[tuple[int, int]]:
     return spans
 
 
-def evaluate_teacher(impl, model, data: torch.Tensor, context_length: int, device: str = "cpu") -> dict[str, float]:
-    """``{"loss", "perplexity"}`` as the protocol defines them, from the model's own logits."""
-    total = torch.zeros((), dtype=torch.float64)
-    for start, length in windows(len(data), context_length):
+def evaluate_teacher(
+    impl,
+    model,
+    data: torch.Tensor,
+    context_length: int,
+    device: str = "cpu",
+    *,
+    batch_size: int = 8,
+    reduction: str = "tokens",
+) -> dict[str, float]:
+    """``{"loss", "perplexity"}`` as the protocol defines them, from the model's own logits.
+
+    ``reduction`` other than ``"tokens"`` (the protocol's total NLL / predicted tokens) gives the
+    usual mistakes, for diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"``
+    (mean of per-batch means, ``batch_size`` full windows to a batch and the short last window on its
+    own, as code that cannot stack windows of two lengths does), ``"drop_last"`` (the short last window
+    left out), ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1).
+    """
+    nll = []
+    spans = windows(len(data), context_length)
+    for start, length in spans:
         x = data[start : start + length][None].long().to(device)
         y = data[start + 1 : start + length + 1].long()
-        logits = impl.forward(model, x)[0].double().cpu()
-        total += -torch.log_softmax(logits, dim=-1).gather(-1, y[:, None]).sum()
-    loss = float(total / (len(data) - 1))
+        logits = impl.forward(model, x)[0].detach().double().cpu()
+        nll.append(-torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0])
+    if reduction == "window_means":
+        loss = float(torch.stack([n.mean() for n in nll]).mean())
+    elif reduction == "batch_means":  # full windows batch_size at a time, the short last one on its own
+        full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
+        batches = [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)]
+        batches += [n for n, (_, length) in zip(nll, spans) if length != context_length]
+        loss = float(torch.stack([b.mean() for b in batches]).mean())
+    elif reduction == "drop_last":
+        kept = [n for n, (_, length) in zip(nll, spans) if length == context_length] or nll
+        loss = float(torch.cat(kept).mean())
+    elif reduction == "all_tokens":
+        loss = float(torch.cat(nll).sum() / len(data))
+    else:
+        loss = float(torch.cat(nll).sum() / (len(data) - 1))
     return {"loss": loss, "perplexity": float(torch.tensor(loss, dtype=torch.float64).exp())}

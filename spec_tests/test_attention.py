@@ -35,7 +35,8 @@ def kv_heads(spec, grouped: int = S.H_KV) -> int:
 @pytest.mark.bug_class("causal_mask")
 @pytest.mark.parametrize("t_q,t_k", [(S.T, S.T), (4, S.T), (1, S.T), (S.T, S.T + 6)])
 def test_causal_mask_bottom_right(spec, t_q, t_k):
-    """causal_mask(t_q, t_k) is bool [t_q, t_k], True where j <= i + (t_k - t_q) (protocol: Conventions, bottom-right aligned)."""
+    """causal_mask(t_q, t_k) is bool [t_q, t_k], True where j <= i + (t_k - t_q) (protocol: Conventions, bottom-right
+    aligned)."""
     mask = spec.impl.causal_mask(t_q, t_k, device=spec.device)
     spec.require(
         isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,
@@ -56,7 +57,8 @@ def test_causal_mask_bottom_right(spec, t_q, t_k):
 @pytest.mark.bug_class("gqa")
 @pytest.mark.parametrize("n_rep", [S.n_rep, 1])
 def test_repeat_kv_interleaves(spec, n_rep):
-    """repeat_kv gives head h the kv head h // n_rep (repeat_interleave, not tile) (course notes: GQA head repetition wrong)."""
+    """repeat_kv gives head h the kv head h // n_rep (repeat_interleave, not tile) (course notes: GQA head repetition
+    wrong)."""
     if n_rep > 1:
         spec.impl.require_capability("gqa")
     x = spec.inputs.per_head(S.B, S.H_KV, S.T, S.D_HEAD, seed=51)
@@ -72,7 +74,8 @@ def test_repeat_kv_interleaves(spec, n_rep):
 @judges("scaled_dot_product_attention")
 @pytest.mark.bug_class("attention_scale", "softmax_dim", "mask_broadcast")
 def test_sdpa_matches_reference(spec, dtype):
-    """Attention is softmax over keys of q k^T / sqrt(d_head), masked, times v (course notes: attention equation; why divide by sqrt(d_k); symptoms table: learning stalls, scores not scaled)."""
+    """Attention is softmax over keys of q k^T / sqrt(d_head), masked, times v (course notes: attention equation; why
+    divide by sqrt(d_k); symptoms table: learning stalls, scores not scaled)."""
     q, k, v = qkv(spec, S.B, S.H, S.H, S.T, S.T, S.D_HEAD, seed=52, dtype=dtype)
     spec.call(
         "scaled_dot_product_attention",
@@ -100,7 +103,8 @@ def test_sdpa_matches_reference(spec, dtype):
 @judges("scaled_dot_product_attention")
 @pytest.mark.bug_class("mask_broadcast")
 def test_sdpa_mask_broadcast(spec):
-    """A mask broadcast over batch and heads masks keys of each query row; a [B, 1, Tq, Tk] padding mask differs per sequence (course notes: mask broadcast shape wrong; protocol: scaled_dot_product_attention)."""
+    """A mask broadcast over batch and heads masks keys of each query row; a [B, 1, Tq, Tk] padding mask differs per
+    sequence (course notes: mask broadcast shape wrong; protocol: scaled_dot_product_attention)."""
     t_q, t_k = 5, S.T
     q, k, v = qkv(spec, S.B, S.H, S.H, t_q, t_k, S.D_HEAD, seed=53)
     lengths = torch.tensor([t_k, t_k - 3, t_k - 6])  # each sequence hides a different tail of keys
@@ -132,7 +136,8 @@ def test_sdpa_mask_broadcast(spec):
 @pytest.mark.bug_class("gqa")
 @pytest.mark.parametrize("h_kv", [S.H_KV, 1], ids=["gqa", "mqa"])
 def test_sdpa_gqa_mapping(spec, dtype, h_kv):
-    """With GQA, query head h attends with kv head h // (H / H_kv), T_q != T_k; one kv head is multi-query attention (protocol: Conventions, GQA)."""
+    """With GQA, query head h attends with kv head h // (H / H_kv), T_q != T_k; one kv head is multi-query attention
+    (protocol: Conventions, GQA)."""
     spec.impl.require_capability("gqa")
     t_q = 6
     q, k, v = qkv(spec, S.B, S.H, h_kv, t_q, S.T, S.D_HEAD, seed=55, dtype=dtype)
@@ -154,7 +159,8 @@ def test_sdpa_gqa_mapping(spec, dtype, h_kv):
 @pytest.mark.parametrize("block_size", [1, 4, 5, 64])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_flash_attention_matches_reference(spec, block_size, causal):
-    """flash_attention equals exact attention for any block size, T not a multiple of it, GQA where supported, T_q != T_k (course notes: is Flash Attention approximate? no)."""
+    """flash_attention equals exact attention for any block size, T not a multiple of it, GQA where supported, T_q !=
+    T_k (course notes: is Flash Attention approximate? no)."""
     q, k, v = qkv(spec, S.B, S.H, kv_heads(spec), 7, S.T + 4, S.D_HEAD, seed=56)
     spec.call(
         "flash_attention",
@@ -173,7 +179,8 @@ def test_flash_attention_matches_reference(spec, block_size, causal):
 @pytest.mark.bug_class("flash")
 @given(shape=attention_shapes(), seed=seeds, block_size=st.integers(1, 9), causal=st.booleans())
 def test_flash_equals_naive_attention(spec, shape, seed, block_size, causal):
-    """The implementation's flash_attention equals its own masked attention for any shape and block size (course notes: running (max, sum) keeps it exact)."""
+    """The implementation's flash_attention equals its own masked attention for any shape and block size (course notes:
+    running (max, sum) keeps it exact)."""
     b, h, h_kv, t_q, t_k, d = shape
     if "gqa" not in spec.impl.capabilities:
         h_kv = h
@@ -220,7 +227,8 @@ def test_attention_defaults(spec):
 @judges("flash_attention")
 @pytest.mark.bug_class("flash", "stability")
 def test_flash_attention_stable_for_large_scores(spec):
-    """flash_attention rescales its running max, so scores near 1e4 stay finite and right (course notes: running (max, sum))."""
+    """flash_attention rescales its running max, so scores near 1e4 stay finite and right (course notes: running (max,
+    sum))."""
     q, k, v = qkv(spec, 2, 4, 2 if "gqa" in spec.impl.capabilities else 4, 9, 9, 8, seed=57)
     spec.call(
         "flash_attention",
@@ -249,7 +257,8 @@ def mha_weights(spec, h, h_kv, *, seed, dtype=torch.float64):
 @pytest.mark.bug_class("layout", "gqa")
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_multihead_attention_layout(spec, dtype, grouped):
-    """Heads are split head-major from projection rows and merged back with a transpose before the reshape (course notes: wrong layout after reshape/transpose)."""
+    """Heads are split head-major from projection rows and merged back with a transpose before the reshape (course
+    notes: wrong layout after reshape/transpose)."""
     if grouped:
         spec.impl.require_capability("gqa")
     h_kv = S.H_KV if grouped else S.H
@@ -271,7 +280,8 @@ def test_multihead_attention_layout(spec, dtype, grouped):
 @pytest.mark.bug_class("rope", "rope_on_values")
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_multihead_attention_with_rope(spec, grouped):
-    """With theta, RoPE rotates queries and keys (never values) at the given positions (course notes: RoPE applied to values)."""
+    """With theta, RoPE rotates queries and keys (never values) at the given positions (course notes: RoPE applied to
+    values)."""
     if grouped:
         spec.impl.require_capability("gqa")
     h_kv = S.H_KV if grouped else S.H
@@ -310,7 +320,8 @@ def test_multihead_attention_with_rope(spec, grouped):
 @pytest.mark.bug_class("causality")
 @given(seed=seeds, cut=st.integers(1, S.T - 1))
 def test_multihead_attention_is_causal(spec, seed, cut):
-    """Changing tokens after position t leaves attention outputs up to t bit-identical (course notes: causal masking; why -inf in the mask: future positions get zero weight)."""
+    """Changing tokens after position t leaves attention outputs up to t bit-identical (course notes: causal masking;
+    why -inf in the mask: future positions get zero weight)."""
     h_kv = kv_heads(spec)
     x = spec.inputs.randn(2, S.T, S.d_model, seed=seed)
     weights = mha_weights(spec, S.H, h_kv, seed=seed + 7)

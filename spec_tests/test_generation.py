@@ -35,7 +35,7 @@ def prompt_for(spec, cfg, t=PROMPT_T, seed=41, b=2):
     return spec.inputs.token_ids(b, t, vocab=cfg["vocab_size"], seed=seed)
 
 
-def check_tokens(spec, actual, expected, *, behaviour: str, causes=()) -> None:
+def check_tokens(spec, actual, expected, *, behaviour: str, causes=(), codes=()) -> None:
     spec.require(
         tuple(actual.shape) == tuple(expected.shape),
         behaviour=behaviour,
@@ -48,26 +48,28 @@ def check_tokens(spec, actual, expected, *, behaviour: str, causes=()) -> None:
             False,
             behaviour=behaviour,
             causes=causes,
+            codes=codes,
             found=f"first difference at sequence {b}, position {t}: expected token {int(expected[b, t])}, "
             f"got {int(actual[b, t])} ({len(diff)} tokens differ)",
         )
 
 
-def greedy_case(spec, config, seeds, t, n, *, use_cache, behaviour, causes=()):
+def greedy_case(spec, config, seeds, t, n, *, use_cache, behaviour, causes=(), codes=()):
     sd = models.random_state_dict(config, seed=seeds[0], device=spec.device)
     model = models.build(spec.impl, config, sd)
     prompt = prompt_for(spec, config, t=t, seed=seeds[1])
     out = spec.impl.generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
     check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
     want = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=use_cache)
-    check_tokens(spec, out, want, behaviour=behaviour, causes=causes)
+    check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
 
 
 @judges("generate", uses=("build_model", "forward", "new_cache"))
 @pytest.mark.bug_class("kv_cache", "sampling_order")
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_greedy_generation_follows_the_model(spec, config, use_cache):
-    """Greedy generation (temperature 0) picks the argmax of the model's own next-token logits, token for token, with and without the cache (protocol: generate; course notes: generation)."""
+    """Greedy generation (temperature 0) picks the argmax of the model's own next-token logits, token for token, with
+    and without the cache (protocol: generate; course notes: generation)."""
     greedy_case(
         spec,
         config,
@@ -124,7 +126,8 @@ def test_generate_rejects_an_empty_prompt(spec, family):
 @judges("generate", uses=("build_model", "forward", "new_cache"))
 @pytest.mark.bug_class("prompt_cropping")
 def test_long_prompt_is_cropped(spec, config):
-    """A prompt longer than context_length conditions on its last context_length tokens (symptoms table: crop to the last context_length tokens)."""
+    """A prompt longer than context_length conditions on its last context_length tokens (symptoms table: crop to the
+    last context_length tokens)."""
     ctx = config["context_length"]
     greedy_case(
         spec,
@@ -138,6 +141,7 @@ def test_long_prompt_is_cropped(spec, config):
             f"likely cause: the prompt is not cropped to its last {ctx} tokens before the forward pass "
             "(or the first ones are kept). Fix: ids[:, -context_length:]",
         ),
+        codes=("knob:window",),
     )
 
 
@@ -162,6 +166,7 @@ def test_generation_slides_past_the_context(spec, config):
                 "(or a full cache keeps growing). Fix: feed the last context_length tokens (and start a "
                 "fresh cache, since every position shifts)",
             ),
+            codes=("knob:window",),
         )
 
 
@@ -183,13 +188,15 @@ def test_generate_restores_the_mode(spec, family, mode):
             "likely cause: generate calls model.eval() (or model.train()) without restoring the "
             "modes it found. Fix: remember each module's mode and put it back in a finally block",
         ),
+        codes=("knob:mode",),
     )
 
 
 @judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("dropout_generation")
 def test_generation_ignores_dropout(spec, family):
-    """With dropout 0.5 and the model in training mode, generation equals generation in eval mode (course notes: dropout accidentally enabled during generation)."""
+    """With dropout 0.5 and the model in training mode, generation equals generation in eval mode (course notes:
+    dropout accidentally enabled during generation)."""
     config = models.family_config(spec.impl, family, dropout=0.5)
     sd = models.random_state_dict(config, seed=45, device=spec.device)
     model = models.build(spec.impl, config, sd)
@@ -207,13 +214,15 @@ def test_generation_ignores_dropout(spec, family):
             "likely cause: generate runs the model in training mode, so dropout is on. Fix: switch "
             "to eval mode (and restore the mode afterwards)",
         ),
+        codes=("knob:mode",),
     )
 
 
 @judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("sampling_order", "top_k")
 def test_generate_applies_sampling_filters(spec, config):
-    """generate samples from the filtered distribution: top_k=1, or a tiny top_p, is greedy whatever the temperature (course notes: sampling before the transforms)."""
+    """generate samples from the filtered distribution: top_k=1, or a tiny top_p, is greedy whatever the temperature
+    (course notes: sampling before the transforms)."""
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=51, device=spec.device))
     prompt = prompt_for(spec, config, seed=52)
     want = spec.impl.generate(model, prompt, 8, temperature=0.0)
@@ -270,6 +279,7 @@ def test_generate_samples_from_sampling_probs(spec, kw):
             "likely cause: generate samples from the raw (or only temperature-scaled) logits instead of "
             "sampling_probs. Fix: draw from the filtered distribution",
         ),
+        codes=("knob:sampling_order",),
     )
     bound = 5.5 * (probs * (1 - probs) / N_DRAWS).sqrt() + 4e-3
     worst = int(torch.argmax((freq - probs).abs() - bound))

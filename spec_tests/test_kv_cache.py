@@ -57,7 +57,8 @@ def check_chunks(spec, config, chunks, *, seed):
     ids=["token-by-token", "one-prefill", "prefill+decode+chunk", "chunked-prefill", "1+rest"],
 )
 def test_cached_logits_equal_full_forward(spec, config, chunks):
-    """Logits computed chunk by chunk through the cache equal one uncached forward: ids follow the cached tokens and positions continue from the cache length (protocol: forward with cache; course notes: KV cache)."""
+    """Logits computed chunk by chunk through the cache equal one uncached forward: ids follow the cached tokens and
+    positions continue from the cache length (protocol: forward with cache; course notes: KV cache)."""
     check_chunks(spec, config, chunks, seed=21)
 
 
@@ -72,7 +73,8 @@ def test_cache_equals_no_cache_for_any_chunking(spec, config, chunks):
 @judges("cache_kv", uses=("build_model", "forward", "new_cache"))
 @pytest.mark.bug_class("kv_cache", "rope_on_values")
 def test_cache_layout_rotated_keys_plain_values(spec, config):
-    """cache_kv(cache, layer) is [B, n_kv_heads, T_cached, d_head], appended in time order; keys are stored after RoPE and values as projected (course notes: KV cache concatenated along the wrong axis; protocol: KV cache).
+    """cache_kv(cache, layer) is [B, n_kv_heads, T_cached, d_head], appended in time order; keys are stored after RoPE
+    and values as projected (course notes: KV cache concatenated along the wrong axis; protocol: KV cache).
 
     The same token at positions 1 and 6 of a llama model: at layer 0 its value is the same at both
     positions (values carry no rotation), and its key differs between them while keeping its length
@@ -132,6 +134,7 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
                 "likely cause: the cache stores keys before RoPE (rotated later, or not at all). Fix: "
                 "rotate the new keys at their positions, then append them",
             ),
+            codes=("knob:cache_contents",),
         )
 
 

@@ -12,7 +12,8 @@ N = S.B * S.T
 
 @judges("cross_entropy")
 def test_cross_entropy_mean_nll(spec, dtype):
-    """cross_entropy is the mean negative log-likelihood of the targets, for logits [N, V] and [B, T, V] (protocol: cross_entropy, amendment 3)."""
+    """cross_entropy is the mean negative log-likelihood of the targets, for logits [N, V] and [B, T, V] (protocol:
+    cross_entropy, amendment 3)."""
     logits = spec.inputs.randn(N, S.V, seed=31, scale=3.0, dtype=dtype)
     targets = spec.inputs.token_ids(N, seed=32)
     spec.call("cross_entropy", logits, targets, behaviour="cross_entropy(logits [N, V], targets [N])", kind="loss")
@@ -29,7 +30,8 @@ def test_cross_entropy_mean_nll(spec, dtype):
 @judges("cross_entropy")
 @pytest.mark.bug_class("ignore_index")
 def test_cross_entropy_ignores_ignore_index(spec):
-    """Targets equal to ignore_index neither add loss nor count in the mean, also when rows of a batch hold different numbers of them (protocol: cross_entropy)."""
+    """Targets equal to ignore_index neither add loss nor count in the mean, also when rows of a batch hold different
+    numbers of them (protocol: cross_entropy)."""
     logits = spec.inputs.randn(N, S.V, seed=33, scale=3.0)
     targets = spec.inputs.token_ids(N, seed=34)
     targets[::3] = -100

@@ -11,7 +11,8 @@ pytestmark = pytest.mark.component("mlp")
 @judges("swiglu")
 @pytest.mark.bug_class("swiglu")
 def test_swiglu(spec, dtype):
-    """swiglu = (silu(x @ W_gate.T) * (x @ W_up.T)) @ W_down.T; only the gate goes through SiLU (course notes: SwiGLU)."""
+    """swiglu = (silu(x @ W_gate.T) * (x @ W_up.T)) @ W_down.T; only the gate goes through SiLU (course notes:
+    SwiGLU)."""
     x = spec.inputs.randn(S.B, S.T, S.d_model, seed=21, dtype=dtype)
     w_gate = spec.inputs.fan_in_weight(S.D_FF, S.d_model, seed=22, dtype=dtype)
     w_up = spec.inputs.fan_in_weight(S.D_FF, S.d_model, seed=23, dtype=dtype)
@@ -22,7 +23,8 @@ def test_swiglu(spec, dtype):
 @judges("gelu_mlp")
 @pytest.mark.bug_class("gelu")
 def test_gelu_mlp(spec, dtype):
-    """gelu_mlp = gelu_tanh(x @ W_fc.T + b_fc) @ W_proj.T + b_proj with the tanh-approximate GELU (protocol: gelu_mlp)."""
+    """gelu_mlp = gelu_tanh(x @ W_fc.T + b_fc) @ W_proj.T + b_proj with the tanh-approximate GELU (protocol:
+    gelu_mlp)."""
     x = spec.inputs.randn(S.B, S.T, S.d_model, seed=25, dtype=dtype)
     w_fc = spec.inputs.fan_in_weight(S.D_FF, S.d_model, seed=26, dtype=dtype) * 2
     b_fc = spec.inputs.randn(S.D_FF, seed=27, dtype=dtype)

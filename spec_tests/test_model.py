@@ -29,7 +29,8 @@ def ids_for(spec, cfg, b=3, t=11, seed=0):
 
 @judges("canonical_state_dict", uses=("build_model",))
 def test_canonical_state_dict_roundtrip(spec, config):
-    """build_model(config, sd) loads canonical weights and canonical_state_dict returns them unchanged (protocol: canonical weight names; amendment 1: copied exactly)."""
+    """build_model(config, sd) loads canonical weights and canonical_state_dict returns them unchanged (protocol:
+    canonical weight names; amendment 1: copied exactly)."""
     sd = models.random_state_dict(config, seed=1, device=spec.device)
     got = spec.impl.canonical_state_dict(models.build(spec.impl, config, sd))
     spec.require(
@@ -43,7 +44,8 @@ def test_canonical_state_dict_roundtrip(spec, config):
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("layout", "attention_scale", "norm_placement", "rope", "gqa", "swiglu")
 def test_logits_match_reference(spec, config, dtype):
-    """Logits of a pre-norm decoder with the given canonical weights equal the reference's (course notes: decoder-only forward pass, add positions x = tok + pos; symptoms table: deep stack diverges, use pre-LN)."""
+    """Logits of a pre-norm decoder with the given canonical weights equal the reference's (course notes: decoder-only
+    forward pass, add positions x = tok + pos; symptoms table: deep stack diverges, use pre-LN)."""
     sd = models.random_state_dict(config, seed=2, dtype=dtype, device=spec.device)
     ids = ids_for(spec, config, seed=3)
     spec.check(
@@ -62,7 +64,8 @@ REQUIRED_KEYS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads
 
 @judges("build_model", uses=("forward",))
 def test_config_defaults(spec, family):
-    """Omitted config keys take protocol defaults: n_kv_heads = n_heads, rope_theta 10000, norm_eps 1e-5, tied, no dropout, family llama (protocol: Model)."""
+    """Omitted config keys take protocol defaults: n_kv_heads = n_heads, rope_theta 10000, norm_eps 1e-5, tied, no
+    dropout, family llama (protocol: Model)."""
     spec.impl.require_capability("tied_head")
     base = models.supported(spec.impl, models.LLAMA_MHA if family == "llama" else models.GPT2)
     minimal = {k: base[k] for k in REQUIRED_KEYS} | ({} if family == "llama" else {"family": "gpt2"})
@@ -82,7 +85,8 @@ def test_config_defaults(spec, family):
 @pytest.mark.bug_class("causality")
 @given(seed=seeds, cut=st.integers(1, 10))
 def test_future_tokens_do_not_change_earlier_logits(spec, config, seed, cut):
-    """Changing tokens from position t on leaves logits before t bit-identical (course notes: causal masking, symptom "model cheats")."""
+    """Changing tokens from position t on leaves logits before t bit-identical (course notes: causal masking, symptom
+    "model cheats")."""
     sd = models.random_state_dict(config, seed=4, device=spec.device)
     model = models.build(spec.impl, config, sd)
     ids = ids_for(spec, config, b=2, seed=seed)
@@ -101,7 +105,8 @@ def test_future_tokens_do_not_change_earlier_logits(spec, config, seed, cut):
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("batch_mixing")
 def test_batch_rows_are_independent(spec, config):
-    """Each sequence's logits are the same computed alone or in a batch of different sequences (course notes: shapes [B, T, ...])."""
+    """Each sequence's logits are the same computed alone or in a batch of different sequences (course notes: shapes
+    [B, T, ...])."""
     sd = models.random_state_dict(config, seed=5, device=spec.device)
     model = models.build(spec.impl, config, sd)
     ids = ids_for(spec, config, b=3, seed=6)
@@ -118,7 +123,8 @@ def loss_of(m, cfg, sd, ids):
 @judges("build_model", uses=("forward", "canonical_state_dict"))
 @pytest.mark.bug_class("tied_weights")
 def test_tied_head_is_the_embedding_parameter(spec, family):
-    """With tie_embeddings the LM head is the embedding Parameter itself, with gradients from both uses (symptoms table: weights copied, not shared).
+    """With tie_embeddings the LM head is the embedding Parameter itself, with gradients from both uses (symptoms
+    table: weights copied, not shared).
 
     The gradient is checked against a central difference of the model's own loss along random
     directions of the tied matrix, so this judges the tying whatever the rest of the model computes.
@@ -136,6 +142,7 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
             "likely cause: the LM head was given a copy of the embedding matrix. Fix: assign the "
             "same Parameter (lm_head.weight = tok_embeddings.weight)",
         ),
+        codes=("knob:tying",),
     )
     spec.require(
         facts["embedding"] is not None,
@@ -149,7 +156,7 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
     for k in range(2):
         direction = spec.inputs.randn(*weight.shape, seed=80 + k)
 
-        def slope(h):  # central difference of the model's own loss along the direction
+        def slope(h, direction=direction):  # central difference of the model's own loss along the direction
             at = [dict(sd, **{"tok_embeddings.weight": weight + s * h * direction}) for s in (1, -1)]
             return (loss_of(spec.impl, config, at[0], ids) - loss_of(spec.impl, config, at[1], ids)) / (2 * h)
 
@@ -163,6 +170,9 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
             numeric,
             tol=tol,
             behaviour="the tied matrix's gradient is the derivative through both uses (lookup and LM head)",
+            hint="likely cause: the gradient misses one of the tied matrix's two uses (the head uses a detached or "
+            "copied matrix, or the lookup does not reach the parameter). Fix: one Parameter, used by both",
+            hint_code="knob:tying",
         )
 
 
@@ -175,7 +185,8 @@ RESIDUAL = ("attn.wo.weight", "mlp.w_down.weight", "mlp.w_proj.weight")
 @judges("build_model", uses=("canonical_state_dict",))
 @pytest.mark.bug_class("init")
 def test_initialisation_statistics(spec, family):
-    """Fresh weights ~ N(0, 0.02), residual projections ~ N(0, 0.02/sqrt(2 n_layers)), norm weights 1, biases 0 (course notes: init std, residual projection scale)."""
+    """Fresh weights ~ N(0, 0.02), residual projections ~ N(0, 0.02/sqrt(2 n_layers)), norm weights 1, biases 0 (course
+    notes: init std, residual projection scale)."""
     base = INIT_CONFIG if family == "llama" else dict(INIT_CONFIG, family="gpt2", n_kv_heads=8)
     config = models.supported(spec.impl, base)
     sd = spec.impl.canonical_state_dict(spec.impl.build(config, None, seed=0))
@@ -229,7 +240,8 @@ GPT2_SMALL = dict(
 
 @judges("count_parameters", uses=("build_model",))
 def test_count_parameters_gpt2_small_on_meta(spec):
-    """GPT-2 small built on the meta device has 124,439,808 parameters (protocol: count_parameters; course notes: about 124M)."""
+    """GPT-2 small built on the meta device has 124,439,808 parameters (protocol: count_parameters; course notes: about
+    124M)."""
     spec.impl.require_family("gpt2")
     spec.impl.require_capability("tied_head")
     got = spec.impl.count_parameters(spec.impl.build(GPT2_SMALL, None, device="meta", dtype="float32"))
@@ -240,7 +252,8 @@ def test_count_parameters_gpt2_small_on_meta(spec):
 @pytest.mark.bug_class("memory")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["f32", "bf16", "f64"])
 def test_kv_cache_bytes(spec, dtype):
-    """kv_cache_bytes = 2 * n_layers * n_kv_heads * d_head * seq_len * batch * element size (course notes: KV bytes per token per layer; why GQA: it cuts KV cache memory by N/G)."""
+    """kv_cache_bytes = 2 * n_layers * n_kv_heads * d_head * seq_len * batch * element size (course notes: KV bytes per
+    token per layer; why GQA: it cuts KV cache memory by N/G)."""
     variants = dict(CONFIGS, llama_mqa_3_layers=dict(models.LLAMA_GQA, n_layers=3, n_kv_heads=1))
     if "gqa" not in spec.impl.capabilities:
         variants = {k: v for k, v in variants.items() if models.n_kv(v) == v["n_heads"]}
@@ -260,7 +273,8 @@ def test_kv_cache_bytes(spec, dtype):
 @judges("build_model")
 @pytest.mark.bug_class("validation")
 def test_config_errors_raise(spec, family):
-    """d_model % n_heads != 0, n_heads % n_kv_heads != 0 and an odd RoPE head dim raise ValueError (symptoms table: ValueError on d_model and n_heads)."""
+    """d_model % n_heads != 0, n_heads % n_kv_heads != 0 and an odd RoPE head dim raise ValueError (symptoms table:
+    ValueError on d_model and n_heads)."""
     base = models.family_config(spec.impl, family)
     bad = dict(base, d_model=base["d_model"] + 3)
     spec.raises(
@@ -290,7 +304,8 @@ def test_config_errors_raise(spec, family):
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("validation")
 def test_forward_past_context_raises(spec, family):
-    """More than context_length tokens in one forward raise ValueError; exactly context_length are accepted (symptoms table: seq_len exceeds max_context_length)."""
+    """More than context_length tokens in one forward raise ValueError; exactly context_length are accepted (symptoms
+    table: seq_len exceeds max_context_length)."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=10, device=spec.device))
     ctx = config["context_length"]

@@ -23,7 +23,8 @@ def rope_pairs(x: torch.Tensor, style: str) -> tuple[torch.Tensor, torch.Tensor]
 @judges("rope")
 @pytest.mark.bug_class("rope")
 def test_rope(spec, dtype):
-    """rope rotates channel pairs of the declared ROPE_STYLE by position * theta**(-2i/d_head), positions from 5 (course notes: RoPE, base 10000)."""
+    """rope rotates channel pairs of the declared ROPE_STYLE by position * theta**(-2i/d_head), positions from 5
+    (course notes: RoPE, base 10000)."""
     x = spec.inputs.per_head(S.B, S.H, S.T, S.D_HEAD, seed=41, dtype=dtype)
     pos = spec.inputs.positions(S.T)
     spec.call("rope", x, pos, behaviour="rope(x [B, H, T, d_head], positions [T])", kind="positions", axes="b h t d")
@@ -42,7 +43,8 @@ def test_rope_honours_theta(spec):
 @judges("rope")
 @pytest.mark.bug_class("rope")
 def test_rope_positions_scattered_and_broadcast(spec):
-    """rope accepts non-contiguous positions [T] and per-sequence positions broadcastable to x.shape[:-1] (protocol: rope)."""
+    """rope accepts non-contiguous positions [T] and per-sequence positions broadcastable to x.shape[:-1] (protocol:
+    rope)."""
     x = spec.inputs.per_head(S.B, S.H, S.T, S.D_HEAD, seed=42)
     scattered = spec.inputs.scattered_positions(S.T, seed=43)
     spec.call("rope", x, scattered, behaviour="rope at scattered positions", kind="positions", axes="b h t d")
@@ -101,7 +103,8 @@ def test_rope_frequencies(spec):
 @pytest.mark.bug_class("rope")
 @given(seed=seeds, shift=st.integers(-40, 40))
 def test_rope_scores_depend_only_on_relative_position(spec, seed, shift):
-    """<rope(q, m), rope(k, n)> depends only on m - n: shifting both positions leaves scores unchanged (course notes: RoPE intuition)."""
+    """<rope(q, m), rope(k, n)> depends only on m - n: shifting both positions leaves scores unchanged (course notes:
+    RoPE intuition)."""
     q = spec.inputs.per_head(1, 2, S.T, S.D_HEAD, seed=seed)
     k = spec.inputs.per_head(1, 2, S.T, S.D_HEAD, seed=seed + 1)
     pos = spec.inputs.scattered_positions(S.T, seed=seed, high=200) + 50

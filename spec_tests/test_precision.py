@@ -9,8 +9,8 @@ Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else f
 import pytest
 
 from . import models, oracles
-from .harness.markers import judges
 from .harness.compare import mismatch
+from .harness.markers import judges
 from .harness.tolerances import EXACT, tolerance
 from .inputs import S
 from .protocol import COMPONENT_OF
@@ -104,7 +104,15 @@ def test_float64_computed_in_float64(spec, name):
     ground truth in float64; amendment 11)."""
     args, kwargs = inputs_for(spec, name)
     math_first(spec, name, lambda m, *a: getattr(m, name)(*a, **kwargs), args)
-    spec.call(name, *args, tol=EXACT, hint=CAUSE, behaviour=f"{name} of float64 inputs, to float64 rounding", **kwargs)
+    spec.call(
+        name,
+        *args,
+        tol=EXACT,
+        hint=CAUSE,
+        hint_code="precision",
+        behaviour=f"{name} of float64 inputs, to float64 rounding",
+        **kwargs,
+    )
 
 
 def math_first(spec, name, compute, args):
@@ -121,7 +129,8 @@ def math_first(spec, name, compute, args):
 
 @pytest.mark.parametrize("name", [_param("forward", uses=("build_model",))])
 def test_float64_model_computed_in_float64(spec, name):
-    """A float64 model's logits are computed in float64 (protocol: Conventions, ground truth in float64; amendment 11)."""
+    """A float64 model's logits are computed in float64 (protocol: Conventions, ground truth in float64;
+    amendment 11)."""
     config = models.family_config(spec.impl, spec.impl.families[0])
     sd = models.random_state_dict(config, seed=114, device=spec.device)
     ids = spec.inputs.token_ids(3, 11, vocab=config["vocab_size"], seed=115)
@@ -137,6 +146,7 @@ def test_float64_model_computed_in_float64(spec, name):
         tol=EXACT,
         axes="b t v",
         hint=CAUSE,
+        hint_code="precision",
         behaviour=f"logits of a float64 {config['family']} model, to float64 rounding",
     )
 

@@ -43,7 +43,8 @@ def test_embedding_lookup(spec):
 @pytest.mark.bug_class("softmax_dim")
 @pytest.mark.parametrize("dim", [-1, 0, 1], ids=["last", "first", "middle"])
 def test_softmax_over_given_dim(spec, dim):
-    """softmax normalises over the dim it is given, and only that one (course notes: softmax over the wrong dimension)."""
+    """softmax normalises over the dim it is given, and only that one (course notes: softmax over the wrong
+    dimension)."""
     x = spec.inputs.randn(S.B, S.T, S.V, seed=6, scale=3.0)
     spec.call("softmax", x, dim=dim, behaviour=f"softmax(x, dim={dim}) sums to 1 along dim {dim}", axes="b t v")
 

@@ -36,7 +36,8 @@ def batch_logits(spec, seed: int, rows: int = 4) -> torch.Tensor:
 @pytest.mark.bug_class("sampling_order", "top_k", "top_p")
 @pytest.mark.parametrize("kw", SETTINGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_sampling_probs_match_reference(spec, kw):
-    """sampling_probs divides by temperature, keeps the top-k logits, keeps the top-p nucleus of that distribution and renormalises (protocol: sampling_probs)."""
+    """sampling_probs divides by temperature, keeps the top-k logits, keeps the top-p nucleus of that distribution and
+    renormalises (protocol: sampling_probs)."""
     spec.call(
         "sampling_probs",
         batch_logits(spec, 31),
@@ -49,7 +50,8 @@ def test_sampling_probs_match_reference(spec, kw):
 @judges("sampling_probs", "sample")
 @pytest.mark.parametrize("shape", [(S.V,), (2, 3, S.V)], ids=["[V]", "[B,T,V]"])
 def test_sampling_probs_any_leading_shape(spec, shape):
-    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own (protocol: sampling_probs)."""
+    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own (protocol:
+    sampling_probs)."""
     logits = spec.inputs.randn(*shape, seed=37, scale=2.0)
     spec.call(
         "sampling_probs",
@@ -79,7 +81,8 @@ def test_sampling_probs_any_leading_shape(spec, shape):
 @judges("sampling_probs")
 @pytest.mark.bug_class("sampling_order")
 def test_top_p_uses_temperature_scaled_distribution(spec):
-    """The nucleus is taken from the temperature-scaled distribution: at temperature 2 more tokens are needed to reach top_p (course notes: sampling before the temperature/top-p transforms)."""
+    """The nucleus is taken from the temperature-scaled distribution: at temperature 2 more tokens are needed to reach
+    top_p (course notes: sampling before the temperature/top-p transforms)."""
     logits = spec.inputs.probs_to_logits([0.6, 0.25, 0.1, 0.05])
     probs = spec.impl.sampling_probs(logits, temperature=2.0, top_p=0.75)
     # At T=1 the top two tokens hold 0.85 >= 0.75; at T=2 the probabilities become
@@ -118,7 +121,8 @@ def test_top_k_keeps_exactly_k(spec, k):
 @pytest.mark.bug_class("top_p")
 @pytest.mark.parametrize("top_p,n_kept", [(0.8 - 1e-4, 2), (0.8 + 1e-4, 3), (0.5 - 1e-4, 1), (0.5 + 1e-4, 2), (1.0, 4)])
 def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
-    """Nucleus = smallest top set whose mass reaches top_p; the token that crosses top_p is kept (protocol: sampling_probs).
+    """Nucleus = smallest top set whose mass reaches top_p; the token that crosses top_p is kept (protocol:
+    sampling_probs).
 
     On [0.5, 0.3, 0.12, 0.08] the masses 0.5 and 0.8 are boundaries; p is set 1e-4 either side, far
     outside float32 rounding (~1e-7), so the answer does not depend on how sums are rounded (amendment 2).
@@ -179,10 +183,11 @@ def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
 
 @judges("sampling_probs")
 @pytest.mark.bug_class("top_p")
-@given(seed=seeds, top_p=st.floats(1e-6, 1e-3))
-def test_at_least_one_token_kept(spec, seed, top_p):
-    """However small top_p, the most probable token is kept (protocol: at least one token always kept)."""
-    logits = batch_logits(spec, seed % 1000)
+@given(seed=seeds, top_p=st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3]), float32=st.booleans())
+def test_at_least_one_token_kept(spec, seed, top_p, float32):
+    """However small top_p (below float32 rounding too), the most probable token is kept (protocol: at least one
+    token always kept)."""
+    logits = batch_logits(spec, seed % 1000).to(torch.float32 if float32 else torch.float64)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
     top = logits.argmax(dim=-1)
     spec.require(
@@ -194,7 +199,8 @@ def test_at_least_one_token_kept(spec, seed, top_p):
 
 @judges("sampling_probs", "sample")
 def test_temperature_zero_is_argmax(spec):
-    """temperature 0 gives a one-hot distribution at the argmax, and sample returns the argmax (protocol: sampling_probs; amendment 4)."""
+    """temperature 0 gives a one-hot distribution at the argmax, and sample returns the argmax (protocol:
+    sampling_probs; amendment 4)."""
     logits = batch_logits(spec, 33)
     probs = spec.impl.sampling_probs(logits, temperature=0.0)
     want = torch.nn.functional.one_hot(logits.argmax(-1), S.V).to(probs.dtype)
@@ -212,47 +218,47 @@ def test_temperature_zero_is_argmax(spec):
     )
 
 
-@judges("sample")
-def test_greedy_sample_leaves_the_generator_alone(spec):
-    """sample at temperature 0 returns the argmax without consuming the generator: its state is unchanged
-    (protocol: sample; amendment 4)."""
-    logits = batch_logits(spec, 38)
-    gen = torch.Generator(spec.device).manual_seed(11)
-    untouched = torch.Generator(spec.device).manual_seed(11).get_state()
-    ids = spec.impl.sample(logits, temperature=0.0, generator=gen)
-    spec.require(
-        torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
-        behaviour="sample(temperature=0, generator=g) returns the argmax",
-        found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
-    )
-    spec.require(
-        torch.equal(gen.get_state(), untouched),
-        behaviour="sample(temperature=0, generator=g) leaves g's state as it was",
-        found="the generator's state changed: a random draw was made for a one-hot distribution",
-        causes=("likely cause: sample draws (torch.multinomial) even at temperature 0. Fix: return the argmax",),
-    )
-
-
-@judges("sampling_probs", "sample")
 @pytest.mark.bug_class("validation")
 @pytest.mark.parametrize(
     "kw",
     [dict(temperature=-0.5), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5), dict(top_p=-0.1)],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
-def test_invalid_arguments_raise(spec, kw):
-    """temperature < 0, top_k < 1 and top_p outside (0, 1] raise ValueError in sampling_probs and sample
-    (protocol: sampling_probs)."""
+@pytest.mark.parametrize("fn", [pytest.param(f, marks=judges(f), id=f) for f in ("sampling_probs", "sample")])
+def test_invalid_arguments_raise(spec, kw, fn):
+    """temperature < 0, top_k < 1 and top_p outside (0, 1] raise ValueError (protocol: sampling_probs)."""
     logits = batch_logits(spec, 34)
     value = str(next(iter(kw.values())))
-    for fn in ("sampling_probs", "sample"):
-        spec.raises(
-            ValueError,
-            lambda fn=fn: getattr(spec.impl, fn)(logits, **kw),
-            subject=fn,
-            mention=(value,),
-            behaviour=f"{fn}({kw}) raises ValueError",
-        )
+    spec.raises(
+        ValueError,
+        lambda: getattr(spec.impl, fn)(logits, **kw),
+        subject=fn,
+        mention=(value,),
+        behaviour=f"{fn}({kw}) raises ValueError",
+    )
+
+
+@judges("sample")
+def test_greedy_sample_leaves_the_generator_alone(spec):
+    """sample at temperature 0 returns the argmax without consuming the generator (protocol: amendment 4)."""
+    logits = batch_logits(spec, 38)
+    gen = torch.Generator(spec.device).manual_seed(11)
+    before = gen.get_state().clone()
+    ids = spec.impl.sample(logits, temperature=0.0, generator=gen)
+    spec.require(
+        torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
+        behaviour="sample(temperature=0) is the argmax",
+        found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
+    )
+    spec.require(
+        torch.equal(gen.get_state(), before),
+        behaviour="sample(temperature=0) draws nothing from the generator",
+        found="the generator's state moved: a random draw was made",
+        causes=(
+            "likely cause: temperature 0 still samples (from a one-hot distribution). Fix: return the argmax directly",
+        ),
+        codes=("knob:temperature",),
+    )
 
 
 @judges("sample")
@@ -308,7 +314,8 @@ N_DRAWS = 40_000
     "kw", [dict(temperature=0.8, top_k=6), dict(temperature=1.5, top_p=0.8)], ids=["t0.8,top_k6", "t1.5,top_p0.8"]
 )
 def test_sample_frequencies_follow_sampling_probs(spec, kw):
-    """Token frequencies of 40,000 seeded draws match the protocol's distribution, and no token outside the kept set is ever drawn (protocol: sample).
+    """Token frequencies of 40,000 seeded draws match the protocol's distribution, and no token outside the kept set is
+    ever drawn (protocol: sample).
 
     Each frequency has standard error sqrt(p(1-p)/N) <= 0.0025; the test allows 5.5 standard
     errors per token (plus 1e-3), so a correct implementation fails with probability below 1e-6

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from . import models, oracles
+from .harness.checks import Variant
 from .harness.markers import judges
 from .harness.tolerances import EXACT, Tolerance
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.component("training")
 @pytest.mark.bug_class("unshifted_labels", "get_batch")
 @pytest.mark.parametrize("as_numpy", [True, False], ids=["numpy", "tensor"])
 def test_get_batch_windows_and_shift(spec, as_numpy):
-    """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on unshifted labels)."""
+    """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on
+    unshifted labels)."""
     data = np.arange(100, 160) if as_numpy else torch.arange(100, 160)
     x, y = spec.impl.get_batch(data, 5, 8, generator=torch.Generator().manual_seed(0), device=spec.device)
     spec.require(
@@ -131,12 +133,86 @@ def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
     return {"losses": losses, "weights": {k: v.detach() for k, v in leaves.items()}}
 
 
+def variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, *, targets="y", zero_grad=True, clip="before"):
+    """Two training steps of the reference's model with one knob changed (for diagnosis)."""
+    model = models.build(ref, cfg, sd)
+    opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
+    params, losses = list(model.parameters()), []
+    for _ in range(2):
+        model.train()
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        logits = ref.forward(model, x)
+        lg, tg = {"y": (logits, y), "twice": (logits[:, :-1], y[:, 1:]), "x": (logits, x)}[targets]
+        loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1))
+        loss.backward()
+        if max_grad_norm is not None and clip == "before":
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if max_grad_norm is not None and clip == "per_parameter":
+            for p in params:
+                torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
+        opt.step()
+        if max_grad_norm is not None and clip == "after":
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        losses.append(float(loss))
+    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
+
+
+def step_variants(cfg, optimizer, max_grad_norm):
+    def with_(**knob):
+        return lambda ref, sd, x, y: variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, **knob)
+
+    found = [
+        Variant(
+            "knob:label_shift",
+            "train_step shifts the already-shifted targets again (logits[:, :-1] against y[:, 1:])",
+            "y is x shifted one token ahead already: cross_entropy(logits, y)",
+            with_(targets="twice"),
+        ),
+        Variant(
+            "knob:label_shift",
+            "train_step scores the logits against x, the unshifted labels",
+            "score against the targets y",
+            with_(targets="x"),
+        ),
+        Variant(
+            "knob:zero_grad",
+            "gradients of the first step are still there in the second (no zero_grad)",
+            "optimizer.zero_grad() before each backward pass",
+            with_(zero_grad=False),
+        ),
+    ]
+    if max_grad_norm is not None:
+        found += [
+            Variant(
+                "knob:clipping",
+                "gradients are clipped after optimizer.step(), so the step is unclipped",
+                "clip_grad_norm_ between backward() and step()",
+                with_(clip="after"),
+            ),
+            Variant(
+                "knob:clipping",
+                "each parameter's gradient is clipped on its own, not by the global norm",
+                "one clip_grad_norm_(model.parameters(), max_grad_norm) over all of them",
+                with_(clip="per_parameter"),
+            ),
+            Variant(
+                "knob:clipping",
+                "gradients are not clipped",
+                "clip_grad_norm_(model.parameters(), max_grad_norm)",
+                with_(clip="never"),
+            ),
+        ]
+    return found
+
+
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("unshifted_labels", "gradient_clipping", "training", "tied_weights")
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no-clip", "clip0.5"])
 def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
-    """train_step's losses and updated weights over two steps equal the reference's with the same optimizer, clipping by global norm when asked (protocol: train_step)."""
+    """train_step's losses and updated weights over two steps equal the reference's with the same optimizer,
+    clipping by global norm when asked (protocol: train_step)."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=61, device=spec.device)
     ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
@@ -152,6 +228,7 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
             ("forward", "build_model"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
         ),
+        variants=step_variants(config, optimizer, max_grad_norm),
     )
 
 
@@ -185,7 +262,8 @@ def test_train_step_ignores_gradients_already_present(spec, family):
 @judges("train_step", uses=("build_model", "forward"))
 @pytest.mark.bug_class("dropout_generation", "training")
 def test_train_step_runs_in_training_mode(spec, family):
-    """train_step runs the forward pass in training mode, even for a model handed over in eval mode, however it routes its calls (protocol: train_step).
+    """train_step runs the forward pass in training mode, even for a model handed over in eval mode, however it
+    routes its calls (protocol: train_step).
 
     With dropout (capability "dropout"), the loss train_step returns differs from the eval-mode loss
     of the same weights; without it, every submodule that runs during the step must be in training mode.
@@ -230,9 +308,12 @@ CORPUS = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3] * 12)
 
 @judges("train", uses=("build_model",))
 @pytest.mark.bug_class("training")
-def test_tiny_model_overfits_tiny_corpus(spec, family):
-    """A small model trained with `train` memorises a repeating 16-token corpus (course notes: tiny training loop)."""
-    config = models.family_config(spec.impl, family, vocab_size=10, dropout=0.0)
+def test_tiny_model_overfits_tiny_corpus(spec):
+    """A small model trained with `train` memorises a repeating 16-token corpus (course notes: tiny training loop).
+
+    One family is enough (the loop is the same); the first the implementation supports.
+    """
+    config = models.family_config(spec.impl, spec.impl.families[0], vocab_size=10, dropout=0.0)
     model = spec.impl.build(config, None, dtype="float32", device=spec.device, seed=0, training=True)
     losses = spec.impl.train(model, CORPUS, steps=80, batch_size=8, context_length=16, lr=3e-3, seed=0)
     spec.require(len(losses) == 80, behaviour="train returns one loss per step", found=f"{len(losses)} losses")
@@ -249,7 +330,8 @@ def test_tiny_model_overfits_tiny_corpus(spec, family):
 @judges("train", uses=("build_model",))
 @pytest.mark.bug_class("training")
 def test_train_is_deterministic_for_a_seed(spec, family):
-    """`train` from the same weights with the same seed gives the same losses, and its default seed is 0 (protocol: train)."""
+    """`train` from the same weights with the same seed gives the same losses, and its default seed is 0 (protocol:
+    train)."""
     dropout = {"dropout": 0.1} if "dropout" in spec.impl.capabilities else {}
     config = models.family_config(spec.impl, family, **dropout)
     sd = models.random_state_dict(config, seed=65, dtype="float32", device=spec.device)
@@ -339,7 +421,9 @@ EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
     ids=["61/11/b2", "61/11/b8", "40/7/b3", "36/7/b4", "35/7/b2", "2-tokens"],
 )
 def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batch_size):
-    """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a short last one counts by its tokens), and perplexity = exp(loss) (course notes: evaluation loss and perplexity).
+    """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a
+    short last one counts by its tokens), and perplexity = exp(loss) (course notes: evaluation loss and
+    perplexity).
 
     Boundaries: 36 tokens / context 7 divide the 35 predictions into whole windows (no short one); 35 / 7 has a
     data length that is a multiple of the context; 2 tokens make one window of one prediction.
@@ -349,10 +433,43 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()[:n_tokens]
     got = spec.impl.evaluate(model, data, context_length, batch_size=batch_size)
     want = oracles.evaluate_teacher(spec.impl, model, data, context_length, spec.device)
+
+    def teacher(reduction):
+        return lambda: oracles.evaluate_teacher(
+            spec.impl, model, data, context_length, spec.device, batch_size=batch_size, reduction=reduction
+        )
+
+    variants = [
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-window means, so a short last window weighs like a full one",
+            "sum the NLL of every predicted token, divide by their number",
+            teacher("window_means"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-batch means",
+            "sum the NLL of every predicted token over all batches, divide by their number",
+            teacher("batch_means"),
+        ),
+        Variant(
+            "knob:window",
+            "the short last window is left out",
+            "keep the last, shorter window: every token after the first is predicted once",
+            teacher("drop_last"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the total NLL is divided by len(data) instead of the len(data) - 1 predicted tokens",
+            "divide by the number of predicted tokens",
+            teacher("all_tokens"),
+        ),
+    ]
     spec.close(
         got,
         want,
         kind="model",
+        variants=variants,
         behaviour=f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) "
         "= the model's own token-weighted loss",
     )
@@ -386,7 +503,8 @@ def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
 @judges("evaluate", uses=("build_model",))
 @pytest.mark.bug_class("evaluation", "dropout_generation")
 def test_evaluate_ignores_dropout(spec, family):
-    """evaluate of a model in training mode with dropout equals evaluate in eval mode (protocol: evaluate, no dropout)."""
+    """evaluate of a model in training mode with dropout equals evaluate in eval mode (protocol: evaluate, no
+    dropout)."""
     config = models.family_config(spec.impl, family, dropout=0.5)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=68, device=spec.device))
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()

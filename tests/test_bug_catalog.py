@@ -8,7 +8,6 @@ per bug); these checks are the fast structural ones.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures_bugs"
 NAMES = list(CATALOG)
 
-# The classes issue 4 asks the catalog to cover (course notes, symptoms table, and beyond).
+# The classes the catalog must cover (course notes, symptoms table, and beyond).
 REQUIRED_CLASSES = (
     "layout",
     "mask_broadcast",

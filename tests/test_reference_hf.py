@@ -200,7 +200,8 @@ def ids_for(vocab, batch, length, seed=0):
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_llama_logits_match_stock_hf(attn):
-    """Reference logits equal stock HF LlamaForCausalLM's within float32-island tolerance; wrong RoPE pairing does not."""
+    """Reference logits equal stock HF LlamaForCausalLM's within float32-island tolerance; wrong RoPE pairing does
+    not."""
     hf, sd = hf_llama(attn)
     ids = ids_for(61, 3, 17)
     with torch.no_grad():

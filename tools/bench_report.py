@@ -305,7 +305,7 @@ def goals_section(data: dict) -> str:
     if not lines:
         return ""
     return (
-        "## Goals (issue 6)\n\nVerdicts from medians; in brackets the same ratio from each run's fastest "
+        "## Goals\n\nVerdicts from medians; in brackets the same ratio from each run's fastest "
         "round.\n\n" + "\n".join(lines)
     )
 
@@ -315,7 +315,7 @@ def interleaved_goals_section(goals: dict) -> str:
     lines = []
     for label, g in goals.get("goals", {}).items():
         med, mn = g["median"], g["min"]
-        verdict = lambda key: "met" if med[key] else "not met"  # noqa: E731
+        verdict = lambda key, med=med: "met" if med[key] else "not met"  # noqa: E731
         ctx = sorted(med["decode_vs_hf"], key=int)
         lines += [
             f"- {label}: training step / HF {med['train_step_vs_hf']:.2f} (min {mn['train_step_vs_hf']:.2f}) -> "
@@ -333,7 +333,8 @@ def interleaved_goals_section(goals: dict) -> str:
     load = ", ".join(f"{x:.2f}" for x in load) if load else "unknown"
     return (
         "### Goals measured with interleaved rounds (`python -m benchmarks.goals`)\n\n"
-        f"Every round takes each contender and context in turn ({goals['train_step'][next(iter(goals['train_step']))]['rounds']} "
+        f"Every round takes each contender and context in turn "
+        f"({goals['train_step'][next(iter(goals['train_step']))]['rounds']} "
         f"training rounds, {next(iter(goals['decode'].values()))['rounds']} decode rounds, {goals.get('clock')}, "
         f"{goals.get('threads')} thread, load average {load}), so a burst of load on a shared "
         "machine falls on all of them alike; where these verdicts differ from the ones above, these are the "

@@ -68,6 +68,8 @@ class TestOutcome:
     ratio: float | None = None  # worst error / tolerance of the failing checks; None = categorical
     markers: list[str] = field(default_factory=list)
     named: list[str] = field(default_factory=list)  # catalogued bugs the failure's diagnosis names
+    codes: list[str] = field(default_factory=list)  # cause codes of the failing checks' diagnoses, ranked
+    causes: list[str] = field(default_factory=list)  # the diagnosis lines
 
 
 class Recorder:
@@ -105,7 +107,10 @@ class Recorder:
             {c.removeprefix("known_bug:") for r in failing for c in r.cause_codes if c.startswith("known_bug:")}
         )
         message = "\n".join(r.message() for r in failing)[:3000] or verdict.message
-        self.tests[report.nodeid] = TestOutcome(report.nodeid, file, status, message, ratio, named=named)
+        codes = [c for r in failing for c in r.cause_codes]
+        causes = [line for r in failing for line in r.causes]
+        self.tests[report.nodeid] = TestOutcome(report.nodeid, file, status, message, ratio, named=named, codes=codes,
+                                                causes=causes)  # fmt: skip
 
 
 _INITIAL_SEED = None

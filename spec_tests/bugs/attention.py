@@ -10,7 +10,7 @@ fused branch, which only the model uses.
 from __future__ import annotations
 
 from .bug import Bug
-from .model_components import CACHE, FORWARD, GENERATION, MODEL, MODEL_LLAMA
+from .model_components import CACHE, FORWARD, GENERATION, MODEL
 
 MHA = "multihead_self_attention"
 SDPA = "scaled_dot_product_attention"
@@ -133,7 +133,7 @@ BUGS = (
     Bug(
         "mha_rope_on_values",
         "rope_on_values",
-        (MHA, *MODEL_LLAMA),
+        (MHA, *MODEL),
         "attention.py",
         old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n",
         new="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n"
@@ -144,7 +144,7 @@ BUGS = (
     Bug(
         "mha_rope_q_only",
         "rope_q_only",
-        (MHA, *MODEL_LLAMA),
+        (MHA, *MODEL),
         "attention.py",
         old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n",
         new="",

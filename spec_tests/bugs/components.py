@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .bug import Bug
-from .model_components import MODEL, MODEL_GPT2, MODEL_LLAMA
+from .model_components import MODEL
 
 BUGS = (
     # ------------------------------------------------------------------ primitives
@@ -47,7 +47,7 @@ BUGS = (
     Bug(
         "rmsnorm_eps_outside_root",
         "rmsnorm",
-        ("rmsnorm", *MODEL_LLAMA),
+        ("rmsnorm", *MODEL),
         "norms.py",
         old="    normed = xf * torch.rsqrt(mean_last(xf * xf) + eps)",
         new="    normed = xf / (torch.sqrt(mean_last(xf * xf)) + eps)",
@@ -58,7 +58,7 @@ BUGS = (
     Bug(
         "layernorm_unbiased_variance",
         "layernorm",
-        ("layernorm", *MODEL_GPT2),
+        ("layernorm", *MODEL),
         "norms.py",
         old="    var = mean_last(centred * centred)",
         new="    var = centred.var(dim=-1, keepdim=True)",
@@ -80,7 +80,7 @@ BUGS = (
     Bug(
         "rope_frequency_exponent",
         "rope_frequency",
-        ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        ("rope", "multihead_self_attention", *MODEL),
         "positions.py",
         old="    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head",
         new="    exponents = torch.arange(0, d_head // 2, dtype=torch.float64) / d_head",
@@ -90,7 +90,7 @@ BUGS = (
     Bug(
         "rope_rotation_reversed",
         "rope",
-        ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        ("rope", "multihead_self_attention", *MODEL),
         "positions.py",
         old="    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)",
         new="    rotated = torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1)",
@@ -100,7 +100,7 @@ BUGS = (
     Bug(
         "rope_half_pairs_declared_interleaved",
         "rope",
-        ("rope", "multihead_self_attention", *MODEL_LLAMA),
+        ("rope", "multihead_self_attention", *MODEL),
         "positions.py",
         old="""    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
@@ -128,7 +128,7 @@ BUGS = (
     Bug(
         "swiglu_gate_up_swapped",
         "swiglu",
-        ("swiglu", *MODEL_LLAMA),
+        ("swiglu", *MODEL),
         "mlp.py",
         old="    return linear(silu(linear(x, w_gate), fused=fused) * linear(x, w_up), w_down)",
         new="    return linear(linear(x, w_gate) * silu(linear(x, w_up), fused=fused), w_down)",
@@ -138,7 +138,7 @@ BUGS = (
     Bug(
         "gelu_exact_instead_of_tanh",
         "gelu",
-        ("gelu_mlp", *MODEL_GPT2),
+        ("gelu_mlp", *MODEL),
         "mlp.py",
         old="    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))",
         new="    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))",

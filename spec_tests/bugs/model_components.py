@@ -1,7 +1,8 @@
-"""The ``component=`` names that the model-level spec tests pass to ``spec.check`` and ``require``.
+"""The groups of model-level checks a catalogued bug can change (a bug's ``components``).
 
-A mistake inside the model shows in every check downstream of a forward pass; these groups keep
-the catalog's ``components`` in step with the test files in one place.
+Diagnosis maps each check's subject to these groups (``CATALOG_GROUPS`` in
+``spec_tests/harness/diagnosis/catalog.py``). A mistake inside the model shows in every check
+downstream of a forward pass; the groups keep the catalog's ``components`` in one place.
 """
 
 from __future__ import annotations
@@ -16,5 +17,3 @@ INIT = ("init",)  # test_model: initialisation statistics
 
 # A mistake in the model's forward pass reaches every one of these.
 MODEL = FORWARD + CACHE + GENERATION + TRAINING + EVALUATION
-MODEL_LLAMA = MODEL  # mistakes only the llama family exercises (RMSNorm, RoPE, SwiGLU)
-MODEL_GPT2 = MODEL  # mistakes only the gpt2 family exercises (LayerNorm, GELU, learned positions)

@@ -13,8 +13,10 @@ BUGS = (
         "sampling.py",
         old="    probs = sampling_probs(logits, temperature, top_k, top_p)",
         new="    probs = sampling_probs(logits)",
-        explanation="sample draws from softmax(logits): temperature, top-k and top-p never reach the distribution sampled",
-        fix="sample from the transformed distribution: scale by 1/temperature, filter top-k and top-p, then softmax and draw",
+        explanation="sample draws from softmax(logits): temperature, top-k and top-p never reach the distribution "
+        "sampled",
+        fix="sample from the transformed distribution: scale by 1/temperature, filter top-k and top-p, then softmax "
+        "and draw",
     ),
     Bug(
         "top_p_before_temperature",
@@ -23,7 +25,8 @@ BUGS = (
         "sampling.py",
         old="        scaled = top_p_filter(scaled, top_p)",
         new='        scaled = scaled.masked_fill(top_p_filter(logits, top_p).isinf(), float("-inf"))',
-        explanation="the top-p nucleus is chosen from the untempered distribution softmax(logits), not softmax(logits / T)",
+        explanation="the top-p nucleus is chosen from the untempered distribution softmax(logits), not softmax(logits "
+        "/ T)",
         fix="divide by the temperature first, then choose the nucleus of that distribution",
         corner=True,
     ),
@@ -40,7 +43,8 @@ BUGS = (
         scaled = top_p_filter(scaled, top_p)
     if top_k is not None:
         scaled = top_k_filter(scaled, top_k)""",
-        explanation="the top-p nucleus is chosen from the full distribution before top-k, not from the renormalised top-k",
+        explanation="the top-p nucleus is chosen from the full distribution before top-k, not from the renormalised "
+        "top-k",
         fix="order: temperature, then top-k, then top-p on what top-k kept, then renormalise",
         corner=True,
     ),
@@ -51,8 +55,10 @@ BUGS = (
         "sampling.py",
         old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs",
         new="    mass_before = sorted_probs.cumsum(dim=-1)",
-        explanation="top-p drops the token whose probability makes the mass cross top_p (and everything, when the top token alone reaches it)",
-        fix="drop a token only when the mass of the tokens ranked above it already reaches top_p (shift the cumsum by one)",
+        explanation="top-p drops the token whose probability makes the mass cross top_p (and everything, when the top "
+        "token alone reaches it)",
+        fix="drop a token only when the mass of the tokens ranked above it already reaches top_p (shift the cumsum by "
+        "one)",
         corner=True,
     ),
     Bug(
@@ -73,7 +79,8 @@ BUGS = (
         "sampling.py",
         old="    scaled = logits / temperature",
         new="    scaled = logits * temperature",
-        explanation="logits are multiplied by the temperature, so a low temperature flattens the distribution instead of sharpening it",
+        explanation="logits are multiplied by the temperature, so a low temperature flattens the distribution instead "
+        "of sharpening it",
         fix="divide the logits by the temperature",
     ),
 )

@@ -13,7 +13,8 @@ BUGS = (
         "training.py",
         old="    x, y = tokens[offsets], tokens[offsets + 1]",
         new="    x, y = tokens[offsets], tokens[offsets]",
-        explanation="get_batch returns y equal to x, so the model learns to copy its input instead of predicting the next token",
+        explanation="get_batch returns y equal to x, so the model learns to copy its input instead of predicting the "
+        "next token",
         fix="y = data[start + 1 : start + 1 + context_length]: targets are the inputs shifted one token ahead",
     ),
     Bug(
@@ -23,7 +24,8 @@ BUGS = (
         "training.py",
         old="    starts = torch.randint(0, len(tokens) - context_length, (batch_size,), generator=generator)",
         new="    starts = torch.randint(0, len(tokens) - context_length - 1, (batch_size,), generator=generator)",
-        explanation="the last window start len - context_length - 1 is never drawn (randint's upper bound is exclusive)",
+        explanation="the last window start len - context_length - 1 is never drawn (randint's upper bound is "
+        "exclusive)",
         fix="torch.randint(0, len(data) - context_length, ...): starts 0 .. len - context_length - 1 inclusive",
         corner=True,
     ),
@@ -44,7 +46,8 @@ BUGS = (
         "training.py",
         old="    model.train()\n",
         new="",
-        explanation="train_step runs in whatever mode the model is in, so after evaluation dropout stays off while training",
+        explanation="train_step runs in whatever mode the model is in, so after evaluation dropout stays off while "
+        "training",
         fix="call model.train() at the start of every training step",
         corner=True,
     ),

@@ -14,6 +14,7 @@ Each records one ``CheckResult`` (``results.py``) and raises ``SpecFailure`` whe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +24,38 @@ from .results import CheckResult
 from .subject import ImplementationError, NotImplementedInImpl
 from .tolerances import Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The specified computation with one knob changed: if it reproduces a failing output, the
+    failure says so (``code`` from diagnosis/codes.py). ``compute`` takes what the check's compute
+    takes (``spec.check``: a reference-like subject and the float64 inputs) or nothing
+    (``spec.close``)."""
+
+    code: str
+    summary: str
+    fix: str
+    compute: Callable
+
+
+def variant_lines(variants, actual, tol: Tolerance, *args) -> tuple[list[str], list[str]]:
+    """Diagnosis lines and codes for the variants whose output matches ``actual``."""
+    found = []
+    for v in variants:
+        try:
+            out = v.compute(*args)
+        except Exception:  # noqa: BLE001 - a variant that cannot run cannot be the one
+            continue
+        if mismatch(actual, out, tol) is None:
+            found.append(v)
+    if len(found) > 1:
+        names = "; or ".join(v.summary for v in found)
+        return [f"likely cause (ambiguous, {len(found)} fit): {names}"], []
+    return [
+        f"likely cause: {v.summary}. Fix: {v.fix} (evidence: the output equals the specified one with this change)"
+        for v in found
+    ], [v.code for v in found]
 
 
 class SpecFailure(AssertionError):
@@ -42,7 +75,7 @@ class SpecFailure(AssertionError):
             return
         diagnose, self._diagnose = self._diagnose, None
         lines, codes = diagnose()
-        self.result.causes, self.result.cause_codes = [*self.result.causes, *lines], list(codes)
+        self.result.causes, self.result.cause_codes = [*self.result.causes, *lines], [*self.result.cause_codes, *codes]
         self.args = (self.result.message(),)
 
     def __str__(self) -> str:
@@ -116,6 +149,7 @@ class Spec:
         tol: Tolerance | None = None,
         axes: str | None = None,
         hint: str | None = None,
+        hint_code: str | None = None,
         **kwargs,
     ):
         """The implementation's ``name(*args, **kwargs)`` against the reference's; returns the actual value."""
@@ -130,6 +164,7 @@ class Spec:
             axes=axes,
             call=(name, kwargs),
             hint=hint,
+            hint_code=hint_code,
         )
 
     def check(
@@ -145,6 +180,8 @@ class Spec:
         call=None,
         rebase=None,
         hint: str | None = None,
+        hint_code: str | None = None,
+        variants=(),
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
 
@@ -154,6 +191,9 @@ class Spec:
         that cannot be swapped for correct ones) fail their own tests, ``own()`` gives what a correct
         subject computes on top of the implementation's own (failing) upstream. Matching it makes the
         failure a consequence of those names; not matching it leaves the failure charged here.
+
+        ``variants``: ``Variant``s whose ``compute(reference, *float64 args)`` is the specified
+        computation with one knob changed; one that reproduces the failing output is named.
         """
         pristine = clone_tensors(args)
         actual = compute(self.impl, *args)
@@ -170,9 +210,9 @@ class Spec:
         expected = self.expectations.value(key, lambda ref: compute(ref, *args64), args64)
         subject = subject or (self.subjects[0] if self.subjects else "")
         self.expectations.observe_check(key, subject, lambda bug: compute(bug, *pristine))
-        tol = self._tolerance(kind, args, tol)
-        if tolerance_measurement.enabled():
+        if tol is None and tolerance_measurement.enabled():  # only checks judged at a math tolerance
             tolerance_measurement.record(kind, self.test_id, actual, expected, floating_dtype(args))
+        tol = self._tolerance(kind, args, tol)
         found = mismatch(actual, expected, tol)
         result = self._result(subject, behaviour, kind="compare", tolerance=tol.describe())
         if found is None:
@@ -181,13 +221,17 @@ class Spec:
         result.note = shape_note(actual, expected)
         if hint:
             result.causes.append(hint)
+            result.cause_codes += [hint_code] if hint_code else []
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
+
+        reference = getattr(self.expectations, "reference", None)
 
         def diagnose():
             from .diagnosis import diagnose as run
 
-            return run(
+            lines, codes = variant_lines(variants, actual, tol, reference, *args64) if reference else ([], [])
+            more, more_codes = run(
                 subject=subject,
                 call=call,
                 args64=args64,
@@ -200,6 +244,7 @@ class Spec:
                     key, subject, lambda bug: compute(bug, *pristine), actual, tol
                 ),
             )
+            return lines + more, codes + more_codes
 
         raise SpecFailure(result, diagnose)
 
@@ -235,23 +280,33 @@ class Spec:
         kind: str | None = None,
         tol: Tolerance | None = None,
         axes: str | None = None,
+        variants=(),
+        hint: str | None = None,
+        hint_code: str | None = None,
     ):
-        """Compare two values the test computed (a relation); ``kind`` picks a math tolerance."""
+        """Compare two values the test computed (a relation); ``kind`` picks a math tolerance.
+
+        ``variants``: ``Variant``s whose ``compute()`` gives the related value with one knob changed.
+        """
+        if tol is None and kind and tolerance_measurement.enabled():
+            tolerance_measurement.record(kind, self.test_id, actual, expected)
         if tol is None:
             tol = self._tolerance(kind or "pointwise", expected, None)
-        if kind and tolerance_measurement.enabled():
-            tolerance_measurement.record(kind, self.test_id, actual, expected)
         found = mismatch(actual, expected, tol)
         result = self._result(subject, behaviour, kind="relation", tolerance=tol.describe())
         if found is None:
             return
         result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
         result.note = shape_note(actual, expected)
+        if hint:
+            result.causes.append(hint)
+            result.cause_codes += [hint_code] if hint_code else []
 
         def diagnose():
             from .diagnosis import diagnose as run
 
-            return run(
+            lines, codes = variant_lines(variants, actual, tol)
+            more, more_codes = run(
                 subject=subject,
                 call=None,
                 args64=None,
@@ -262,17 +317,26 @@ class Spec:
                 rope_style=self.impl.rope_style,
                 known_bugs=list,
             )
+            return lines + more, codes + more_codes
 
         raise SpecFailure(result, diagnose)
 
     def require(
-        self, condition: bool, *, behaviour: str, found: str, subject: str | None = None, causes: tuple[str, ...] = ()
+        self,
+        condition: bool,
+        *,
+        behaviour: str,
+        found: str,
+        subject: str | None = None,
+        causes: tuple[str, ...] = (),
+        codes: tuple[str, ...] = (),
     ) -> None:
-        """Fail with ``found`` unless ``condition`` holds. ``causes``: diagnosis lines the test can state."""
+        """Fail with ``found`` unless ``condition`` holds. ``causes``: diagnosis lines the test can state,
+        ``codes``: their cause codes (diagnosis/codes.py)."""
         result = self._result(subject, behaviour, kind="require")
         if condition:
             return
-        result.outcome, result.found, result.causes = "failed", found, list(causes)
+        result.outcome, result.found, result.causes, result.cause_codes = "failed", found, list(causes), list(codes)
         raise SpecFailure(result)
 
     def raises(

@@ -89,7 +89,8 @@ def cache_kv(cache: HFCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def forward(model, ids: torch.Tensor, cache: HFCache | None = None) -> torch.Tensor:
-    """logits ``[B, T, V]``: the model's own forward; with a cache, positions continue from its length (transformers' rule)."""
+    """logits ``[B, T, V]``: the model's own forward; with a cache, positions continue from its length
+    (transformers' rule)."""
     if cache is None:
         return model(input_ids=ids, use_cache=False).logits
     return model(input_ids=ids, cache=cache.dynamic, use_cache=True).logits
@@ -136,7 +137,8 @@ def sampling_probs(
 
 
 def sample(logits, temperature: float = 1.0, top_k=None, top_p=None, generator: torch.Generator | None = None):
-    """Token ids ``[...]``: ``torch.multinomial(probs, 1)`` as in transformers' ``_sample``, with the given generator."""
+    """Token ids ``[...]``: ``torch.multinomial(probs, 1)`` as in transformers' ``_sample``, with the given
+    generator."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.nn.functional.softmax(_scores(logits, temperature, top_k, top_p), dim=-1)

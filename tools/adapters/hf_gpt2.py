@@ -18,12 +18,13 @@ from __future__ import annotations
 import types
 
 import torch
+from spec_adapters import hf_common
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, eager_attention_forward
 
-from spec_adapters import hf_common
-
 FAMILIES = ("gpt2",)
+# GPT-2's attention has one key/value head per query head: no grouped-query attention.
+CAPABILITIES = ("tied_head", "untied_head", "linear_bias", "dropout", "free_d_ff", "rope_theta")
 SPEC_XFAILS = "hf_gpt2.xfails.toml"
 
 ATTN_IMPLEMENTATION = "eager"  # transformers' own attention code (the default "sdpa" calls torch's kernel)
@@ -32,7 +33,8 @@ ATTN_IMPLEMENTATION = "eager"  # transformers' own attention code (the default "
 
 
 def gelu_mlp(x, w_fc, b_fc, w_proj, b_proj):
-    """``GPT2MLP`` (``c_fc`` -> ``gelu_new`` -> ``c_proj``, dropout off) with ``Conv1D`` weights ``w_fc.T``, ``w_proj.T``."""
+    """``GPT2MLP`` (``c_fc`` -> ``gelu_new`` -> ``c_proj``, dropout off) with ``Conv1D`` weights ``w_fc.T``,
+    ``w_proj.T``."""
     d_ff, d = w_fc.shape
     cfg = types.SimpleNamespace(hidden_size=d, activation_function="gelu_new", resid_pdrop=0.0)
     mlp = GPT2MLP(d_ff, cfg).to(device=x.device, dtype=x.dtype).eval()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import types
 
 import torch
+from spec_adapters import hf_common
+from spec_adapters.hf_names import llama_name_map as name_map
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import (
@@ -26,9 +28,6 @@ from transformers.models.llama.modeling_llama import (
     eager_attention_forward,
 )
 from transformers.models.llama.modeling_llama import repeat_kv as _hf_repeat_kv
-
-from spec_adapters import hf_common
-from spec_adapters.hf_names import llama_name_map as name_map
 
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)

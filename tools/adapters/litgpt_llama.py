@@ -42,6 +42,8 @@ from litgpt.utils import chunked_cross_entropy, num_parameters
 
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
+# litgpt has no weight tying (its checkpoint converters copy the embedding into lm_head).
+CAPABILITIES = ("gqa", "untied_head", "linear_bias", "dropout", "free_d_ff", "rope_theta")
 SPEC_XFAILS = "litgpt_llama.xfails.toml"
 
 # ---------------------------------------------------------------------------------- components
@@ -125,7 +127,7 @@ def sample(logits, temperature: float = 1.0, top_k=None, top_p=None, generator: 
     """
     rows = logits.reshape(-1, logits.shape[-1])
     top_p = 1.0 if top_p is None else top_p
-    with _rng_from(generator, logits.device):
+    with _rng_from(generator if temperature > 0 else None, logits.device):  # greedy draws nothing
         ids = [_lit_sample(row[None, None], temperature=temperature, top_k=top_k, top_p=top_p) for row in rows]
     return torch.cat(ids).reshape(logits.shape[:-1])
 
@@ -272,7 +274,8 @@ def new_cache(model: GPT, batch_size: int) -> LitCache:
 
 
 def forward(model: GPT, ids: torch.Tensor, cache: LitCache | None = None) -> torch.Tensor:
-    """``model(ids)``; with a cache, ``model(ids, input_pos, input_pos_maxp1)`` at the positions after the cached ones."""
+    """``model(ids)``; with a cache, ``model(ids, input_pos, input_pos_maxp1)`` at the positions after the cached
+    ones."""
     if cache is None:
         return model(ids)
     t = ids.shape[1]

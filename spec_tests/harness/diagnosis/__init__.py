@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .catalog import known_bug_lines
+from .catalog import CLASS_CODES, known_bug_lines
 from .cause import Cause
 from .knobs import knob_causes
 from .ranking import describe, rank
@@ -46,6 +46,7 @@ def diagnose(*, subject, call, args64, actual, expected, tol, axes, rope_style, 
     bugs = known_bugs()
     lines = known_bug_lines(bugs)
     codes = [PREFIX_KNOWN + b.name for b in bugs]
+    codes += [CLASS_CODES[b.bug_class] for b in bugs if getattr(b, "bug_class", None) in CLASS_CODES]
     causes: list[Cause] = []
     if call is not None and args64 is not None:
         name, kwargs = call
@@ -56,6 +57,6 @@ def diagnose(*, subject, call, args64, actual, expected, tol, axes, rope_style, 
     if causes:
         ranked = rank(causes)
         lines += describe(ranked)
-        if not bugs:
+        if not bugs and not any(line.startswith("likely cause (ambiguous") for line in lines):
             codes += [c.code for c in ranked if c.confidence >= CONFIDENT][:1]
     return lines, codes

@@ -32,6 +32,44 @@ CATALOG_GROUPS = {
 }
 
 
+# The cause code a catalogued bug's class stands for (diagnosis lines name the bug; codes let a
+# measurement compare it with what other diagnoses would say).
+CLASS_CODES = {
+    "layout": "layout",
+    "mask_broadcast": "mask",
+    "masking": "mask",
+    "softmax_dim": "knob:reduction_dim",
+    "causality": "causality",
+    "causal_mask": "knob:mask_alignment",
+    "attention_scale": "knob:scale_constant",
+    "stability": "knob:max_subtraction",
+    "flash": "boundary",
+    "gqa": "knob:gqa_mapping",
+    "rope_frequency": "knob:rope_base",
+    "rope_on_values": "knob:rope_target",
+    "rope_q_only": "knob:rope_target",
+    "sinusoidal": "knob:sinusoid_layout",
+    "rmsnorm": "knob:eps_placement",
+    "layernorm": "knob:variance_bias",
+    "precision": "precision",
+    "swiglu": "knob:activation",
+    "gelu": "knob:activation",
+    "init": "knob:init_std",
+    "cache_positions": "knob:position_offset",
+    "prompt_cropping": "knob:window",
+    "dropout_generation": "knob:mode",
+    "mode_restore": "knob:mode",
+    "sampling_order": "knob:sampling_order",
+    "top_p": "knob:top_p_boundary",
+    "top_k": "knob:top_k",
+    "unshifted_labels": "knob:label_shift",
+    "ignore_index": "knob:ignore_index",
+    "evaluation": "knob:loss_reduction",
+    "gradient_clipping": "knob:clipping",
+    "batch_mixing": "batch_mixing",
+}
+
+
 def bug_subjects(subject: str, rope_style: str) -> list:
     """``[(bug, reference-like subject), ...]`` for the catalogued bugs that change ``subject``'s checks."""
     try:

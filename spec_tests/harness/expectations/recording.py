@@ -118,7 +118,11 @@ class RecordingExpectations(LiveExpectations):
             if 0 <= limit < nbytes(out):
                 continue
             entry["bugs"][bug.name] = out
-            self.catalog[bug.name] = {"explanation": str(bug.explanation), "fix": str(bug.fix)}
+            self.catalog[bug.name] = {
+                "explanation": str(bug.explanation),
+                "fix": str(bug.fix),
+                "bug_class": bug.bug_class,
+            }
 
     def save(self) -> Path:
         path = recording_path(self.directory, self.rope_style)
