@@ -107,7 +107,7 @@ def test_sdpa_mask_broadcast(spec):
     sequence (course notes: mask broadcast shape wrong; protocol: scaled_dot_product_attention)."""
     t_q, t_k = 5, S.T
     q, k, v = qkv(spec, S.B, S.H, S.H, t_q, t_k, S.D_HEAD, seed=53)
-    lengths = torch.tensor([t_k, t_k - 3, t_k - 6])  # each sequence hides a different tail of keys
+    lengths = torch.tensor([t_k - 4, t_k, t_k - 7])  # each sequence hides a different tail (the first one too)
     padding = (torch.arange(t_k)[None, :] < lengths[:, None])[:, None, None, :].to(spec.device)  # [B, 1, 1, Tk]
     causal = bottom_right(t_q, t_k, spec.device)
     per_head = torch.rand(1, S.H, t_q, t_k, generator=torch.Generator().manual_seed(54)).to(spec.device) > 0.3

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given
 
 from . import models
+from .harness.checks import Variant
 from .harness.markers import judges
 from .models import CONFIGS
 from .strategies import chunkings
@@ -40,11 +41,30 @@ def check_chunks(spec, config, chunks, *, seed):
     ids = spec.inputs.token_ids(2, T, vocab=config["vocab_size"], seed=seed + 1)
     model = models.build(spec.impl, config, sd)
     full = spec.impl.forward(model, ids)
+    cached = cached_logits(spec.impl, model, ids, chunks)
+    first = chunks[0]
+    hint = None
+    if len(chunks) > 1 and cached.shape == full.shape and torch.allclose(cached[:, :first], full[:, :first]):
+        hint = (
+            "likely cause (weak evidence): the first chunk is right and the later ones are not, so what the cache "
+            "hands on is wrong: positions that do not continue from the cache length (most often), or a causal mask "
+            "aligned top-left when new tokens follow cached ones. Fix: positions = arange(cached, cached + T); mask "
+            "j <= i + (T_k - T_q)"
+        )
+    alone = Variant(
+        "knob:cache_contents",
+        "the cache is not used: each chunk is computed as if it were the whole sequence",
+        "attend to the cached keys and values of the earlier chunks",
+        lambda: torch.cat([spec.impl.forward(model, c) for c in ids.split(chunks, dim=1)], dim=1),
+    )
     spec.close(
-        cached_logits(spec.impl, model, ids, chunks),
+        cached,
         full,
         kind="model",
         axes="b t v",
+        variants=[alone],
+        hint=hint,
+        hint_code="~knob:position_offset",
         behaviour=f"cached forward in chunks {chunks} equals the uncached forward of the same model",
     )
 
@@ -101,6 +121,11 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
             tuple(k.shape) == want and tuple(v.shape) == want,
             behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want}",
             found=f"k {tuple(k.shape)}, v {tuple(v.shape)}",
+            causes=(
+                "likely cause: the cache is laid out or appended along the wrong axis. Fix: [B, n_kv_heads, "
+                "T_cached, d_head], new keys and values concatenated on the time axis (dim -2)",
+            ),
+            codes=("shape",),
         )
     spec.close(
         chunked,
@@ -138,6 +163,44 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
         )
 
 
+@judges("cache_kv", uses=("build_model", "forward", "new_cache"))
+@pytest.mark.bug_class("kv_cache", "rope_on_values")
+def test_cache_holds_the_specified_keys_and_values(spec, config):
+    """cache_kv holds exactly the reference's keys (after RoPE, at their positions) and values (as projected),
+    layer by layer (protocol: KV cache).
+
+    RoPE is relative: keys rotated at shifted positions leave every logit unchanged, so only the cache's
+    contents show it. Judged where the model's logits are right; with a failing model this test defers
+    to it (the relations above still judge the cache).
+    """
+    failing = spec.failing(("forward", "build_model"))
+    if failing:
+        raise spec.defer(
+            failing,
+            "the cache's contents are judged on a model whose logits are right",
+            f"not judged: {', '.join(failing)} fails its own tests, so the cached keys cannot match",
+        )
+    sd = models.random_state_dict(config, seed=29, device=spec.device)
+    ids = spec.inputs.token_ids(2, 9, vocab=config["vocab_size"], seed=30)
+
+    def contents(m, sd, ids):
+        model = models.build(m, config, sd)
+        cache = m.new_cache(model, 2)
+        m.forward(model, ids[:, :5], cache)
+        m.forward(model, ids[:, 5:], cache)
+        return [tuple(m.cache_kv(cache, layer)) for layer in range(config["n_layers"])]
+
+    spec.check(
+        contents,
+        sd,
+        ids,
+        kind="model",
+        axes="b h t d",
+        behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after chunks [5, 4]; "
+        "[i] is layer i, [i][0] keys, [i][1] values",
+    )
+
+
 @judges("new_cache", uses=("build_model", "forward"))
 @pytest.mark.bug_class("validation")
 def test_cache_overflow_raises(spec, family):
@@ -161,4 +224,9 @@ def test_cache_overflow_raises(spec, family):
         ValueError,
         lambda: spec.impl.forward(model, ids[:, ctx - 2 :], cache),
         behaviour=f"{ctx - 2} cached + 3 new tokens with context_length={ctx} raise ValueError",
+        causes=(
+            "likely cause: the context check ignores the cached tokens (or is off by one). Fix: raise ValueError "
+            "when cached + new tokens exceed context_length",
+        ),
+        codes=("boundary",),
     )

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import models
+from .harness.checks import Variant
 from .harness.markers import judges
 from .harness.tolerances import BIT_IDENTICAL, EXACT, Tolerance
 from .models import CONFIGS
@@ -56,7 +57,38 @@ def test_logits_match_reference(spec, config, dtype):
         axes="b t v",
         behaviour=f"logits of the {config['family']} model (n_heads {config['n_heads']}, n_kv_heads "
         f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
+        variants=model_variants(config),
     )
+
+
+def model_variants(config):
+    """The reference model with one configuration knob changed (for diagnosis)."""
+    if config["family"] != "llama":
+        return []
+    from .harness.subject import reference_subject
+
+    found = []
+    if config.get("rope_theta", 10000.0) != 10000.0:
+        found.append(
+            Variant(
+                "knob:rope_theta",
+                "the model ignores config rope_theta (it uses 10000)",
+                "pass rope_theta to the RoPE tables",
+                lambda ref, sd, ids: models.logits(ref, dict(config, rope_theta=10000.0), sd, ids),
+            )
+        )
+    for style in ("interleaved", "half"):
+        found.append(
+            Variant(
+                "knob:rope_style",
+                f"the model's RoPE pairs channels {style}-style, not in its declared style",
+                "rotate the pairs of the declared ROPE_STYLE (rope and the model alike)",
+                lambda ref, sd, ids, style=style: (
+                    None if ref.rope_style == style else models.logits(reference_subject(style), config, sd, ids)
+                ),
+            )
+        )
+    return found
 
 
 REQUIRED_KEYS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
@@ -206,6 +238,17 @@ def test_initialisation_statistics(spec, family):
                 abs(got / want - 1) < 0.06,
                 behaviour=f"{name} ~ N(0, {want:.4g})" + (" (residual projection)" if want != 0.02 else ""),
                 found=f"std {got:.4g} over {n} entries (expected {want:.4g} ± 6%)",
+                causes=(
+                    "likely cause: "
+                    + (
+                        "the residual projections are not scaled by 1/sqrt(2 n_layers)"
+                        if want != 0.02 and abs(got / 0.02 - 1) < 0.06
+                        else f"{name} is drawn with the wrong standard deviation"
+                    )
+                    + ". Fix: N(0, 0.02) for Linear/Embedding weights, N(0, 0.02/sqrt(2 n_layers)) for wo, "
+                    "w_down, w_proj",
+                ),
+                codes=("knob:init_std",),
             )
             mean = w.double().mean().item()
             spec.require(
@@ -260,7 +303,30 @@ def test_kv_cache_bytes(spec, dtype):
     for name, cfg in variants.items():
         got = spec.impl.kv_cache_bytes(cfg, 3, 17, dtype)
         want = spec.expected(lambda m, c: m.kv_cache_bytes(c, 3, 17, dtype), cfg, label=name)
-        spec.close(got, want, tol=EXACT, behaviour=f"kv_cache_bytes({name}, batch 3, seq 17, {dtype})")
+        heads = cfg["n_heads"] * want // (cfg.get("n_kv_heads") or cfg["n_heads"])
+        variants = [
+            Variant(
+                "scale",
+                "only K or only V is counted (no factor 2)",
+                "2 * n_layers * n_kv_heads * d_head * seq_len * batch * element size",
+                lambda want=want: want // 2,
+            ),
+            Variant(
+                "scale",
+                "the query heads are counted instead of the key/value heads (no GQA saving)",
+                "use n_kv_heads",
+                lambda heads=heads: heads,
+            ),
+            Variant(
+                "scale",
+                "the element size is taken as 4 bytes whatever the dtype",
+                "element_size of the dtype",
+                lambda want=want: want * 4 // torch.empty((), dtype=dtype).element_size(),
+            ),
+        ]
+        spec.close(
+            got, want, tol=EXACT, variants=variants, behaviour=f"kv_cache_bytes({name}, batch 3, seq 17, {dtype})"
+        )
         if dtype == torch.float32:  # the default dtype is float32 (protocol: kv_cache_bytes)
             spec.close(
                 spec.impl.kv_cache_bytes(cfg, 3, 17),
@@ -314,6 +380,11 @@ def test_forward_past_context_raises(spec, family):
         ValueError,
         lambda: spec.impl.forward(model, ids),
         behaviour=f"{ctx + 1} tokens with context_length={ctx} raise ValueError",
+        causes=(
+            "likely cause: the context check is missing or off by one (T > context_length must fail). Fix: "
+            "raise ValueError when the tokens in view exceed context_length",
+        ),
+        codes=("boundary",),
     )
     out = spec.impl.forward(model, ids[:, :ctx])
     spec.require(

@@ -15,12 +15,6 @@ from .harness.tolerances import EXACT, tolerance
 from .inputs import S
 from .protocol import COMPONENT_OF
 
-CAUSE = (
-    "likely cause: float64 inputs are computed in float32 inside (x.float(), float32 tables or softmax, "
-    "torch.float32 constants), so the result carries float32 rounding (~1e-7). The protocol's ground truth is "
-    "float64: compute in the input's dtype, upcasting only 16-bit inputs"
-)
-
 
 def inputs_for(spec, name):
     """Positional and keyword arguments exercising ``name`` in float64."""
@@ -108,8 +102,6 @@ def test_float64_computed_in_float64(spec, name):
         name,
         *args,
         tol=EXACT,
-        hint=CAUSE,
-        hint_code="precision",
         behaviour=f"{name} of float64 inputs, to float64 rounding",
         **kwargs,
     )
@@ -145,8 +137,6 @@ def test_float64_model_computed_in_float64(spec, name):
         ids,
         tol=EXACT,
         axes="b t v",
-        hint=CAUSE,
-        hint_code="precision",
         behaviour=f"logits of a float64 {config['family']} model, to float64 rounding",
     )
 

@@ -75,6 +75,15 @@ def test_sampling_probs_any_leading_shape(spec, shape):
             subject="sample",
             behaviour=f"sample({kw}) of logits {list(shape)} is the argmax, shaped {list(shape[:-1])}",
             found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}",
+            causes=(
+                (
+                    "likely cause: the leading axes of logits are flattened and not restored. Fix: reshape the ids to "
+                    "logits.shape[:-1]",
+                )
+                if tuple(ids.shape) != shape[:-1]
+                else ()
+            ),
+            codes=("shape",) if tuple(ids.shape) != shape[:-1] else (),
         )
 
 
@@ -194,6 +203,16 @@ def test_at_least_one_token_kept(spec, seed, top_p, float32):
         bool((probs.gather(-1, top[:, None]) == 1).all()),
         behaviour=f"top_p={top_p:.2g} keeps exactly the argmax",
         found=f"probabilities at argmax {probs.gather(-1, top[:, None]).flatten().tolist()}",
+        causes=(
+            "likely cause: "
+            + (
+                "every token is dropped (all -inf, then NaN): the top token must always stay"
+                if bool(probs.isnan().any())
+                else "the nucleus drops the top token for a tiny top_p"
+            )
+            + ". Fix: never drop the most probable token (keep it whatever the cumulative mass)",
+        ),
+        codes=("nan_rows" if bool(probs.isnan().any()) else "knob:top_p_boundary",),
     )
 
 
@@ -275,6 +294,11 @@ def test_sample_is_reproducible_per_generator(spec):
         tuple(first.shape) == (logits.shape[0],),
         behaviour="sample returns ids shaped logits.shape[:-1]",
         found=f"shape {tuple(first.shape)}",
+        causes=(
+            "likely cause: the leading axes of logits are flattened and not restored. Fix: reshape the ids to "
+            "logits.shape[:-1]",
+        ),
+        codes=("shape",),
     )
     spec.require(
         torch.equal(first, again),
@@ -330,6 +354,11 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     spec.require(
         not outside,
         behaviour=f"sample({kw}) draws only tokens sampling_probs keeps",
+        causes=(
+            "likely cause: sample draws from the raw (or only partly filtered) logits. Fix: draw from "
+            "sampling_probs(logits, temperature, top_k, top_p)",
+        ),
+        codes=("knob:sampling_order",),
         found=f"drew filtered-out tokens {outside[:10]}",
     )
     p = probs.cpu()

@@ -44,6 +44,11 @@ def test_get_batch_windows_and_shift(spec, as_numpy):
     spec.require(
         torch.equal(y, x + 1),
         behaviour="y is x shifted one token ahead",
+        causes=(
+            "likely cause: the targets are not the inputs shifted one token ahead. Fix: y = data[start + 1 : "
+            "start + 1 + context_length]",
+        ),
+        codes=("knob:label_shift",),
         found=f"x[0] = {x[0].tolist()}, y[0] = {y[0].tolist()}",
     )
 
@@ -63,6 +68,11 @@ def test_get_batch_reaches_every_start(spec):
         starts == want,
         behaviour=f"starts cover exactly 0..{len(data) - ctx - 1}",
         found=f"never drawn {sorted(want - starts)}, out of range {sorted(starts - want)}",
+        causes=(
+            "likely cause: the range of start positions is off by one (randint's upper bound is exclusive). "
+            "Fix: torch.randint(0, len(data) - context_length, ...)",
+        ),
+        codes=("boundary",),
     )
 
 
@@ -280,6 +290,7 @@ def test_train_step_runs_in_training_mode(spec, family):
         "likely cause: train_step does not call model.train() (a model handed over in eval mode stays there). "
         "Fix: model.train() before the forward pass",
     )
+    codes = ("knob:mode",)
     if "dropout" in spec.impl.capabilities:
         logits = spec.impl.forward(model, x)
         eval_loss = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), y.reshape(-1)))
@@ -288,6 +299,7 @@ def test_train_step_runs_in_training_mode(spec, family):
         spec.require(
             abs(loss - eval_loss) > 1e-6 * (1 + abs(eval_loss)),
             causes=causes,
+            codes=codes,
             behaviour="with dropout 0.5, train_step's loss differs from the eval-mode loss (training mode)",
             found=f"train_step returned {loss:.8g}, the eval-mode loss is {eval_loss:.8g}",
         )
@@ -298,6 +310,7 @@ def test_train_step_runs_in_training_mode(spec, family):
     spec.require(
         all(seen),
         causes=causes,
+        codes=codes,
         behaviour="every submodule that runs in train_step is in training mode",
         found=f"{seen.count(False)} of {len(seen)} module calls ran in eval mode",
     )
@@ -453,7 +466,7 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             teacher("batch_means"),
         ),
         Variant(
-            "knob:window",
+            "boundary",
             "the short last window is left out",
             "keep the last, shorter window: every token after the first is predicted once",
             teacher("drop_last"),
@@ -517,4 +530,7 @@ def test_evaluate_ignores_dropout(spec, family):
         clean["loss"],
         tol=EXACT,
         behaviour="evaluate in training mode with dropout 0.5 equals evaluate in eval mode",
+        hint="likely cause: evaluate runs the model in its current (training) mode, so dropout is on. Fix: switch "
+        "to eval mode for the evaluation and restore the mode afterwards",
+        hint_code="knob:mode",
     )

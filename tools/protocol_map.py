@@ -216,7 +216,7 @@ CLAUSES: list[Clause] = [
         "Boolean masks",
         sizes={ATT + "test_sdpa_mask_broadcast": "masks of four broadcast shapes"},
         ties=NO_RANK,
-        padding={ATT + "test_sdpa_mask_broadcast": "a [B, 1, 1, Tk] padding mask hiding 0, 3 and 6 keys per row"},
+        padding={ATT + "test_sdpa_mask_broadcast": "a [B, 1, 1, Tk] padding mask hiding 4, 0 and 7 keys per row"},
         state=PURE,
         paths={
             ATT + "test_causal_mask_bottom_right": "causal_mask returns bool, True = may attend",
@@ -454,7 +454,7 @@ CLAUSES: list[Clause] = [
         "scaled_dot_product_attention",
         sizes={ATT + "test_sdpa_gqa_mapping": "T_q = 6 != T_k, one kv head"},
         ties=NO_RANK,
-        padding={ATT + "test_sdpa_mask_broadcast": "rows of the batch with 13, 10 and 7 visible keys"},
+        padding={ATT + "test_sdpa_mask_broadcast": "rows of the batch with 9, 13 and 6 visible keys"},
         state=PURE,
         paths={
             ATT + "test_flash_equals_naive_attention": "the implementation's own attention against its flash",

@@ -164,6 +164,7 @@ BUGS = (
         "the positions it is given (and with a cache, the cached length)",
         fix="use the given positions; default to arange(T) after the cached tokens only when none are given",
         corner=True,
+        code="knob:position_offset",
     ),
     Bug(
         "merge_heads_without_transpose",

@@ -21,7 +21,9 @@ class Bug:
       changes; a failing check of one of them tries this bug in its diagnosis;
     - ``explanation``: what the buggy code does, one line, no final full stop;
     - ``fix``: what to do instead, one line, no final full stop;
-    - ``corner``: True when the mistake only shows in a corner case (the most valuable kind).
+    - ``corner``: True when the mistake only shows in a corner case (the most valuable kind);
+    - ``code``: the diagnosis cause code (``spec_tests/harness/diagnosis/codes.py``) it stands for,
+      where its class's code (``CLASS_CODES``) does not say it.
     """
 
     name: str
@@ -33,6 +35,7 @@ class Bug:
     explanation: str
     fix: str
     corner: bool = False
+    code: str | None = None  # the cause code it stands for, where its class's code is too coarse
 
     def __post_init__(self):
         if not NAME_PATTERN.fullmatch(self.name):

@@ -96,6 +96,7 @@ BUGS = (
         new="    rotated = torch.stack((x0 * cos + x1 * sin, -x0 * sin + x1 * cos), dim=-1)",
         explanation="RoPE rotates each pair by minus the angle (the sin terms have the wrong sign)",
         fix="(x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)",
+        code="sign",
     ),
     Bug(
         "rope_half_pairs_declared_interleaved",
@@ -113,6 +114,7 @@ BUGS = (
         explanation="RoPE rotates pairs (i, i + d/2) (GPT-NeoX/Hugging "
         "Face) while ROPE_STYLE says interleaved (2i, 2i+1)",
         fix="rotate the pairs of the style you declare, or declare ROPE_STYLE = 'half'",
+        code="knob:rope_style",
     ),
     Bug(
         "sinusoidal_sin_cos_halves",

@@ -141,6 +141,7 @@ BUGS = (
         explanation="kv_cache_bytes counts n_heads key/value heads, ignoring that GQA caches only n_kv_heads",
         fix="2 * n_layers * n_kv_heads * d_head * seq_len * batch_size * element_size",
         corner=True,
+        code="scale",
     ),
     # ------------------------------------------------------------------ generation
     Bug(

@@ -53,8 +53,10 @@ BUGS = (
         "top_p",
         (*SAMPLING, *GENERATION),
         "sampling.py",
-        old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs",
-        new="    mass_before = sorted_probs.cumsum(dim=-1)",
+        old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs\n"
+        "    drop_sorted = mass_before >= p - 16 * torch.finfo(probs.dtype).eps\n"
+        "    drop_sorted[..., 0] = False  # the top token always stays, however small p (even below the allowance)\n",
+        new="    mass_before = sorted_probs.cumsum(dim=-1)\n    drop_sorted = mass_before >= p - 16 * torch.finfo(probs.dtype).eps\n",
         explanation="top-p drops the token whose probability makes the mass cross top_p (and everything, when the top "
         "token alone reaches it)",
         fix="drop a token only when the mass of the tokens ranked above it already reaches top_p (shift the cumsum by "
@@ -82,5 +84,6 @@ BUGS = (
         explanation="logits are multiplied by the temperature, so a low temperature flattens the distribution instead "
         "of sharpening it",
         fix="divide the logits by the temperature",
+        code="knob:temperature",
     ),
 )

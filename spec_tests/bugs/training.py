@@ -28,6 +28,7 @@ BUGS = (
         "exclusive)",
         fix="torch.randint(0, len(data) - context_length, ...): starts 0 .. len - context_length - 1 inclusive",
         corner=True,
+        code="boundary",
     ),
     Bug(
         "train_step_no_zero_grad",
@@ -38,6 +39,7 @@ BUGS = (
         new="",
         explanation="train_step never clears the gradients, so each step uses the sum of all gradients so far",
         fix="optimizer.zero_grad() before backward",
+        code="knob:zero_grad",
     ),
     Bug(
         "train_step_not_in_training_mode",
@@ -116,5 +118,6 @@ BUGS = (
         explanation="evaluate runs in the module's current mode: torch.no_grad() does not switch dropout off",
         fix="evaluate in eval mode (model.eval(), restoring the previous mode afterwards)",
         corner=True,
+        code="knob:mode",
     ),
 )

@@ -243,6 +243,7 @@ class Spec:
                 known_bugs=lambda: self.expectations.known_bugs(
                     key, subject, lambda bug: compute(bug, *pristine), actual, tol
                 ),
+                input_dtype=floating_dtype(pristine),
             )
             return lines + more, codes + more_codes
 
@@ -347,6 +348,8 @@ class Spec:
         behaviour: str,
         subject: str | None = None,
         mention: tuple[str, ...] = (),
+        causes: tuple[str, ...] = (),
+        codes: tuple[str, ...] = (),
     ) -> None:
         """Fail unless ``call()`` raises ``exc_type`` (the protocol's contract).
 
@@ -372,4 +375,5 @@ class Spec:
                 result.found += f" (at {exc.where})"
             raise SpecFailure(result) from None
         result.outcome, result.found = "failed", f"no error was raised (expected {exc_type.__name__})"
+        result.causes, result.cause_codes = list(causes), list(codes)
         raise SpecFailure(result)

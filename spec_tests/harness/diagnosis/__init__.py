@@ -18,14 +18,21 @@ from __future__ import annotations
 import torch
 
 from .catalog import CLASS_CODES, known_bug_lines
-from .cause import Cause
+from .cause import WEAK, Cause
 from .knobs import knob_causes
 from .ranking import describe, rank
 from .structural import batch_probe, causality_probe, structural_causes
 
 __all__ = [
-    "Cause", "batch_probe", "causality_probe", "describe", "diagnose", "knob_causes", "rank", "structural_causes",
-]  # fmt: skip
+    "Cause",
+    "batch_probe",
+    "causality_probe",
+    "describe",
+    "diagnose",
+    "knob_causes",
+    "rank",
+    "structural_causes",
+]
 
 PREFIX_KNOWN = "known_bug:"
 CONFIDENT = 0.9
@@ -37,26 +44,37 @@ def _tensor_inputs(args, kwargs) -> dict:
     return found
 
 
-def diagnose(*, subject, call, args64, actual, expected, tol, axes, rope_style, known_bugs) -> tuple[list, list]:
-    """``(lines, codes)`` for a failed check: diagnosis lines and the codes of the confident causes.
+def bug_code(bug) -> str | None:
+    """The cause code a catalogued bug stands for: its own, or its class's."""
+    return getattr(bug, "code", None) or CLASS_CODES.get(getattr(bug, "bug_class", None))
+
+
+def diagnose(
+    *, subject, call, args64, actual, expected, tol, axes, rope_style, known_bugs, input_dtype=None, structural=True
+) -> tuple[list, list]:
+    """``(lines, codes)`` for a failed check: the diagnosis lines, and the code of each cause named,
+    best first (``~code`` where the evidence is weak: shown, but not a confident name).
 
     ``call``: ``(protocol name, kwargs)`` when the check is one protocol call (knob search applies);
-    ``known_bugs()``: the catalogued bugs whose output matches (live catalog or recorded outputs).
+    ``known_bugs()``: the catalogued bugs whose output matches (live catalog or recorded outputs);
+    ``input_dtype``: the dtype the implementation was given (a float32 result of float32 inputs is
+    compared as float64, not taken for a dtype mistake).
     """
     bugs = known_bugs()
     lines = known_bug_lines(bugs)
-    codes = [PREFIX_KNOWN + b.name for b in bugs]
-    codes += [CLASS_CODES[b.bug_class] for b in bugs if getattr(b, "bug_class", None) in CLASS_CODES]
+    codes = [PREFIX_KNOWN + b.name for b in bugs] + [c for c in map(bug_code, bugs) if c]
+    if isinstance(actual, torch.Tensor) and actual.dtype == input_dtype == torch.float32:
+        actual = actual.double()
     causes: list[Cause] = []
     if call is not None and args64 is not None:
         name, kwargs = call
         causes += knob_causes(name, args64, kwargs, actual, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol)
-    if isinstance(expected, torch.Tensor):
+    if structural and isinstance(expected, torch.Tensor):
         inputs = _tensor_inputs(args64, call[1] if call else None)
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
-    if causes:
-        ranked = rank(causes)
-        lines += describe(ranked)
-        if not bugs and not any(line.startswith("likely cause (ambiguous") for line in lines):
-            codes += [c.code for c in ranked if c.confidence >= CONFIDENT][:1]
+    described = describe(rank(causes)) if causes else []
+    lines += described
+    if described and not bugs and not described[0].startswith("likely cause (ambiguous"):
+        top = next(c for c in rank(causes) if c.confidence >= WEAK)
+        codes.append(top.code if top.confidence >= CONFIDENT else "~" + top.code)
     return lines, codes

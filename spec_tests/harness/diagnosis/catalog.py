@@ -67,6 +67,9 @@ CLASS_CODES = {
     "evaluation": "knob:loss_reduction",
     "gradient_clipping": "knob:clipping",
     "batch_mixing": "batch_mixing",
+    "norm_placement": "knob:norm_placement",
+    "tied_weights": "knob:tying",
+    "kv_cache": "knob:cache_contents",
 }
 
 

@@ -454,7 +454,8 @@ def _scale_causes(c: _Case) -> list[Cause]:
                 where,
                 fix,
                 f"actual == {k:.6g} * expected within tolerance at every entry ({n_big} nonzero entries)",
-                EXACT if n_big >= 4 else WEAK,
+                # an all-zero output is a symptom (nothing written, everything dropped), not a factor
+                LOCAL - 0.05 if abs(k) < 1e-12 else EXACT if n_big >= 4 else WEAK,
             )
         ]
     out = []
