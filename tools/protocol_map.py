@@ -166,11 +166,11 @@ CLAUSES: list[Clause] = [
         padding=NO_TARGETS,
         state="n/a: about the inputs only",
         paths={
-            PRE + "test_float64_computed_in_float64": "float64 computed in float64, every computing function",
+            PRE + "test_float64_computed_in_float64": "float64 computed in float64, every computing function; CUDA: "
+            "the same suite with --device cuda (tools/gpu_check.sh), only where a GPU is lent",
             PRE + "test_float64_model_computed_in_float64": "the model",
             SAM + "test_sample_leaves_its_logits_unchanged": "inputs unchanged where a function is judged by "
-            "relations only (every spec.call/spec.check also compares its inputs before and after); CUDA: the "
-            "same suite with --device cuda (tools/gpu_check.sh), only where a GPU is lent",
+            "relations only (every spec.call/spec.check also compares its inputs before and after)",
         },
         extremes={
             PRI
@@ -558,7 +558,8 @@ CLAUSES: list[Clause] = [
             SAM + "test_temperature_zero_is_argmax": "temperature 0",
             SAM + "test_invalid_arguments_raise": "temperature < 0, top_k 0, top_p 0, 1.5 and -0.1",
             SAM + "test_top_p_keeps_the_crossing_token": "top_p = 1",
-            SAM + "test_at_least_one_token_kept": "top_p from 1e-6 to 1e-3",
+            SAM
+            + "test_at_least_one_token_kept": "top_p from 1e-12 to 1e-3, float32 and float64 (below float32 rounding)",
             SAM + "test_sampling_probs_match_reference": "temperature omitted (1), 0.5 to 1.9",
         },
     ),
