@@ -197,6 +197,33 @@ def test_flash_equals_naive_attention(spec, shape, seed, block_size, causal):
     )
 
 
+@judges("flash_attention", "multihead_self_attention")
+@pytest.mark.bug_class("causality", "gqa")
+def test_attention_defaults(spec):
+    """Omitted arguments take their documented defaults: flash_attention is causal, and multihead_self_attention
+    without n_kv_heads has one kv head per query head (protocol: flash_attention, multihead_self_attention)."""
+    q, k, v = qkv(spec, 2, 4, 4, 6, 9, S.D_HEAD, seed=63)
+    spec.call(
+        "flash_attention",
+        q,
+        k,
+        v,
+        kind="attention",
+        axes="b h t d",
+        behaviour="flash_attention(q, k, v) with its defaults: causal (bottom-right), any block size",
+    )
+    x = spec.inputs.randn(2, S.T, S.d_model, seed=64)
+    spec.call(
+        "multihead_self_attention",
+        x,
+        *mha_weights(spec, S.H, S.H, seed=65),
+        S.H,
+        kind="attention",
+        axes="b t d",
+        behaviour=f"multihead_self_attention(x, wq, wk, wv, wo, {S.H}): n_kv_heads defaults to n_heads, no RoPE",
+    )
+
+
 @judges("flash_attention")
 @pytest.mark.bug_class("flash", "stability")
 def test_flash_attention_stable_for_large_scores(spec):

@@ -98,6 +98,20 @@ def test_generation_from_a_single_token(spec, config):
 
 
 @judges("generate", uses=("build_model",))
+def test_zero_new_tokens_return_the_prompt(spec, config):
+    """generate(model, prompt, 0) returns the prompt unchanged, [B, T + 0] (protocol: generate)."""
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=43, device=spec.device))
+    prompt = prompt_for(spec, config, seed=44)
+    for kw in (dict(temperature=0.0), dict(generator=torch.Generator(spec.device).manual_seed(0))):
+        check_tokens(
+            spec,
+            spec.impl.generate(model, prompt, 0, **kw),
+            prompt,
+            behaviour=f"generate(prompt [2, {PROMPT_T}], max_new_tokens=0, {kw}) is the prompt",
+        )
+
+
+@judges("generate", uses=("build_model",))
 @pytest.mark.bug_class("validation")
 def test_generate_rejects_an_empty_prompt(spec, family):
     """A prompt with no tokens raises ValueError: there is nothing to condition on (protocol: generate, amendment 9)."""
@@ -239,11 +253,14 @@ N_DRAWS = 4000
 @judges("generate", uses=("build_model", "forward", "sampling_probs"))
 @pytest.mark.bug_class("sampling_order", "top_p", "top_k")
 @pytest.mark.parametrize(
-    "kw", [dict(temperature=0.7, top_p=0.9), dict(temperature=1.5, top_k=10)], ids=["t0.7,top_p0.9", "t1.5,top_k10"]
+    "kw",
+    [dict(temperature=0.7, top_p=0.9), dict(temperature=1.5, top_k=10), dict(temperature=1.3, top_k=7, top_p=0.75), {}],
+    ids=["t0.7,top_p0.9", "t1.5,top_k10", "t1.3,top_k7,top_p0.75", "defaults"],
 )
 def test_generate_samples_from_sampling_probs(spec, kw):
     """The first token generate draws follows sampling_probs of the model's last logits: the distribution generate
-    really samples from, not only what sampling_probs returns (protocol: generate, sample).
+    really samples from, not only what sampling_probs returns; with both filters, and with generate's defaults
+    (temperature 1, no filter) (protocol: generate, sample).
 
     4,000 copies of one prompt draw one token each; every frequency must lie within 5.5 standard
     errors (plus 4e-3) of the probability, and no token outside the kept set may appear.
@@ -259,7 +276,7 @@ def test_generate_samples_from_sampling_probs(spec, kw):
             "not judged: the model's logits for one prompt change with the batch size, which the model "
             "tests report (test_batch_rows_are_independent)",
         )
-    probs = spec.impl.sampling_probs(one[0, -1], **kw).double().cpu()
+    probs = spec.impl.sampling_probs(one[0, -1], **{"temperature": 1.0, **kw}).double().cpu()
     out = spec.impl.generate(model, prompt, 1, generator=torch.Generator(spec.device).manual_seed(0), **kw)
     freq = torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
     outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]

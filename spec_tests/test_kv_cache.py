@@ -204,11 +204,20 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
 @judges("new_cache", uses=("build_model", "forward"))
 @pytest.mark.bug_class("validation")
 def test_cache_overflow_raises(spec, family):
-    """Feeding tokens past context_length into a cache raises ValueError (protocol: forward)."""
+    """Feeding tokens past context_length into a cache raises ValueError; filling it to exactly context_length is
+    accepted (protocol: forward)."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=27, device=spec.device))
     ctx = config["context_length"]
     ids = spec.inputs.token_ids(1, ctx + 1, vocab=config["vocab_size"], seed=28)
+    full = spec.impl.new_cache(model, 1)
+    spec.impl.forward(model, ids[:, : ctx - 2], full)
+    out = spec.impl.forward(model, ids[:, ctx - 2 : ctx], full)
+    spec.require(
+        tuple(out.shape) == (1, 2, config["vocab_size"]),
+        behaviour=f"{ctx - 2} cached + 2 new tokens (exactly context_length={ctx}) are accepted",
+        found=f"logits shape {tuple(out.shape)}",
+    )
     cache = spec.impl.new_cache(model, 1)
     spec.impl.forward(model, ids[:, : ctx - 2], cache)
     spec.raises(

@@ -89,3 +89,22 @@ def test_lm_loss_predicts_the_next_token(spec, dtype):
         axes="b t v",
         behaviour="lm_loss(logits, ids) = cross_entropy(logits[:, :-1], ids[:, 1:])",
     )
+
+
+@judges("lm_loss")
+@pytest.mark.bug_class("ignore_index", "unshifted_labels")
+def test_lm_loss_ignores_padding(spec):
+    """lm_loss is cross_entropy(logits[:, :-1], ids[:, 1:]) with cross_entropy's default ignore_index: padding ids
+    of -100 are not predicted, and rows holding different numbers of real tokens weigh by their tokens
+    (protocol: lm_loss, cross_entropy)."""
+    logits = spec.inputs.randn(S.B, S.T, S.V, seed=40, scale=3.0)
+    ids = spec.inputs.token_ids(S.B, S.T, seed=41)
+    ids[0, 9:], ids[1, 4:] = -100, -100  # the rows predict 8, 3 and 12 real tokens
+    spec.call(
+        "lm_loss",
+        logits,
+        ids,
+        kind="loss",
+        axes="b t v",
+        behaviour="lm_loss of a padded batch: rows with 8, 3 and 12 predicted tokens, -100 padding not predicted",
+    )

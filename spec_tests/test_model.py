@@ -328,6 +328,13 @@ def test_kv_cache_bytes(spec, dtype):
         spec.close(
             got, want, tol=EXACT, variants=variants, behaviour=f"kv_cache_bytes({name}, batch 3, seq 17, {dtype})"
         )
+        if dtype == torch.float32:  # the default dtype is float32 (protocol: kv_cache_bytes)
+            spec.close(
+                spec.impl.kv_cache_bytes(cfg, 3, 17),
+                want,
+                tol=EXACT,
+                behaviour=f"kv_cache_bytes({name}, batch 3, seq 17) counts float32 elements by default",
+            )
 
 
 @judges("build_model")

@@ -8,7 +8,7 @@ Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else f
 
 import pytest
 
-from . import models
+from . import models, oracles
 from .harness.compare import mismatch
 from .harness.markers import judges
 from .harness.tolerances import EXACT, tolerance
@@ -121,7 +121,8 @@ def math_first(spec, name, compute, args):
 
 @pytest.mark.parametrize("name", [_param("forward", uses=("build_model",))])
 def test_float64_model_computed_in_float64(spec, name):
-    """A float64 model's logits are computed in float64 (protocol: Conventions; amendment 11)."""
+    """A float64 model's logits are computed in float64 (protocol: Conventions, ground truth in float64;
+    amendment 11)."""
     config = models.family_config(spec.impl, spec.impl.families[0])
     sd = models.random_state_dict(config, seed=114, device=spec.device)
     ids = spec.inputs.token_ids(3, 11, vocab=config["vocab_size"], seed=115)
@@ -137,4 +138,28 @@ def test_float64_model_computed_in_float64(spec, name):
         tol=EXACT,
         axes="b t v",
         behaviour=f"logits of a float64 {config['family']} model, to float64 rounding",
+    )
+
+
+@pytest.mark.parametrize("name", [_param("evaluate", uses=("build_model", "forward"))])
+def test_float64_evaluation_computed_in_float64(spec, name):
+    """evaluate of a float64 model computes in float64: its loss equals the model's own token-weighted NLL to
+    float64 rounding (protocol: Conventions, ground truth in float64; amendment 11)."""
+    config = models.family_config(spec.impl, spec.impl.families[0])
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=116, device=spec.device))
+    data = spec.inputs.token_ids(61, vocab=config["vocab_size"], seed=117).cpu()
+    got = spec.impl.evaluate(model, data, 11)
+    want = oracles.evaluate_teacher(spec.impl, model, data, 11, spec.device)
+    if mismatch(got, want, tolerance("model", device=spec.device)) is not None:
+        raise spec.defer(
+            ["evaluate"],
+            "evaluate: precision is judged once the math is right",
+            "not judged: evaluate's loss is wrong beyond float32 rounding, which its own tests report",
+        )
+    spec.close(
+        got,
+        want,
+        tol=EXACT,
+        behaviour="evaluate of a float64 model (61 tokens, context 11): loss and perplexity to float64 rounding",
+        subject="evaluate",
     )

@@ -152,6 +152,44 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
     )
 
 
+TIED = [0.1, 0.3, 0.3, 0.3]  # three tied top tokens, after a smaller one
+
+
+@judges("sampling_probs")
+@pytest.mark.bug_class("top_p")
+@pytest.mark.parametrize("top_p,n_kept", [(0.25, 1), (0.5, 2), (0.85, 3), (0.95, 4)])
+def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
+    """Tied probabilities do not enlarge the nucleus: it is still the smallest set whose mass reaches top_p,
+    so of three tokens tied at 0.3, top_p 0.5 keeps two of them, which two being unspecified (protocol: sampling_probs).
+
+    The masses 0.3, 0.6, 0.9 and 1.0 are each at least 0.05 from top_p, far outside rounding.
+    """
+    rows = (TIED, TIED[::-1])  # the ties at the end of one row, at the start of the other
+    logits = torch.stack([spec.inputs.probs_to_logits(r) for r in rows])
+    probs = spec.impl.sampling_probs(logits, top_p=top_p)
+    for row, probs_in in enumerate(rows):
+        got = kept(probs[row])
+        tied = [t for t, p in enumerate(probs_in) if p == 0.3]
+        spec.require(
+            len(got) == n_kept and len([t for t in got if t in tied]) == min(n_kept, 3),
+            behaviour=f"top_p={top_p} on {probs_in} keeps {n_kept} token(s), {min(n_kept, 3)} of the tied top three",
+            found=f"row {row} keeps {got}",
+            causes=(
+                "likely cause: the nucleus keeps every token whose probability is at least that of the crossing "
+                "token, so ties with it come along. Fix: cut the sorted list at the crossing position",
+            )
+            if len(got) > n_kept
+            else (),
+        )
+        want = torch.tensor(probs_in, dtype=probs.dtype)[got]
+        spec.close(
+            probs[row][got].cpu(),
+            want / want.sum(),
+            kind="pointwise",
+            behaviour=f"the {n_kept} kept token(s) of row {row} renormalised to sum 1",
+        )
+
+
 @judges("sampling_probs")
 @pytest.mark.bug_class("top_p")
 @given(seed=seeds, top_p=st.sampled_from([1e-12, 1e-9, 1e-6, 1e-3]), float32=st.booleans())
@@ -273,6 +311,22 @@ def test_sample_is_reproducible_per_generator(spec):
         behaviour="different generator seeds give different draws",
         found="eight other seeds drew the same tokens",
     )
+
+
+@judges("sample")
+def test_sample_leaves_its_logits_unchanged(spec):
+    """sample never modifies the logits it is given, whatever the temperature and filters (protocol: Conventions,
+    inputs are never modified in place)."""
+    logits = batch_logits(spec, 39)
+    before = logits.clone()
+    for kw in (dict(temperature=0.6, top_k=9, top_p=0.8), dict(temperature=0.0), {}):
+        spec.impl.sample(logits, generator=torch.Generator(spec.device).manual_seed(2), **kw)
+        spec.require(
+            torch.equal(logits, before),
+            behaviour=f"sample(logits, {kw}) leaves logits unchanged",
+            found=f"{int((logits != before).sum())} of {logits.numel()} logits changed during the call",
+            causes=("likely cause: an in-place edit (logits /= temperature, masked_fill_). Fix: logits = logits / t",),
+        )
 
 
 N_DRAWS = 40_000

@@ -1,6 +1,7 @@
 """Training and evaluation: batches, one optimisation step, the tiny training loop, and
 token-weighted evaluation."""
 
+import itertools
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from . import models, oracles
 from .harness.checks import Variant
 from .harness.markers import judges
-from .harness.tolerances import EXACT
+from .harness.tolerances import EXACT, Tolerance
 
 pytestmark = pytest.mark.component("training")
 
@@ -99,17 +100,26 @@ def test_get_batch_rejects_too_little_data(spec):
     )
 
 
-OPTIMIZERS = {"sgd": dict(lr=0.5), "adamw": dict(lr=1e-2, eps=1e-3)}  # AdamW's eps keeps tiny gradients' rounding small
+OPTIMIZERS = {
+    "sgd": dict(lr=0.5),
+    "adamw": dict(lr=1e-2, eps=1e-3),
+    "adamw_default": dict(lr=1e-3),
+}  # AdamW's eps keeps tiny gradients' rounding small
 
 
-def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm):
+def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm, stale=None):
     """Losses and weights after two train_steps from ``sd`` with one fresh optimizer.
 
-    Two steps, because gradients left over from the first show up only in the second.
+    Two steps, because gradients left over from the first show up only in the second. Without
+    ``max_grad_norm`` train_step is called with its default (no clipping). ``stale``: ids whose
+    backward pass (``mean(logits**2)``) leaves gradients on every parameter before the first step.
     """
     model = models.build(m, cfg, sd)
+    if stale is not None:
+        m.embedding_grad(model, stale)
     opt = m.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
-    losses = [float(m.train_step(model, opt, x, y, max_grad_norm)) for _ in range(2)]
+    clip = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
+    losses = [float(m.train_step(model, opt, x, y, **clip)) for _ in range(2)]
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
 
 
@@ -232,6 +242,33 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     )
 
 
+@judges("train_step", uses=("build_model", "canonical_state_dict", "forward"))
+@pytest.mark.bug_class("training")
+def test_train_step_ignores_gradients_already_present(spec, family):
+    """Gradients already on the parameters when train_step is called (from another backward pass) take no part in
+    its step: the update is that of the loss on (x, y) alone (protocol: train_step)."""
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=61, device=spec.device)
+    ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
+    x, y = ids[:, :-1], ids[:, 1:]
+    stale = spec.inputs.token_ids(2, 7, vocab=config["vocab_size"], seed=60)
+    spec.check(
+        lambda m, sd, x, y, stale: two_steps(m, config, sd, x, y, "sgd", None, stale),
+        sd,
+        x,
+        y,
+        stale,
+        kind="training",
+        behaviour="two SGD train_steps of a model holding gradients of another loss: losses and new weights",
+        hint="likely cause: train_step does not clear the gradients before its backward pass (or clears them only "
+        "after the step). Fix: optimizer.zero_grad() before loss.backward()",
+        rebase=(
+            ("forward", "build_model"),
+            lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
+        ),
+    )
+
+
 @judges("train_step", uses=("build_model", "forward"))
 @pytest.mark.bug_class("dropout_generation", "training")
 def test_train_step_runs_in_training_mode(spec, family):
@@ -327,6 +364,65 @@ def test_train_is_deterministic_for_a_seed(spec, family):
     )
 
 
+@judges("train", uses=("build_model", "forward", "canonical_state_dict"))
+@pytest.mark.bug_class("training")
+def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
+    """train's defaults are AdamW at lr 1e-3 (clipping at 1.0): on data of one repeated token every window is the
+    same batch, so train's losses are those of AdamW(lr=1e-3) steps on that batch (protocol: train).
+
+    AdamW's first update is lr * sign(gradient) whatever its betas, and clipping rescales the gradient, which that
+    update ignores; so the second loss pins the learning rate. Weight decay between 0 and 0.1 moves it by at most
+    3e-4 on this model, doubling or halving lr by about 0.6, SGD by 1.3: the tolerance is 1e-3.
+    """
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=69, device=spec.device)
+    data = torch.full((40,), 7)
+    x = torch.full((4, 10), 7, device=spec.device)
+    model = models.build(spec.impl, config, sd, training=True)
+    losses = spec.impl.train(model, data, steps=2, batch_size=4, context_length=10)
+    want = steps_on_own_model(spec.impl, config, sd, x, x, "adamw_default", 1.0)["losses"]
+    spec.close(
+        [float(v) for v in losses],
+        want,
+        tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 1e-3"),
+        behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
+        "AdamW(lr=1e-3) steps",
+    )
+
+
+@judges("train", uses=("build_model", "forward"))
+@pytest.mark.bug_class("unshifted_labels", "training")
+def test_train_losses_are_next_token_losses(spec, family):
+    """Each loss train returns is that of a batch of get_batch windows predicting the next token: on the cycle
+    1, 2, 3, 1, 2, 3, ... its first loss (before any update) is the mean of four windows' losses, each window being
+    one of the cycle's three rotations (protocol: train, get_batch, train_step).
+
+    The 15 possible means are computed with the implementation's own forward; which one train drew depends on its
+    random windows, which the protocol leaves to the implementation. Targets taken one token behind (x and y
+    swapped), or unshifted, give none of them.
+    """
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=70, device=spec.device)
+    data = torch.tensor([1, 2, 3] * 14)
+    model = models.build(spec.impl, config, sd, training=True)
+    first = float(spec.impl.train(model, data, steps=1, batch_size=4, context_length=10)[0])
+    fresh = models.build(spec.impl, config, sd)
+    rotations = []
+    for r in range(3):
+        x, y = data[r : r + 10][None].to(spec.device), data[r + 1 : r + 11].to(spec.device)
+        logits = spec.impl.forward(fresh, x)[0].double()
+        rotations.append(float(F.cross_entropy(logits, y)))
+    means = sorted({sum(c) / 4 for c in itertools.combinations_with_replacement(rotations, 4)})
+    nearest = min(means, key=lambda m: abs(m - first))
+    spec.close(
+        first,
+        nearest,
+        kind="model",
+        behaviour="train's first loss on the 3-cycle is the mean of four next-token window losses "
+        f"(rotation losses {[round(v, 4) for v in rotations]})",
+    )
+
+
 EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
 
 
@@ -334,13 +430,17 @@ EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
 @pytest.mark.bug_class("evaluation")
 @pytest.mark.parametrize(
     "n_tokens,context_length,batch_size",
-    [(61, 11, 2), (61, 11, 8), (40, 7, 3), (2, 5, 8)],
-    ids=["61/11/b2", "61/11/b8", "40/7/b3", "2-tokens"],
+    [(61, 11, 2), (61, 11, 8), (40, 7, 3), (36, 7, 4), (35, 7, 2), (2, 5, 8)],
+    ids=["61/11/b2", "61/11/b8", "40/7/b3", "36/7/b4", "35/7/b2", "2-tokens"],
 )
 def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batch_size):
     """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a
     short last one counts by its tokens), and perplexity = exp(loss) (course notes: evaluation loss and
-    perplexity)."""
+    perplexity).
+
+    Boundaries: 36 tokens / context 7 divide the 35 predictions into whole windows (no short one); 35 / 7 has a
+    data length that is a multiple of the context; 2 tokens make one window of one prediction.
+    """
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=67, device=spec.device))
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()[:n_tokens]

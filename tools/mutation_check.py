@@ -16,6 +16,16 @@ Outcomes: killed (a test failed), survived (the suite passed), timeout (counted 
 mutation tools do), incompetent (the mutant does not import) and equivalent (it changes only a
 type annotation, which ``from __future__ import annotations`` never evaluates): the last two are
 left out of the score.
+
+Protocol-level behaviours (what generation, training, evaluation, sampling and the KV cache do
+around the math) are mostly statements and arguments rather than operators, which cosmic-ray's core
+operators do not touch. ``--files`` restricts the mutants to some reference modules, and four more
+operators (``protocol/*``, below) mutate at that level: a call statement removed (``model.train()``,
+``optimizer.zero_grad()``, ``torch.manual_seed(seed)``), a keyword argument dropped (its callee's
+default applies: ``generator=generator``), two adjacent positional arguments swapped, and a ``with``
+block unwrapped (``with eval_mode(model):`` runs its body without the context):
+
+    python tools/mutation_check.py --files generation,training,sampling,kv_cache --sample 150 --seed 0 --jobs 1
 """
 
 from __future__ import annotations
@@ -65,14 +75,127 @@ def reference_texts(base: str | None = None) -> dict[str, str]:
     return {stem: show(stem) for stem in stems}
 
 
-def enumerate_mutations(base: str | None = None) -> list[dict]:
-    """Every (file, operator, occurrence) cosmic-ray's core operators produce on reference/*.py."""
+# ------------------------------------------------------------------------ protocol-level operators
+# Each finds its sites in a module's AST (in source order) and rewrites the source text of one site,
+# leaving every other line as it was (so line numbers and diffs stay readable).
+
+
+def _offsets(source: str) -> list[int]:
+    """Byte offset of the start of every line (AST columns are UTF-8 byte offsets)."""
+    starts, total = [0], 0
+    for line in source.encode().splitlines(keepends=True):
+        total += len(line)
+        starts.append(total)
+    return starts
+
+
+def _replace(source: str, node: ast.AST, text: str) -> str:
+    """``source`` with the text of ``node`` replaced by ``text``."""
+    data, starts = source.encode(), _offsets(source)
+    begin = starts[node.lineno - 1] + node.col_offset
+    end = starts[node.end_lineno - 1] + node.end_col_offset
+    return (data[:begin] + text.encode() + data[end:]).decode()
+
+
+def _sorted(nodes):
+    return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _calls(tree: ast.AST) -> list[ast.Call]:
+    return _sorted(n for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+class RemoveCallStatement:
+    """A statement that is only a call (``model.train()``, ``loss.backward()``) becomes ``pass``."""
+
+    @staticmethod
+    def sites(tree):
+        return _sorted(n for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call))
+
+    @staticmethod
+    def apply(source, tree, site):
+        return _replace(source, site, "pass")
+
+
+class DropKeywordArgument:
+    """One keyword argument of a call is left out, so the callee's default applies."""
+
+    @staticmethod
+    def sites(tree):
+        return [(call, i) for call in _calls(tree) for i, kw in enumerate(call.keywords) if kw.arg is not None]
+
+    @staticmethod
+    def apply(source, tree, site):
+        call, i = site
+        changed = ast.Call(call.func, call.args, [kw for j, kw in enumerate(call.keywords) if j != i])
+        return _replace(source, call, ast.unparse(changed))
+
+
+class SwapAdjacentArguments:
+    """Two neighbouring positional arguments of a call trade places (``f(a, b)`` -> ``f(b, a)``)."""
+
+    @staticmethod
+    def sites(tree):
+        return [
+            (call, i)
+            for call in _calls(tree)
+            for i in range(len(call.args) - 1)
+            if not isinstance(call.args[i], ast.Starred)
+            and not isinstance(call.args[i + 1], ast.Starred)
+            and ast.dump(call.args[i]) != ast.dump(call.args[i + 1])
+        ]
+
+    @staticmethod
+    def apply(source, tree, site):
+        call, i = site
+        args = list(call.args)
+        args[i], args[i + 1] = args[i + 1], args[i]
+        return _replace(source, call, ast.unparse(ast.Call(call.func, args, call.keywords)))
+
+
+class UnwrapWith:
+    """``with ctx: body`` -> ``body``: the block runs without the context manager (one item, no ``as``)."""
+
+    @staticmethod
+    def sites(tree):
+        return _sorted(
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.With) and len(n.items) == 1 and n.items[0].optional_vars is None
+        )
+
+    @staticmethod
+    def apply(source, tree, site):
+        lines = source.splitlines(keepends=True)
+        first = site.body[0].lineno - 1
+        shift = site.body[0].col_offset - site.col_offset
+        body = [ln[shift:] if ln[:shift].strip() == "" else ln for ln in lines[first : site.end_lineno]]
+        return "".join(lines[: site.lineno - 1] + body + lines[site.end_lineno :])
+
+
+PROTOCOL_OPERATORS = {
+    "protocol/RemoveCallStatement": RemoveCallStatement,
+    "protocol/DropKeywordArgument": DropKeywordArgument,
+    "protocol/SwapAdjacentArguments": SwapAdjacentArguments,
+    "protocol/UnwrapWith": UnwrapWith,
+}
+
+
+def _site_line(site) -> int:
+    return (site[0] if isinstance(site, tuple) else site).lineno
+
+
+def enumerate_mutations(base: str | None = None, files: tuple[str, ...] | None = None) -> list[dict]:
+    """Every (file, operator, occurrence) cosmic-ray's core operators (and, with ``files``, the protocol-level
+    operators) produce on reference/*.py, or on the modules ``files`` names."""
     import cosmic_ray.plugins
     from cosmic_ray.ast import ast_nodes, get_ast
 
     sources = reference_texts(base)
     found = []
     for stem, source in sources.items():
+        if files is not None and stem not in files:
+            continue
         nodes = list(ast_nodes(get_ast(source)))
         for op_name in cosmic_ray.plugins.operator_names():
             op_class = cosmic_ray.plugins.get_operator(op_name)
@@ -82,6 +205,12 @@ def enumerate_mutations(base: str | None = None) -> list[dict]:
             positions = [pos for node in nodes for pos in op.mutation_positions(node)]
             for occurrence, (start, _end) in enumerate(positions):
                 found.append({"stem": stem, "operator": op_name, "occurrence": occurrence, "line": start[0]})
+        if files is None:
+            continue  # the whole-reference population stays cosmic-ray's alone (comparable with earlier runs)
+        tree = ast.parse(source)
+        for op_name, op in PROTOCOL_OPERATORS.items():
+            for occurrence, site in enumerate(op.sites(tree)):
+                found.append({"stem": stem, "operator": op_name, "occurrence": occurrence, "line": _site_line(site)})
     return found
 
 
@@ -113,8 +242,13 @@ def mutant_sources(m: dict, base: str | None = None) -> tuple[dict[str, str], st
     from cosmic_ray.mutating import mutate_code
 
     sources = reference_texts(base)
-    op = cosmic_ray.plugins.get_operator(m["operator"])()
-    mutated = mutate_code(sources[m["stem"]], op, m["occurrence"])
+    if m["operator"] in PROTOCOL_OPERATORS:
+        op = PROTOCOL_OPERATORS[m["operator"]]
+        tree = ast.parse(sources[m["stem"]])
+        mutated = op.apply(sources[m["stem"]], tree, op.sites(tree)[m["occurrence"]])
+    else:
+        op = cosmic_ray.plugins.get_operator(m["operator"])()
+        mutated = mutate_code(sources[m["stem"]], op, m["occurrence"])
     if mutated is None or mutated == sources[m["stem"]]:
         return None
     diff = [
@@ -184,6 +318,13 @@ def run_mutant(task: tuple[int, dict, int, str | None]) -> dict:
     return {**result, "outcome": outcome, "detail": detail, "seconds": round(time.perf_counter() - start, 1)}
 
 
+def _head() -> str | None:
+    """The commit the suite was run at (``git rev-parse --short HEAD``), plus ``+dirty`` for local changes."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD")
+    return head + ("+dirty" if git("status", "--porcelain", "--", "spec_tests", "reference") else "") if head else None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample", type=int, default=250, help="mutants to run, drawn uniformly (0 = all)")
@@ -199,6 +340,19 @@ def main(argv=None) -> int:
         "still come from the working tree's reference",
     )
     parser.add_argument(
+        "--files",
+        default=None,
+        metavar="STEMS",
+        help="comma-separated reference modules to mutate (e.g. generation,training,sampling,kv_cache), with "
+        "the protocol-level operators as well as cosmic-ray's (default: every module, cosmic-ray's only)",
+    )
+    parser.add_argument(
+        "--operators",
+        default=None,
+        metavar="PREFIX",
+        help="only operators whose name starts with PREFIX (e.g. protocol/ or core/NumberReplacer)",
+    )
+    parser.add_argument(
         "--rerun",
         default=None,
         metavar="JSON",
@@ -208,7 +362,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    population = enumerate_mutations(args.base)
+    files = tuple(f.strip().removesuffix(".py") for f in args.files.split(",")) if args.files else None
+    population = enumerate_mutations(args.base, files)
+    if args.operators:
+        population = [m for m in population if m["operator"].startswith(args.operators)]
     earlier = json.loads(Path(args.rerun).read_text())["results"] if args.rerun else None
     if earlier is not None:
         chosen = [
@@ -220,7 +377,8 @@ def main(argv=None) -> int:
             if not args.sample
             else random.Random(args.seed).sample(population, min(args.sample, len(population)))
         )
-    print(f"{len(population)} cosmic-ray mutants of reference/; running {len(chosen)}", file=sys.stderr)
+    where = f"reference/{{{','.join(files)}}}.py" if files else "reference/"
+    print(f"{len(population)} mutants of {where}; running {len(chosen)}", file=sys.stderr)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     progress = bugcheck.Progress(len(chosen))
     results = []
@@ -252,6 +410,8 @@ def main(argv=None) -> int:
                     "sample": len(results),
                     "seed": args.seed,
                     "base": args.base,
+                    "files": list(files) if files else None,
+                    "commit": _head(),
                     "counts": counts,
                     "score": score,
                     "elapsed_seconds": round(elapsed, 1),
