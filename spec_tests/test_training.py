@@ -78,6 +78,35 @@ def test_get_batch_reaches_every_start(spec):
 
 @judges("get_batch")
 @pytest.mark.bug_class("get_batch")
+def test_get_batch_draws_from_its_generator(spec):
+    """get_batch with a generator draws its starts from it: generators seeded alike give the same batches
+    whatever the global RNG holds, other seeds other batches (protocol: get_batch; amendment 14)."""
+    data = torch.arange(200)
+
+    def draw(seed, global_seed):
+        spec.impl.manual_seed(global_seed)
+        return spec.impl.get_batch(data, 4, 5, generator=torch.Generator().manual_seed(seed))[0]
+
+    first, again = draw(7, 0), draw(7, 1)
+    spec.require(
+        torch.equal(first, again),
+        behaviour="the same generator seed gives the same batch, whatever the global RNG",
+        found=f"starts {first[:, 0].tolist()} then {again[:, 0].tolist()}",
+        causes=(
+            "likely cause: get_batch ignores its generator (it draws from the global RNG). Fix: "
+            "torch.randint(..., generator=generator)",
+        ),
+    )
+    others = [draw(s, 0) for s in range(8, 12)]
+    spec.require(
+        any(not torch.equal(first, o) for o in others),
+        behaviour="other generator seeds give other batches",
+        found="four other seeds drew the same starts",
+    )
+
+
+@judges("get_batch")
+@pytest.mark.bug_class("get_batch")
 def test_get_batch_with_exactly_enough_data(spec):
     """With exactly context_length + 1 tokens the only window is the whole data (protocol: get_batch)."""
     x, y = spec.impl.get_batch(torch.arange(10, 19), 1, 8, generator=torch.Generator().manual_seed(0))

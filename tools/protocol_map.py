@@ -990,6 +990,17 @@ CLAUSES: list[Clause] = [
         paths={TRA + "test_train_step_runs_in_training_mode": "however train_step routes its calls"},
         extremes=NO_ARGS,
     ),
+    C(
+        "amendment.14",
+        "amendment",
+        "14",
+        sizes={TRA + "test_get_batch_draws_from_its_generator": "batch 4, context 5"},
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={TRA + "test_get_batch_draws_from_its_generator": "two different global RNG states"},
+        paths={TRA + "test_get_batch_draws_from_its_generator": "the generator argument"},
+        extremes=NO_ARGS,
+    ),
 ]
 
 # Citation wordings that are not clause ids ("protocol: <wording>"); "Conventions, X" looks X up in CONVENTIONS.
