@@ -3,7 +3,7 @@
 A submission is a package folder (with ``__init__.py``), a folder holding such a package named
 ``student/`` (a Gradescope upload of the whole folder), or a single ``.py`` file. A folder that is
 none of these but holds submissions is a batch (one submission per entry). ``student`` and
-``reference`` name the repository's own packages.
+``reference`` name the installed packages of those names (found by importing them).
 
 Graded code runs from a copy named ``submission`` (or ``submission.py``) in a private folder, so
 that messages never depend on where or under which name it was uploaded, and nothing is written
@@ -18,7 +18,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .recording import ROOT
 from .solution_scan import find_reference_code
 
 MAX_FILE_BYTES = 5_000_000
@@ -47,7 +46,7 @@ def discover(values: list[str]) -> list[Submission]:
     found: list[Submission] = []
     for value in values:
         if value in ("student", "reference"):
-            found.append(Submission(value, ROOT / value))
+            found.append(Submission(value, package_dir(value)))
             continue
         path = Path(value)
         if not path.exists():
@@ -84,12 +83,22 @@ def discover(values: list[str]) -> list[Submission]:
     return found
 
 
+def package_dir(name: str) -> Path:
+    """The folder of an importable package (``student``, ``reference``), found by importing it."""
+    import importlib
+
+    return Path(importlib.import_module(name).__file__).resolve().parent
+
+
 def stage(submission: Submission, into: Path) -> Path:
-    """A private copy of the submission under ``into``; returns what ``--impl`` should name."""
+    """A private copy of the submission under ``into``, readable by the sandbox's unprivileged user
+    (files 0644, folders 0755: an upload may come with 0600 modes); returns its path."""
     into.mkdir(parents=True, exist_ok=True)
+    into.chmod(0o755)
     if submission.source.is_file():
         target = into / "submission.py"
         shutil.copyfile(submission.source, target)
+        target.chmod(0o644)
         return target
     target = into / "submission"
 
@@ -103,6 +112,8 @@ def stage(submission: Submission, into: Path) -> Path:
         ]
 
     shutil.copytree(submission.source, target, ignore=ignore, symlinks=False)
+    for entry in [target, *target.rglob("*")]:
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
     return target
 
 
