@@ -10,8 +10,9 @@ unchanged. One manifest, prepared by the first grading, is shared (``--cache-dir
 restricted to three concepts (``--select``) to keep this file near two minutes on two cores.
 
 The attacks run only where the bubblewrap sandbox is available (CI installs it): some of them
-(appending to the grader's modules, rewriting its cache) succeed against the no-sandbox fallback,
-which docs/grading.md says.
+succeed against the no-sandbox fallback, which docs/grading.md says. The last test shows what the
+fallback still does about one of them: a submission that writes into the suite (here a copy of the
+project) is noticed, and nothing judged with the changed code is graded.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ memory_mb = 3072
 MAX_RESULTS_BYTES = 1_500_000
 
 AVAILABLE, REASON = sandbox.sandbox_available()
-pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"the attacks need the sandbox: {REASON}")
 
 
 def reference_dir() -> Path:
@@ -104,6 +104,8 @@ def load_results(out: Path, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def attacks(tmp_path_factory):
+    if not AVAILABLE:
+        pytest.skip(f"the attacks need the sandbox: {REASON}")
     tmp = tmp_path_factory.mktemp("attacks")
     cache, subs = tmp / "cache", tmp / "subs"
     rubric = tmp / "rubric.toml"
@@ -319,3 +321,33 @@ def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, slow_s
             assert spec_grade(*args, "--rubric", str(attacks["tmp"] / "rubric.toml")).returncode == 0
         assert not folder.exists(), f"{folder} left behind after {how.name}"
         assert not (tmp_path / "results.json").exists()
+
+
+def test_without_the_sandbox_a_changed_suite_is_noticed(tmp_path):
+    """--sandbox off, in a copy of the project: the appender rewrites the copy's suite and grader."""
+    import importlib
+
+    project = tmp_path / "project"
+    for name in ("spec_tests", "reference", "spec_grading"):
+        source = Path(importlib.import_module(name).__file__).resolve().parent
+        shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__", "recorded"))
+    targets = {
+        "compare": project / "spec_tests" / "harness" / "compare.py",
+        "grade": project / "spec_grading" / "grade.py",
+    }
+    baked = {"results": [], "cache_dir": str(tmp_path / "cache"), "test_ids": []}
+    baked["checkout_files"] = {kind: str(path) for kind, path in targets.items()}
+    honest = build(tmp_path / "subs", "honest", baked)
+    cheater = build(tmp_path / "subs", "grader_appender", baked)
+    (tmp_path / "rubric.toml").write_text(RUBRIC)
+    cmd = [sys.executable, "-m", "spec_grading.cli", "--impl", str(honest), "--impl", str(cheater), "--jobs", "1"]
+    cmd += ["--sandbox", "off", "--select", "test_norms", "--cache-dir", str(tmp_path / "cache")]
+    cmd += ["--rubric", str(tmp_path / "rubric.toml"), "--out-dir", str(tmp_path / "out"), "--gradescope", "r.json"]
+    proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=600)  # imports the copy
+    assert "appended by a submission" in targets["compare"].read_text()  # the attack worked on the copy
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "changed while submissions were judged" in proc.stderr
+    first = json.loads((tmp_path / "out" / "honest" / "r.json").read_text())
+    cheated = json.loads((tmp_path / "out" / "grader_appender" / "r.json").read_text())
+    assert 0 < first["score"] < 100 and cheated["score"] == 0
+    assert all("not graded: the grader's own code" in t["output"] for t in cheated["tests"] if "output" in t)

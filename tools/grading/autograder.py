@@ -19,7 +19,6 @@ Gradescope (``tests/test_grading_gradescope.py``).
 
 from __future__ import annotations
 
-import importlib
 import shlex
 import shutil
 import tempfile
@@ -27,6 +26,7 @@ import zipfile
 from pathlib import Path
 
 from .manifest import Manifest
+from .packages import package_dir
 from .rubric import Rubric
 
 TORCH_PIN = "torch==2.13.0"
@@ -81,10 +81,6 @@ mkdir -p "$AG/results"
 exec python3 -m spec_grading.cli --impl "$AG/submission" --gradescope "$AG/results/results.json" \\
     --rubric rubric.toml --cache-dir "$AG/source/grading-cache"{select}
 """
-
-
-def package_dir(name: str) -> Path:
-    return Path(importlib.import_module(name).__file__).resolve().parent
 
 
 def rubric_text(rubric: Rubric) -> str:

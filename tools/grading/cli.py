@@ -10,7 +10,7 @@ Prints a per-component table (tests earned, points). Points, visibility, limits 
 capabilities come from the rubric (``--rubric``, default ./rubric.toml, else built-in defaults).
 Exit status: 0 whenever a grade was produced, whatever the score; 2 on usage errors (bad arguments,
 missing submission, malformed rubric); 1 when no grade could be produced (the manifest could not be
-prepared, or ``--sandbox require`` without a sandbox).
+prepared, ``--sandbox require`` without a sandbox, or the code that judges changed during grading).
 
 How it works: each submission is judged by its own trusted ``pytest`` process (``judge.py``) that
 runs the submission only in a sandboxed worker and writes each test's verdict as data; this
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from . import report
 from .grade import build_grade
-from .judge import JudgeRun, Limits
-from .manifest import ManifestError, prepare
+from .judge import JudgeResult, JudgeRun, Limits, Verdict
+from .manifest import ManifestError, code_digest, default_cache_dir, prepare
 from .progress import Progress
 from .rubric import Rubric, RubricError, assign, load_rubric, unknown_components
 from .submission import SubmissionError, discover, stage, static_flags
@@ -192,13 +192,16 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
     for name in [] if args.select else unknown_components(tests, rubric):
         log(f"note: rubric {rubric.source} weighs component {name!r}, which no graded test has")
     graded = assign(tests, rubric)
-    grades = judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, (sandboxed, sandbox_what))
+    grades, trustworthy = judge_all(
+        args, submissions, graded, rubric, limits, work, sandbox_mode, (sandboxed, sandbox_what)
+    )
     write_reports(args, grades, leaderboard)
-    return 0
+    return 0 if trustworthy else 1
 
 
-def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, sandbox) -> list:
-    """Judge every submission (``--jobs`` at once) and build their grades, in submission order."""
+def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, sandbox) -> tuple[list, bool]:
+    """Judge every submission (``--jobs`` at once) and build their grades, in submission order; and
+    whether the code that judges stayed unchanged throughout (else the rest is not graded)."""
     ids = [t.id for t in graded]
     jobs = max(1, args.jobs or os.cpu_count() or 1)
     batch = len(submissions) > 1
@@ -211,8 +214,10 @@ def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, san
     running: dict[int, tuple] = {}
     grades: dict[int, object] = {}
     started = time.monotonic()
+    trusted = code_digest()
+    tainted: str | None = None
     try:
-        while pending or running:
+        while (pending or running) and tainted is None:
             while pending and len(running) < jobs:
                 i, sub = pending.pop(0)
                 folder = work / f"sub-{i}"
@@ -229,12 +234,16 @@ def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, san
                     device=args.device,
                     sandbox=sandbox_mode,
                     on_result=None if batch else (lambda *_: bar.advance()),
+                    protect=[Path(args.cache_dir) if args.cache_dir else default_cache_dir()],  # for the fallback
                 )
                 run.start()
                 running[i] = (sub, run, flags)
             for i in list(running):
                 sub, run, flags = running[i]
                 if run.poll():
+                    if code_digest() != trusted:  # e.g. a submission wrote into the suite (no sandbox)
+                        tainted = sub.label
+                        break
                     del running[i]
                     result = run.result()
                     grades[i] = build_grade(sub.label, graded, result, rubric, sandbox=sandbox, staff_flags=flags)
@@ -244,9 +253,19 @@ def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, san
     finally:
         for _sub, run, _flags in running.values():
             run.kill("the grader was stopped")
+    if tainted is not None:
+        reason = (
+            "not graded: the grader's own code (the suite, the reference or the grader) changed while submissions "
+            f"were judged (noticed when {tainted!r} finished); grades judged with it cannot be trusted"
+        )
+        log(f"{PROG}: ERROR: {reason}")
+        for i, sub in enumerate(submissions):
+            if i not in grades:
+                nothing = JudgeResult({t.id: Verdict("not_run", reason) for t in graded}, stopped=reason)
+                grades[i] = build_grade(sub.label, graded, nothing, rubric, sandbox=sandbox, staff_flags=[])
     if batch:
         log(f"graded {len(grades)} submissions in {time.monotonic() - started:.0f} s")
-    return [grades[i] for i in range(len(submissions))]
+    return [grades[i] for i in range(len(submissions))], tainted is None
 
 
 def write_reports(args, grades, leaderboard) -> None:

@@ -24,17 +24,16 @@ recording fails.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from .judge import spec_tests_dir
+from .judge import child_env, spec_tests_dir
 from .manifest import torch_version
+from .packages import package_dir
 from .rubric import Rubric, RubricError, load_rubric
-from .submission import package_dir
 
 STYLES = ("interleaved", "half")
 EXCLUDED = {"bugs", "recorded", "__pycache__", ".hypothesis", ".pytest_cache"}
@@ -59,8 +58,7 @@ def record(styles, into: Path, *, test_files: list[str] | None, max_bug_bytes: i
     """``pytest <suite> --impl=<reference in style> --spec-record=<into>``, once per style."""
     suite = spec_tests_dir()
     targets = [str(suite / f) for f in test_files] if test_files else [str(suite)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPEC_", "PYTEST_", "HYPOTHESIS_"))}
-    env.update(PYTHONHASHSEED="0", SPEC_RECORD_MAX_BUG_BYTES=str(max_bug_bytes), PYTHONDONTWRITEBYTECODE="1")
+    env = child_env(PYTHONHASHSEED="0", SPEC_RECORD_MAX_BUG_BYTES=str(max_bug_bytes), PYTHONDONTWRITEBYTECODE="1")
     for style in styles:
         with tempfile.TemporaryDirectory(prefix="handout-record-") as cwd:
             cmd = [sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", "--tb=short"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .collector import FINAL_NAME, FORMAT, PROGRESS_NAME
+from .packages import import_root, package_dir
 from .textsafe import clean
 
 HYPOTHESIS_PROFILE = "spec-grading"
@@ -61,14 +62,33 @@ class JudgeResult:
 
 
 def spec_tests_dir() -> Path:
-    """The suite's folder, wherever it is installed (found by importing it, not by a path)."""
-    import spec_tests
+    """The suite's folder, wherever it is installed (found by the import system, not by a path)."""
+    return package_dir("spec_tests")
 
-    return Path(spec_tests.__file__).resolve().parent
+
+def import_roots() -> list[str]:
+    """Folders that make ``spec_tests``, ``reference`` and ``spec_grading`` import, in a child process,
+    from where they import here (a checkout, an installed copy, or the current folder, as in the
+    Gradescope autograder), so that the judge runs the very code this process hashed and trusts."""
+    roots: list[str] = []
+    for name in ("spec_tests", "reference", "spec_grading"):
+        root = import_root(name)
+        if root is not None and str(root) not in roots:
+            roots.append(str(root))
+    return roots
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a trusted child (judge, recording pass): no SPEC_/PYTEST_/HYPOTHESIS_
+    settings of the caller, the project importable as it is here."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPEC_", "PYTEST_", "HYPOTHESIS_"))}
+    env["PYTHONPATH"] = os.pathsep.join([*import_roots(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(extra)
+    return env
 
 
 def judge_env(sandbox: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPEC_", "PYTEST_", "HYPOTHESIS_"))}
+    env = child_env()
     env.update(
         PYTHONHASHSEED="0",
         OMP_NUM_THREADS="1",
@@ -149,6 +169,7 @@ class JudgeRun:
         select: str | None = None,
         describe: bool = False,
         on_result=None,
+        protect=(),
     ):
         self.folder = Path(folder)
         self.out = self.folder / "judge"
@@ -170,7 +191,7 @@ class JudgeRun:
             limits=limits,
             device=device,
             worker_dir=self.folder / "worker",
-            protect=[self.folder / "judge", self.folder / "tests.txt"],
+            protect=[self.folder / "judge", self.folder / "tests.txt", *protect],
             select=select,
             describe=describe,
         )

@@ -6,9 +6,9 @@ the reference does not pass there (skipped for a capability the rubric does not 
 failing) are not graded.
 
 The manifest is cached in ``<cache>/<key>/manifest.json`` with its SHA-256 in
-``manifest.json.sha256``. ``key`` is a digest of the suite's and the reference's files, the
-grader's judge-side code, the rubric's capabilities, the test selection, the torch and Python
-versions; the manifest also holds its key. Before use both are checked: a manifest that was
+``manifest.json.sha256``. ``key`` is a digest of the code that judges (the suite with its harness,
+the reference, the grader: ``code_digest``), the rubric's capabilities, the test selection, the
+torch and Python versions; the manifest also holds its key. Before use both are checked: a manifest that was
 modified, or made for other sources, is prepared again (and the grader says so).
 """
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .judge import HYPOTHESIS_PROFILE, JudgeRun, Limits, spec_tests_dir
+from .packages import package_dir
 from .textsafe import write_atomic
 
 FORMAT = 2
@@ -66,10 +67,8 @@ def torch_version() -> str:
 
 
 def reference_dir() -> Path:
-    """The reference package's folder (found by importing it)."""
-    import reference
-
-    return Path(reference.__file__).resolve().parent
+    """The reference package's folder (found by the import system)."""
+    return package_dir("reference")
 
 
 def _tree_files(folder: Path):
@@ -78,16 +77,20 @@ def _tree_files(folder: Path):
             yield path
 
 
-def manifest_key(capabilities, select: str | None) -> str:
+def code_digest() -> str:
+    """A digest of the code that judges: the suite (with its harness), the reference, the grader."""
     h = hashlib.sha256()
-    for name, folder in (("spec_tests", spec_tests_dir()), ("reference", reference_dir())):
+    grader = Path(__file__).resolve().parent
+    for name, folder in (("spec_tests", spec_tests_dir()), ("reference", reference_dir()), ("spec_grading", grader)):
         for path in _tree_files(folder):
-            if "recorded" in path.relative_to(folder).parts:
+            if "recorded" in path.relative_to(folder).parts or path.suffix not in (".py", ".toml"):
                 continue
             h.update(f"{name}/{path.relative_to(folder).as_posix()}".encode() + b"\0" + path.read_bytes() + b"\0")
-    here = Path(__file__).resolve().parent
-    for module in ("collector.py", "judge.py", "manifest.py"):
-        h.update((here / module).read_bytes())
+    return h.hexdigest()
+
+
+def manifest_key(capabilities, select: str | None) -> str:
+    h = hashlib.sha256(code_digest().encode())
     facts = {
         "format": FORMAT,
         "capabilities": sorted(capabilities),

@@ -9,6 +9,7 @@ does not hide it, renaming its variables does.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -65,9 +66,14 @@ def reference_bodies(reference_dir: Path | None = None) -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _installed_reference_bodies() -> dict[str, str]:
+    return reference_bodies()
+
+
 def find_reference_code(paths, bodies: dict[str, str] | None = None) -> list[str]:
     """``"<file>:<function> is reference/<file>:<function>"`` for each copied function in ``paths``."""
-    bodies = reference_bodies() if bodies is None else bodies
+    bodies = _installed_reference_bodies() if bodies is None else bodies
     found = []
     for path in paths:
         path = Path(path)

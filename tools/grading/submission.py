@@ -3,7 +3,7 @@
 A submission is a package folder (with ``__init__.py``), a folder holding such a package named
 ``student/`` (a Gradescope upload of the whole folder), or a single ``.py`` file. A folder that is
 none of these but holds submissions is a batch (one submission per entry). ``student`` and
-``reference`` name the installed packages of those names (found by importing them).
+``reference`` name the installed packages of those names (found by the import system).
 
 Graded code runs from a copy named ``submission`` (or ``submission.py``) in a private folder, so
 that messages never depend on where or under which name it was uploaded, and nothing is written
@@ -18,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .packages import package_dir
 from .solution_scan import find_reference_code
 
 MAX_FILE_BYTES = 5_000_000
@@ -81,13 +82,6 @@ def discover(values: list[str]) -> list[Submission]:
     if dupes:
         raise SubmissionError(f"several submissions share the name(s) {dupes}; grade them from separate folders")
     return found
-
-
-def package_dir(name: str) -> Path:
-    """The folder of an importable package (``student``, ``reference``), found by importing it."""
-    import importlib
-
-    return Path(importlib.import_module(name).__file__).resolve().parent
 
 
 def stage(submission: Submission, into: Path) -> Path:
@@ -158,10 +152,39 @@ SUSPICIOUS = [
 ]
 
 
+LARGE_DATA_BYTES = 100_000
+
+
+def large_data(source: Path) -> list[str]:
+    """Files or string literals large enough to hold copied expected values (the handout ships a
+    recording of the suite's inputs and answers; grading uses the same inputs)."""
+    found = []
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    for path in files:
+        rel = path.name if source.is_file() else str(path.relative_to(source))
+        size = path.stat().st_size
+        if size > LARGE_DATA_BYTES:
+            found.append(f"{rel} is {size // 1000} kB")
+            continue
+        if path.suffix == ".py":
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            big = [
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes) and len(n.value) > 20_000
+            ]
+            if big:
+                found.append(f"{rel}:{big[0].lineno} holds a {len(big[0].value) // 1000} kB literal")
+    return found
+
+
 def static_flags(source: Path) -> list[str]:
     """Things in a submission's source that staff may want to look at (never affects the score)."""
     files = [source] if source.is_file() else sorted(source.rglob("*.py"))
-    flags = []
+    flags = [f"large data ({what}): copied expected values?" for what in large_data(source)]
     for path in files:
         if "__pycache__" in path.parts:
             continue
