@@ -11,8 +11,9 @@ restricted to three concepts (``--select``) to keep this file near two minutes o
 
 The attacks run only where the bubblewrap sandbox is available (CI installs it): some of them
 succeed against the no-sandbox fallback, which docs/grading.md says. The last test shows what the
-fallback still does about one of them: a submission that writes into the suite (here a copy of the
-project) is noticed, and nothing judged with the changed code is graded.
+fallback still does about one of them: a submission that disarms the fallback's guard and writes
+into the suite (here a copy of the project) is noticed, and nothing judged with the changed code
+is graded.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from spec_tests.harness import sandbox
 HERE = Path(__file__).resolve().parent
 CHEATERS = HERE / "grading_cheaters"
 ATTACKS = sorted(p.stem for p in CHEATERS.glob("*.py") if not p.stem.startswith("_"))
-SELECT = "test_norms or test_positions or count_parameters"
+SELECT = "test_norms or test_positions or (count_parameters and not gpt2_small)"
 RUBRIC = """
 total = 100
 [limits]
-test_timeout_s = 10
+test_timeout_s = 6
 run_timeout_s = 240
 memory_mb = 3072
 """
@@ -222,7 +223,7 @@ def test_specific_outcomes(attacks):
     assert forged["score"] <= load_results(attacks["tmp"] / "out1", "honest")["score"]
     slow = load_results(out, "alarm_thread")
     [hung] = [t for t in slow["tests"] if "rmsnorm" in t["name"] and t["name"].endswith("[f64-small]")]
-    assert "did not finish within the test's limit of 10 s" in hung["output"]
+    assert "did not finish within the test's limit of 6 s" in hung["output"]
     assert attacks["batch_s"] < 240, attacks["batch_s"]
 
 
@@ -324,7 +325,8 @@ def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, slow_s
 
 
 def test_without_the_sandbox_a_changed_suite_is_noticed(tmp_path):
-    """--sandbox off, in a copy of the project: the appender rewrites the copy's suite and grader."""
+    """--sandbox off, in a copy of the project: a submission disarms the in-process guard and rewrites
+    the copy's suite. The grader notices, and grades nothing judged with the changed code."""
     import importlib
 
     project = tmp_path / "project"
@@ -338,7 +340,7 @@ def test_without_the_sandbox_a_changed_suite_is_noticed(tmp_path):
     baked = {"results": [], "cache_dir": str(tmp_path / "cache"), "test_ids": []}
     baked["checkout_files"] = {kind: str(path) for kind, path in targets.items()}
     honest = build(tmp_path / "subs", "honest", baked)
-    cheater = build(tmp_path / "subs", "grader_appender", baked)
+    cheater = build(tmp_path / "subs", "disarm_and_append", baked)
     (tmp_path / "rubric.toml").write_text(RUBRIC)
     cmd = [sys.executable, "-m", "spec_grading.cli", "--impl", str(honest), "--impl", str(cheater), "--jobs", "1"]
     cmd += ["--sandbox", "off", "--select", "test_norms", "--cache-dir", str(tmp_path / "cache")]
@@ -348,6 +350,6 @@ def test_without_the_sandbox_a_changed_suite_is_noticed(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "changed while submissions were judged" in proc.stderr
     first = json.loads((tmp_path / "out" / "honest" / "r.json").read_text())
-    cheated = json.loads((tmp_path / "out" / "grader_appender" / "r.json").read_text())
+    cheated = json.loads((tmp_path / "out" / "disarm_and_append" / "r.json").read_text())
     assert 0 < first["score"] < 100 and cheated["score"] == 0
     assert all("not graded: the grader's own code" in t["output"] for t in cheated["tests"] if "output" in t)

@@ -61,6 +61,10 @@ class JudgeResult:
     described: dict = field(default_factory=dict)  # the manifest pass: each test's rubric facts
 
 
+def grader_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
 def spec_tests_dir() -> Path:
     """The suite's folder, wherever it is installed (found by the import system, not by a path)."""
     return package_dir("spec_tests")
@@ -191,7 +195,9 @@ class JudgeRun:
             limits=limits,
             device=device,
             worker_dir=self.folder / "worker",
-            protect=[self.folder / "judge", self.folder / "tests.txt", *protect],
+            # for the fallback's in-process guard (the sandbox shows none of these): the judge's files,
+            # and the code that judges, which graded code must not rewrite
+            protect=[self.folder / "judge", self.folder / "tests.txt", spec_tests_dir(), grader_dir(), *protect],
             select=select,
             describe=describe,
         )
@@ -204,6 +210,7 @@ class JudgeRun:
         self._offset = 0
         self._partial = b""
         self.progress: dict[str, dict] = {}
+        self.exit_grace_s = EXIT_GRACE_S
 
     def start(self) -> None:
         self.started = time.monotonic()
@@ -234,7 +241,7 @@ class JudgeRun:
         if now - self.started > self.limits.run_timeout_s:
             self.kill(f"grading reached its whole-run limit of {self.limits.run_timeout_s:g} s")
             return True
-        if self.finished_at is not None and now - self.finished_at > EXIT_GRACE_S:
+        if self.finished_at is not None and now - self.finished_at > self.exit_grace_s:
             self.kill(None)  # it wrote everything and then did not exit: no loss
             return True
         return False

@@ -36,9 +36,10 @@ def output_of(grade: Grade, r: TestResult, *, staff: bool = False) -> str:
 
 
 def sandbox_lines(grade: Grade) -> list[str]:
+    """What the reports say when the submission ran without the sandbox (nothing otherwise)."""
     if grade.sandboxed:
         return []
-    return [f"Note: {FALLBACK_HEADLINE}: {grade.sandbox_note or 'no sandbox was available'}"]
+    return [f"{FALLBACK_HEADLINE}: {grade.sandbox_note or 'no sandbox was available'}"]
 
 
 # -- terminal --------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def public_summary(grade: Grade) -> str:
         ]
     notes = sandbox_lines(grade)
     if notes:
-        lines += ["", *notes]
+        lines += ["", *(f"Note: {line}" for line in notes)]
     return clean("\n".join(lines), 20_000)
 
 
