@@ -119,3 +119,35 @@ def test_the_zips_project_builds_as_a_wheel(autograder):
         "reference/model.py",
     ):
         assert path in names, path
+
+
+def test_an_installed_copy_grades_from_any_folder(autograder):
+    """The zip's project installed (not editable) into a folder of its own, run from an empty folder:
+    the grader finds the suite, the reference and itself by importing them."""
+    [wheel] = (autograder["tmp"] / "wheel").glob("*.whl")
+    target, elsewhere = autograder["tmp"] / "installed", autograder["tmp"] / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
+    assert subprocess.run(pip, capture_output=True, text=True, timeout=300).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    names = ("spec_grading", "spec_tests", "reference")
+    where = f"import {', '.join(names)}; print({', '.join(f'{n}.__file__' for n in names)})"
+    found = subprocess.run([sys.executable, "-c", where], capture_output=True, text=True, env=env, cwd=elsewhere)
+    assert found.stdout.split() and all(path.startswith(str(target)) for path in found.stdout.split()), found
+    out = autograder["tmp"] / "installed.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "spec_grading.cli",
+        "--impl",
+        "reference",
+        "--select",
+        SELECT,
+        "--gradescope",
+        str(out),
+    ]
+    cmd += ["--cache-dir", str(autograder["tmp"] / "cache-installed")]
+    graded = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
+    assert graded.returncode == 0, graded.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["score"] == 100.0 and len(results["tests"]) == 10
