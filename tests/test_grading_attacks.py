@@ -276,14 +276,29 @@ def _start_grader(sub: Path, tmp: Path, out: Path, *extra) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        children = _children(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
 def test_a_killed_judge_still_gives_a_report_with_every_test(attacks, slow_submission, tmp_path):
     out = tmp_path / "results.json"
     grader = _start_grader(slow_submission, attacks["tmp"], out)
     judge = _judge_of(grader)
     time.sleep(3.0)
+    sandbox_processes = _descendants(judge)  # bubblewrap and the worker
+    assert sandbox_processes
     os.kill(judge, signal.SIGKILL)
     stdout, stderr = grader.communicate(timeout=60)
     assert grader.returncode == 0, stderr
+    stop = time.monotonic() + 10
+    while any(_alive(p) for p in sandbox_processes) and time.monotonic() < stop:
+        time.sleep(0.1)
+    assert not [p for p in sandbox_processes if _alive(p)], "the worker outlived its judge"
     results = json.loads(out.read_text())
     assert len(results["tests"]) == len(attacks["test_ids"])
     not_run = [t for t in results["tests"] if t.get("output", "").startswith("not run:")]

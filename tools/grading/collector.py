@@ -138,6 +138,9 @@ class Collector:
             state = session_of(config)
         except pytest.UsageError as exc:
             self.could_not_run = self.import_failure(str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. the worker did not start in time
+            self.could_not_run = clean(f"the process running your code could not start: {exc}", MESSAGE_CAP)
+        if self.could_not_run is not None:
             config.hook.pytest_deselected(items=list(items))
             items[:] = []
             return
@@ -183,13 +186,13 @@ class Collector:
             verdict = verdict_of(report) or verdict
             checks = results_of(report) or checks
             if report.failed and error is None and (verdict is None or report.when == "teardown"):
-                error = f"the test failed during {report.when}: {_first_line(report)}"
+                error = f"the test failed during {report.when}: {_summary_line(report)}"
         if verdict is not None and error is None:
             status, root, message = verdict.status, list(verdict.root_cause), verdict.message
         elif error is not None:
             status, root, message = "error", [], error
         elif any(r.skipped for r in reports):
-            status, root, message = "skipped", [], _first_line(next(r for r in reports if r.skipped))
+            status, root, message = "skipped", [], _summary_line(next(r for r in reports if r.skipped))
         else:
             status, root, message = "error", [], "the test ended without a verdict"
         failed = [c for c in checks if c.failed]
@@ -264,7 +267,8 @@ class EarlyStart:
             worker.close()
 
 
-def _first_line(report) -> str:
+def _summary_line(report) -> str:
+    """A skip's reason, or the last line of a failure's report (where the error is stated)."""
     if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
         text = str(report.longrepr[2]).removeprefix("Skipped: ")
     else:
