@@ -1,10 +1,11 @@
-"""tools/grade.py end to end: rubric, reports, batch, determinism, isolation and integrity.
+"""spec-grade end to end: rubric, points, reports, batch, determinism, limits, fallback, manifest.
 
-One batch of submissions is graded twice on the norms tests only (to stay fast): a correct one
-(the reference under another name), the skeleton, one that imports ``reference`` at import time,
-one with a catalogued bug (diagnosis), and a "chaos" one whose functions loop forever, abort the
-process, call ``sys.exit``, exhaust memory, read the recorded expected values, import the
-reference and start a process, each in a different test.
+One batch is graded on a small selection (the norms, repeat_kv and GQA attention tests) to stay
+fast: a correct submission (the reference under another name), the skeleton, one that fails to
+import, one with a catalogued rmsnorm bug (diagnosis), one with a repeat_kv bug (whose attention
+tests are consequences: not charged), one lacking layernorm (not provided), and a "chaos" one
+whose rmsnorm loops forever, aborts, calls sys.exit or exhausts memory, each in a different test.
+The attacks of issue 11 are in test_grading_attacks.py.
 """
 
 from __future__ import annotations
@@ -12,26 +13,23 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-GRADE = [sys.executable, str(ROOT / "tools" / "grade.py")]
-sys.path.insert(0, str(ROOT))
+from spec_tests.harness import sandbox
 
-SELECT = "test_norms"
+SELECT = "test_norms or test_repeat_kv or test_sdpa_gqa_mapping"
 RUBRIC = """
 total = 100
 [components]
-norms = 1
+norms = 2
+attention = 1
 [limits]
-test_timeout_s = 2
+test_timeout_s = 4
 memory_mb = 2048
 [[tests]]
 match = "test_norms.py::test_norm_statistics_in_at_least_float32*"
@@ -40,15 +38,14 @@ visibility = "hidden"
 match = "test_norms.py::test_rmsnorm"
 weight = 2
 """
+HIDDEN = "This test is hidden: it counts towards your score, but its details are not shown."
 
 CHAOS = """
 
-import glob as _glob
 import os as _os
-import subprocess as _subprocess
 import sys as _sys
 
-_good_rmsnorm, _good_layernorm = rmsnorm, layernorm
+_good_rmsnorm = rmsnorm
 
 
 def rmsnorm(x, weight, eps=1e-5):
@@ -63,22 +60,21 @@ def rmsnorm(x, weight, eps=1e-5):
     if x.dtype == torch.float16:
         hog = []
         while True:  # runaway memory
-            hog.append(torch.empty(2**28, dtype=torch.uint8))
+            hog.append(torch.ones(2**26))
     return _good_rmsnorm(x, weight, eps)
-
-
-def layernorm(x, weight, bias, eps=1e-5):
-    small = bool(x.abs().max() < 0.1)
-    if x.dtype == torch.float64 and not small:
-        for path in _glob.glob(CACHE + "/*/expected-interleaved.pt"):
-            with open(path, "rb") as f:  # read the recorded expected values
-                f.read()
-    if x.dtype == torch.float64 and small:
-        import reference  # noqa: F401
-    if x.dtype == torch.float32 and not small:
-        _subprocess.run(["cat", "/etc/hostname"], check=True)
-    return _good_layernorm(x, weight, bias, eps)
 """
+
+
+def reference_dir() -> Path:
+    import reference
+
+    return Path(reference.__file__).resolve().parent
+
+
+def student_dir() -> Path:
+    import student
+
+    return Path(student.__file__).resolve().parent
 
 
 def copy_package(src: Path, dst: Path) -> Path:
@@ -86,105 +82,92 @@ def copy_package(src: Path, dst: Path) -> Path:
     return dst
 
 
-def make_submissions(folder: Path, cache: Path) -> list[str]:
-    copy_package(ROOT / "reference", folder / "good")
-    copy_package(ROOT / "student", folder / "skeleton")
-    cheat = copy_package(ROOT / "reference", folder / "cheat_import")
-    (cheat / "__init__.py").write_text("import reference  # borrow the answers\n" + (cheat / "__init__.py").read_text())
-    chaos = copy_package(ROOT / "reference", folder / "chaos")
-    norms = chaos / "norms.py"
-    norms.write_text(norms.read_text() + CHAOS.replace("CACHE", repr(str(cache))))
-    names = ["chaos", "cheat_import", "good", "skeleton"]
-    try:
-        from spec_tests.bugs import apply_patch, get_bug, reference_sources
-    except ImportError:
-        return names
-    buggy = folder / "buggy"
-    buggy.mkdir()
-    for stem, text in apply_patch(get_bug("rmsnorm_eps_outside_root"), reference_sources()).items():
-        (buggy / f"{stem}.py").write_text(text)
-    return [*names, "buggy"]
+def with_bug(folder: Path, bug: str) -> Path:
+    from spec_tests.bugs import apply_patch, get_bug, reference_sources
+
+    folder.mkdir(parents=True)
+    for stem, text in apply_patch(get_bug(bug), reference_sources()).items():
+        (folder / f"{stem}.py").write_text(text)
+    return folder
 
 
-def grade(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*GRADE, *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=600)
+def make_submissions(folder: Path) -> list[str]:
+    copy_package(reference_dir(), folder / "good")
+    copy_package(student_dir(), folder / "skeleton")
+    broken = copy_package(reference_dir(), folder / "broken")
+    (broken / "__init__.py").write_text((broken / "__init__.py").read_text() + "\nraise RuntimeError('no \\udc80')\n")
+    chaos = copy_package(reference_dir(), folder / "chaos")
+    (chaos / "norms.py").write_text((chaos / "norms.py").read_text() + CHAOS)
+    partial = copy_package(reference_dir(), folder / "partial")
+    init = (
+        (partial / "__init__.py")
+        .read_text()
+        .replace("from .norms import layernorm, rmsnorm", "from .norms import rmsnorm")
+    )
+    (partial / "__init__.py").write_text(init.replace('    "layernorm",\n', ""))
+    with_bug(folder / "buggy", "rmsnorm_eps_outside_root")
+    with_bug(folder / "kvbug", "repeat_kv_tiled")
+    return ["broken", "buggy", "chaos", "good", "kvbug", "partial", "skeleton"]
+
+
+def spec_grade(*args, timeout=600, env=None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "spec_grading.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def report_args(out: Path) -> list[str]:
+    return ["--out-dir", str(out), "--gradescope", "results.json", "--markdown", "report.md", "--junit", "report.xml"]
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    """The batch graded into out1/, and its chaos submission again into out2/ (determinism)."""
     tmp = tmp_path_factory.mktemp("grading")
-    cache = tmp / "cache"
-    names = make_submissions(tmp / "subs", cache)
-    rubric = tmp / "rubric.toml"
+    cache, rubric = tmp / "cache", tmp / "rubric.toml"
     rubric.write_text(RUBRIC)
-    runs = []
-    again = [str(tmp / "subs" / "chaos")]  # the richest: timeouts, a crash, limits, refusals
-    for n, impls in ((1, [str(tmp / "subs")]), (2, again)):
-        out = tmp / f"out{n}"
-        started = time.monotonic()
-        impl_args = [a for impl in impls for a in ("--impl", impl)]
-        proc = grade(
-            *impl_args,
-            "--select",
-            SELECT,
-            "--cache-dir",
-            str(cache),
-            "--rubric",
-            str(rubric),
-            "--out-dir",
-            str(out),
-            "--gradescope",
-            "results.json",
-            "--markdown",
-            "report.md",
-            "--junit",
-            "report.xml",
-            "--csv",
-            str(out / "gradebook.csv"),
-            "--jobs",
-            "3",
-            "--failures",
-        )
-        runs.append((proc, out, time.monotonic() - started))
-    return {"tmp": tmp, "names": names, "again": [Path(p).name for p in again], "runs": runs, "cache": cache}
+    names = make_submissions(tmp / "subs")
+    common = ["--select", SELECT, "--cache-dir", str(cache), "--rubric", str(rubric), "--jobs", "2", "--failures"]
+    first = spec_grade("--impl", str(tmp / "subs"), *common, *report_args(tmp / "out1"), "--csv", str(tmp / "g.csv"))
+    again = spec_grade("--impl", str(tmp / "subs" / "chaos"), *common, *report_args(tmp / "out2"))
+    return {"tmp": tmp, "names": names, "first": first, "again": again, "common": common}
 
 
-def results(batch, name, run=0) -> dict:
-    return json.loads((batch["runs"][run][1] / name / "results.json").read_text())
+def results(batch, name, out="out1") -> dict:
+    return json.loads((batch["tmp"] / out / name / "results.json").read_text(encoding="utf-8"))
 
 
-def outputs_containing(res: dict, text: str) -> list[dict]:
-    return [t for t in res["tests"] if text in t.get("output", "")]
+def by_name(res: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in res["tests"]}
 
 
 def test_batch_exits_zero_and_writes_every_report(batch):
-    proc, out, _ = batch["runs"][0]
-    assert proc.returncode == 0, proc.stderr
+    proc = batch["first"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "grading [" in proc.stderr  # the progress bar
     for name in batch["names"]:
         for f in ("results.json", "report.md", "report.xml"):
-            assert (out / name / f).is_file(), f"{name}/{f} missing"
-        ET.parse(out / name / "report.xml")
-    rows = list(csv.DictReader((out / "gradebook.csv").open()))
-    assert sorted(r["submission"] for r in rows) == sorted(batch["names"])
-    assert {r["submission"]: r["status"] for r in rows}["cheat_import"] == "could not run"
+            assert (batch["tmp"] / "out1" / name / f).is_file(), f"{name}/{f} missing"
+        ET.parse(batch["tmp"] / "out1" / name / "report.xml")
+    rows = {r["submission"]: r for r in csv.DictReader((batch["tmp"] / "g.csv").open())}
+    assert sorted(rows) == sorted(batch["names"])
+    assert rows["broken"]["status"] == "could not run" and rows["good"]["status"] == "graded"
+    assert rows["good"]["sandboxed"] == ("yes" if sandbox.sandbox_available()[0] else "no")
 
 
 def test_gradescope_results_follow_the_specification(batch):
     res = results(batch, "good")
     assert set(res) >= {"score", "execution_time", "output", "visibility", "stdout_visibility", "tests", "leaderboard"}
     assert isinstance(res["execution_time"], int) and res["visibility"] == "visible"
-    assert res["score"] == 100.0 and len(res["tests"]) == 10
+    assert res["score"] == 100.0 and len(res["tests"]) == 16
     for t in res["tests"]:
         assert set(t) >= {"name", "score", "max_score", "status", "tags", "visibility", "number"}
         assert t["status"] == "passed" and t["score"] == t["max_score"] > 0
-        assert t["tags"][0] == "norms" and t["number"].startswith("1.")
+        assert len(t["tags"]) == len(set(t["tags"]))  # each tag once (repeat_kv's bug class is its name)
     assert round(sum(t["max_score"] for t in res["tests"]), 2) == 100.0
-    # weight 2 for test_rmsnorm (4 cases) against 1 each for layernorm (4) and the statistics test (2)
-    rms = [t["max_score"] for t in res["tests"] if t["name"].startswith("rmsnorm =")]
-    ln = [t["max_score"] for t in res["tests"] if t["name"].startswith("layernorm =")]
-    assert len(rms) == 4 and len(ln) == 4 and abs(sum(rms) - 2 * sum(ln)) < 0.02
+    norms = [t for t in res["tests"] if t["tags"][0] == "norms"]
+    assert round(sum(t["max_score"] for t in norms), 2) == pytest.approx(66.67)  # weights 2 : 1
+    rms = [t["max_score"] for t in norms if t["name"].startswith("rmsnorm =")]
+    ln = [t["max_score"] for t in norms if t["name"].startswith("layernorm =")]
+    assert len(rms) == 4 and len(ln) == 4 and abs(sum(rms) - 2 * sum(ln)) < 0.05  # cents
 
 
 def test_skeleton_scores_zero_with_one_line_reasons(batch):
@@ -195,77 +178,139 @@ def test_skeleton_scores_zero_with_one_line_reasons(batch):
 
 
 def test_hidden_tests_show_a_fixed_message(batch):
-    for name in ("skeleton", "chaos"):
+    for name in ("skeleton", "chaos", "good"):
         hidden = [t for t in results(batch, name)["tests"] if t["visibility"] == "hidden"]
-        assert len(hidden) == 2
-        assert {t["output"] for t in hidden} == {
-            "This test is hidden: it counts towards your score, but its details are not shown."
-        }
-    md = (batch["runs"][0][1] / "chaos" / "report.md").read_text()
+        assert len(hidden) == 2 and {t["output"] for t in hidden} == {HIDDEN}
+    md = (batch["tmp"] / "out1" / "chaos" / "report.md").read_text()
     assert "memory" not in md and "2 hidden tests" in md
 
 
-def test_importing_the_reference_at_import_time_could_not_run(batch):
-    res = results(batch, "cheat_import")
+def test_a_submission_that_fails_to_import_could_not_run(batch):
+    res = results(batch, "broken")
     assert res["score"] == 0.0
     first = res["tests"][0]
     assert first["name"] == "Could not run your implementation" and first["visibility"] == "visible"
-    assert "importing 'reference' is not allowed" in first["output"] and "submission/__init__.py:1" in first["output"]
-    assert any(t["name"].startswith("Integrity") for t in res["tests"])
+    assert "RuntimeError: no \ufffd" in first["output"] and "submission/__init__.py" in first["output"]
+    assert "spec-grade-" not in first["output"]  # no temporary paths
+    visible = [t for t in res["tests"][1:] if t["visibility"] == "visible"]
+    assert visible and all(t["output"].startswith("not run:") for t in visible)
     assert "Could not run" in res["output"]
 
 
 def test_chaos_costs_only_the_affected_tests(batch):
     res = results(batch, "chaos")
-    failed = {t["name"]: t.get("output", "") for t in res["tests"] if t["status"] == "failed"}
-    passed = [t["name"] for t in res["tests"] if t["status"] == "passed"]
+    tests = by_name(res)
     expect = {
-        "[small-f64]": "timed out: the test did not finish within 2 s",
-        "[unit-f32]": "aborted (SIGABRT",
-        "[small-f32]": "your code called sys.exit(3)",
+        "[f64-small]": "did not finish within the test's limit of 4 s",
+        "[f32-unit]": "SIGABRT",
+        "[f32-small]": "SystemExit: 3",  # caught in the worker: the process carries on
     }
     for params, text in expect.items():
-        [msg] = [m for n, m in failed.items() if n.startswith("rmsnorm =") and n.endswith(params)]
-        assert text in msg, msg
-    [read] = [m for n, m in failed.items() if n.startswith("layernorm =") and n.endswith("[unit-f64]")]
-    assert "reading 'expected-interleaved.pt' is not allowed while grading" in read
-    [imp] = [m for n, m in failed.items() if n.startswith("layernorm =") and n.endswith("[small-f64]")]
-    assert "importing 'reference' is not allowed while grading" in imp
-    [spawn] = [m for n, m in failed.items() if n.startswith("layernorm =") and n.endswith("[unit-f32]")]
-    assert "starting a process is not allowed while grading" in spawn
-    # the memory hog is a hidden test: its result counts, its message stays in the staff view
-    assert sorted(n.split("[")[-1] for n in passed) == ["layernorm]", "small-f32]", "unit-f64]"]
-    integrity = "\n".join(t["output"] for t in res["tests"] if t["name"].startswith("Integrity"))
-    for what in ("reading 'expected-interleaved.pt'", "importing 'reference'", "starting a process"):
-        assert what in integrity
-    assert "Integrity:" in res["output"]
-
-
-def test_staff_output_shows_hidden_failures_and_flags(batch):
-    text = batch["runs"][0][0].stdout  # --failures: every test not passed, hidden ones included
-    assert "ran out of memory (graded code may use at most 2048 MiB)" in text
-    assert "FLAG (staff): norms.py" in text  # static flags point staff at the suspicious lines
+        [name] = [n for n in tests if n.startswith("rmsnorm =") and n.endswith(params)]
+        assert tests[name]["status"] == "failed" and text in tests[name]["output"], tests[name]["output"]
+    [unit64] = [n for n in tests if n.startswith("rmsnorm =") and n.endswith("[f64-unit]")]
+    assert tests[unit64]["status"] == "passed"  # a new worker ran the remaining tests
+    assert all(t["status"] == "passed" for n, t in tests.items() if n.startswith("layernorm ="))
+    staff = batch["first"].stdout  # --failures shows the hidden memory test's message to staff
+    assert "memory" in staff.lower() or "SIGKILL" in staff
 
 
 def test_diagnosis_reaches_the_report(batch):
-    if "buggy" not in batch["names"]:
-        pytest.skip("bug catalog not available")
     res = results(batch, "buggy")
     assert 0 < res["score"] < 100
-    assert outputs_containing(res, "matches known bug rmsnorm_eps_outside_root")
+    assert any("matches known bug rmsnorm_eps_outside_root" in t.get("output", "") for t in res["tests"])
+
+
+def test_not_provided_earns_nothing(batch):
+    res = results(batch, "partial")
+    layer = [t for t in res["tests"] if t["name"].startswith("layernorm =")]
+    assert layer and all(t["score"] == 0 and "not provided" in t["output"] for t in layer)
+    assert 0 < res["score"] < 100
+
+
+def test_consequences_earn_their_points_and_are_shown_under_their_root_cause(batch):
+    res = results(batch, "kvbug")
+    tests = res["tests"]
+    own = [t for t in tests if t["name"].startswith("repeat_kv") and t["status"] == "failed"]
+    consequences = [t for t in tests if t.get("output", "").startswith("Not charged")]
+    assert own and all(t["score"] == 0 for t in own)
+    assert consequences and all(t["score"] == t["max_score"] > 0 for t in consequences)
+    assert all("repeat_kv" in t["output"] for t in consequences)
+    n = len(consequences)
+    assert f"{n} test{'s' if n > 1 else ''} trace{'' if n > 1 else 's'} back to repeat_kv" in res["output"]
+    md = (batch["tmp"] / "out1" / "kvbug" / "report.md").read_text()
+    assert "## Not charged" in md and "back to repeat_kv" in md
+    expected = 100 - sum(t["max_score"] for t in own)
+    assert res["score"] == pytest.approx(expected, abs=0.011)
 
 
 def test_grading_is_deterministic(batch):
-    (p1, out1, t1), (p2, out2, t2) = batch["runs"]
-    assert p2.returncode == 0, p2.stderr
-    for name in batch["again"]:
-        a, b = results(batch, name, 0), results(batch, name, 1)
-        a.pop("execution_time"), b.pop("execution_time")
-        assert a == b, name
-        for f in ("report.md", "report.xml"):
-            assert (out1 / name / f).read_text() == (out2 / name / f).read_text(), f"{name}/{f}"
-    rows1 = [r for r in (out1 / "gradebook.csv").read_text().splitlines()[1:] if r.split(",")[0] in batch["again"]]
-    assert sorted(rows1) == sorted((out2 / "gradebook.csv").read_text().splitlines()[1:])
+    assert batch["again"].returncode == 0, batch["again"].stderr
+    a, b = results(batch, "chaos"), results(batch, "chaos", "out2")
+    a.pop("execution_time"), b.pop("execution_time")
+    assert a == b
+    for f in ("report.md", "report.xml"):
+        assert (batch["tmp"] / "out1" / "chaos" / f).read_text() == (batch["tmp"] / "out2" / "chaos" / f).read_text()
+
+
+def test_the_submissions_declarations_are_ignored(batch, tmp_path):
+    """CAPABILITIES = () and SPEC_XFAILS do not change what is graded: the rubric decides."""
+    sub = copy_package(reference_dir(), tmp_path / "declares_nothing")
+    text = (sub / "__init__.py").read_text()
+    xfails = '{"test_norms.py::test_rmsnorm[f64-unit]": "please"}'
+    (sub / "__init__.py").write_text(text + f"\nCAPABILITIES = ()\nSPEC_XFAILS = {xfails}\n")
+    out = tmp_path / "results.json"
+    proc = spec_grade("--impl", str(sub), *batch["common"], "--gradescope", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["score"] == 100.0 and len(res["tests"]) == 16  # the GQA tests were judged and passed
+
+
+def test_rubric_capabilities_decide_what_is_graded(batch, tmp_path):
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text(RUBRIC + '\n[capabilities]\nrequired = ["tied_head", "untied_head"]\n')
+    out = tmp_path / "results.json"
+    args = ["--select", SELECT, "--cache-dir", str(tmp_path / "cache"), "--rubric", str(rubric)]
+    proc = spec_grade("--impl", str(batch["tmp"] / "subs" / "good"), *args, "--gradescope", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "do not pass on the reference and are not graded" in proc.stderr
+    res = json.loads(out.read_text())
+    assert res["score"] == 100.0 and 0 < len(res["tests"]) < 16
+    assert not [t for t in res["tests"] if "gqa" in t["name"]]
+
+
+def test_the_fallback_says_so_everywhere(batch, tmp_path):
+    out = tmp_path / "out"
+    args = ["--impl", str(batch["tmp"] / "subs" / "good"), "--sandbox", "off", *batch["common"], *report_args(out)]
+    proc = spec_grade(*args)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "good" / "results.json").read_text())
+    assert res["score"] == 100.0
+    for text in (res["output"], (out / "good" / "report.md").read_text(), proc.stderr, proc.stdout):
+        assert "graded WITHOUT the sandbox" in text and "does not stop" in text
+
+
+def test_a_required_sandbox_that_is_missing_gives_no_grade(batch, tmp_path):
+    env = {**__import__("os").environ, "SPEC_SANDBOX": "off"}
+    proc = spec_grade("--impl", str(batch["tmp"] / "subs" / "good"), "--sandbox", "require", *batch["common"], env=env)
+    assert proc.returncode == 1 and "--sandbox require" in proc.stderr
+
+
+def test_a_modified_manifest_is_prepared_again(batch, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(batch["tmp"] / "cache", cache)
+    [manifest] = cache.glob("*/manifest.json")
+    data = json.loads(manifest.read_text())
+    data["tests"] = [t for t in data["tests"] if "rmsnorm" not in t["id"]]  # drop the tests it fails
+    manifest.write_text(json.dumps(data))
+    out = tmp_path / "results.json"
+    args = ["--select", SELECT, "--cache-dir", str(cache), "--rubric", str(batch["tmp"] / "rubric.toml")]
+    proc = spec_grade("--impl", str(batch["tmp"] / "subs" / "buggy"), *args, "--gradescope", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "preparing the manifest again" in proc.stderr and "does not match its SHA-256" in proc.stderr
+    regraded, first = json.loads(out.read_text()), results(batch, "buggy")
+    regraded.pop("execution_time"), first.pop("execution_time")
+    assert regraded == first  # graded with the true manifest again
 
 
 @pytest.mark.parametrize(
@@ -273,26 +318,50 @@ def test_grading_is_deterministic(batch):
     [
         ([], "--impl is required"),
         (["--impl", "no/such/dir"], "no such file or folder"),
-        (["--impl", "student", "--rubric", "no-such-rubric.toml"], "rubric"),
-        (["--impl", "student", "--test-timeout", "-1"], "must be positive"),
+        (["--impl", "student", "--rubric", "no-such-rubric.toml"], "no-such-rubric.toml"),
+        (["--impl", "student", "--test-timeout", "-1"], "must be positive, got -1"),
+        (["--impl", "student", "--jobs", "-2"], "--jobs must be >= 0, got -2"),
     ],
 )
 def test_usage_errors_exit_2(args, message):
-    proc = grade(*args)
+    proc = spec_grade(*args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
-def test_malformed_rubric_is_a_usage_error(tmp_path):
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[[tests]]\nmatch = "x"\nvisibility = "secret"\n', "visibility must be one of"),
+        ('[capabilities]\nrequired = ["gqa", "telepathy"]\n', "unknown capabilities ['telepathy']"),
+        ('[capabilities]\nrequired = "gqa"\n', "must be a list of names, got 'gqa'"),
+        ("[[tests]]\nlive = true\nweight = 2\n", "unknown keys ['live']"),
+    ],
+)
+def test_malformed_rubric_is_a_usage_error(tmp_path, text, message):
     bad = tmp_path / "rubric.toml"
-    bad.write_text('total = 100\n[[tests]]\nmatch = "x"\nvisibility = "secret"\n')
-    proc = grade("--impl", "student", "--rubric", str(bad))
-    assert proc.returncode == 2 and "visibility must be one of" in proc.stderr
+    bad.write_text("total = 100\n" + text)
+    proc = spec_grade("--impl", "student", "--rubric", str(bad))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_an_unusable_upload_still_gets_a_gradescope_result(tmp_path):
+    upload = tmp_path / "upload"
+    upload.mkdir()
+    (upload / "notes.txt").write_text("no code here")
+    out = tmp_path / "results.json"
+    proc = spec_grade("--impl", str(upload), "--gradescope", str(out))
+    assert proc.returncode == 2
+    res = json.loads(out.read_text())
+    assert res["score"] == 0 and "neither a package" in res["tests"][0]["output"]
 
 
 def test_default_rubric_loads_and_sums_to_its_total():
-    from tools.grading.rubric import assign, load_rubric
+    from spec_grading.rubric import assign, load_rubric
 
-    rubric = load_rubric(ROOT / "rubric.toml")
+    from spec_tests.protocol import ALL_CAPABILITIES
+
+    rubric = load_rubric(Path(__file__).resolve().parents[1] / "rubric.toml")
+    assert rubric.capabilities == ALL_CAPABILITIES
     tests = [
         {
             "id": f"test_{c}.py::test_x[{i}]",
@@ -301,67 +370,13 @@ def test_default_rubric_loads_and_sums_to_its_total():
             "params": str(i),
             "doc": "",
             "component": c,
-            "bug_classes": [],
+            "bug_classes": [c, c],
             "points": None,
             "visibility": None,
-            "live": False,
         }
         for c in rubric.components
         for i in range(3)
     ]
     graded = assign(tests, rubric)
     assert round(sum(t.max_score for t in graded), 2) == rubric.total
-
-
-def test_watchdog_kills_a_child_that_ignores_its_alarm(tmp_path):
-    """The parent's own limit: a child that never reports back is killed and the test charged."""
-    from tools.grading.runner import Limits, RunResult, _watch
-
-    events = tmp_path / "events.jsonl"
-    events.write_text("")
-    code = (
-        "import json, signal, time, sys\n"
-        "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
-        f"f = open({str(events)!r}, 'a'); f.write(json.dumps({{'event': 'begin', 'nodeid': 't1'}}) + '\\n'); f.flush()\n"
-        "time.sleep(60)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    result = RunResult()
-    started = time.monotonic()
-    stop, current, seen = _watch(
-        proc, events, Limits(test_timeout_s=0.2, kill_grace_s=0.5), started, result, ["t1", "t2"], None
-    )
-    assert (stop, current, seen) == ("test_timeout", "t1", 0)
-    assert proc.returncode == -signal.SIGKILL and time.monotonic() - started < 10
-    proc2 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    stop, current, _ = _watch(proc2, events, Limits(run_timeout_s=0.5), time.monotonic(), RunResult(), ["t2"], None)
-    assert stop == "run_timeout" and proc2.returncode == -signal.SIGKILL
-
-
-def test_guard_refuses_reference_and_recordings_in_process(tmp_path):
-    """The guard's two mechanisms, checked in a fresh interpreter (audit hooks cannot be removed)."""
-    code = f"""
-import sys
-sys.path.insert(0, {str(ROOT)!r})
-from tools.grading.guard import Guard, BlockedImport, BlockedAccess
-seen = []
-Guard([{str(ROOT / "reference")!r}], None, on_block=lambda what, where: seen.append(what)).install()
-try:
-    import reference
-except BlockedImport as exc:
-    print("import:", exc)
-try:
-    open({str(ROOT / "reference" / "__init__.py")!r}).read()
-except BlockedAccess as exc:
-    print("open:", exc)
-try:
-    open({str(tmp_path / "expected-half.pt")!r}, "w")
-except BlockedAccess as exc:
-    print("recording:", exc)
-print("allowed:", len(open({str(ROOT / "rubric.toml")!r}).read()) > 0, len(seen))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
-    assert "import: grading: importing 'reference' is not allowed while grading" in out
-    assert "open: grading: reading '__init__.py' is not allowed" in out
-    assert "recording: grading: reading 'expected-half.pt' is not allowed" in out
-    assert "allowed: True 3" in out
+    assert all(t.tags == [t.component] for t in graded)

@@ -93,6 +93,21 @@ def pytest_addoption(parser):
         help="with --spec-remote: address-space limit of the worker in MiB (0: none)",
     )
     group.addoption(
+        "--spec-workdir",
+        dest="spec_workdir",
+        metavar="DIR",
+        default=None,
+        help="with --spec-remote: the worker's folder (its log; its cwd without the sandbox; default: a temp folder)",
+    )
+    group.addoption(
+        "--spec-protect",
+        dest="spec_protect",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="with --spec-remote and no sandbox: a further folder the in-process guard refuses to open (repeatable)",
+    )
+    group.addoption(
         "--spec-record",
         dest="spec_record",
         metavar="DIR",
@@ -180,7 +195,13 @@ def make_subject(config):
         from .remote import RemoteError, Worker
         from .remote_subject import RemoteSubject
 
-        worker = Worker(remote, memory_mb=config.getoption("spec_memory_mb"), device=config.getoption("spec_device"))
+        worker = Worker(
+            remote,
+            memory_mb=config.getoption("spec_memory_mb"),
+            device=config.getoption("spec_device"),
+            workdir=config.getoption("spec_workdir"),
+            protect=config.getoption("spec_protect"),
+        )
         try:
             return RemoteSubject(worker, capabilities=capabilities, test_timeout=config.getoption("spec_test_timeout"))
         except RemoteError as exc:

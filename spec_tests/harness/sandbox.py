@@ -63,7 +63,7 @@ HARNESS_MOUNT = "/harness"
 SUBMISSION_MOUNT = "/submission"
 OPS_MOUNT = "/harness-ops"
 HIDDEN_HARNESS_PARTS = ("bugs", "recorded")
-PROJECT_PACKAGES = ("reference", "spec_tests", "student", "tools", "benchmarks")
+PROJECT_PACKAGES = ("reference", "spec_tests", "student", "tools", "benchmarks", "spec_grading", "spec_adapters")
 WORKER_MODULE = "spec_tests.harness.worker"
 
 FALLBACK_LIMITS = (

@@ -1,76 +1,189 @@
-"""The pytest plugin of the trusted recording pass (``-p tools.grading.manifest``): writes the list of
-tests to grade, with what the rubric needs from each, and the reference's own outcome.
+"""The manifest: which tests are graded, and what the rubric needs of each.
 
-Manifest (JSON): ``{"tests": [{"id", "file", "function", "params", "doc", "component", "bug_classes",
-"points", "visibility", "live", "reference_outcome"}, ...]}`` in collection order. ``id`` is the
-node id after ``spec_tests/`` (``test_norms.py::test_rmsnorm[f64-unit]``).
+It comes from a trusted pass: the judge run on a staged copy of the reference with the rubric's
+capabilities (``collector.py --grading-describe``), exactly as a submission is judged. Tests that
+the reference does not pass there (skipped for a capability the rubric does not require, or
+failing) are not graded.
+
+The manifest is cached in ``<cache>/<key>/manifest.json`` with its SHA-256 in
+``manifest.json.sha256``. ``key`` is a digest of the code that judges (the suite with its harness,
+the reference, the grader: ``code_digest``), the rubric's capabilities, the test selection, the
+torch and Python versions; the manifest also holds its key. Before use both are checked: a manifest that was
+modified, or made for other sources, is prepared again (and the grader says so).
 """
 
 from __future__ import annotations
 
-import inspect
+import hashlib
 import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-import pytest
+from .judge import HYPOTHESIS_PROFILE, JudgeRun, Limits, spec_tests_dir
+from .packages import package_dir
+from .textsafe import write_atomic
 
-_TESTS: dict[str, dict] = {}
-
-
-def normalize_nodeid(nodeid: str) -> str:
-    return nodeid.split("spec_tests/", 1)[-1]
-
-
-def pytest_addoption(parser):
-    parser.getgroup("grading").addoption("--grading-manifest", default=None, help="write the manifest here")
-
-
-def _marker_args(item, name) -> list:
-    return [arg for mark in item.iter_markers(name) for arg in mark.args]
+FORMAT = 2
+NAME = "manifest.json"
 
 
-def describe_item(item) -> dict:
-    component = item.get_closest_marker("component")
-    points = item.get_closest_marker("points")
-    visibility = item.get_closest_marker("visibility")
-    doc = inspect.getdoc(getattr(item, "obj", None)) or ""
-    callspec = getattr(item, "callspec", None)
-    return {
-        "id": normalize_nodeid(item.nodeid),
-        "file": normalize_nodeid(item.nodeid).split("::", 1)[0],
-        "function": item.originalname if hasattr(item, "originalname") else item.name,
-        "params": callspec.id if callspec is not None else "",
-        "doc": doc,
-        "component": component.args[0] if component and component.args else "other",
-        "bug_classes": sorted(set(_marker_args(item, "bug_class"))),
-        "points": float(points.args[0]) if points and points.args else None,
-        "visibility": visibility.args[0] if visibility and visibility.args else None,
-        "live": item.get_closest_marker("needs_live_reference") is not None,
-        "reference_outcome": None,
+class ManifestError(RuntimeError):
+    """The trusted pass could not produce a manifest."""
+
+
+@dataclass
+class Manifest:
+    key: str
+    capabilities: list[str]
+    tests: list[dict]  # every test of the pass, with "reference_status"
+    path: Path | None = None
+
+    @property
+    def graded(self) -> list[dict]:
+        return [t for t in self.tests if t["reference_status"] == "passed"]
+
+    @property
+    def not_graded(self) -> list[dict]:
+        return [t for t in self.tests if t["reference_status"] != "passed"]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "transformer-spec" / "grading"
+
+
+def torch_version() -> str:
+    """The installed torch's version, read without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def reference_dir() -> Path:
+    """The reference package's folder (found by the import system)."""
+    return package_dir("reference")
+
+
+def _tree_files(folder: Path):
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pt"):
+            yield path
+
+
+def code_digest() -> str:
+    """A digest of the code that judges: the suite (with its harness), the reference, the grader."""
+    h = hashlib.sha256()
+    grader = Path(__file__).resolve().parent
+    for name, folder in (("spec_tests", spec_tests_dir()), ("reference", reference_dir()), ("spec_grading", grader)):
+        for path in _tree_files(folder):
+            if "recorded" in path.relative_to(folder).parts or path.suffix not in (".py", ".toml"):
+                continue
+            h.update(f"{name}/{path.relative_to(folder).as_posix()}".encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def manifest_key(capabilities, select: str | None) -> str:
+    h = hashlib.sha256(code_digest().encode())
+    facts = {
+        "format": FORMAT,
+        "capabilities": sorted(capabilities),
+        "select": select or "",
+        "torch": torch_version(),
+        "python": list(sys.version_info[:2]),
+        "profile": HYPOTHESIS_PROFILE,
     }
+    h.update(json.dumps(facts, sort_keys=True).encode())
+    return h.hexdigest()[:24]
 
 
-def pytest_collection_finish(session):
-    if session.config.getoption("grading_manifest"):
-        for item in session.items:
-            entry = describe_item(item)
-            _TESTS[entry["id"]] = entry
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def pytest_runtest_logreport(report):
-    entry = _TESTS.get(normalize_nodeid(report.nodeid))
-    if entry is None:
-        return
-    if report.failed:
-        entry["reference_outcome"] = "failed"
-    elif report.skipped and entry["reference_outcome"] != "failed":
-        entry["reference_outcome"] = "skipped"
-    elif report.when == "call" and report.passed and entry["reference_outcome"] is None:
-        entry["reference_outcome"] = "passed"
+def load_verified(path: Path, key: str) -> tuple[Manifest | None, str]:
+    """The manifest at ``path`` if its digest and key check out; else ``(None, why)``."""
+    sidecar = path.with_name(path.name + ".sha256")
+    if not path.exists() or not sidecar.exists():
+        return None, "not prepared yet"
+    try:
+        want = sidecar.read_text().strip()
+        if _sha256(path) != want:
+            return None, f"{path} does not match its SHA-256 (modified?)"
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{path} could not be read ({exc})"
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("key") != key:
+        return None, f"{path} was made for other sources (key {str(data.get('key'))[:12]}..., want {key[:12]}...)"
+    tests = data.get("tests")
+    if not isinstance(tests, list) or not all(isinstance(t, dict) and "id" in t for t in tests):
+        return None, f"{path} has no valid test list"
+    return Manifest(key, list(data.get("capabilities", [])), tests, path), ""
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session):
-    path = session.config.getoption("grading_manifest")
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"tests": list(_TESTS.values())}, f, indent=1)
+def save(manifest: Manifest, path: Path) -> None:
+    data = {"format": FORMAT, "key": manifest.key, "capabilities": manifest.capabilities, "tests": manifest.tests}
+    write_atomic(path, json.dumps(data, indent=1, ensure_ascii=True) + "\n")
+    write_atomic(path.with_name(path.name + ".sha256"), _sha256(path) + "\n")
+    manifest.path = path
+
+
+def stage_reference(into: Path) -> Path:
+    target = into / "submission"
+    shutil.copytree(reference_dir(), target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for entry in [target, *target.rglob("*")]:
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
+    return target
+
+
+def run_pass(
+    capabilities, select: str | None, folder: Path, *, sandbox: str = "auto", timeout_s: float = 1800.0
+) -> Manifest:
+    """The trusted pass: the judge on the reference; returns the manifest (not saved)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    staged = stage_reference(folder / "code")
+    run = JudgeRun(
+        staged,
+        folder,
+        None,
+        capabilities=list(capabilities),
+        limits=Limits(test_timeout_s=300, run_timeout_s=timeout_s, memory_mb=0),
+        sandbox=sandbox,
+        select=select,
+        describe=True,
+    )
+    run.start()
+    while not run.poll():
+        time.sleep(0.1)
+    result = run.result()
+    if result.could_not_run or not result.described:
+        why = result.could_not_run or result.stopped or "no tests were collected"
+        raise ManifestError(f"the trusted pass on the reference failed: {why}\n{run.log_tail()}")
+    tests = []
+    for tid, entry in result.described.items():
+        verdict = result.verdicts.get(tid)
+        tests.append({**entry, "reference_status": verdict.status if verdict else "not_run"})
+    return Manifest(manifest_key(capabilities, select), sorted(capabilities), tests)
+
+
+def prepare(
+    capabilities, *, select: str | None, cache_dir: Path | None, work: Path, sandbox: str = "auto", log=print
+) -> Manifest:
+    """The manifest for these capabilities and selection: from the cache when valid, else made."""
+    key = manifest_key(capabilities, select)
+    path = Path(cache_dir or default_cache_dir()) / key / NAME
+    manifest, why = load_verified(path, key)
+    if manifest is not None:
+        return manifest
+    if why != "not prepared yet":
+        log(f"note: preparing the manifest again: {why}")
+    log(f"preparing the manifest: the suite on the reference (capabilities: {', '.join(capabilities) or 'none'})")
+    manifest = run_pass(capabilities, select, work / "manifest-pass", sandbox=sandbox)
+    save(manifest, path)
+    return manifest

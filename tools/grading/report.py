@@ -1,9 +1,9 @@
-"""The grade of one submission and its forms: terminal table, Gradescope ``results.json``, Markdown,
-JUnit XML and the CSV gradebook.
+"""The forms of a grade: terminal table, Gradescope ``results.json``, Markdown, JUnit XML, CSV.
 
-Everything here is a pure function of the grade, which is itself deterministic (no timings in any
-per-test text); only the top-level ``execution_time`` of ``results.json`` varies between runs.
-Student-facing forms conceal the output of tests whose visibility the rubric conceals.
+Pure functions of the grade, which is deterministic (no timings or paths in any per-test text);
+only the top-level ``execution_time`` of ``results.json`` varies between runs. Every text is
+sanitised and capped (``textsafe``); a report's total size is bounded by shrinking the per-test
+outputs to fit ``REPORT_CAP``. Student-facing forms conceal the output of concealed tests.
 """
 
 from __future__ import annotations
@@ -12,138 +12,52 @@ import csv
 import io
 import json
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 
-from .rubric import GradedTest, Rubric
-from .runner import Outcome, RunResult
+from .grade import SHOWN_STATUS, Grade, TestResult
+from .textsafe import MESSAGE_CAP, clean
 
-NOT_PASSED_PREFIX = {
-    "skipped": "skipped, which counts as not passed: ",
-    "xfailed": "failed: ",
-    "not_run": "",
-    "failed": "",
-}
-
-
-@dataclass
-class TestResult:
-    test: GradedTest
-    outcome: str
-    message: str
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == "passed"
-
-    @property
-    def score_cents(self) -> int:
-        return round(self.test.max_score * 100) if self.passed else 0
-
-    @property
-    def score(self) -> float:
-        return self.score_cents / 100
-
-    @property
-    def text(self) -> str:
-        """What went wrong, in full (empty for a pass)."""
-        if self.passed:
-            return ""
-        return NOT_PASSED_PREFIX.get(self.outcome, "") + (self.message or self.outcome)
-
-
-@dataclass
-class ComponentSummary:
-    name: str
-    passed: int = 0
-    tests: int = 0
-    score_cents: int = 0
-    max_cents: int = 0
-
-
-@dataclass
-class Grade:
-    submission: str
-    results: list[TestResult]
-    rubric: Rubric
-    could_not_run: str | None = None
-    blocked: list[dict] = field(default_factory=list)
-    staff_flags: list[str] = field(default_factory=list)
-    staff_notes: list[str] = field(default_factory=list)
-    execution_time_s: float = 0.0
-    rope_style: str = ""
-    vm_peak_mb: int = 0
-
-    @property
-    def score_cents(self) -> int:
-        return sum(r.score_cents for r in self.results)
-
-    @property
-    def max_cents(self) -> int:
-        return sum(round(r.test.max_score * 100) for r in self.results)
-
-    @property
-    def score(self) -> float:
-        return self.score_cents / 100
-
-    @property
-    def max_score(self) -> float:
-        return self.max_cents / 100
-
-    def concealed(self, result: TestResult) -> bool:
-        return result.test.visibility in self.rubric.conceal
-
-    def components(self, *, visible_only: bool = False) -> list[ComponentSummary]:
-        out: dict[str, ComponentSummary] = {}
-        for r in self.results:
-            if visible_only and self.concealed(r):
-                continue
-            c = out.setdefault(r.test.component, ComponentSummary(r.test.component))
-            c.tests += 1
-            c.passed += r.passed
-            c.score_cents += r.score_cents
-            c.max_cents += round(r.test.max_score * 100)
-        return list(out.values())
-
-    def integrity_lines(self) -> list[str]:
-        return [
-            f"your code tried {b['what']} at {b['where']}: refused (not allowed while grading)" for b in self.blocked
-        ]
-
-
-def build_grade(submission: str, graded: list[GradedTest], run: RunResult, rubric: Rubric, **extra) -> Grade:
-    results = []
-    for test in graded:
-        outcome = run.outcomes.get(test.id, Outcome("not_run", "not run"))
-        results.append(TestResult(test, outcome.outcome, outcome.message))
-    return Grade(
-        submission,
-        results,
-        rubric,
-        could_not_run=run.could_not_run,
-        blocked=list(run.blocked),
-        staff_notes=list(run.staff_notes),
-        execution_time_s=run.elapsed_s,
-        vm_peak_mb=run.vm_peak_mb,
-        **extra,
-    )
+REPORT_CAP = 1_000_000  # characters of per-test output in one report, all tests together
+FALLBACK_HEADLINE = "graded WITHOUT the sandbox"
 
 
 def _pts(cents: int) -> str:
     return f"{cents / 100:.2f}"
 
 
+def per_test_cap(grade: Grade) -> int:
+    """The cap of one test's output such that all of them fit in ``REPORT_CAP``."""
+    return max(300, min(MESSAGE_CAP, REPORT_CAP // max(1, len(grade.results))))
+
+
+def output_of(grade: Grade, r: TestResult, *, staff: bool = False) -> str:
+    if grade.concealed(r) and not staff:
+        return clean(grade.rubric.hidden_message, 1000)
+    return clean(r.text, per_test_cap(grade))
+
+
+def sandbox_lines(grade: Grade) -> list[str]:
+    """What the reports say when the submission ran without the sandbox (nothing otherwise)."""
+    if grade.sandboxed:
+        return []
+    return [f"{FALLBACK_HEADLINE}: {grade.sandbox_note or 'no sandbox was available'}"]
+
+
 # -- terminal --------------------------------------------------------------------------------
 
 
 def table(grade: Grade, *, visible_only: bool = False) -> str:
-    rows = [("component", "tests passed", "points")]
+    rows = [("component", "tests earned", "points")]
     for c in grade.components(visible_only=visible_only):
         rows.append((c.name, f"{c.passed}/{c.tests}", f"{_pts(c.score_cents)} / {_pts(c.max_cents)}"))
     results = [r for r in grade.results if not (visible_only and grade.concealed(r))]
-    passed = sum(r.passed for r in results)
-    score = sum(r.score_cents for r in results)
-    top = sum(round(r.test.max_score * 100) for r in results)
-    rows.append(("total", f"{passed}/{len(results)}", f"{_pts(score)} / {_pts(top)}"))
+    earned = sum(r.earns for r in results)
+    rows.append(
+        (
+            "total",
+            f"{earned}/{len(results)}",
+            f"{_pts(sum(r.score_cents for r in results))} / {_pts(sum(r.max_cents for r in results))}",
+        )
+    )
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = []
     for i, row in enumerate(rows):
@@ -158,20 +72,22 @@ def table(grade: Grade, *, visible_only: bool = False) -> str:
 def terminal_report(grade: Grade, *, failures: bool = False) -> str:
     style = f" (ROPE_STYLE={grade.rope_style})" if grade.rope_style else ""
     out = [f"Grade for {grade.submission}{style}: {grade.score:.2f} / {grade.max_score:.2f}", "", table(grade)]
+    out += [f"WARNING: {line}" for line in sandbox_lines(grade)]
     if grade.could_not_run:
         out += ["", f"COULD NOT RUN: {grade.could_not_run}"]
-    for line in grade.integrity_lines():
-        out.append(f"INTEGRITY: {line}")
-    for flag in grade.staff_flags:
-        out.append(f"FLAG (staff): {flag}")
+    if grade.stopped:
+        out += ["", f"STOPPED: {grade.stopped}"]
+    counts = grade.status_counts()
+    out += ["", "outcomes: " + ", ".join(f"{SHOWN_STATUS.get(k, k)} {v}" for k, v in sorted(counts.items()))]
+    out += [f"consequences: {line}" for line in grade.consequence_lines()]
+    out += [f"FLAG (staff): {flag}" for flag in grade.staff_flags]
     if failures:
-        if grade.vm_peak_mb:
-            out.append(f"(staff) largest address space of a grading process: {grade.vm_peak_mb} MiB")
         for note in grade.staff_notes:
             out.append("(staff) " + note.replace("\n", "\n  "))
         for r in grade.results:
             if not r.passed:
-                out += ["", f"FAILED {r.test.id} [{r.test.visibility}]", "  " + r.text.replace("\n", "\n  ")]
+                out += ["", f"{SHOWN_STATUS.get(r.status, r.status).upper()} {r.test.id} [{r.test.visibility}]"]
+                out.append("  " + output_of(grade, r, staff=True).replace("\n", "\n  "))
     return "\n".join(out)
 
 
@@ -182,20 +98,25 @@ def public_summary(grade: Grade) -> str:
     lines = [f"Transformer spec suite: {grade.score:.2f} / {grade.max_score:.2f} points", ""]
     if grade.could_not_run:
         lines += [f"Could not run your implementation: {grade.could_not_run}", ""]
-    for line in grade.integrity_lines():
-        lines.append(f"Integrity: {line}")
-    if grade.blocked:
-        lines.append("")
+    if grade.stopped:
+        lines += [f"Grading stopped early: {grade.stopped}", ""]
     concealed = [r for r in grade.results if grade.concealed(r)]
     lines.append(table(grade, visible_only=bool(concealed)))
+    consequences = grade.consequence_lines(visible_only=True)
+    if consequences:
+        lines += ["", "Not charged twice (these tests earned their points; the root cause's own tests did not):"]
+        lines += [f"  {line}" for line in consequences]
     if concealed:
-        worth = sum(round(r.test.max_score * 100) for r in concealed)
+        worth = sum(r.max_cents for r in concealed)
         lines += [
             "",
             f"{len(concealed)} hidden tests worth {_pts(worth)} points count towards your score; "
             "their results are not shown.",
         ]
-    return "\n".join(lines)
+    notes = sandbox_lines(grade)
+    if notes:
+        lines += ["", *(f"Note: {line}" for line in notes)]
+    return clean("\n".join(lines), 20_000)
 
 
 def gradescope(grade: Grade, *, leaderboard: list | None = None) -> dict:
@@ -208,36 +129,23 @@ def gradescope(grade: Grade, *, leaderboard: list | None = None) -> dict:
                 "score": 0.0,
                 "max_score": 0.0,
                 "status": "failed",
-                "output": grade.could_not_run,
+                "output": clean(grade.could_not_run),
                 "tags": ["could-not-run"],
                 "visibility": "visible",
                 "number": "0.1",
             }
         )
-    if grade.blocked:
-        tests.append(
-            {
-                "name": "Integrity: operations refused while grading",
-                "score": 0.0,
-                "max_score": 0.0,
-                "status": "failed",
-                "output": "\n".join(grade.integrity_lines()),
-                "tags": ["integrity"],
-                "visibility": "visible",
-                "number": "0.2",
-            }
-        )
     for r in grade.results:
         entry = {
-            "name": r.test.name,
+            "name": clean(r.test.name, 300),
             "score": r.score,
             "max_score": r.test.max_score,
-            "status": "passed" if r.passed else "failed",
-            "tags": list(r.test.tags),
+            "status": "passed" if r.earns else "failed",
+            "tags": list(dict.fromkeys(r.test.tags)),
             "visibility": r.test.visibility,
             "number": r.test.number,
         }
-        output = grade.rubric.hidden_message if grade.concealed(r) else r.text
+        output = output_of(grade, r)
         if output:
             entry["output"] = output
         tests.append(entry)
@@ -253,6 +161,32 @@ def gradescope(grade: Grade, *, leaderboard: list | None = None) -> dict:
     }
 
 
+def unusable_submission_json(reason: str) -> str:
+    """``results.json`` for an upload that is not a gradeable submission at all (or a broken rubric)."""
+    text = clean(f"Your submission could not be graded: {reason}")
+    data = {
+        "score": 0.0,
+        "execution_time": 0,
+        "output": text,
+        "output_format": "text",
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": [
+            {
+                "name": "Could not run your implementation",
+                "score": 0.0,
+                "max_score": 0.0,
+                "status": "failed",
+                "output": text,
+                "tags": ["could-not-run"],
+                "visibility": "visible",
+                "number": "0.1",
+            }
+        ],
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
 def gradescope_json(grade: Grade, **kwargs) -> str:
     return json.dumps(gradescope(grade, **kwargs), indent=2, ensure_ascii=False) + "\n"
 
@@ -264,32 +198,39 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
     def conceal(r):
         return not staff and grade.concealed(r)
 
-    out = [f"# Grade: {grade.submission}", "", f"**{grade.score:.2f} / {grade.max_score:.2f} points**", ""]
+    out = [f"# Grade: {clean(grade.submission, 200)}", "", f"**{grade.score:.2f} / {grade.max_score:.2f} points**", ""]
+    out += [f"> **Warning:** {line}\n" for line in sandbox_lines(grade)]
     if grade.could_not_run:
         out += [f"> **Could not run your implementation:** {grade.could_not_run}", ""]
-    for line in grade.integrity_lines():
-        out += [f"> **Integrity:** {line}", ""]
+    if grade.stopped:
+        out += [f"> **Grading stopped early:** {grade.stopped}", ""]
     if staff:
-        for flag in grade.staff_flags:
-            out += [f"> **Flag (staff):** {flag}", ""]
-    out += ["| component | tests passed | points |", "|---|---:|---:|"]
+        out += [f"> **Flag (staff):** {flag}\n" for flag in grade.staff_flags]
+    out += ["| component | tests earned | points |", "|---|---:|---:|"]
     for c in grade.components(visible_only=not staff and any(conceal(r) for r in grade.results)):
         out.append(f"| {c.name} | {c.passed}/{c.tests} | {_pts(c.score_cents)} / {_pts(c.max_cents)} |")
     hidden = [r for r in grade.results if conceal(r)]
     if hidden:
-        worth = sum(round(r.test.max_score * 100) for r in hidden)
+        worth = sum(r.max_cents for r in hidden)
         out += ["", f"{len(hidden)} hidden tests worth {_pts(worth)} points count towards the score; not shown here."]
-    failing = [r for r in grade.results if not r.passed and not conceal(r)]
+    groups = {root: [r for r in rs if not conceal(r)] for root, rs in grade.consequences().items()}
+    groups = {root: rs for root, rs in groups.items() if rs}
+    if groups:
+        out += ["", "## Not charged: consequences of another function's failure", ""]
+        out += [f"- {line}" for line in grade.consequence_lines(visible_only=not staff)]
+        for root, rs in groups.items():
+            out += [f"  - {root}: " + ", ".join(f"`{r.test.id}`" for r in rs)]
+    failing = [r for r in grade.results if not r.earns and not conceal(r)]
     if failing:
         out += ["", "## Tests not passed", ""]
         for r in failing:
             out += [
-                f"### {r.test.number} {r.test.name}",
+                f"### {r.test.number} {clean(r.test.name, 300)}",
                 "",
-                f"`{r.test.id}` ({_pts(round(r.test.max_score * 100))} points)",
+                f"`{r.test.id}` ({_pts(r.max_cents)} points, {SHOWN_STATUS.get(r.status, r.status)})",
                 "",
                 "```",
-                r.text,
+                output_of(grade, r, staff=staff).replace("```", "'''"),
                 "```",
                 "",
             ]
@@ -300,7 +241,7 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
 
 
 def junit(grade: Grade, *, staff: bool = False) -> str:
-    failures = sum(not r.passed for r in grade.results)
+    failures = sum(not r.earns for r in grade.results)
     suite = ET.Element(
         "testsuite",
         name="transformer-spec",
@@ -310,12 +251,10 @@ def junit(grade: Grade, *, staff: bool = False) -> str:
         skipped="0",
     )
     props = ET.SubElement(suite, "properties")
-    for k, v in (
-        ("submission", grade.submission),
-        ("score", f"{grade.score:.2f}"),
-        ("max_score", f"{grade.max_score:.2f}"),
-    ):
-        ET.SubElement(props, "property", name=k, value=v)
+    facts = [("submission", grade.submission), ("score", f"{grade.score:.2f}"), ("max_score", f"{grade.max_score:.2f}")]
+    facts.append(("sandboxed", "yes" if grade.sandboxed else f"no: {grade.sandbox_note}"))
+    for k, v in facts:
+        ET.SubElement(props, "property", name=k, value=clean(v, 2000))
     if grade.could_not_run:
         case = ET.SubElement(suite, "testcase", classname="grading", name="could_not_run")
         ET.SubElement(case, "error", message=grade.could_not_run.splitlines()[0]).text = grade.could_not_run
@@ -324,11 +263,11 @@ def junit(grade: Grade, *, staff: bool = False) -> str:
         cprops = ET.SubElement(case, "properties")
         ET.SubElement(cprops, "property", name="points", value=f"{r.score:.2f}/{r.test.max_score:.2f}")
         ET.SubElement(cprops, "property", name="visibility", value=r.test.visibility)
-        if not r.passed:
-            text = grade.rubric.hidden_message if (grade.concealed(r) and not staff) else r.text
-            ET.SubElement(
-                case, "failure", message=text.splitlines()[0] if text else r.outcome, type=r.outcome
-            ).text = text
+        ET.SubElement(cprops, "property", name="outcome", value=r.status)
+        if not r.earns:
+            text = output_of(grade, r, staff=staff)
+            first = text.splitlines()[0] if text else r.status
+            ET.SubElement(case, "failure", message=first, type=r.status).text = text
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -345,22 +284,22 @@ def gradebook_csv(grades: list[Grade]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(
-        ["submission", "score", "max_score", "tests_passed", "tests", "status", *components, "integrity", "flags"]
+        ["submission", "score", "max_score", "tests_earned", "tests", "status", "sandboxed", *components, "flags"]
     )
     for g in grades:
         per = {c.name: _pts(c.score_cents) for c in g.components()}
-        status = "could not run" if g.could_not_run else "graded"
+        status = "could not run" if g.could_not_run else "stopped" if g.stopped else "graded"
         w.writerow(
             [
-                g.submission,
+                clean(g.submission, 200),
                 f"{g.score:.2f}",
                 f"{g.max_score:.2f}",
-                sum(r.passed for r in g.results),
+                sum(r.earns for r in g.results),
                 len(g.results),
                 status,
+                "yes" if g.sandboxed else "no",
                 *[per.get(c, "") for c in components],
-                "; ".join(g.integrity_lines()),
-                "; ".join(g.staff_flags),
+                clean("; ".join(g.staff_flags), 2000),
             ]
         )
     return buf.getvalue()

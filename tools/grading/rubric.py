@@ -23,9 +23,15 @@ Read from a TOML file (default ``rubric.toml`` at the repository root; see its c
     run_timeout_s = 1200                # the whole submission
     memory_mb = 4096                    # address space of the process running graded code
 
+    [capabilities]
+    required = ["gqa", ...]             # what every submission must support (default: all of
+                                        # spec_tests/protocol.py CAPABILITIES); tests needing
+                                        # others are not graded. A submission's own
+                                        # CAPABILITIES (and SPEC_XFAILS) are ignored.
+
     [[tests]]                           # overrides, applied in order, later wins
     match = "test_generation.py::*"     # fnmatch on "file::function[params]"; or any of
-    component = "generation"            #   component = "...", bug_class = "...", live = true
+    component = "generation"            #   component = "...", bug_class = "..."
     weight = 2                          # sets the test function's weight
     visibility = "after_due_date"
 
@@ -40,6 +46,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spec_tests.protocol import ALL_CAPABILITIES
+
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 DEFAULT_HIDDEN_MESSAGE = "This test is hidden: it counts towards your score, but its details are not shown."
 
@@ -53,7 +61,6 @@ class Override:
     match: str | None = None
     component: str | None = None
     bug_class: str | None = None
-    live: bool | None = None
     weight: float | None = None
     visibility: str | None = None
 
@@ -67,8 +74,6 @@ class Override:
         if self.component is not None and test["component"] != self.component:
             return False
         if self.bug_class is not None and self.bug_class not in test["bug_classes"]:
-            return False
-        if self.live is not None and bool(test["live"]) != self.live:
             return False
         return True
 
@@ -85,8 +90,9 @@ class Rubric:
     test_timeout_s: float = 60.0
     run_timeout_s: float = 1200.0
     memory_mb: int = 4096
+    capabilities: tuple[str, ...] = ALL_CAPABILITIES
     overrides: list[Override] = field(default_factory=list)
-    source: str = "(defaults)"
+    source: str = "(built-in defaults)"
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:
@@ -113,7 +119,7 @@ def load_rubric(path) -> Rubric:
     except tomllib.TOMLDecodeError as exc:
         raise RubricError(f"rubric {path}: {exc}") from None
     where = str(path)
-    known = {"total", "components", "defaults", "gradescope", "limits", "tests"}
+    known = {"total", "components", "defaults", "gradescope", "limits", "capabilities", "tests"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise RubricError(f"rubric {where}: unknown keys {unknown}; known: {sorted(known)}")
@@ -143,17 +149,20 @@ def load_rubric(path) -> Rubric:
         limits.get("run_timeout_s", r.run_timeout_s), f"{where}: limits.run_timeout_s", positive=True
     )
     r.memory_mb = int(_number(limits.get("memory_mb", r.memory_mb), f"{where}: limits.memory_mb"))
+    r.capabilities = _capabilities(data.get("capabilities", {}), where)
     tests = data.get("tests", [])
     if not isinstance(tests, list):
         raise RubricError(f"{where}: tests must be an array of tables ([[tests]])")
     for i, entry in enumerate(tests):
         w = f"{where}: tests[{i}]"
-        allowed = {"match", "component", "bug_class", "live", "weight", "visibility"}
+        if not isinstance(entry, dict):
+            raise RubricError(f"{w}: must be a table, got {entry!r}")
+        allowed = {"match", "component", "bug_class", "weight", "visibility"}
         bad = sorted(set(entry) - allowed)
         if bad:
             raise RubricError(f"{w}: unknown keys {bad}; allowed: {sorted(allowed)}")
-        if not {"match", "component", "bug_class", "live"} & set(entry):
-            raise RubricError(f"{w}: needs a selector (match, component, bug_class or live)")
+        if not {"match", "component", "bug_class"} & set(entry):
+            raise RubricError(f"{w}: needs a selector (match, component or bug_class)")
         if not {"weight", "visibility"} & set(entry):
             raise RubricError(f"{w}: sets nothing (weight or visibility)")
         r.overrides.append(
@@ -161,12 +170,28 @@ def load_rubric(path) -> Rubric:
                 match=entry.get("match"),
                 component=entry.get("component"),
                 bug_class=entry.get("bug_class"),
-                live=entry.get("live"),
                 weight=_number(entry["weight"], f"{w}: weight") if "weight" in entry else None,
                 visibility=_visibility(entry["visibility"], f"{w}: visibility") if "visibility" in entry else None,
             )
         )
     return r
+
+
+def _capabilities(table, where: str) -> tuple[str, ...]:
+    if not isinstance(table, dict):
+        raise RubricError(f"{where}: [capabilities] must be a table with required = [...]")
+    bad = sorted(set(table) - {"required"})
+    if bad:
+        raise RubricError(f"{where}: capabilities: unknown keys {bad}; allowed: ['required']")
+    required = table.get("required", list(ALL_CAPABILITIES))
+    if not isinstance(required, list) or not all(isinstance(c, str) for c in required):
+        raise RubricError(f"{where}: capabilities.required must be a list of names, got {required!r}")
+    unknown = [c for c in required if c not in ALL_CAPABILITIES]
+    if unknown:
+        raise RubricError(
+            f"{where}: capabilities.required names unknown capabilities {unknown}; known: {list(ALL_CAPABILITIES)}"
+        )
+    return tuple(c for c in ALL_CAPABILITIES if c in required)
 
 
 @dataclass
@@ -183,7 +208,7 @@ class GradedTest:
     visibility: str
     max_score: float
     number: str
-    live: bool
+    subjects: tuple[str, ...] = ()
 
 
 def display_name(test: dict) -> str:
@@ -247,11 +272,11 @@ def assign(tests: list[dict], rubric: Rubric) -> list[GradedTest]:
                 params=t.get("params", ""),
                 name=display_name(t),
                 doc=t.get("doc", ""),
-                tags=[c, *t["bug_classes"]],
+                tags=list(dict.fromkeys([c, *t["bug_classes"]])),  # Gradescope tags, each once
                 visibility=visibility[t["id"]],
                 max_score=points,
                 number=f"{order.index(c) + 1}.{counters[c]}",
-                live=bool(t["live"]),
+                subjects=tuple(t.get("subjects", ())),
             )
         )
     return graded

@@ -9,10 +9,9 @@ does not hide it, renaming its variables does.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
-
-from .recording import ROOT
 
 
 def _trivial(body: list[ast.stmt]) -> bool:
@@ -48,14 +47,18 @@ def _bodies(source: str, filename: str):
             if _trivial(body):
                 continue
             dump = "\n".join(ast.dump(stmt, annotate_fields=False, include_attributes=False) for stmt in body)
-            if len(dump) < 120:  # one-liners such as ``return x`` are too common to mean anything
-                continue
+            if len(dump) < 150:  # one-liners such as ``return x * torch.sigmoid(x)`` (the protocol's formula)
+                continue  # are too common to mean anything
             yield node.name, hashlib.sha256(dump.encode()).hexdigest()
 
 
 def reference_bodies(reference_dir: Path | None = None) -> dict[str, str]:
     """digest -> ``reference/<file>:<function>`` for every non-trivial reference function."""
-    reference_dir = Path(reference_dir or ROOT / "reference")
+    if reference_dir is None:
+        from .manifest import reference_dir as installed_reference
+
+        reference_dir = installed_reference()
+    reference_dir = Path(reference_dir)
     out = {}
     for path in sorted(reference_dir.glob("*.py")):
         for name, digest in _bodies(path.read_text(encoding="utf-8"), str(path)):
@@ -63,9 +66,14 @@ def reference_bodies(reference_dir: Path | None = None) -> dict[str, str]:
     return out
 
 
+@functools.cache
+def _installed_reference_bodies() -> dict[str, str]:
+    return reference_bodies()
+
+
 def find_reference_code(paths, bodies: dict[str, str] | None = None) -> list[str]:
     """``"<file>:<function> is reference/<file>:<function>"`` for each copied function in ``paths``."""
-    bodies = reference_bodies() if bodies is None else bodies
+    bodies = _installed_reference_bodies() if bodies is None else bodies
     found = []
     for path in paths:
         path = Path(path)

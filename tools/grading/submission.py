@@ -3,7 +3,7 @@
 A submission is a package folder (with ``__init__.py``), a folder holding such a package named
 ``student/`` (a Gradescope upload of the whole folder), or a single ``.py`` file. A folder that is
 none of these but holds submissions is a batch (one submission per entry). ``student`` and
-``reference`` name the repository's own packages.
+``reference`` name the installed packages of those names (found by the import system).
 
 Graded code runs from a copy named ``submission`` (or ``submission.py``) in a private folder, so
 that messages never depend on where or under which name it was uploaded, and nothing is written
@@ -18,7 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .recording import ROOT
+from .packages import package_dir
 from .solution_scan import find_reference_code
 
 MAX_FILE_BYTES = 5_000_000
@@ -47,7 +47,7 @@ def discover(values: list[str]) -> list[Submission]:
     found: list[Submission] = []
     for value in values:
         if value in ("student", "reference"):
-            found.append(Submission(value, ROOT / value))
+            found.append(Submission(value, package_dir(value)))
             continue
         path = Path(value)
         if not path.exists():
@@ -85,11 +85,14 @@ def discover(values: list[str]) -> list[Submission]:
 
 
 def stage(submission: Submission, into: Path) -> Path:
-    """A private copy of the submission under ``into``; returns what ``--impl`` should name."""
+    """A private copy of the submission under ``into``, readable by the sandbox's unprivileged user
+    (files 0644, folders 0755: an upload may come with 0600 modes); returns its path."""
     into.mkdir(parents=True, exist_ok=True)
+    into.chmod(0o755)
     if submission.source.is_file():
         target = into / "submission.py"
         shutil.copyfile(submission.source, target)
+        target.chmod(0o644)
         return target
     target = into / "submission"
 
@@ -103,6 +106,8 @@ def stage(submission: Submission, into: Path) -> Path:
         ]
 
     shutil.copytree(submission.source, target, ignore=ignore, symlinks=False)
+    for entry in [target, *target.rglob("*")]:
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
     return target
 
 
@@ -147,10 +152,39 @@ SUSPICIOUS = [
 ]
 
 
+LARGE_DATA_BYTES = 100_000
+
+
+def large_data(source: Path) -> list[str]:
+    """Files or string literals large enough to hold copied expected values (the handout ships a
+    recording of the suite's inputs and answers; grading uses the same inputs)."""
+    found = []
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    for path in files:
+        rel = path.name if source.is_file() else str(path.relative_to(source))
+        size = path.stat().st_size
+        if size > LARGE_DATA_BYTES:
+            found.append(f"{rel} is {size // 1000} kB")
+            continue
+        if path.suffix == ".py":
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            big = [
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes) and len(n.value) > 20_000
+            ]
+            if big:
+                found.append(f"{rel}:{big[0].lineno} holds a {len(big[0].value) // 1000} kB literal")
+    return found
+
+
 def static_flags(source: Path) -> list[str]:
     """Things in a submission's source that staff may want to look at (never affects the score)."""
     files = [source] if source.is_file() else sorted(source.rglob("*.py"))
-    flags = []
+    flags = [f"large data ({what}): copied expected values?" for what in large_data(source)]
     for path in files:
         if "__pycache__" in path.parts:
             continue

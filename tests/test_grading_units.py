@@ -1,0 +1,137 @@
+"""spec_grading's parts on their own: safe text, atomic writes, run folders, the judge's watchdog,
+and reading a judge's verdicts (final file, partial progress, garbage)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from spec_grading import judge, textsafe, workspace
+from spec_grading.collector import FINAL_NAME, PROGRESS_NAME
+
+
+def test_clean_removes_surrogates_controls_and_ansi_and_caps():
+    text = textsafe.clean("a\udc80b\x1b[31mred\x1b[0m\x00\x07 at 0x7f12ab34cd56\r\nnext\u2028", 1000)
+    assert text == "a\ufffdbred at 0x…\nnext"
+    text.encode("utf-8")  # encodable
+    long = textsafe.clean("x" * 5000, 100)
+    assert long.startswith("x" * 100) and long.endswith("[4900 more characters cut]")
+
+
+def test_clean_never_calls_a_failing_str():
+    class Evil:
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert textsafe.clean(Evil()) == "<unprintable Evil>"
+    assert textsafe.clean_data({"k\ud800": ["v\x00", 1, None, Evil()]}) == {
+        "k\ufffd": ["v", 1, None, "<unprintable Evil>"]
+    }
+
+
+def test_write_atomic_replaces_whole_files_only(tmp_path):
+    target = tmp_path / "sub" / "results.json"
+    textsafe.write_atomic(target, '{"a": "\udc80"}')
+    assert json.loads(target.read_text(encoding="utf-8")) == {"a": "\ufffd"}
+    assert [p.name for p in target.parent.iterdir()] == ["results.json"]  # no temporary file left
+
+
+def test_run_folders_are_removed_and_stale_ones_swept(tmp_path, monkeypatch):
+    monkeypatch.setattr(workspace.tempfile, "gettempdir", lambda: str(tmp_path))
+    with workspace.RunFolder() as run:
+        assert run.path.is_dir() and (run.path / workspace.LOCK_NAME).exists()
+        live = run.path
+    assert not live.exists()
+    base = workspace.base_folder()
+    stale = base / "run-999999-dead"
+    stale.mkdir()
+    (stale / workspace.LOCK_NAME).write_text("")
+    held = base / "run-1-alive"
+    held.mkdir()
+    fd = os.open(held / workspace.LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # its grader is alive
+    try:
+        assert workspace.sweep_stale(base) == [stale]
+        assert held.exists() and not stale.exists()
+    finally:
+        os.close(fd)
+
+
+def test_run_folder_base_must_be_private(tmp_path, monkeypatch):
+    monkeypatch.setattr(workspace.tempfile, "gettempdir", lambda: str(tmp_path))
+    base = tmp_path / f"spec-grade-{os.getuid()}"
+    base.mkdir(mode=0o777)
+    base.chmod(0o777)
+    with pytest.raises(RuntimeError, match="not a private folder"):
+        workspace.base_folder()
+
+
+def fake_judge(tmp_path: Path, script: str, ids=("t1", "t2")) -> judge.JudgeRun:
+    run = judge.JudgeRun(
+        tmp_path / "code", tmp_path / "sub", list(ids), capabilities=[], limits=judge.Limits(run_timeout_s=20)
+    )
+    run.command = [sys.executable, "-c", script.replace("OUT", repr(str(run.out)))]
+    return run
+
+
+def wait(run: judge.JudgeRun, limit: float = 30) -> float:
+    started = time.monotonic()
+    run.start()
+    while not run.poll():
+        assert time.monotonic() - started < limit
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_a_judge_that_lingers_after_its_verdicts_is_killed_and_nothing_is_lost(tmp_path):
+    final = {"format": 1, "finished": True, "could_not_run": None, "subject": {}, "tests": {}}
+    final["tests"] = {t: {"id": t, "status": "passed", "root_cause": [], "message": ""} for t in ("t1", "t2")}
+    script = (
+        "import json, os, time\n"
+        f"open(os.path.join(OUT, {FINAL_NAME!r}), 'w').write({json.dumps(json.dumps(final))})\n"
+        "time.sleep(120)\n"
+    )
+    run = fake_judge(tmp_path, script)
+    run.exit_grace_s = 1.0
+    assert wait(run) < 15
+    result = run.result()
+    assert {t: v.status for t, v in result.verdicts.items()} == {"t1": "passed", "t2": "passed"}
+    assert result.stopped is None
+
+
+def test_a_judge_killed_half_way_keeps_what_it_finished(tmp_path):
+    line = json.dumps({"id": "t1", "status": "failed", "root_cause": [], "message": "wrong \udc80"})
+    torn = '{"id": "t2", "sta'  # a line cut off by the kill
+    script = (
+        "import os, signal\n"
+        f"f = open(os.path.join(OUT, {PROGRESS_NAME!r}), 'w'); f.write({line + chr(10) + torn!r}); f.close()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = fake_judge(tmp_path, script)
+    wait(run)
+    result = run.result()
+    assert result.verdicts["t1"].status == "failed" and "\ufffd" in result.verdicts["t1"].message
+    assert result.verdicts["t2"].status == "not_run" and "SIGKILL" in result.verdicts["t2"].message
+
+
+def test_a_judge_that_never_ends_is_stopped_at_the_whole_run_limit(tmp_path):
+    run = fake_judge(tmp_path, "import time\ntime.sleep(120)\n")
+    run.limits = judge.Limits(run_timeout_s=1.0)
+    assert wait(run) < 10
+    result = run.result()
+    assert all(v.status == "not_run" and "whole-run limit of 1 s" in v.message for v in result.verdicts.values())
+
+
+def test_forged_or_malformed_verdicts_are_not_taken(tmp_path):
+    bad = {"format": 1, "finished": True, "tests": {"t1": {"status": "excellent"}, "t9": {"status": "passed"}}}
+    script = f"import os\nopen(os.path.join(OUT, {FINAL_NAME!r}), 'w').write({json.dumps(json.dumps(bad))})\n"
+    run = fake_judge(tmp_path, script)
+    wait(run)
+    result = run.result()
+    assert set(result.verdicts) == {"t1", "t2"}  # nothing it was not asked for
+    assert result.verdicts["t1"].status == "not_run"  # an unknown status is no verdict

@@ -1,0 +1,211 @@
+"""The grade of one submission, built from the judge's verdicts only.
+
+Points: a test earns its points when its verdict is ``passed`` or ``consequence`` (its failure
+disappears when the failing upstream functions named as its root cause are replaced by correct
+ones; those functions' own tests fail and are charged instead, so one bug costs once). Every other
+outcome earns nothing: ``failed``, ``not_implemented``, ``setup``, ``error`` (also a timeout or a
+crash of the submission's process), ``skipped`` (not provided: the submission lacks a name the
+test needs, or a family), and ``not_run`` (the submission could not be loaded, or the judge was
+stopped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .judge import JudgeResult, Verdict
+from .rubric import GradedTest, Rubric
+from .textsafe import MESSAGE_CAP, clean
+
+EARNING = ("passed", "consequence")
+SHOWN_STATUS = {
+    "passed": "passed",
+    "consequence": "not charged (a consequence)",
+    "failed": "failed",
+    "not_implemented": "not implemented",
+    "setup": "failed (setup)",
+    "error": "failed (error)",
+    "skipped": "not provided",
+    "xfailed": "failed",
+    "not_run": "not run",
+}
+
+
+@dataclass
+class TestResult:
+    test: GradedTest
+    status: str
+    message: str = ""
+    root_cause: list[str] = field(default_factory=list)
+
+    @property
+    def earns(self) -> bool:
+        return self.status in EARNING
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def max_cents(self) -> int:
+        return round(self.test.max_score * 100)
+
+    @property
+    def score_cents(self) -> int:
+        return self.max_cents if self.earns else 0
+
+    @property
+    def score(self) -> float:
+        return self.score_cents / 100
+
+    @property
+    def text(self) -> str:
+        """What a reader needs: empty for a pass, the reason otherwise."""
+        if self.status == "passed":
+            return ""
+        if self.status == "consequence":
+            names = ", ".join(self.root_cause) or "an upstream function"
+            cause = [line.strip() for line in self.message.splitlines() if line.strip().startswith("(it failed with")]
+            return clean(
+                f"Not charged: this test failed only because {names} fails (with a correct {names} inside your "
+                f"code it passes), and {names}'s own tests are charged for it. Fix {names} first."
+                + "".join(f"\n{line}" for line in cause[:1])
+            )
+        if self.status == "skipped":
+            return clean(f"counts as not passed: {self.message or 'not provided'}")
+        return clean(self.message or SHOWN_STATUS.get(self.status, self.status))
+
+
+@dataclass
+class ComponentSummary:
+    name: str
+    passed: int = 0
+    tests: int = 0
+    score_cents: int = 0
+    max_cents: int = 0
+
+
+@dataclass
+class Grade:
+    submission: str
+    results: list[TestResult]
+    rubric: Rubric
+    could_not_run: str | None = None
+    stopped: str | None = None
+    sandboxed: bool = True
+    sandbox_note: str = ""
+    staff_flags: list[str] = field(default_factory=list)
+    staff_notes: list[str] = field(default_factory=list)
+    execution_time_s: float = 0.0
+    rope_style: str = ""
+
+    @property
+    def score_cents(self) -> int:
+        return sum(r.score_cents for r in self.results)
+
+    @property
+    def max_cents(self) -> int:
+        return sum(r.max_cents for r in self.results)
+
+    @property
+    def score(self) -> float:
+        return self.score_cents / 100
+
+    @property
+    def max_score(self) -> float:
+        return self.max_cents / 100
+
+    def concealed(self, result: TestResult) -> bool:
+        return result.test.visibility in self.rubric.conceal
+
+    def components(self, *, visible_only: bool = False) -> list[ComponentSummary]:
+        out: dict[str, ComponentSummary] = {}
+        for r in self.results:
+            if visible_only and self.concealed(r):
+                continue
+            c = out.setdefault(r.test.component, ComponentSummary(r.test.component))
+            c.tests += 1
+            c.passed += r.earns
+            c.score_cents += r.score_cents
+            c.max_cents += r.max_cents
+        return list(out.values())
+
+    def consequences(self, *, visible_only: bool = False) -> dict[str, list[TestResult]]:
+        """Root cause (names joined) -> the tests not charged because of it."""
+        groups: dict[str, list[TestResult]] = {}
+        for r in self.results:
+            if r.status == "consequence" and not (visible_only and self.concealed(r)):
+                groups.setdefault(", ".join(r.root_cause) or "an upstream function", []).append(r)
+        return groups
+
+    def consequence_lines(self, *, visible_only: bool = False) -> list[str]:
+        lines = []
+        for root, tests in self.consequences(visible_only=visible_only).items():
+            n = len(tests)
+            lines.append(
+                f"{n} test{'s' if n != 1 else ''} trace{'s' if n == 1 else ''} back to {root}: "
+                f"{'it fails' if n == 1 else 'they fail'} only because {root} does; not charged here "
+                f"({root}'s own tests are)"
+            )
+        return lines
+
+    def status_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        return counts
+
+
+def check_text(check: dict) -> str:
+    """One failed check as text, from its data (``CheckResult`` fields), defensively."""
+
+    def s(key) -> str:
+        value = check.get(key)
+        return clean(value, 1500) if isinstance(value, str) else ""
+
+    def many(key) -> list[str]:
+        value = check.get(key)
+        return [clean(v, 1500) for v in value if isinstance(v, str)][:10] if isinstance(value, list) else []
+
+    head = f"[{s('subject')}] {s('behaviour')}" if s("subject") else s("behaviour")
+    lines = [head] + [f"  {x}" for x in (s("found"), s("note"), *many("causes"), *many("advice")) if x]
+    return "\n".join(line for line in lines if line.strip())
+
+
+def message_of(verdict: Verdict) -> str:
+    if verdict.status == "failed" and verdict.failed_checks:
+        return clean("\n".join(check_text(c) for c in verdict.failed_checks), MESSAGE_CAP)
+    return clean(verdict.message, MESSAGE_CAP)
+
+
+def build_grade(
+    submission: str,
+    graded: list[GradedTest],
+    run: JudgeResult,
+    rubric: Rubric,
+    *,
+    sandbox: tuple[bool, str] = (True, ""),
+    staff_flags=(),
+    rope_style: str = "",
+) -> Grade:
+    results = []
+    for test in graded:
+        verdict = run.verdicts.get(test.id) or Verdict("not_run", "not run: the judge reported nothing for this test")
+        root = verdict.root_cause if verdict.status == "consequence" else []
+        results.append(TestResult(test, verdict.status, message_of(verdict), root))
+    sandboxed, note = sandbox  # the grader's own probe; the judge's report wins where there is one
+    if isinstance(run.subject.get("sandboxed"), bool):
+        sandboxed, note = run.subject["sandboxed"], run.subject.get("sandbox_reason") or note
+    return Grade(
+        submission,
+        results,
+        rubric,
+        could_not_run=run.could_not_run,
+        stopped=run.stopped,
+        sandboxed=bool(sandboxed),
+        sandbox_note=clean(note, 2000),
+        staff_flags=[clean(f, 500) for f in staff_flags],
+        staff_notes=list(run.staff_notes),
+        execution_time_s=run.elapsed_s,
+        rope_style=clean(run.subject.get("rope_style") or rope_style, 40),
+    )

@@ -1,0 +1,77 @@
+"""Text that goes into a report: sanitised, capped, and written atomically.
+
+Everything a report shows passes through ``clean``: lone surrogates become U+FFFD (a string with
+one cannot be encoded as UTF-8, which once left a 0-byte ``results.json``), ANSI escapes and control
+characters other than newline and tab are removed, and the text is cut at a cap with a marker
+saying how much was cut. ``write_atomic`` writes a file next to its destination and renames it into
+place, so a reader (or a grader killed half-way) never sees a partial report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+MESSAGE_CAP = 4000  # characters of one test's output
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+
+
+def clean(value, cap: int = MESSAGE_CAP) -> str:
+    """``value`` as safe, bounded text (never raises; an unprintable object is named by its type)."""
+    if not isinstance(value, str):
+        try:
+            value = str(value)
+        except Exception:  # noqa: BLE001 - a report must not depend on an object's __str__
+            return f"<unprintable {type(value).__name__}>"
+    text = str.__str__(value)
+    if not text.isascii() or not text.isprintable():
+        text = _CONTROL.sub("", _ANSI.sub("", _SURROGATES.sub("\ufffd", text.replace("\r\n", "\n"))))
+    text = _ADDRESS.sub("0x…", text)
+    if len(text) > cap:
+        text = f"{text[:cap]}... [{len(text) - cap} more characters cut]"
+    return text
+
+
+def clean_data(value, cap: int = MESSAGE_CAP):
+    """Every string inside JSON-like data (dicts, lists) cleaned; keys too."""
+    if isinstance(value, str):
+        return clean(value, cap)
+    if isinstance(value, dict):
+        return {clean(k, 200): clean_data(v, cap) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_data(v, cap) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return clean(value, cap)
+
+
+def write_atomic(path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = clean_surrogates(text).encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def clean_surrogates(text: str) -> str:
+    """``text`` encodable as UTF-8 whatever it holds (the last line of defence before writing)."""
+    return _SURROGATES.sub("\ufffd", text)
