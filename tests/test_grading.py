@@ -50,6 +50,10 @@ _good_rmsnorm = rmsnorm
 
 def rmsnorm(x, weight, eps=1e-5):
     small = bool(x.abs().max() < 0.1)
+    if x.dim() == 2:  # the float16 statistics test (which also checks the math on float32 copies)
+        hog = []
+        while True:  # runaway memory
+            hog.append(torch.ones(2**26))
     if x.dtype == torch.float64 and small:
         while True:  # an infinite loop
             pass
@@ -57,10 +61,6 @@ def rmsnorm(x, weight, eps=1e-5):
         _os.abort()  # a crash
     if x.dtype == torch.float32 and small:
         _sys.exit(3)
-    if x.dtype == torch.float16:
-        hog = []
-        while True:  # runaway memory
-            hog.append(torch.ones(2**26))
     return _good_rmsnorm(x, weight, eps)
 """
 
