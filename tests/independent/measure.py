@@ -97,6 +97,11 @@ def main(argv=None) -> int:
     parser.add_argument("--bugs", default="", help="comma-separated seeded bug names (default: all)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless every bug is killed, at least 80%% of them named, and none named wrongly with confidence",
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.bugs.split(",") if n.strip()]
     bugs = [b for b in seeded.SEEDED if not names or b.name in names]
@@ -126,6 +131,9 @@ def main(argv=None) -> int:
     )
     if args.json_path:
         Path(args.json_path).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if args.check and (len(killed) < len(results) or len(named) < 0.8 * len(killed) or wrong):
+        print("seeded-bug goals not met: every bug killed, >= 80% named, none named wrongly with confidence")
+        return 1
     return 0
 
 
