@@ -1,11 +1,12 @@
 """spec_grading's parts on their own: safe text, atomic writes, run folders, the judge's watchdog,
-and reading a judge's verdicts (final file, partial progress, garbage)."""
+reading a judge's verdicts (final file, partial progress, garbage), and the reference-copy scan."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -135,3 +136,21 @@ def test_forged_or_malformed_verdicts_are_not_taken(tmp_path):
     result = run.result()
     assert set(result.verdicts) == {"t1", "t2"}  # nothing it was not asked for
     assert result.verdicts["t1"].status == "not_run"  # an unknown status is no verdict
+
+
+def test_reference_copy_scan_flags_copies_and_not_independent_code(tmp_path):
+    """A copied reference is flagged function by function, even renamed; the independent
+    implementations, which write short idioms the way the reference does, are not."""
+    from spec_grading.manifest import reference_dir
+    from spec_grading.solution_scan import find_reference_code, reference_bodies
+
+    bodies = reference_bodies()
+    copy = tmp_path / "copy"
+    shutil.copytree(reference_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    renamed = copy / "attention.py"
+    renamed.write_text(renamed.read_text().replace("def multihead_self_attention(", "def my_attention("))
+    found = find_reference_code(sorted(copy.glob("*.py")))
+    assert len(found) >= len(bodies) > 20
+    assert any("attention.py:my_attention is reference/attention.py:multihead_self_attention" in f for f in found)
+    independent = Path(__file__).parent / "independent"
+    assert find_reference_code(sorted(independent.rglob("*.py"))) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
+import os
 import pickletools
 import re
 import shutil
@@ -241,3 +242,44 @@ def test_make_handout_refuses_to_overwrite(tmp_path):
         assert proc.returncode == 2 and "refusing" in proc.stderr, target
     proc = subprocess.run([*HANDOUT, str(tmp_path / "new"), "--styles", "diagonal"], capture_output=True, text=True)
     assert proc.returncode == 2 and "'diagonal'" in proc.stderr
+
+
+def test_the_committed_skeleton_holds_no_solution_code():
+    from spec_grading.handout import implementations_in
+
+    import student
+
+    assert implementations_in(Path(student.__file__).resolve().parent) == []
+    # the check sees solution code where there is some: every reference module holds it
+    found = implementations_in(reference_dir())
+    assert {line.split(":")[0] for line in found} >= {f"reference/{p.name}" for p in reference_dir().glob("[a-z]*.py")}
+
+
+def test_make_handout_refuses_a_student_folder_with_solution_code(tmp_path):
+    """Staff who wrote their solution in student/ get a refusal naming what is implemented, not a
+    handout that gives it away."""
+    import student
+
+    shadow = tmp_path / "shadow"
+    shutil.copytree(
+        Path(student.__file__).resolve().parent, shadow / "student", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    norms = shadow / "student" / "norms.py"
+    source = norms.read_text()
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "rmsnorm")
+    lines = source.splitlines()
+    raise_line = fn.body[-1].lineno - 1
+    indent = lines[raise_line][: len(lines[raise_line]) - len(lines[raise_line].lstrip())]
+    lines[raise_line] = f"{indent}return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight"
+    norms.write_text("\n".join(lines) + "\nsoftmax_alias = torch.softmax\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow)}
+    cmd = [*HANDOUT, str(tmp_path / "out"), "--tests", TEST_FILES[0]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=shadow, timeout=120)
+    assert proc.returncode == 2 and "refusing" in proc.stderr, proc.stderr
+    assert "student/norms.py" in proc.stderr and "rmsnorm() is implemented" in proc.stderr, proc.stderr
+    assert "softmax_alias" in proc.stderr and not (tmp_path / "out").exists()
+    proc = subprocess.run(
+        [*cmd, "--allow-implemented", "rmsnorm"], capture_output=True, text=True, env=env, cwd=shadow, timeout=120
+    )
+    assert proc.returncode == 2 and "rmsnorm()" not in proc.stderr and "softmax_alias" in proc.stderr, proc.stderr

@@ -17,13 +17,18 @@ OUT gets:
 
 ``--tests`` makes a partial handout (say, for a first assignment) with only those test files.
 The suite, the skeleton and the reference are found by importing them, so an installed copy of
-the project works as well as a checkout. Exit status 0 on success, 2 on usage errors, 1 when
-recording fails.
+the project works as well as a checkout. ``student/`` must still be the skeleton: a function whose
+body is more than its docstring and ``raise NotImplementedError``, a class, a module-level binding
+that is not a literal, or a protocol name imported from elsewhere is solution code, and the
+handout is refused with the list of them (``--allow-implemented name,...`` hands out the functions
+staff mean to give). Exit status 0 on success, 2 on usage errors and refusals, 1 when recording
+fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import shutil
 import subprocess
 import sys
@@ -42,6 +47,68 @@ RECORD_TIMEOUT_S = 1800
 
 class RecordingError(RuntimeError):
     """The recording pass on the reference failed."""
+
+
+def _unimplemented(body: list[ast.stmt]) -> bool:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if not body:
+        return True
+    if len(body) > 1:
+        return False
+    stmt = body[0]
+    if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+        return True
+    if isinstance(stmt, ast.Raise) and stmt.exc is not None:
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return False
+
+
+def _literal(node: ast.expr | None) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return False
+    return True
+
+
+def implementations_in(folder: Path, allowed: frozenset[str] = frozenset()) -> list[str]:
+    """``"<file>:<line> <what>"`` for each piece of solution code in a skeleton folder."""
+    from spec_tests.protocol import PROTOCOL_NAMES
+
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(folder.parent)
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        except (SyntaxError, UnicodeDecodeError) as exc:
+            found.append(f"{rel}: cannot be read as Python ({exc.__class__.__name__})")
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if node.name not in allowed and not _unimplemented(node.body):
+                    found.append(f"{rel}:{node.lineno} {node.name}() is implemented")
+            elif isinstance(node, ast.ClassDef):
+                if node.name not in allowed:
+                    found.append(f"{rel}:{node.lineno} class {node.name}")
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+                if not _literal(node.value) and not set(names) <= allowed:
+                    found.append(f"{rel}:{node.lineno} {', '.join(names) or 'an assignment'} = (not a literal)")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+                bound = [a.asname or a.name for a in node.names]
+                clash = [n for n in bound if n in PROTOCOL_NAMES and n not in allowed]
+                if clash:
+                    found.append(f"{rel}:{node.lineno} {', '.join(clash)} imported from {node.module}")
+            elif not isinstance(node, ast.Import | ast.ImportFrom | ast.Expr):
+                found.append(f"{rel}:{node.lineno} module-level {node.__class__.__name__.lower()} statement")
+            elif isinstance(node, ast.Expr) and not isinstance(node.value, ast.Constant):
+                found.append(f"{rel}:{node.lineno} module-level code")
+    return found
 
 
 def copy_tree(src: Path, dst: Path, test_files: list[str] | None = None) -> None:
@@ -137,6 +204,11 @@ def parse_args(argv):
     )
     p.add_argument("--rubric", help="rubric summarised in the README (default: ./rubric.toml, else built-in)")
     p.add_argument("--tests", help="comma-separated test files to include (default: all of spec_tests/test_*.py)")
+    p.add_argument(
+        "--allow-implemented",
+        default="",
+        help="comma-separated names in student/ that may hold code (functions staff hand out written)",
+    )
     return p, p.parse_args(argv)
 
 
@@ -171,6 +243,15 @@ def main(argv=None) -> int:
             rubric = load_rubric("rubric.toml") if Path("rubric.toml").is_file() else Rubric()
     except RubricError as exc:
         p.error(str(exc))
+    allowed = frozenset(n.strip() for n in args.allow_implemented.split(",") if n.strip())
+    solution = implementations_in(package_dir("student"), allowed)
+    if solution:
+        listing = "\n  ".join(solution[:20]) + (f"\n  ... and {len(solution) - 20} more" if len(solution) > 20 else "")
+        p.error(
+            f"refusing: {package_dir('student')} is not the skeleton, it holds solution code:\n  {listing}\n"
+            "Restore the skeleton (git checkout student/), or pass --allow-implemented NAME,... for code "
+            "you mean to hand out."
+        )
     out = Path(args.out).resolve()
     clash = overwrites_the_project(out)
     if clash is not None:
