@@ -4,7 +4,7 @@
     checks = run_perf_checks(impl, device="cpu")          # list of dicts, see PerfCheck
     entries = leaderboard_entries(checks)                  # Gradescope "leaderboard" entries
 
-or from the shell (writes what ``tools/grade.py --leaderboard FILE`` reads):
+or from the shell (writes what ``spec-grade --leaderboard FILE`` reads):
 
     python -m benchmarks.perf_checks --impl student --device cpu --json checks.json --leaderboard board.json
 

@@ -263,3 +263,22 @@ def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert str(ROOT) not in str(tmp_path)
+
+
+def test_summary_traces_consequences_through_names_that_failed_only_as_consequences():
+    from spec_tests.harness.results import TestVerdict
+    from spec_tests.harness.terminal import summary_lines
+
+    verdicts = [
+        TestVerdict("t_rope", "positions", ["rope"], "failed", [], "wrong"),
+        TestVerdict("t_forward", "model", ["forward"], "consequence", ["rope"], "consequence of failing rope"),
+        TestVerdict("t_cache", "kv_cache", ["cache_kv"], "consequence", ["forward"], "forward is failing"),
+        TestVerdict("t_norm", "norms", ["rmsnorm"], "failed", [], "wrong"),
+    ]
+    lines = summary_lines("x", verdicts, {"rope": ["t_rope"], "rmsnorm": ["t_norm"]})
+    causes = lines[lines.index("root causes, fix these first:") + 1 :]
+    assert causes[:2] == [
+        "  rope: 1 failing test(s) of its own; 2 other failure(s) trace back to it",
+        "  rmsnorm: 1 failing test(s) of its own",
+    ], lines
+    assert not any("forward" in line for line in causes)

@@ -62,6 +62,28 @@ def make_failures_red(reporter) -> None:
     reporter._determine_main_color = main_color
 
 
+def resolve_roots(roots, verdicts, own_failures) -> list[str]:
+    """Root causes with every name that failed only as a consequence replaced by its own roots (a
+    cache test judged against the model's forward blames ``forward``; ``forward`` failed only
+    because ``rope`` did: the root is ``rope``)."""
+    inherited: dict[str, set[str]] = {}
+    for v in verdicts:
+        if v.status == "consequence":
+            for subject in v.subjects:
+                inherited.setdefault(subject, set()).update(v.root_cause)
+    out, todo, seen = [], list(roots), set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        if name not in own_failures and inherited.get(name, set()) - seen:
+            todo += sorted(inherited[name])
+        elif name not in out:
+            out.append(name)
+    return out
+
+
 def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[str]:
     """The end-of-run summary: per component, root causes first, then what is not implemented."""
     from ..protocol import COMPONENT_ORDER
@@ -82,15 +104,15 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[st
     lines = [f"{'component':<12}" + "".join(f"{columns[k]:>14}" for k in shown)]
     for c in order:
         lines.append(f"{c:<12}" + "".join(f"{counts[c].get(k, 0):>14}" for k in shown))
-    consequences: dict[str, list[str]] = {}
-    for v in verdicts:
-        if v.status == "consequence":
-            for root in v.root_cause:
-                consequences.setdefault(root, []).append(v.test)
     own_failures = {
         name: tests for name, tests in registry_failing.items() if any(v.status in ("failed", "error") for v in verdicts
                                                                        if v.test in tests)
     }  # fmt: skip
+    consequences: dict[str, list[str]] = {}
+    for v in verdicts:
+        if v.status == "consequence":
+            for root in resolve_roots(v.root_cause, verdicts, own_failures):
+                consequences.setdefault(root, []).append(v.test)
     if own_failures or consequences:
         lines.append("")
         lines.append("root causes, fix these first:")
