@@ -61,7 +61,7 @@ if [ "$DEVICE" = cuda ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cu
 fi
 
 # 1. The spec suite on CUDA (float32/float64 with TF32 off, as the plugin sets).
-step spec 110 "$PY" -m pytest spec_tests --device "$DEVICE" -q -p no:cacheprovider \
+step spec 110 "$PY" -m pytest spec_tests --spec-device "$DEVICE" -q -p no:cacheprovider \
     --junitxml="$OUT/spec_$DEVICE.xml"
 
 # 2. Benchmarks side by side in bf16: attention to T 8192, Llama at GPT-2-small size (impl = the
