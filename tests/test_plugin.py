@@ -282,3 +282,20 @@ def test_summary_traces_consequences_through_names_that_failed_only_as_consequen
         "  rmsnorm: 1 failing test(s) of its own",
     ], lines
     assert not any("forward" in line for line in causes)
+
+
+def test_tests_downstream_of_an_expected_failure_are_judged_as_usual(tmp_path):
+    """An expected failure is a declared divergence, not a failing function: a test downstream of it
+    that fails is a failure to declare too, never a consequence that fails the run unannounced."""
+    own = ["test_rope[f64]", "test_rope[f32]", "test_rope_honours_theta"]
+    own += ["test_rope_positions_scattered_and_broadcast", "test_rope_frequencies"]
+    xfails = tmp_path / "xfails.toml"
+    xfails.write_text("[xfail]\n" + "".join(f'"test_positions.py::{t}" = "declared"\n' for t in own))
+    proc = run_suite(
+        "--impl=bug:rope_frequency_exponent", f"--spec-xfails={xfails}", "-k", "rope", "-rfE", cwd=tmp_path
+    )
+    out = proc.stdout
+    assert proc.returncode == 1 and "5 xfailed" in out, out
+    for case in ("mha", "gqa"):  # rerun with a correct rope they would pass: judged anyway
+        failed = [line for line in out.splitlines() if line.startswith("FAILED ")]
+        assert any(line.endswith(f"test_attention.py::test_multihead_attention_with_rope[{case}]") for line in failed)

@@ -167,7 +167,7 @@ CLAUSES: list[Clause] = [
         state="n/a: about the inputs only",
         paths={
             PRE + "test_float64_computed_in_float64": "float64 computed in float64, every computing function; CUDA: "
-            "the same suite with --device cuda (tools/gpu_check.sh), only where a GPU is lent",
+            "the same suite with --spec-device cuda (tools/gpu_check.sh), only where a GPU is lent",
             PRE + "test_float64_model_computed_in_float64": "the model",
             SAM + "test_sample_leaves_its_logits_unchanged": "inputs unchanged where a function is judged by "
             "relations only (every spec.call/spec.check also compares its inputs before and after)",

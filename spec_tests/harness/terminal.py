@@ -104,9 +104,10 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[st
     lines = [f"{'component':<12}" + "".join(f"{columns[k]:>14}" for k in shown)]
     for c in order:
         lines.append(f"{c:<12}" + "".join(f"{counts[c].get(k, 0):>14}" for k in shown))
+    status = {v.test: v.status for v in verdicts}
     own_failures = {
-        name: tests for name, tests in registry_failing.items() if any(v.status in ("failed", "error") for v in verdicts
-                                                                       if v.test in tests)
+        name: own for name, tests in registry_failing.items()
+        if (own := [t for t in dict.fromkeys(tests) if status.get(t) in ("failed", "error")])
     }  # fmt: skip
     consequences: dict[str, list[str]] = {}
     for v in verdicts:
