@@ -205,3 +205,18 @@ def test_requiring_the_sandbox_where_there_is_none_is_an_error(monkeypatch):
     monkeypatch.setenv(sandbox.ENV_SWITCH, "off")
     with pytest.raises(sandbox.SandboxError, match="required but not available"):
         sandbox.worker_command(TOY, fd=0, sandbox=True)
+
+
+def test_a_virtual_environment_under_tmp_stays_reachable():
+    """A checkout (and its .venv) under /tmp is bound over the private /tmp: the folders above it are
+    made there with mode 0755, or the unprivileged worker could not reach its own interpreter."""
+    from spec_tests.harness.sandbox import _with_parents
+
+    args = _with_parents(["--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/src/.venv", "/tmp/ci/.venv"])
+    for folder in ("/tmp/ci",):
+        i = args.index(folder)
+        assert args[i - 3 : i] == ["--perms", "0755", "--dir"], args
+    assert args.index("/tmp/ci") < args.index("/tmp/ci/.venv")
+    # inside a read-only bind nothing can be made: no --dir there
+    args = _with_parents(["--ro-bind", "/usr", "/usr", "--ro-bind", "/x", "/usr/lib/extra/x"])
+    assert "--dir" not in args

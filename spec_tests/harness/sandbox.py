@@ -269,9 +269,11 @@ def _with_parents(mounts: list[str]) -> list[str]:
 
 
 def _is_mounted_under(path: str, args: list[str]) -> bool:
-    """Whether ``path`` lies inside something already mounted (then it exists or cannot be made)."""
+    """Whether ``path`` lies inside something already bound (then it exists or cannot be made).
+    Inside a tmpfs a folder can be made, and must be: a virtual environment under ``/tmp`` is bound
+    over the private ``/tmp``, and its parents there would otherwise be made mode 0700."""
     for i, flag in enumerate(args):
-        if flag in _ARITY and flag not in ("--perms", "--size"):
+        if flag in _ARITY and flag not in ("--perms", "--size", "--tmpfs"):
             dest = args[i + _ARITY[flag]]
             if dest != "/" and (path == dest or path.startswith(dest.rstrip("/") + "/")):
                 return True
