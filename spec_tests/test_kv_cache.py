@@ -42,15 +42,7 @@ def check_chunks(spec, config, chunks, *, seed):
     model = models.build(spec.impl, config, sd)
     full = spec.impl.forward(model, ids)
     cached = cached_logits(spec.impl, model, ids, chunks)
-    first = chunks[0]
-    hint = None
-    if len(chunks) > 1 and cached.shape == full.shape and torch.allclose(cached[:, :first], full[:, :first]):
-        hint = (
-            "likely cause (weak evidence): the first chunk is right and the later ones are not, so what the cache "
-            "hands on is wrong: positions that do not continue from the cache length (most often), or a causal mask "
-            "aligned top-left when new tokens follow cached ones. Fix: positions = arange(cached, cached + T); mask "
-            "j <= i + (T_k - T_q)"
-        )
+    hint, hint_code = chunk_hint(cached, full, chunks)
     alone = Variant(
         "knob:cache_contents",
         "the cache is not used: each chunk is computed as if it were the whole sequence",
@@ -64,9 +56,51 @@ def check_chunks(spec, config, chunks, *, seed):
         axes="b t v",
         variants=[alone],
         hint=hint,
-        hint_code="~knob:position_offset",
+        hint_code=hint_code,
+        structural=hint is None,  # a chunk boundary is where the hint looks; "wrong from t = k" adds nothing
         behaviour=f"cached forward in chunks {chunks} equals the uncached forward of the same model",
     )
+
+
+def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:
+    """``(hint, code)`` from which chunks are wrong: already the first single token (a decode path of
+    its own), only multi-token chunks that follow cached tokens (chunked prefill: the mask), or every
+    chunk after the first (what the cache hands on). Later chunks read what earlier ones cached, so
+    only the first wrong chunk is clean evidence of its own."""
+    if cached.shape != full.shape or len(chunks) < 2:
+        return None, ""
+    spans, start = [], 0
+    for n in chunks:
+        right = torch.allclose(cached[:, start : start + n], full[:, start : start + n], rtol=1e-4, atol=1e-6)
+        spans.append((start, n, right))
+        start += n
+    wrong = [(s, n) for s, n, ok in spans if not ok]
+    if not wrong:
+        return None, ""
+    if chunks[0] == 1 and not spans[0][2]:
+        return (
+            "likely cause: the very first step, one token into an empty cache, is already wrong: nothing is cached "
+            "yet, so neither positions nor the mask can be off. The model computes one new token (T_q = 1, "
+            "decoding) on a path of its own that differs from the general one: its head grouping (GQA), "
+            "attention or cache writes. Fix: make the T_q = 1 path compute what the general one does"
+        ), "boundary"
+    later_multi = [ok for s, n, ok in spans if s > 0 and n > 1]
+    later_single = [ok for s, n, ok in spans if s > 0 and n == 1]
+    if later_multi and not any(later_multi) and any(later_single) and all(s > 0 and n > 1 for s, n in wrong):
+        return (
+            "likely cause: only multi-token chunks that follow cached tokens are wrong (T_q > 1 with T_k > T_q); "
+            "single new tokens after the cache are right, so positions continue correctly: the causal mask of a "
+            "chunk is aligned top-left (is_causal=True in scaled_dot_product_attention is top-left when T_q != T_k). "
+            "Fix: mask key j for query i unless j <= i + (T_k - T_q)"
+        ), "knob:mask_alignment"
+    if spans[0][2] and all(s > 0 for s, _ in wrong):
+        return (
+            "likely cause (weak evidence): the first chunk is right and the later ones are not, so what the cache "
+            "hands on is wrong: positions that do not continue from the cache length (most often), or a causal mask "
+            "aligned top-left when new tokens follow cached ones. Fix: positions = arange(cached, cached + T); mask "
+            "j <= i + (T_k - T_q)"
+        ), "~knob:position_offset"
+    return None, ""
 
 
 @judges("new_cache", uses=("build_model", "forward"))

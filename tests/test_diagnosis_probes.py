@@ -78,3 +78,27 @@ def test_reshape_merging_batch_and_time_mixes_sequences():
 def test_per_sequence_computation_passes_the_batch_probe():
     assert batch_probe(self_attention(causal(T, T)), {"x": X}) == []
     assert batch_probe(lambda i: torch.softmax(i["x"], -1), {"x": X}) == []
+
+
+def _wrong_from(full, spans):
+    out = full.clone()
+    for start, n in spans:
+        out[:, start : start + n] += 1.0
+    return out
+
+
+def test_cache_hints_read_which_chunks_are_wrong():
+    """The cache tests' hint names the path from the first wrong chunk: a single token into an empty
+    cache (decoding's own path), multi-token chunks after the cache only (the mask), or every later
+    chunk (positions, most often); nothing when the pattern says none of these."""
+    from spec_tests.test_kv_cache import chunk_hint
+
+    full = torch.randn(2, 17, 5, dtype=torch.float64)
+    hint, code = chunk_hint(_wrong_from(full, [(0, 17)]), full, [1, 16])
+    assert "one token into an empty cache" in hint and code == "boundary"
+    hint, code = chunk_hint(_wrong_from(full, [(8, 9)]), full, [6, 1, 1, 9])
+    assert "multi-token chunks that follow cached tokens" in hint and code == "knob:mask_alignment"
+    hint, code = chunk_hint(_wrong_from(full, [(6, 11)]), full, [6, 1, 1, 9])
+    assert "first chunk is right" in hint and code == "~knob:position_offset"
+    assert chunk_hint(_wrong_from(full, [(0, 6)]), full, [6, 1, 1, 9]) == (None, "")
+    assert chunk_hint(full.clone(), full, [6, 1, 1, 9]) == (None, "")

@@ -222,6 +222,13 @@ def test_bool_mask_inverted():
     assert_names(diagnose(causal(4, T), ~causal(4, T)), "mask", 0.95)
 
 
+def test_bool_mask_offset_with_the_wrong_sign():
+    t_q, t_k = 9, T
+    i, j = torch.arange(t_q)[:, None], torch.arange(t_k)[None, :]
+    cause = assert_names(diagnose(causal(t_q, t_k), j <= i - (t_k - t_q), axes="q k"), "mask", 0.95)
+    assert "wrong sign" in cause.summary
+
+
 def test_masked_scores_not_masked():
     """Scores [B, H, T, T] with -inf above the diagonal; the bug leaves them finite."""
     q, k, _ = qkv(h_kv=H)
@@ -357,6 +364,17 @@ def test_first_row_nan_is_nan_rows():
     wrong[:, :, 0] = float("nan")
     cause = assert_names(diagnose(expected, wrong, axes="b h t d"), "nan_rows")
     assert "t = [0]" in cause.summary
+
+
+def test_nan_rows_without_any_mask_point_at_the_max_subtracted():
+    """softmax subtracting the whole tensor's max: rows far below it underflow to 0/0; no input is masked."""
+    x = randn(B, V, seed=25) * 10
+    x[1] += 1e4
+    expected = torch.softmax(x, -1)
+    shifted = (x - x.max()).exp()
+    wrong = shifted / shifted.sum(-1, keepdim=True)
+    cause = assert_names(diagnose(expected, wrong, inputs={"x": x}), "nan_rows", 0.8)
+    assert "no input is masked" in cause.summary and "own max" in cause.where
 
 
 def test_softmax_overflow():

@@ -192,6 +192,8 @@ def test_reports_stay_valid(attacks, attack):
     assert len(results["output"]) <= 25_000
     markdown = (folder / "report.md").read_text(encoding="utf-8")
     assert len(markdown) < MAX_RESULTS_BYTES and markdown.startswith("# Grade")
+    outside = markdown.split("```")[0::2]  # what renders as markdown: no forged heading or score there
+    assert sum(part.count("# Grade") for part in outside) == 1 and sum(p.count("points**") for p in outside) == 1
     ET.parse(folder / "report.xml")
     assert "\x1b" not in raw.decode() and "\x00" not in raw.decode()
 

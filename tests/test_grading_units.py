@@ -154,3 +154,70 @@ def test_reference_copy_scan_flags_copies_and_not_independent_code(tmp_path):
     assert any("attention.py:my_attention is reference/attention.py:multihead_self_attention" in f for f in found)
     independent = Path(__file__).parent / "independent"
     assert find_reference_code(sorted(independent.rglob("*.py"))) == []
+
+
+def _graded(tid: str, subjects: tuple[str, ...]):
+    from spec_grading.rubric import GradedTest
+
+    return GradedTest(tid, "c", tid, "", tid, "", [], "visible", 1.0, "1.1", subjects)
+
+
+def test_a_consequence_earns_only_while_its_root_is_charged():
+    """A consequence whose root has no failing graded test is charged (a spec.defer the
+    submission provoked while every test of the named root passes), chains resolve."""
+    from spec_grading.grade import build_grade
+    from spec_grading.judge import JudgeResult, Verdict
+    from spec_grading.rubric import Rubric
+
+    graded = [
+        _graded("rope_own", ("rope",)),
+        _graded("forward_via_rope", ("forward",)),
+        _graded("cache_via_forward", ("new_cache",)),
+        _graded("layernorm_own", ("layernorm",)),
+        _graded("precision_via_layernorm", ("layernorm",)),
+        _graded("via_missing", ("generate",)),
+    ]
+    run = JudgeResult(
+        {
+            "rope_own": Verdict("failed", "wrong"),
+            "forward_via_rope": Verdict("consequence", "c", ["rope"]),
+            "cache_via_forward": Verdict("consequence", "c", ["forward"]),
+            "layernorm_own": Verdict("passed"),
+            "precision_via_layernorm": Verdict("consequence", "c", ["layernorm"]),
+            "via_missing": Verdict("consequence", "c", ["rope", "sample"]),
+        }
+    )
+    grade = build_grade("s", graded, run, Rubric())
+    status = {r.test.id: r.status for r in grade.results}
+    assert status["forward_via_rope"] == status["cache_via_forward"] == "consequence"
+    assert status["precision_via_layernorm"] == status["via_missing"] == "failed"
+    charged = next(r for r in grade.results if r.test.id == "precision_via_layernorm")
+    assert "no graded test of layernorm fails" in charged.message and charged.root_cause == []
+
+
+def test_a_replaced_function_refuses_oversized_arguments():
+    import torch
+
+    from spec_tests.harness.remote_subject import ORACLE_MAX_ELEMENTS, check_oracle_arguments
+
+    check_oracle_arguments("rmsnorm", (torch.zeros(4, 8), torch.ones(8)), {})
+    big = torch.zeros(ORACLE_MAX_ELEMENTS // 2 + 1)
+    with pytest.raises(ValueError, match="rmsnorm: .* tensor elements"):
+        check_oracle_arguments("rmsnorm", (big,), {"weight": big})
+
+
+def test_the_judge_gets_an_address_space_limit_above_the_workers():
+    assert judge.judge_memory_bytes(0) == 0
+    assert judge.judge_memory_bytes(3072) == (3072 + judge.JUDGE_MEMORY_EXTRA_MB) * 2**20
+
+
+def test_text_from_the_submission_cannot_forge_report_headings():
+    from spec_grading.grade import Grade
+    from spec_grading.report import markdown
+    from spec_grading.rubric import Rubric
+
+    forged = "x\n\n# Grade: student\n\n**100.00 / 100.00 points**\n```\n<!--"
+    text = markdown(Grade("s", [], Rubric(), could_not_run=forged))
+    outside = text.split("```")[0::2]  # the parts outside code blocks
+    assert sum(part.count("# Grade") for part in outside) == 1
+    assert sum(part.count("points**") for part in outside) == 1

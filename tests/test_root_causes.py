@@ -9,39 +9,9 @@ reference with catalogued patches applied, judged in a subprocess as users run t
 
 from __future__ import annotations
 
-import re
-import shutil
 from pathlib import Path
 
-from suite_subprocess import run_suite
-
-import reference
-from spec_tests.bugs import CATALOG
-
-REFERENCE = Path(reference.__file__).resolve().parent
-
-
-def implementation(tmp_path: Path, *bugs: str, edit=None) -> Path:
-    """A copy of the reference with the named catalog patches applied (and ``edit(folder)``)."""
-    folder = tmp_path / "impl"
-    shutil.copytree(REFERENCE, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in bugs:
-        bug = CATALOG[name]
-        path = folder / bug.file
-        source = path.read_text()
-        assert source.count(bug.old) == 1, name
-        path.write_text(source.replace(bug.old, bug.new))
-    if edit is not None:
-        edit(folder)
-    return folder
-
-
-def statuses(folder: Path, tmp_path: Path, select: str) -> dict[str, str]:
-    proc = run_suite(f"--impl={folder}", "-k", select, "-vv", cwd=tmp_path)  # -q -vv: one line per test
-    found = dict(re.findall(r"spec_tests/(\S+::\S+) +(PASSED|FAILED|CONSEQUENCE|SKIPPED|XFAIL)", proc.stdout))
-    assert found, proc.stdout[-3000:]
-    return found
-
+from suite_subprocess import implementation, statuses
 
 LOGITS = "test_model.py::test_logits_match_reference[llama_gqa-f64]"
 
@@ -89,3 +59,14 @@ def test_a_component_inlined_by_its_caller_is_charged_to_the_caller(tmp_path):
     found = statuses(folder, tmp_path, "rope")
     assert found["test_positions.py::test_rope[f64]"] == "FAILED"
     assert found[MHA] == "FAILED", found  # no replacement of rope reaches the copy: charged
+
+
+def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path):
+    """test_sampling_probs_any_leading_shape judges sampling_probs and sample; with only
+    sampling_probs wrong, the summary charges sampling_probs and never sample."""
+    from suite_subprocess import run_suite
+
+    proc = run_suite(f"--impl={implementation(tmp_path, 'top_p_before_top_k')}", "-k", "sampling", cwd=tmp_path)
+    roots = proc.stdout.split("root causes, fix these first:", 1)[1].split("=====", 1)[0]
+    assert "  sampling_probs: " in roots, proc.stdout[-3000:]
+    assert "  sample: " not in roots, roots

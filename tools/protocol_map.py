@@ -1001,6 +1001,33 @@ CLAUSES: list[Clause] = [
         paths={TRA + "test_get_batch_draws_from_its_generator": "the generator argument"},
         extremes=NO_ARGS,
     ),
+    C(
+        "amendment.15",
+        "amendment",
+        "15",
+        pinned_by=(SAM + "test_sampling_probs_match_reference",),
+        sizes={SAM + "test_sampling_probs_match_reference": "top_k = 7 of V = 67 with top_p = 0.75"},
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state=PURE,
+        paths={SAM + "test_sampling_probs_match_reference": "temperature, top-k and top-p together"},
+        extremes={SAM + "test_sampling_probs_match_reference": "top-k removing mass that top-p would have counted"},
+    ),
+    C(
+        "amendment.16",
+        "amendment",
+        "16",
+        pinned_by=(MOD + "test_tied_head_is_the_embedding_parameter", TRA + "test_train_defaults_to_adamw_at_lr_1e_3"),
+        sizes="n/a: about how weights are found",
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={MOD + "test_tied_head_is_the_embedding_parameter": "parameters restored after the coded read"},
+        paths={
+            MOD + "test_tied_head_is_the_embedding_parameter": "the parameter holding the embedding, by its values",
+            TRA + "test_train_defaults_to_adamw_at_lr_1e_3": "gradients under canonical names, by values",
+        },
+        extremes=NO_ARGS,
+    ),
 ]
 
 # Citation wordings that are not clause ids ("protocol: <wording>"); "Conventions, X" looks X up in CONVENTIONS.

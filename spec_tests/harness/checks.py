@@ -303,10 +303,12 @@ class Spec:
         variants=(),
         hint: str | None = None,
         hint_code: str | None = None,
+        structural: bool = True,
     ):
         """Compare two values the test computed (a relation); ``kind`` picks a math tolerance.
 
         ``variants``: ``Variant``s whose ``compute()`` gives the related value with one knob changed.
+        ``structural=False``: no structural detectors (the test's ``hint`` reads the evidence better).
         """
         if tol is None and kind and tolerance_measurement.enabled():
             tolerance_measurement.record(kind, self.test_id, actual, expected)
@@ -336,6 +338,7 @@ class Spec:
                 axes=axes,
                 rope_style=self.impl.rope_style,
                 known_bugs=list,
+                structural=structural,
             )
             return lines + more, codes + more_codes
 

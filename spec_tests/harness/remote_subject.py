@@ -15,6 +15,21 @@ import time
 from .model_ops import OP_USES
 from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerTimeout
 from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
+from .treemap import tree_leaves
+
+# The most tensor elements one call to a replaced function may pass: the suite's own calls pass far
+# fewer, and this process (with the judge's memory limit) computes whatever a call asks.
+ORACLE_MAX_ELEMENTS = 1 << 22
+
+
+def check_oracle_arguments(name: str, args, kwargs) -> None:
+    """A replaced function's call, refused (``ValueError``) when it passes more than
+    ``ORACLE_MAX_ELEMENTS`` tensor elements: the submission chose them, and the judge computes."""
+    size = sum(t.numel() for _, t in tree_leaves((args, kwargs)))
+    if size > ORACLE_MAX_ELEMENTS:
+        raise ValueError(
+            f"{name}: {size} tensor elements in one call to a replaced function (at most {ORACLE_MAX_ELEMENTS})"
+        )
 
 
 class _Declared:
@@ -93,6 +108,7 @@ class RemoteSubject(Subject):
         """Inside the worker, the named functions ask this process, which answers with ``replacements``."""
 
         def oracle(name, args, kwargs):
+            check_oracle_arguments(name, args, kwargs)
             return replacements[name](*args, **kwargs)
 
         self.worker.substitute(list(replacements), oracle=oracle, deadline=self.deadline)

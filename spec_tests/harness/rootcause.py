@@ -132,8 +132,20 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
     # function: tests downstream of it are judged as usual, and a failure they show is declared too
     expected = item is not None and item.get_closest_marker("xfail") is not None
     if status in ("failed", "not_implemented", "error") and not expected:
-        registry.mark(run.subjects, run.test)
+        registry.mark(failing_subjects(exc, run.subjects), run.test)
     return exc
+
+
+def failing_subjects(exc: BaseException, subjects) -> tuple[str, ...]:
+    """The subjects a failure is charged to: the one whose check failed or that raised, when the
+    test judges several (a test of two functions where only one is wrong charges that one)."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return failing_subjects(exc.exceptions[0], subjects)
+    if isinstance(exc, SpecFailure):
+        name = exc.result.subject if exc.result is not None else None
+    else:
+        name = getattr(exc, "name", None)
+    return (name,) if name in subjects else tuple(subjects)
 
 
 def first_line(exc: BaseException) -> str:

@@ -317,6 +317,7 @@ class Server:
         def oracle_stub(*args, **kwargs):
             return server.ask_oracle(name, args, kwargs)
 
+        oracle_stub.__code__ = oracle_stub.__code__.replace(co_name=name, co_qualname=name)
         oracle_stub.__name__ = oracle_stub.__qualname__ = name
         oracle_stub.__doc__ = f"{name}, answered by the judge's oracle (a substituted protocol function)"
         return oracle_stub

@@ -183,10 +183,16 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
         if not submissions:
             return 0
     tests = manifest.graded
-    if manifest.not_graded:
-        names = ", ".join(t["id"] for t in manifest.not_graded[:5])
-        more = " ..." if len(manifest.not_graded) > 5 else ""
-        log(f"note: {len(manifest.not_graded)} tests do not pass on the reference and are not graded: {names}{more}")
+    skipped = [t for t in manifest.not_graded if t["reference_status"] == "skipped"]
+    failing = [t for t in manifest.not_graded if t["reference_status"] != "skipped"]
+    for left_out, why in (
+        (skipped, "need a capability the rubric does not require (the reference skips them)"),
+        (failing, "do not pass on the reference"),
+    ):
+        if left_out:
+            names = ", ".join(t["id"] for t in left_out[:5])
+            more = " ..." if len(left_out) > 5 else ""
+            log(f"note: {len(left_out)} tests are not graded: they {why}: {names}{more}")
     if not tests:
         return usage_error(f"no tests selected{f' by --select {args.select!r}' if args.select else ''}")
     for name in [] if args.select else unknown_components(tests, rubric):

@@ -193,6 +193,7 @@ def build_grade(
         verdict = run.verdicts.get(test.id) or Verdict("not_run", "not run: the judge reported nothing for this test")
         root = verdict.root_cause if verdict.status == "consequence" else []
         results.append(TestResult(test, verdict.status, message_of(verdict), root))
+    charge_unsupported_consequences(results)
     sandboxed, note = sandbox  # the grader's own probe; the judge's report wins where there is one
     if isinstance(run.subject.get("sandboxed"), bool):
         sandboxed, note = run.subject["sandboxed"], run.subject.get("sandbox_reason") or note
@@ -209,3 +210,30 @@ def build_grade(
         execution_time_s=run.elapsed_s,
         rope_style=clean(run.subject.get("rope_style") or rope_style, 40),
     )
+
+
+CHARGED = ("failed", "not_implemented", "error")
+
+
+def charge_unsupported_consequences(results: list[TestResult]) -> None:
+    """A consequence earns only while its root causes are charged: every root name is a subject of
+    a graded test that failed (or of a consequence that holds, for a chain). Otherwise nothing pays
+    for it (a root whose own tests all pass, one outside the selection), and it is charged as failed."""
+    failing = {name for r in results if r.status in CHARGED for name in r.test.subjects}
+    pending = [r for r in results if r.status == "consequence"]
+    settled = True
+    while settled:
+        settled = False
+        for r in list(pending):
+            if r.root_cause and all(name in failing for name in r.root_cause):
+                failing.update(r.test.subjects)
+                pending.remove(r)
+                settled = True
+    for r in pending:
+        names = ", ".join(r.root_cause) or "an upstream function"
+        r.message = clean(
+            f"charged: this test failed and named {names} as the cause, but no graded test of {names} "
+            f"fails, so nothing else pays for it.\n{r.message}",
+            MESSAGE_CAP,
+        )
+        r.status, r.root_cause = "failed", []

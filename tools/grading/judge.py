@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -30,6 +31,16 @@ from .textsafe import clean
 
 HYPOTHESIS_PROFILE = "spec-grading"
 EXIT_GRACE_S = 10.0  # after its verdicts are written, the judge has this long to exit
+JUDGE_MEMORY_EXTRA_MB = 2048  # the judge's address space: the worker's limit plus this
+
+
+def judge_memory_bytes(worker_memory_mb: int) -> int:
+    """The judge's own address-space limit (0: none). The worker's oracle requests make the judge run
+    the reference on arguments the submission chose; this bounds what one can make it allocate, so a
+    request that would need more fails as that test's error instead of exhausting the host."""
+    return (worker_memory_mb + JUDGE_MEMORY_EXTRA_MB) * 1024 * 1024 if worker_memory_mb > 0 else 0
+
+
 STATUSES = ("passed", "failed", "consequence", "not_implemented", "setup", "error", "skipped", "xfailed")
 
 
@@ -179,6 +190,7 @@ class JudgeRun:
         self.out = self.folder / "judge"
         self.test_ids = list(test_ids) if test_ids is not None else None
         self.limits, self.on_result = limits, on_result
+        self.device = device
         self.out.mkdir(parents=True, exist_ok=True)
         tests_file = None
         files = None
@@ -224,6 +236,12 @@ class JudgeRun:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        judge_limit = judge_memory_bytes(self.limits.memory_mb) if self.device == "cpu" else 0
+        if judge_limit:
+            try:  # the judge answers the worker's oracle requests: bound what they can make it allocate
+                resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (judge_limit, judge_limit))
+            except (OSError, ValueError):
+                pass
 
     @property
     def pid(self) -> int | None:

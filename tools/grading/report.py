@@ -194,16 +194,22 @@ def gradescope_json(grade: Grade, **kwargs) -> str:
 # -- Markdown ----------------------------------------------------------------------------------
 
 
+def _fenced(text: str) -> list[str]:
+    """``text`` as a code block that nothing inside it can close."""
+    return ["```", text.replace("```", "'''"), "```"]
+
+
 def markdown(grade: Grade, *, staff: bool = False) -> str:
     def conceal(r):
         return not staff and grade.concealed(r)
 
     out = [f"# Grade: {clean(grade.submission, 200)}", "", f"**{grade.score:.2f} / {grade.max_score:.2f} points**", ""]
     out += [f"> **Warning:** {line}\n" for line in sandbox_lines(grade)]
+    # text that can come from the submission (an import error's message) is fenced like test outputs
     if grade.could_not_run:
-        out += [f"> **Could not run your implementation:** {grade.could_not_run}", ""]
+        out += ["> **Could not run your implementation:**", "", *_fenced(grade.could_not_run), ""]
     if grade.stopped:
-        out += [f"> **Grading stopped early:** {grade.stopped}", ""]
+        out += ["> **Grading stopped early:**", "", *_fenced(grade.stopped), ""]
     if staff:
         out += [f"> **Flag (staff):** {flag}\n" for flag in grade.staff_flags]
     out += ["| component | tests earned | points |", "|---|---:|---:|"]
@@ -229,9 +235,7 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
                 "",
                 f"`{r.test.id}` ({_pts(r.max_cents)} points, {SHOWN_STATUS.get(r.status, r.status)})",
                 "",
-                "```",
-                output_of(grade, r, staff=staff).replace("```", "'''"),
-                "```",
+                *_fenced(output_of(grade, r, staff=staff)),
                 "",
             ]
     return "\n".join(out).rstrip() + "\n"

@@ -19,6 +19,7 @@ import torch
 
 from .catalog import CLASS_CODES, known_bug_lines
 from .cause import WEAK, Cause
+from .codes import PREFIX_KNOB
 from .knobs import knob_causes
 from .ranking import describe, rank
 from .structural import batch_probe, causality_probe, structural_causes
@@ -72,6 +73,9 @@ def diagnose(
     if structural and isinstance(expected, torch.Tensor):
         inputs = _tensor_inputs(args64, call[1] if call else None)
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
+    known_codes = {c for c in map(bug_code, bugs) if c}
+    if any(c.code in known_codes for c in causes):  # the knob search found the matched bug again: its
+        causes = [c for c in causes if not c.code.startswith(PREFIX_KNOB)]  # line says it, rivals only blur
     described = describe(rank(causes)) if causes else []
     lines += described
     if described and not bugs and not described[0].startswith("likely cause (ambiguous"):

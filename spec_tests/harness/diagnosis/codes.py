@@ -66,6 +66,7 @@ KNOBS = {
     "renormalisation": "the kept probabilities are not renormalised after filtering",
     "head_layout": "heads are split or merged with a plain reshape/view where a transpose is needed",
     "rope_target": "RoPE rotates the wrong tensors (values too, or not both queries and keys)",
+    "parameter_groups": "a group of parameters is counted twice or left out (the tied matrix, position embeddings)",
 }
 
 PREFIX_KNOB = "knob:"

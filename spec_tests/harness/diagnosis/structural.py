@@ -359,6 +359,21 @@ def _nonfinite_causes(c: _Case) -> list[Cause]:
     if a.ndim >= 2 and rows.any() and not (wrong & ~covered).any():
         n_rows = int(rows.sum())
         idx_text, hint = _describe_rows(c, rows)
+        masked = any(v.dtype == bool or bool(np.isneginf(v).any()) for v in c.inputs.values() if v.size)
+        if c.inputs and not masked:  # nothing was masked: every exp in those rows underflowed (or a sum was 0)
+            out.append(
+                Cause(
+                    "nan_rows",
+                    f"{n_rows} whole row(s) are NaN where the expected values are finite{idx_text}, and no input is "
+                    "masked: every exp in those rows underflowed to 0, so the row sum is 0 (0/0)",
+                    "the max subtracted before exp: it must be each row's own max (over the softmax axis, keepdim), "
+                    "not the whole tensor's or another axis's",
+                    "x - x.max(dim, keepdim=True).values, with the same dim as the sum",
+                    f"{n_rows} of {rows.size} rows (last axis) entirely NaN; no -inf or boolean mask among the inputs",
+                    LOCAL,
+                )
+            )
+            return out
         out.append(
             Cause(
                 "nan_rows",
@@ -962,6 +977,16 @@ def _mask_pattern(allowed: np.ndarray, diag: np.ndarray, top_left: np.ndarray, o
                 return f"the mask is aligned top-left (j <= i{rel}) instead of bottom-right (j <= i + {off})", (
                     f"j <= i{rel}"
                 )
+    if allowed.any() and not allowed.all():  # a causal mask with another offset: name the offset
+        for c in range(-allowed.shape[0] - allowed.shape[1], allowed.shape[0] + allowed.shape[1] + 1):
+            if c != off and np.array_equal(allowed, top_left <= c):
+                if off != 0 and c == -off:
+                    return (
+                        f"the mask's offset has the wrong sign: it allows j <= i - (t_k - t_q) = i {c:+d} instead of "
+                        f"j <= i + (t_k - t_q) = i {off:+d}",
+                        f"j <= i {c:+d}",
+                    )
+                return f"the mask allows j <= i {c:+d} instead of j <= i {off:+d} (a wrong offset)", f"j <= i {c:+d}"
     if allowed.all():
         return "the causal mask is not applied (every key allowed)", "no mask"
     if np.array_equal(allowed, diag > 0):

@@ -1,0 +1,46 @@
+"""Behaviour is observed however the implementation routes it (protocol amendment 13).
+
+``canonical_state_dict`` is specified as "the weights under canonical names": the parameters
+themselves, views of them or copies all meet it. Tests that need to know which parameter a
+canonical weight is (tying, gradients under canonical names) must find it in each case, and
+still catch a head that was copied rather than shared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from suite_subprocess import implementation, statuses
+
+SELECT = "tied_head or train_step or train_defaults or cache_holds"
+TIED = "test_model.py::test_tied_head_is_the_embedding_parameter[llama]"
+
+
+def _copies(folder: Path) -> None:
+    """canonical_state_dict returns copies of the parameters, not the parameters."""
+    path = folder / "model.py"
+    source = path.read_text()
+    old = "return {name: p.detach() for name, p in model.named_parameters()}"
+    assert source.count(old) == 1
+    path.write_text(source.replace(old, "return {name: p.detach().clone() for name, p in model.named_parameters()}"))
+
+
+def test_canonical_copies_are_judged_like_the_parameters(tmp_path):
+    found = statuses(implementation(tmp_path, edit=_copies), tmp_path, SELECT)
+    assert found[TIED] == "PASSED"
+    assert set(found.values()) <= {"PASSED", "SKIPPED"}, {k: v for k, v in found.items() if v != "PASSED"}
+
+
+def test_canonical_copies_still_catch_a_copied_head(tmp_path):
+    found = statuses(implementation(tmp_path, "tied_weights_copied", edit=_copies), tmp_path, "tied_head")
+    assert found[TIED] == "FAILED", found
+
+
+def test_canonical_copies_keep_a_model_bug_out_of_train_step(tmp_path):
+    """The own-model expectation of train_step reads gradients under canonical names: with copies,
+    train_step is still judged relative to the failing model, not charged for it."""
+    folder = implementation(tmp_path, "missing_final_norm", edit=_copies)
+    found = statuses(folder, tmp_path, f"{SELECT} or logits_match")
+    assert found["test_model.py::test_logits_match_reference[llama_gqa-f64]"] == "FAILED"
+    training = {k: v for k, v in found.items() if k.startswith("test_training.py::test_train_step")}
+    assert "CONSEQUENCE" in training.values() and "FAILED" not in training.values(), training
