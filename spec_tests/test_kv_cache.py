@@ -79,11 +79,12 @@ def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:
         return None, ""
     if chunks[0] == 1 and not spans[0][2]:
         return (
-            "likely cause: the very first step, one token into an empty cache, is already wrong: nothing is cached "
-            "yet, so neither positions nor the mask can be off. The model computes one new token (T_q = 1, "
-            "decoding) on a path of its own that differs from the general one: its head grouping (GQA), "
-            "attention or cache writes. Fix: make the T_q = 1 path compute what the general one does"
-        ), "boundary"
+            "likely cause (weak evidence): the very first step, one token into an empty cache, already differs "
+            "from the uncached forward, so nothing cached can be to blame: one token (T = 1) and a whole sequence "
+            "are computed differently. Either the model's own path for one new token (decoding: head grouping, "
+            "attention) is wrong, or the general one is, by a mistake invisible at T = 1 (heads split or merged "
+            "without a transpose); test_model.py's logits tests tell which. Fix: the same computation for any T"
+        ), "~boundary"
     later_multi = [ok for s, n, ok in spans if s > 0 and n > 1]
     later_single = [ok for s, n, ok in spans if s > 0 and n == 1]
     if later_multi and not any(later_multi) and any(later_single) and all(s > 0 and n > 1 for s, n in wrong):

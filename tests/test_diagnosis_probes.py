@@ -95,7 +95,7 @@ def test_cache_hints_read_which_chunks_are_wrong():
 
     full = torch.randn(2, 17, 5, dtype=torch.float64)
     hint, code = chunk_hint(_wrong_from(full, [(0, 17)]), full, [1, 16])
-    assert "one token into an empty cache" in hint and code == "boundary"
+    assert "one token into an empty cache" in hint and code == "~boundary"
     hint, code = chunk_hint(_wrong_from(full, [(8, 9)]), full, [6, 1, 1, 9])
     assert "multi-token chunks that follow cached tokens" in hint and code == "knob:mask_alignment"
     hint, code = chunk_hint(_wrong_from(full, [(6, 11)]), full, [6, 1, 1, 9])

@@ -2,7 +2,7 @@
 
 Every seeded bug's ``old`` text occurs exactly once in its base file, names are unique snake_case,
 accepted cause codes are valid, and every materialized package imports and differs from its base.
-The three independent implementations import and declare what they are.
+The independent implementations import and declare what they are.
 """
 
 from __future__ import annotations

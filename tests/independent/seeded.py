@@ -21,7 +21,9 @@ HERE = Path(__file__).resolve().parent
 MODULAR = "modular_interleaved"
 HALF = "half_f32_mha"
 FUNCTIONAL = "functional_mixed"
-BASES = (MODULAR, HALF, FUNCTIONAL)
+META = "meta_complex"  # written later, only as correct implementations: no seeded bug uses them
+STUDENT = "student_mha_tied"
+BASES = (MODULAR, HALF, FUNCTIONAL, META, STUDENT)
 
 
 @dataclass(frozen=True)

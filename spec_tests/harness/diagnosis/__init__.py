@@ -21,7 +21,7 @@ from .catalog import CLASS_CODES, known_bug_lines
 from .cause import WEAK, Cause
 from .codes import PREFIX_KNOB
 from .knobs import knob_causes
-from .ranking import describe, rank
+from .ranking import describe, is_ambiguous, rank
 from .structural import batch_probe, causality_probe, structural_causes
 
 __all__ = [
@@ -74,8 +74,11 @@ def diagnose(
         inputs = _tensor_inputs(args64, call[1] if call else None)
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
     known_codes = {c for c in map(bug_code, bugs) if c}
-    if any(c.code in known_codes for c in causes):  # the knob search found the matched bug again: its
-        causes = [c for c in causes if not c.code.startswith(PREFIX_KNOB)]  # line says it, rivals only blur
+    if any(c.code in known_codes for c in causes):  # the knob search found the matched bug again: keep
+        # that knob's own line (where to look, the fix), drop rival and ambiguous knob settings
+        causes = [
+            c for c in causes if not c.code.startswith(PREFIX_KNOB) or (c.code in known_codes and not is_ambiguous(c))
+        ]
     described = describe(rank(causes)) if causes else []
     lines += described
     if described and not bugs and not described[0].startswith("likely cause (ambiguous"):

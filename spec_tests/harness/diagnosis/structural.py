@@ -365,10 +365,13 @@ def _nonfinite_causes(c: _Case) -> list[Cause]:
                 Cause(
                     "nan_rows",
                     f"{n_rows} whole row(s) are NaN where the expected values are finite{idx_text}, and no input is "
-                    "masked: every exp in those rows underflowed to 0, so the row sum is 0 (0/0)",
-                    "the max subtracted before exp: it must be each row's own max (over the softmax axis, keepdim), "
-                    "not the whole tensor's or another axis's",
-                    "x - x.max(dim, keepdim=True).values, with the same dim as the sum",
+                    "masked: the row's normaliser was 0 (0/0): every exp in the row underflowed, or every entry "
+                    "was filtered out",
+                    "the max subtracted before exp (each row's own max over the normalised axis, keepdim, not the "
+                    "whole tensor's), or a filter that removes every entry of a row (a mask computed in another "
+                    "order than the values it is applied to)",
+                    "subtract x.max(dim, keepdim=True).values with the same dim as the sum; keep at least one entry "
+                    "per row, in the values' own order",
                     f"{n_rows} of {rows.size} rows (last axis) entirely NaN; no -inf or boolean mask among the inputs",
                     LOCAL,
                 )
