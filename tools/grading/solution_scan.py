@@ -2,7 +2,8 @@
 
 Used by the handout checks (no reference function may appear in a handout) and by grading (a
 submission that contains the reference's functions is flagged for staff). A body counts when it is
-substantial: at least ``MIN_NODES`` syntax-tree nodes after its docstring. Short bodies are left out
+substantial: at least ``MIN_NODES`` syntax-tree nodes after its docstring and its argument checks
+(``if ...: raise ...``, which the protocol dictates). Short bodies are left out
 because independent code writes them the same way (``return sum(p.numel() for p in
 model.parameters())``, a three-line stable softmax, a norm module's ``__init__``): the independent
 implementations under ``tests/independent`` matched the reference in eight such functions, the
@@ -17,6 +18,12 @@ import hashlib
 from pathlib import Path
 
 MIN_NODES = 60
+
+
+def _is_guard(stmt: ast.stmt) -> bool:
+    """``if <condition>: raise ...``: argument checks, which the protocol dictates (an independent
+    implementation wrote the reference's sampling checks word for word)."""
+    return isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and isinstance(stmt.body[0], ast.Raise)
 
 
 def _bodies(source: str, filename: str):
@@ -35,6 +42,7 @@ def _bodies(source: str, filename: str):
                 and isinstance(body[0].value.value, str)
             ):
                 body = body[1:]
+            body = [stmt for stmt in body if not _is_guard(stmt)]
             if sum(1 for stmt in body for _ in ast.walk(stmt)) < MIN_NODES:
                 continue
             dump = "\n".join(ast.dump(stmt, annotate_fields=False, include_attributes=False) for stmt in body)
