@@ -139,10 +139,21 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
     probs_in = [0.5, 0.3, 0.12, 0.08]
     logits = spec.inputs.probs_to_logits(probs_in, dtype=dtype)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
+    causes = {
+        n_kept - 1: "likely cause: the nucleus drops the token that crosses top_p (it keeps tokens while the "
+        "cumulative mass, their own included, is <= top_p). Fix: keep a token while the mass before it is < top_p",
+        n_kept + 1: "likely cause: the nucleus keeps one token past the smallest set reaching top_p (the mass "
+        "before a token compared with <= instead of <, or the cut shifted by one). Fix: keep a token while the "
+        "mass before it is < top_p",
+    }
+    got = kept(probs)
+    cause = causes.get(len(got)) if got == list(range(len(got))) else None
     spec.require(
-        kept(probs) == list(range(n_kept)),
+        got == list(range(n_kept)),
         behaviour=f"top_p={top_p:.4f} on {probs_in} keeps the top {n_kept}",
-        found=f"kept {kept(probs)} with probabilities {[round(p, 4) for p in probs.tolist()]}",
+        found=f"kept {got} with probabilities {[round(p, 4) for p in probs.tolist()]}",
+        causes=(cause,) if cause else (),
+        codes=("knob:top_p_boundary",) if cause else (),
     )
     spec.call(
         "sampling_probs",
@@ -281,15 +292,22 @@ def test_greedy_sample_leaves_the_generator_alone(spec):
 
 
 @judges("sample")
-def test_sample_is_reproducible_per_generator(spec):
-    """sample with generators seeded alike draws the same tokens; shape is logits.shape[:-1] (protocol: sample)."""
+@pytest.mark.parametrize(
+    "kw",
+    [dict(temperature=1.3, top_p=0.95), dict(temperature=0.8, top_k=10), dict(top_k=20, top_p=0.9), {}],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain",
+)
+def test_sample_is_reproducible_per_generator(spec, kw):
+    """sample with generators seeded alike draws the same tokens, whichever filters are on, whatever the global RNG
+    holds; shape is logits.shape[:-1] (protocol: sample)."""
     logits = batch_logits(spec, 35)
 
-    def draw(seed):
+    def draw(seed, global_seed=0):
+        spec.impl.manual_seed(global_seed)  # a sampler drawing from the global RNG would follow this instead
         gen = torch.Generator(spec.device).manual_seed(seed)
-        return spec.impl.sample(logits, temperature=1.3, top_p=0.95, generator=gen)
+        return spec.impl.sample(logits, generator=gen, **kw)
 
-    first, again = draw(7), draw(7)
+    first, again = draw(7, global_seed=100), draw(7, global_seed=200)
     spec.require(
         tuple(first.shape) == (logits.shape[0],),
         behaviour="sample returns ids shaped logits.shape[:-1]",
@@ -303,7 +321,12 @@ def test_sample_is_reproducible_per_generator(spec):
     spec.require(
         torch.equal(first, again),
         behaviour="the same generator seed gives the same draw",
-        found=f"{first.tolist()} then {again.tolist()}",
+        found=f"{first.tolist()} then {again.tolist()} (the global RNG seeded differently before each)",
+        causes=(
+            "likely cause: this path draws from the global RNG, not from the generator. Fix: pass generator= "
+            "to torch.multinomial (or whatever draws) on every path",
+        ),
+        codes=("knob:generator",),
     )
     others = [draw(s) for s in range(8, 16)]
     spec.require(

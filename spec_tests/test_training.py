@@ -172,8 +172,12 @@ def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
     return {"losses": losses, "weights": {k: v.detach() for k, v in leaves.items()}}
 
 
-def variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, *, targets="y", zero_grad=True, clip="before"):
-    """Two training steps of the reference's model with one knob changed (for diagnosis)."""
+def variant_steps(
+    ref, cfg, sd, x, y, optimizer, max_grad_norm, *, targets="y", zero_grad=True, clip="before", returned="before"
+):
+    """Two training steps of the reference's model with one knob changed (for diagnosis). ``zero_grad="late"``
+    clears the gradients between backward() and step(); ``returned="after"`` returns the loss recomputed after
+    the step."""
     model = models.build(ref, cfg, sd)
     opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     params, losses = list(model.parameters()), []
@@ -190,9 +194,15 @@ def variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, *, targets="y", 
         if max_grad_norm is not None and clip == "per_parameter":
             for p in params:
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
+        if zero_grad == "late":
+            opt.zero_grad(set_to_none=True)
         opt.step()
         if max_grad_norm is not None and clip == "after":
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if returned == "after":
+            with torch.no_grad():
+                after = ref.forward(model, x)
+                loss = F.cross_entropy(after.reshape(-1, after.shape[-1]), y.reshape(-1))
         losses.append(float(loss))
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
 
@@ -219,6 +229,18 @@ def step_variants(cfg, optimizer, max_grad_norm):
             "gradients of the first step are still there in the second (no zero_grad)",
             "optimizer.zero_grad() before each backward pass",
             with_(zero_grad=False),
+        ),
+        Variant(
+            "knob:zero_grad",
+            "the gradients are cleared between backward() and step(), so the step has none to apply",
+            "optimizer.zero_grad() before loss.backward(), never between backward() and step()",
+            with_(zero_grad="late"),
+        ),
+        Variant(
+            "knob:returned_loss",
+            "train_step returns the loss recomputed after the step, not the loss of the step",
+            "return loss.item() of the forward pass the step used (before optimizer.step())",
+            with_(returned="after"),
         ),
     ]
     if max_grad_norm is not None:
@@ -289,8 +311,9 @@ def test_train_step_ignores_gradients_already_present(spec, family):
         stale,
         kind="training",
         behaviour="two SGD train_steps of a model holding gradients of another loss: losses and new weights",
-        hint="likely cause: train_step does not clear the gradients before its backward pass (or clears them only "
-        "after the step). Fix: optimizer.zero_grad() before loss.backward()",
+        hint="likely cause (weak evidence): train_step does not clear the gradients before its backward pass (or "
+        "clears them only after the step). Fix: optimizer.zero_grad() before loss.backward(). If "
+        "test_train_step_matches_reference fails as well, its diagnosis comes first: this test shows any step mistake",
         rebase=(
             ("forward", "build_model"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
@@ -416,6 +439,29 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
         tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 1e-3"),
         behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
         "AdamW(lr=1e-3) steps",
+    )
+
+
+@judges("train", uses=("build_model",))
+@pytest.mark.bug_class("training")
+def test_train_draws_fresh_windows_every_step(spec, family):
+    """Every step of train draws a new batch of random windows (protocol: train, get_batch; amendment 17): with
+    lr = 0 the weights never move, so the losses of successive steps are those of successive batches, and on varied
+    data they differ. Equal losses mean one batch was used again (a generator re-created from the seed each step)."""
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=73, device=spec.device)
+    data = spec.inputs.token_ids(1, 400, vocab=config["vocab_size"], seed=74)[0].cpu()
+    model = models.build(spec.impl, config, sd, training=True)
+    losses = [float(v) for v in spec.impl.train(model, data, steps=4, batch_size=2, context_length=8, lr=0.0)]
+    spec.require(
+        len(set(losses)) == len(losses),
+        behaviour="train(..., steps=4, lr=0.0) on 400 random tokens: each step's batch is new, so no loss repeats",
+        found=f"losses {losses}",
+        causes=(
+            "likely cause: the batch generator is seeded again (or a new one made from the seed) at every step, so "
+            "every step trains on the same windows. Fix: make one generator from the seed before the loop",
+        ),
+        codes=("knob:generator",),
     )
 
 

@@ -1028,6 +1028,17 @@ CLAUSES: list[Clause] = [
         },
         extremes=NO_ARGS,
     ),
+    C(
+        "amendment.17",
+        "amendment",
+        "17",
+        sizes={TRA + "test_train_draws_fresh_windows_every_step": "4 steps, batch 2, context 8, 400 tokens"},
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={TRA + "test_train_draws_fresh_windows_every_step": "lr = 0: the weights never move between steps"},
+        paths={TRA + "test_train_draws_fresh_windows_every_step": "train's own batch drawing"},
+        extremes={TRA + "test_train_draws_fresh_windows_every_step": "lr = 0"},
+    ),
 ]
 
 # Citation wordings that are not clause ids ("protocol: <wording>"); "Conventions, X" looks X up in CONVENTIONS.
