@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from suite_subprocess import implementation, statuses
+from suite_subprocess import implementation, run_suite, statuses
 
 LOGITS = "test_model.py::test_logits_match_reference[llama_gqa-f64]"
 
@@ -64,8 +64,6 @@ def test_a_component_inlined_by_its_caller_is_charged_to_the_caller(tmp_path):
 def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path):
     """test_sampling_probs_any_leading_shape judges sampling_probs and sample; with only
     sampling_probs wrong, the summary charges sampling_probs and never sample."""
-    from suite_subprocess import run_suite
-
     proc = run_suite(f"--impl={implementation(tmp_path, 'top_p_before_top_k')}", "-k", "sampling", cwd=tmp_path)
     roots = proc.stdout.split("root causes, fix these first:", 1)[1].split("=====", 1)[0]
     assert "  sampling_probs: " in roots, proc.stdout[-3000:]

@@ -10,6 +10,7 @@ handles, never as a verdict computed beside the submission.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -82,46 +83,53 @@ def _storage_ids(tensors) -> list[int]:
 _EXACT_INTEGERS = {torch.float64: 2**53, torch.float32: 2**24, torch.float16: 2**11, torch.bfloat16: 2**8}
 
 
+def _offsets(params) -> list[int]:
+    """Where each parameter starts in the concatenation of all of them, flattened."""
+    return [0, *itertools.accumulate(p.numel() for p in params)][:-1]
+
+
 def canonical_sources(impl, model) -> dict:
     """Where each canonical weight comes from: ``{name: flat indices into the concatenated parameters}``.
 
     The protocol does not say whether ``canonical_state_dict`` returns the parameters themselves,
     views of them (a slice of a fused qkv matrix, a transpose) or copies. So every parameter element
     is set to its own integer code, ``canonical_state_dict`` is read, and the parameters are restored:
-    each canonical element names the element it came from, however it was routed. A name whose values
-    are not codes (a weight transformed on the way out) maps to ``None``; so does every name when a
-    parameter's dtype cannot hold the codes exactly.
+    each canonical element names the element it came from, however it was routed. Where the codes
+    cannot tell (a weight transformed on the way out, a dtype that cannot hold the codes exactly), a
+    name sharing storage and shape with one parameter maps to that parameter; otherwise to ``None``.
     """
     params = list(model.parameters())
+    starts = _offsets(params)
     total = sum(p.numel() for p in params)
-    if not params or any(total > _EXACT_INTEGERS.get(p.dtype, 0) for p in params):
-        return dict.fromkeys(impl.canonical_state_dict(model))
-    saved = [p.detach().clone() for p in params]
-    try:
-        with torch.no_grad():
-            start = 1
-            for p in params:
-                p.copy_(torch.arange(start, start + p.numel(), dtype=torch.float64).view(p.shape))
-                start += p.numel()
-            canonical = impl.canonical_state_dict(model)
-            codes = {k: v.detach().to("cpu", torch.float64).clone() for k, v in canonical.items()}
-    finally:
-        with torch.no_grad():
-            for p, s in zip(params, saved):
-                p.copy_(s)
+    codes = {}
+    if params and all(total <= _EXACT_INTEGERS.get(p.dtype, 0) for p in params):
+        saved = [p.detach().clone() for p in params]
+        try:
+            with torch.no_grad():
+                for p, start in zip(params, starts):
+                    p.copy_(torch.arange(start + 1, start + 1 + p.numel(), dtype=torch.float64).view(p.shape))
+                canonical = impl.canonical_state_dict(model)
+                codes = {k: v.detach().to("cpu", torch.float64).clone() for k, v in canonical.items()}
+        finally:
+            with torch.no_grad():
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+    canonical = impl.canonical_state_dict(model)
+    storages = _storage_ids([*params, *canonical.values()])
     sources = {}
-    for name, c in codes.items():
-        exact = c.numel() > 0 and bool(((c >= 1) & (c <= total) & (c == c.round())).all())
-        sources[name] = (c.long() - 1) if exact else None
+    for j, (name, value) in enumerate(canonical.items()):
+        c = codes.get(name)
+        if c is not None and c.numel() > 0 and bool(((c >= 1) & (c <= total) & (c == c.round())).all()):
+            sources[name] = c.long() - 1
+            continue
+        shared = [
+            i
+            for i, p in enumerate(params)
+            if storages[i] == storages[len(params) + j] and tuple(p.shape) == tuple(value.shape)
+        ]
+        start = starts[shared[0]] if len(shared) == 1 else None
+        sources[name] = None if start is None else torch.arange(start, start + value.numel()).view(value.shape)
     return sources
-
-
-def _offsets(params) -> list[int]:
-    starts, start = [], 0
-    for p in params:
-        starts.append(start)
-        start += p.numel()
-    return starts
 
 
 def parameter_facts(impl, model) -> dict:
@@ -129,25 +137,20 @@ def parameter_facts(impl, model) -> dict:
 
     ``storage`` numbers tell shared parameters apart without leaking addresses; ``embedding`` is the
     index of the parameter whose elements are the canonical token embedding, in order (found through
-    ``canonical_sources``, or through shared storage when the codes cannot tell), None if none is.
+    ``canonical_sources``), None if none is.
     """
     params = list(model.parameters())
     source = canonical_sources(impl, model).get("tok_embeddings.weight")
-    emb = impl.canonical_state_dict(model)["tok_embeddings.weight"]
-    storages = _storage_ids([*params, emb])
-    same_shape = [tuple(p.shape) == tuple(emb.shape) for p in params]
-    if source is not None:
-        flat = source.reshape(-1)
-        matches = [
-            i
-            for i, start in enumerate(_offsets(params))
-            if same_shape[i] and torch.equal(flat, torch.arange(start, start + params[i].numel()))
-        ]
-    else:
-        matches = [i for i, p in enumerate(params) if storages[i] == storages[-1] and same_shape[i]]
+    matches = [
+        i
+        for i, start in enumerate(_offsets(params))
+        if source is not None
+        and tuple(params[i].shape) == tuple(source.shape)
+        and torch.equal(source.reshape(-1), torch.arange(start, start + params[i].numel()))
+    ]
     return {
         "shapes": [list(p.shape) for p in params],
-        "storage": storages[:-1],
+        "storage": _storage_ids(params),
         "embedding": matches[0] if len(matches) == 1 else None,
         "n_embedding_matches": len(matches),
     }
@@ -195,21 +198,12 @@ def cross_entropy_grads(impl, model, x, y) -> dict:
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     loss.backward()
     params = list(model.parameters())
-    sources = canonical_sources(impl, model)
     flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).detach().reshape(-1) for p in params])
     has_grad = torch.cat([torch.full((p.numel(),), p.grad is not None) for p in params])
-    canonical = impl.canonical_state_dict(model)
-    storages = _storage_ids([*params, *canonical.values()])
-    by_storage = {storages[i]: p for i, p in enumerate(params)}
     grads = {}
-    for j, (name, value) in enumerate(canonical.items()):
-        index = sources.get(name)
-        if index is not None:
-            picked = flat[index.reshape(-1).to(flat.device)].view(index.shape).clone()
-            grads[name] = picked if has_grad[index].all() else None
-            continue
-        p = by_storage.get(storages[len(params) + j])
-        grads[name] = None if p is None or p.grad is None or p.shape != value.shape else p.grad.detach().clone()
+    for name, index in canonical_sources(impl, model).items():
+        picked = None if index is None else flat[index.reshape(-1).to(flat.device)].view(index.shape)
+        grads[name] = picked.clone() if picked is not None and has_grad[index].all() else None
     for p in params:
         p.grad = None
     return {"loss": float(loss.item()), "grads": grads}
