@@ -4,13 +4,22 @@ Every size differs from every other (so a transposed or mis-broadcast axis is a 
 wrong value, never a coincidence); grouped-query attention has ``n_kv_heads > 1`` and
 ``n_rep > 1``; component weights are unit scale (0.02-scale init hides scale and RoPE bugs);
 norm weights are not 1; positions do not start at 0; batch rows differ.
+
+Every value drawn here comes from a per-call ``seed`` mixed with the session's spec seed
+(``--spec-seed``, ``set_seed``): with the default seed, ``DEFAULT_SEED``, each call draws exactly what
+it always drew (the handout's recordings hold those values); any other seed draws other values
+from every call, so that grading inputs (drawn from a seed the submission cannot know) match no
+recording. Component sizes (``S``) stay fixed: test ids and the tests' structure depend on them.
+Model configs vary with the seed within a few valid sizes (``spec_tests/models.py``).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +48,38 @@ S = Sizes()
 POSITION_OFFSET = 5  # positions start here unless a test says otherwise
 
 
-def generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+DEFAULT_SEED = 0  # the suite's own inputs: every call draws what it drew before spec seeds existed
+_SEED = DEFAULT_SEED
+
+
+def spec_seed() -> int:
+    """The session's spec seed (``--spec-seed``; ``DEFAULT_SEED`` unless one was given)."""
+    return _SEED
+
+
+def set_seed(value: int) -> None:
+    """Draw every later input from ``value`` (and size the model configs for it)."""
+    global _SEED
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(f"spec seed must be an integer in [0, 2**63), got {value!r}")
+    _SEED = value
+    models = sys.modules.get(f"{__package__}.models")
+    if models is not None:  # imported before the seed was set: size its configs again, in place
+        models.size_configs(value)
+
+
+def mixed(seed: int, *, salt: str = "") -> int:
+    """The torch seed a test's ``seed`` stands for under the spec seed: ``seed`` itself with the
+    default spec seed, else a 63-bit digest of both (distinct seeds stay distinct, equal stay equal)."""
+    if _SEED == DEFAULT_SEED and not salt:
+        return int(seed)
+    digest = hashlib.blake2b(f"{_SEED}:{salt}:{int(seed)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def generator(seed: int, device="cpu") -> torch.Generator:
+    """A generator seeded from ``seed`` under the spec seed (``mixed``), on ``device``."""
+    return torch.Generator(device).manual_seed(mixed(seed))
 
 
 def randn(*shape: int, seed: int, scale: float = 1.0, dtype=torch.float64, device="cpu") -> torch.Tensor:
@@ -97,6 +136,11 @@ class On:
 
     def __init__(self, device: str):
         self.device = device
+
+    @staticmethod
+    def torch_seed(seed: int) -> int:
+        """The seed for ``manual_seed`` that ``seed`` stands for under the spec seed (``mixed``)."""
+        return mixed(seed)
 
     def __getattr__(self, name: str):
         fn = globals()[name]

@@ -11,35 +11,75 @@ from __future__ import annotations
 from . import inputs
 from .inputs import S
 
-# All sizes distinct; GQA with n_kv_heads = 2, n_rep = 4; d_head = 10.
-LLAMA_GQA = dict(
-    family="llama",
-    vocab_size=S.V,
-    context_length=29,
-    d_model=S.d_model,
-    n_layers=2,
-    n_heads=S.H,
-    n_kv_heads=S.H_KV,
-    d_ff=S.D_FF,
-    rope_theta=10000.0,
-    norm_eps=1e-5,
-    tie_embeddings=True,
-)
-LLAMA_MHA = dict(LLAMA_GQA, n_kv_heads=S.H, tie_embeddings=False, rope_theta=500.0)
-GPT2 = dict(
-    family="gpt2",
-    vocab_size=S.V,
-    context_length=29,
-    d_model=42,
-    n_layers=2,
-    n_heads=6,
-    n_kv_heads=6,
-    d_ff=50,
-    norm_eps=1e-5,
-    tie_embeddings=True,
-)
+# The sizes a config may take under a spec seed (``inputs.set_seed``): the first of each is the
+# default seed's, and any other seed draws from the rest, so that no config of a graded run is one
+# of the handout's (whose counts and byte sizes a student has seen). Within a config every size differs from every other (d_head from n_heads, d_ff
+# from d_model and the vocabulary), Llama's d_head is even (RoPE), and GQA keeps n_kv_heads = 2,
+# n_rep = 4, so a transposed or mis-grouped axis never goes unseen whichever sizes are drawn.
+VOCAB_SIZES = (S.V, 61, 71, 73, 79, 83)
+LLAMA_D_MODELS = (S.d_model, 48, 96)  # n_heads 8: d_head 10, 6, 12
+LLAMA_D_FFS = (S.D_FF, 40, 72)
+GPT2_D_MODELS = (42, 30, 54)  # n_heads 6: d_head 7, 5, 9
+GPT2_D_FFS = (50, 38, 58)
 
+LLAMA_GQA: dict = {}
+LLAMA_MHA: dict = {}
+GPT2: dict = {}
 CONFIGS = {"llama_gqa": LLAMA_GQA, "llama_mha": LLAMA_MHA, "gpt2": GPT2}
+
+
+def config_sizes(seed: int) -> dict[str, int]:
+    """The varying sizes of the test configs under spec seed ``seed`` (the defaults for the default seed)."""
+    import random
+
+    if seed == inputs.DEFAULT_SEED:
+        pick = [choices[0] for choices in (VOCAB_SIZES, LLAMA_D_MODELS, LLAMA_D_FFS, GPT2_D_MODELS, GPT2_D_FFS)]
+    else:
+        rng = random.Random(f"spec-configs:{seed}")
+        pick = [rng.choice(c[1:]) for c in (VOCAB_SIZES, LLAMA_D_MODELS, LLAMA_D_FFS, GPT2_D_MODELS, GPT2_D_FFS)]
+    keys = ("vocab_size", "llama_d_model", "llama_d_ff", "gpt2_d_model", "gpt2_d_ff")
+    return dict(zip(keys, pick))
+
+
+def size_configs(seed: int) -> None:
+    """Set the test configs (in place: every module holding them sees the change) for ``seed``."""
+    z = config_sizes(seed)
+    # All sizes distinct; GQA with n_kv_heads = 2, n_rep = 4; d_head = 10 with the default seed.
+    gqa = dict(
+        family="llama",
+        vocab_size=z["vocab_size"],
+        context_length=29,
+        d_model=z["llama_d_model"],
+        n_layers=2,
+        n_heads=S.H,
+        n_kv_heads=S.H_KV,
+        d_ff=z["llama_d_ff"],
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        tie_embeddings=True,
+    )
+    gpt2 = dict(
+        family="gpt2",
+        vocab_size=z["vocab_size"],
+        context_length=29,
+        d_model=z["gpt2_d_model"],
+        n_layers=2,
+        n_heads=6,
+        n_kv_heads=6,
+        d_ff=z["gpt2_d_ff"],
+        norm_eps=1e-5,
+        tie_embeddings=True,
+    )
+    for target, value in (
+        (LLAMA_GQA, gqa),
+        (LLAMA_MHA, dict(gqa, n_kv_heads=S.H, tie_embeddings=False, rope_theta=500.0)),
+        (GPT2, gpt2),
+    ):
+        target.clear()
+        target.update(value)
+
+
+size_configs(inputs.spec_seed())
 EMBEDDING_STD = 0.1
 
 

@@ -110,7 +110,7 @@ def test_sdpa_mask_broadcast(spec):
     lengths = torch.tensor([t_k - 4, t_k, t_k - 7])  # each sequence hides a different tail (the first one too)
     padding = (torch.arange(t_k)[None, :] < lengths[:, None])[:, None, None, :].to(spec.device)  # [B, 1, 1, Tk]
     causal = bottom_right(t_q, t_k, spec.device)
-    per_head = torch.rand(1, S.H, t_q, t_k, generator=torch.Generator().manual_seed(54)).to(spec.device) > 0.3
+    per_head = torch.rand(1, S.H, t_q, t_k, generator=spec.inputs.generator(54, device="cpu")).to(spec.device) > 0.3
     per_head[..., 0] = True  # every row keeps at least one key
     masks = (
         ("keys [B,1,1,Tk]", padding),

@@ -102,7 +102,7 @@ def test_zero_new_tokens_return_the_prompt(spec, config):
     """generate(model, prompt, 0) returns the prompt unchanged, [B, T + 0] (protocol: generate)."""
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=43, device=spec.device))
     prompt = prompt_for(spec, config, seed=44)
-    for kw in (dict(temperature=0.0), dict(generator=torch.Generator(spec.device).manual_seed(0))):
+    for kw in (dict(temperature=0.0), dict(generator=spec.inputs.generator(0))):
         check_tokens(
             spec,
             spec.impl.generate(model, prompt, 0, **kw),
@@ -205,7 +205,7 @@ def test_generation_ignores_dropout(spec, family):
     prompt = prompt_for(spec, config, seed=46)
     want = spec.impl.generate(model, prompt, 10, temperature=0.0)
     spec.impl.set_training(model, True)
-    spec.impl.manual_seed(0)
+    spec.impl.manual_seed(spec.inputs.torch_seed(0))
     got = spec.impl.generate(model, prompt, 10, temperature=0.0)
     check_tokens(
         spec,
@@ -229,7 +229,7 @@ def test_generate_applies_sampling_filters(spec, config):
     prompt = prompt_for(spec, config, seed=52)
     want = spec.impl.generate(model, prompt, 8, temperature=0.0)
     for kw in (dict(top_k=1), dict(top_p=1e-6)):
-        gen = torch.Generator(spec.device).manual_seed(3)
+        gen = spec.inputs.generator(3)
         got = spec.impl.generate(model, prompt, 8, temperature=1.7, generator=gen, **kw)
         check_tokens(spec, got, want, behaviour=f"generate(temperature=1.7, {kw}) equals greedy decoding")
 
@@ -241,7 +241,7 @@ def test_sampled_generation_is_reproducible(spec, config):
     prompt = prompt_for(spec, config, seed=54)
 
     def run():
-        gen = torch.Generator(spec.device).manual_seed(5)
+        gen = spec.inputs.generator(5)
         return spec.impl.generate(model, prompt, 10, temperature=1.2, top_p=0.9, generator=gen)
 
     check_tokens(spec, run(), run(), behaviour="the same generator seed gives the same sampled continuation")
@@ -277,7 +277,7 @@ def test_generate_samples_from_sampling_probs(spec, kw):
             "tests report (test_batch_rows_are_independent)",
         )
     probs = spec.impl.sampling_probs(one[0, -1], **{"temperature": 1.0, **kw}).double().cpu()
-    out = spec.impl.generate(model, prompt, 1, generator=torch.Generator(spec.device).manual_seed(0), **kw)
+    out = spec.impl.generate(model, prompt, 1, generator=spec.inputs.generator(0), **kw)
     freq = torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
     outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]
     spec.require(

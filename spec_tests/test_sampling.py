@@ -272,7 +272,7 @@ def test_invalid_arguments_raise(spec, kw, fn):
 def test_greedy_sample_leaves_the_generator_alone(spec):
     """sample at temperature 0 returns the argmax without consuming the generator (protocol: amendment 4)."""
     logits = batch_logits(spec, 38)
-    gen = torch.Generator(spec.device).manual_seed(11)
+    gen = spec.inputs.generator(11)
     before = gen.get_state().clone()
     ids = spec.impl.sample(logits, temperature=0.0, generator=gen)
     spec.require(
@@ -303,8 +303,10 @@ def test_sample_is_reproducible_per_generator(spec, kw):
     logits = batch_logits(spec, 35)
 
     def draw(seed, global_seed=0):
-        spec.impl.manual_seed(global_seed)  # a sampler drawing from the global RNG would follow this instead
-        gen = torch.Generator(spec.device).manual_seed(seed)
+        spec.impl.manual_seed(
+            spec.inputs.torch_seed(global_seed)
+        )  # a sampler drawing from the global RNG would follow this instead
+        gen = spec.inputs.generator(seed)
         return spec.impl.sample(logits, generator=gen, **kw)
 
     first, again = draw(7, global_seed=100), draw(7, global_seed=200)
@@ -343,7 +345,7 @@ def test_sample_leaves_its_logits_unchanged(spec):
     logits = batch_logits(spec, 39)
     before = logits.clone()
     for kw in (dict(temperature=0.6, top_k=9, top_p=0.8), dict(temperature=0.0), {}):
-        spec.impl.sample(logits, generator=torch.Generator(spec.device).manual_seed(2), **kw)
+        spec.impl.sample(logits, generator=spec.inputs.generator(2), **kw)
         spec.require(
             torch.equal(logits, before),
             behaviour=f"sample(logits, {kw}) leaves logits unchanged",
@@ -371,7 +373,7 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     """
     logits = batch_logits(spec, 36, rows=3)[2]  # a peaked row
     probs = spec.expected(lambda m, lg: m.sampling_probs(lg, **kw), logits)
-    draws = spec.impl.sample(logits.expand(N_DRAWS, -1), generator=torch.Generator(spec.device).manual_seed(0), **kw)
+    draws = spec.impl.sample(logits.expand(N_DRAWS, -1), generator=spec.inputs.generator(0), **kw)
     counts = torch.bincount(draws.flatten().cpu(), minlength=S.V).double() / N_DRAWS
     outside = [t for t in torch.nonzero(counts > 0).flatten().tolist() if probs[t] == 0]
     spec.require(

@@ -24,7 +24,7 @@ def test_get_batch_windows_and_shift(spec, as_numpy):
     """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on
     unshifted labels)."""
     data = np.arange(100, 160) if as_numpy else torch.arange(100, 160)
-    x, y = spec.impl.get_batch(data, 5, 8, generator=torch.Generator().manual_seed(0), device=spec.device)
+    x, y = spec.impl.get_batch(data, 5, 8, generator=spec.inputs.generator(0, device="cpu"), device=spec.device)
     spec.require(
         tuple(x.shape) == (5, 8) and tuple(y.shape) == (5, 8),
         behaviour="x and y are [batch_size, context_length]",
@@ -58,7 +58,7 @@ def test_get_batch_windows_and_shift(spec, as_numpy):
 def test_get_batch_reaches_every_start(spec):
     """Every start in [0, len - context_length - 1] is drawn and none beyond (protocol: get_batch)."""
     data, ctx = torch.arange(20), 6  # 14 possible starts
-    gen = torch.Generator().manual_seed(1)
+    gen = spec.inputs.generator(1, device="cpu")
     starts = set()
     for _ in range(60):  # 600 draws; each start is missed with probability (13/14)**600 < 1e-19
         x, _ = spec.impl.get_batch(data, 10, ctx, generator=gen)
@@ -84,8 +84,8 @@ def test_get_batch_draws_from_its_generator(spec):
     data = torch.arange(200)
 
     def draw(seed, global_seed):
-        spec.impl.manual_seed(global_seed)
-        return spec.impl.get_batch(data, 4, 5, generator=torch.Generator().manual_seed(seed))[0]
+        spec.impl.manual_seed(spec.inputs.torch_seed(global_seed))
+        return spec.impl.get_batch(data, 4, 5, generator=spec.inputs.generator(seed, device="cpu"))[0]
 
     first, again = draw(7, 0), draw(7, 1)
     spec.require(
@@ -109,7 +109,7 @@ def test_get_batch_draws_from_its_generator(spec):
 @pytest.mark.bug_class("get_batch")
 def test_get_batch_with_exactly_enough_data(spec):
     """With exactly context_length + 1 tokens the only window is the whole data (protocol: get_batch)."""
-    x, y = spec.impl.get_batch(torch.arange(10, 19), 1, 8, generator=torch.Generator().manual_seed(0))
+    x, y = spec.impl.get_batch(torch.arange(10, 19), 1, 8, generator=spec.inputs.generator(0, device="cpu"))
     spec.require(
         x.tolist() == [list(range(10, 18))] and y.tolist() == [list(range(11, 19))],
         behaviour="get_batch(9 tokens, batch 1, context 8) returns the one window there is",
@@ -346,7 +346,7 @@ def test_train_step_runs_in_training_mode(spec, family):
     if "dropout" in spec.impl.capabilities:
         logits = spec.impl.forward(model, x)
         eval_loss = float(F.cross_entropy(logits.detach().reshape(-1, logits.shape[-1]).double(), y.reshape(-1)))
-        spec.impl.manual_seed(0)
+        spec.impl.manual_seed(spec.inputs.torch_seed(0))
         loss = float(spec.impl.train_step(model, opt, x, y))
         spec.require(
             abs(loss - eval_loss) > 1e-6 * (1 + abs(eval_loss)),
@@ -598,7 +598,7 @@ def test_evaluate_ignores_dropout(spec, family):
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()
     clean = spec.impl.evaluate(model, data, 11)
     spec.impl.set_training(model, True)
-    spec.impl.manual_seed(1)
+    spec.impl.manual_seed(spec.inputs.torch_seed(1))
     noisy = spec.impl.evaluate(model, data, 11)
     spec.close(
         noisy["loss"],

@@ -12,6 +12,11 @@ import torch
 
 from .tolerances import Tolerance
 
+# Grading (``--spec-conceal-exact``): an integer answer that differs says which way, not the number.
+# Counts and byte sizes are functions of a config drawn from a few sizes: an exact expected value
+# in one grading's feedback would answer that config in every later grading.
+CONCEAL_EXACT = False
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -131,6 +136,11 @@ def mismatch(actual, expected, tol: Tolerance, path: str = "") -> Mismatch | Non
         ok = type(actual) in (bool, int) or (isinstance(actual, torch.Tensor) and actual.numel() == 1)
         if ok and int(actual) == int(expected):
             return None
+        if CONCEAL_EXACT and ok and not isinstance(expected, bool):
+            way = "more" if int(actual) > int(expected) else "fewer"
+            return Mismatch(
+                f"{prefix}got {int(actual)}: {way} than expected (the expected number is not shown)", where=path
+            )
         return Mismatch(f"{prefix}expected {expected!r}, got {actual!r}", where=path)
     if isinstance(expected, float):
         return _number(actual, expected, tol, prefix, path)

@@ -52,6 +52,9 @@ def apply(items, config) -> None:
 
     register()
     profile = settings.get_profile(current_profile(config))
+    from .. import inputs
+
+    seeded = inputs.spec_seed() != inputs.DEFAULT_SEED
     done = set()
     for item in items:
         fn = getattr(item, "obj", None)
@@ -60,3 +63,8 @@ def apply(items, config) -> None:
             continue
         done.add(id(fn))
         fn._hypothesis_internal_use_settings = profile
+        # A spec seed gives every property test its own seed (as ``@hypothesis.seed`` does, which wins
+        # over derandomisation): other examples per spec seed, the same ones for the same seed.
+        fn._hypothesis_internal_use_seed = (
+            inputs.mixed(0, salt=f"hypothesis:{fn.__module__}.{fn.__qualname__}") if seeded else None
+        )

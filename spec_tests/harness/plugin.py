@@ -108,6 +108,20 @@ def pytest_addoption(parser):
         help="with --spec-remote and no sandbox: a further folder the in-process guard refuses to open (repeatable)",
     )
     group.addoption(
+        "--spec-seed",
+        dest="spec_seed",
+        metavar="N",
+        default=None,
+        help="draw every input (and the model configs' sizes) from seed N, or from the integer in file @PATH "
+        "(default 0: the suite's own inputs, those of the recordings)",
+    )
+    group.addoption(
+        "--spec-conceal-exact",
+        dest="spec_conceal_exact",
+        action="store_true",
+        help="integer answers (counts, bytes) that differ give the direction, not the expected number (grading)",
+    )
+    group.addoption(
         "--spec-record",
         dest="spec_record",
         metavar="DIR",
@@ -148,6 +162,41 @@ def pytest_configure(config):
 
     only = config.getoption("spec_diagnosis_bugs")
     catalog.ONLY = None if only is None else {n.strip() for n in only.split(",") if n.strip()}
+    from .. import inputs
+    from . import compare
+
+    inputs.set_seed(spec_seed_of(config))  # before any test module is collected (module-level configs)
+    compare.CONCEAL_EXACT = bool(config.getoption("spec_conceal_exact", False))
+
+
+def spec_seed_of(config) -> int:
+    """``--spec-seed``: an integer, or ``@PATH`` of a file holding one (so that no process listing shows it)."""
+    from .. import inputs
+
+    raw = config.getoption("spec_seed", None)
+    if raw is None:
+        return inputs.DEFAULT_SEED
+    text = str(raw).strip()
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise pytest.UsageError(f"--spec-seed {raw}: cannot read the seed file ({exc})") from None
+    try:
+        value = int(text)
+        if not 0 <= value < 2**63:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"--spec-seed must be an integer in [0, 2**63) or @PATH, got {text!r}") from None
+    return value
+
+
+def pytest_unconfigure(config):
+    from .. import inputs
+    from . import compare
+
+    inputs.set_seed(inputs.DEFAULT_SEED)  # a later in-process session starts from the suite's own inputs
+    compare.CONCEAL_EXACT = False
 
 
 class Session:

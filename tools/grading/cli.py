@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -75,6 +76,13 @@ def parse_args(argv):
     p.add_argument("--staff", action="store_true", help="Markdown/JUnit show hidden tests' output and staff flags")
     p.add_argument("--failures", action="store_true", help="also print every test not passed")
     p.add_argument("--leaderboard", metavar="FILE", help="JSON list of Gradescope leaderboard entries to include")
+    p.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="draw the graded inputs from spec seed N (default: a fresh secret seed per grading, in the staff "
+        "output; give it to reproduce a grading exactly; 0 is the handout's own inputs)",
+    )
     p.add_argument("--prepare", action="store_true", help="only prepare (and cache) the manifest")
     p.add_argument("--gradescope-zip", metavar="ZIP", help="write the Gradescope autograder zip here and exit")
     args = p.parse_args(argv)
@@ -88,7 +96,20 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} must be positive, got {value:g}")
     if args.memory_mb is not None and args.memory_mb < 0:
         p.error(f"--memory-mb must be >= 0, got {args.memory_mb}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        p.error(f"--seed must be in [0, 2**63), got {args.seed}")
     return args
+
+
+def grading_seed(given: int | None) -> int:
+    """The spec seed of this grading: ``given``, else drawn here, where no submission runs (never 0,
+    the handout's own inputs, whose expected values the handout ships)."""
+    if given is not None:
+        return given
+    seed = 0
+    while seed == 0:
+        seed = secrets.randbits(63)
+    return seed
 
 
 def usage_error(message: str) -> int:
@@ -198,6 +219,8 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
     for name in [] if args.select else unknown_components(tests, rubric):
         log(f"note: rubric {rubric.source} weighs component {name!r}, which no graded test has")
     graded = assign(tests, rubric)
+    args.seed = grading_seed(args.seed)
+    log(f"(staff) graded inputs drawn from spec seed {args.seed} (--seed {args.seed} grades them again)")
     grades, trustworthy = judge_all(
         args, submissions, graded, rubric, limits, work, sandbox_mode, (sandboxed, sandbox_what)
     )
@@ -241,6 +264,7 @@ def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, san
                     sandbox=sandbox_mode,
                     on_result=None if batch else (lambda *_: bar.advance()),
                     protect=[Path(args.cache_dir) if args.cache_dir else default_cache_dir()],  # for the fallback
+                    seed=args.seed,
                 )
                 run.start()
                 running[i] = (sub, run, flags)
@@ -253,6 +277,7 @@ def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, san
                     del running[i]
                     result = run.result()
                     grades[i] = build_grade(sub.label, graded, result, rubric, sandbox=sandbox, staff_flags=flags)
+                    grades[i].staff_notes.insert(0, f"graded inputs drawn from spec seed {args.seed}")
                     if batch:
                         bar.advance(sub.label)
             time.sleep(0.05)

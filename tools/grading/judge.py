@@ -131,6 +131,7 @@ def judge_command(
     protect: list[Path] = (),
     select: str | None = None,
     describe: bool = False,
+    seed_file: Path | None = None,
 ) -> list[str]:
     suite = spec_tests_dir()
     targets = [str(suite / f) for f in files] if files else [str(suite)]
@@ -159,6 +160,8 @@ def judge_command(
         f"--grading-parent-pid={os.getpid()}",
     ]
     cmd += [f"--spec-protect={p}" for p in protect]
+    if seed_file is not None:  # grading inputs: from a seed in a file of the judge's folder, not its command line
+        cmd += [f"--spec-seed=@{seed_file}", "--spec-conceal-exact"]
     if tests_file is not None:
         cmd.append(f"--grading-tests={tests_file}")
     if select:
@@ -185,7 +188,10 @@ class JudgeRun:
         describe: bool = False,
         on_result=None,
         protect=(),
+        seed: int | None = None,
     ):
+        """``seed``: the spec seed the judge draws every input from (``--spec-seed``), kept in a file of
+        the judge's folder; None: the suite's own inputs (the trusted manifest pass)."""
         self.folder = Path(folder)
         self.out = self.folder / "judge"
         self.test_ids = list(test_ids) if test_ids is not None else None
@@ -194,6 +200,12 @@ class JudgeRun:
         self.out.mkdir(parents=True, exist_ok=True)
         tests_file = None
         files = None
+        self.seed = seed
+        seed_file = None
+        if seed is not None:
+            seed_file = self.out / "spec-seed.txt"
+            seed_file.write_text(f"{int(seed)}\n", encoding="ascii")
+            seed_file.chmod(0o600)
         if self.test_ids is not None:
             tests_file = self.folder / "tests.txt"
             tests_file.write_text("".join(f"{t}\n" for t in self.test_ids), encoding="utf-8")
@@ -212,6 +224,7 @@ class JudgeRun:
             protect=[self.folder / "judge", self.folder / "tests.txt", spec_tests_dir(), grader_dir(), *protect],
             select=select,
             describe=describe,
+            seed_file=seed_file,
         )
         self.env = judge_env(sandbox)
         self.proc: subprocess.Popen | None = None

@@ -125,6 +125,8 @@ class RecordingExpectations(LiveExpectations):
             }
 
     def save(self) -> Path:
+        from ... import inputs
+
         path = recording_path(self.directory, self.rope_style)
         write_verified(
             path,
@@ -133,6 +135,7 @@ class RecordingExpectations(LiveExpectations):
                 "rope_style": self.rope_style,
                 "torch": str(torch.__version__),
                 "profile": self.profile,
+                "seed": inputs.spec_seed(),  # the spec seed its inputs were drawn from
                 "entries": self.entries,
                 "catalog": self.catalog,
                 "unrecordable": self.unrecordable,

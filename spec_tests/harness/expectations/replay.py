@@ -136,4 +136,14 @@ def replay_for(directory: Path, rope_style: str, device: str) -> ReplayExpectati
             f"no recorded expected values for ROPE_STYLE={rope_style!r}: {path} does not exist"
             f" (found: {', '.join(found) or 'none'})"
         )
-    return ReplayExpectations(loaded(path), device, source=path.name)
+    from ... import inputs
+
+    data = loaded(path)
+    recorded_seed = data.get("seed", inputs.DEFAULT_SEED)
+    if recorded_seed != inputs.spec_seed():
+        raise ValueError(
+            f"{path.name} holds expected values for the inputs of spec seed {recorded_seed}, but this run draws its "
+            f"inputs from --spec-seed {inputs.spec_seed()}: replay with --spec-seed {recorded_seed}, or check "
+            "against the live reference"
+        )
+    return ReplayExpectations(data, device, source=path.name)
