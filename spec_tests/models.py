@@ -13,9 +13,10 @@ from .inputs import S
 
 # The sizes a config may take under a spec seed (``inputs.set_seed``): the first of each is the
 # default seed's, and any other seed draws from the rest, so that no config of a graded run is one
-# of the handout's (whose counts and byte sizes a student has seen). Within a config every size differs from every other (d_head from n_heads, d_ff
-# from d_model and the vocabulary), Llama's d_head is even (RoPE), and GQA keeps n_kv_heads = 2,
-# n_rep = 4, so a transposed or mis-grouped axis never goes unseen whichever sizes are drawn.
+# of the handout's (whose counts and byte sizes a student has seen). Within a config every size
+# differs from every other (d_head from n_heads, d_ff from d_model and the vocabulary), Llama's
+# d_head is even (RoPE), and GQA keeps n_kv_heads = 2, n_rep = 4, so a transposed or mis-grouped
+# axis never goes unseen whichever sizes are drawn.
 VOCAB_SIZES = (S.V, 61, 71, 73, 79, 83)
 LLAMA_D_MODELS = (S.d_model, 48, 96)  # n_heads 8: d_head 10, 6, 12
 LLAMA_D_FFS = (S.D_FF, 40, 72)
