@@ -110,6 +110,9 @@ def make_submissions(folder: Path) -> list[str]:
     return ["broken", "buggy", "chaos", "good", "kvbug", "partial", "skeleton"]
 
 
+GRADING_SEED = "20261202"  # without --seed each grading draws fresh inputs (tests/test_grading_fresh_inputs.py)
+
+
 def spec_grade(*args, timeout=600, env=None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "spec_grading.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -126,6 +129,7 @@ def batch(tmp_path_factory):
     rubric.write_text(RUBRIC)
     names = make_submissions(tmp / "subs")
     common = ["--select", SELECT, "--cache-dir", str(cache), "--rubric", str(rubric), "--jobs", "2", "--failures"]
+    common += ["--seed", GRADING_SEED]  # the same inputs in every grading here, so that reports can be compared
     first = spec_grade("--impl", str(tmp / "subs"), *common, *report_args(tmp / "out1"), "--csv", str(tmp / "g.csv"))
     again = spec_grade("--impl", str(tmp / "subs" / "chaos"), *common, *report_args(tmp / "out2"))
     return {"tmp": tmp, "names": names, "first": first, "again": again, "common": common}
@@ -305,6 +309,7 @@ def test_a_modified_manifest_is_prepared_again(batch, tmp_path):
     manifest.write_text(json.dumps(data))
     out = tmp_path / "results.json"
     args = ["--select", SELECT, "--cache-dir", str(cache), "--rubric", str(batch["tmp"] / "rubric.toml")]
+    args += ["--seed", GRADING_SEED]
     proc = spec_grade("--impl", str(batch["tmp"] / "subs" / "buggy"), *args, "--gradescope", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "preparing the manifest again" in proc.stderr and "does not match its SHA-256" in proc.stderr

@@ -35,7 +35,7 @@ MIN_HEADROOM = 4.0
 FLOAT32_INTERNAL = ("reference", "tests/independent/half_f32_mha")
 
 
-def measure(impl: str, device: str = "cpu") -> dict:
+def measure(impl: str, device: str = "cpu", seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "measured.json"
         env = dict(os.environ, SPEC_MEASURE_TOLERANCES=str(out))
@@ -53,6 +53,7 @@ def measure(impl: str, device: str = "cpu") -> dict:
             "-p",
             "no:warnings",
             "--ignore=spec_tests/test_precision.py",
+            f"--spec-seed={seed}",
         ]
         run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if run.returncode != 0:
@@ -64,11 +65,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help=f"fail when a tolerance is under {MIN_HEADROOM:g}x")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--seed", type=int, default=0, help="the spec seed the inputs are drawn from (default 0)")
     parser.add_argument("--impl", action="append", help=f"implementations to measure (default: {FLOAT32_INTERNAL})")
     args = parser.parse_args()
     measured: dict[str, dict] = {}
     for impl in args.impl or FLOAT32_INTERNAL:
-        for kind, entry in measure(impl, args.device).items():
+        for kind, entry in measure(impl, args.device, args.seed).items():
             if entry["measured"] > measured.get(kind, {}).get("measured", -1.0):
                 measured[kind] = entry
     bad = []
