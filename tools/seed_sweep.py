@@ -47,7 +47,8 @@ INDEPENDENT = ("modular_interleaved", "half_f32_mha", "functional_mixed", "meta_
 MEASURED = ("reference", "tests/independent/half_f32_mha")  # float32-internal: the tolerance measurement
 # Bugs whose catch rests most on sizes and values the seed changes: head layouts and groups, counts
 # and byte sizes of a config, scales tied to d_model or d_head, RoPE pairs, sampling boundaries,
-# batch ranges, initial statistics, cropping, clipping, masks. One or two per such class.
+# batch ranges, cropping and sliding. Twelve, to keep the CI step near five minutes on two cores
+# (``--bugs all`` sweeps the catalog).
 CI_BUGS = (
     "split_heads_without_transpose",
     "repeat_kv_tiled",
@@ -56,18 +57,11 @@ CI_BUGS = (
     "kv_cache_wrong_axis",
     "rope_half_pairs_declared_interleaved",
     "attention_scale_sqrt_d_model",
-    "mask_transposed",
-    "flash_missing_rescale",
-    "rmsnorm_eps_outside_root",
-    "swiglu_gate_up_swapped",
-    "d_model_not_divisible_accepted",
-    "missing_residual_init_scaling",
     "top_p_drops_crossing_token",
     "top_k_off_by_one",
     "get_batch_last_start_unreachable",
     "generate_no_prompt_cropping",
-    "clip_per_parameter",
-    "evaluate_mean_of_batch_means",
+    "generate_cache_past_context",
 )
 
 
