@@ -385,6 +385,8 @@ class Worker:
             raise
         finally:
             child.close()
+            if launch is not None:
+                launch.spawned()
         self._launch, self.sock = launch, parent
         self.sandboxed, self.sandbox_reason = launch.sandboxed, launch.reason
         self._finalizer = weakref.finalize(self, _finalize, self.proc, launch)
