@@ -32,9 +32,16 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from spec_tests.harness import cgroup as cgroup_mod
 from spec_tests.harness import sandbox as sandbox_mod
 from spec_tests.harness import wire
 from spec_tests.protocol import DEFAULT_ROPE_STYLE
+
+
+# Each restart (after a timeout or crash) starts a fresh sandbox and imports the submission again.
+# After this many, the worker is not started again: a submission that crashes or stalls in every
+# test (or imports slowly each time) costs at most this many starts, not one per remaining test.
+DEFAULT_MAX_RESTARTS = 25
 
 
 class WorkerError(Exception):
@@ -55,6 +62,11 @@ class WorkerCrashed(WorkerError):
 
 class WorkerProtocolError(WorkerCrashed):
     """The worker sent something that is not a well-formed message (it was killed)."""
+
+
+class WorkerGaveUp(WorkerCrashed):
+    """The worker was restarted ``max_restarts`` times: it is not started again (every later request
+    raises this at once, so the remaining tests end quickly with one line saying why)."""
 
 
 class StaleHandleError(WorkerError, ValueError):
@@ -260,6 +272,7 @@ class Worker:
         log_cap: int = 1 << 20,
         device=None,
         limits: wire.Limits | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
     ):
         self.impl, self.ops, self.sandbox = os.fspath(impl), ops, sandbox
         self.memory_mb, self.max_procs, self.tmp_mb = memory_mb, max_procs, tmp_mb
@@ -275,6 +288,11 @@ class Worker:
         self.generation = 0
         self.epoch = 0
         self.restarts = 0
+        self.max_restarts = max_restarts
+        self.harness_start_s = 0.0  # the last start's own part: bwrap, Python, torch, the harness
+        self.import_s = 0.0  # the last start's import of the submission
+        self._gave_up: WorkerGaveUp | None = None
+        self._cgroup: cgroup_mod.Group | None = None
         self.info: dict | None = None
         self.sandboxed: bool | None = None
         self.sandbox_reason = ""
@@ -337,16 +355,29 @@ class Worker:
     # ----------------------------------------------------------------------------------------
     # starting and stopping
 
-    def start(self) -> dict:
+    def start(self, *, deadline: float | None = None) -> dict:
         """Start the worker if it is not running; returns its hello (``RemoteImportError`` when the
-        implementation cannot be imported)."""
+        implementation cannot be imported, ``WorkerGaveUp`` after ``max_restarts`` restarts).
+
+        ``deadline`` (a restart inside a test): the submission's import must be done by then, moved on
+        by the harness's own start (``harness_start_s``, until the worker's ``started`` message, sent
+        before any submission code runs); the import itself is the submission's time."""
         if self._closed:
             raise WorkerError("this worker was closed")
         if self._import_error is not None:  # it will not import any better the next time
             raise self._import_error
+        if self._gave_up is not None:
+            raise self._gave_up
         if self.alive and self.info is not None:
             return self.info
         self._stop()
+        if self.generation >= 1 and self.restarts >= self.max_restarts:
+            self._gave_up = WorkerGaveUp(
+                f"was restarted {self.restarts} times after timeouts or crashes (the limit is {self.max_restarts}), "
+                "so it is not started again: this and every later test could not run",
+                log_tail=self.log.tail_text(),
+            )
+            raise self._gave_up
         self.generation += 1
         self.epoch = 0
         if self.generation > 1:
@@ -368,8 +399,14 @@ class Worker:
                 gpu=self.gpu,
                 workdir=self.workdir,
             )
+            argv = launch.argv
+            if self.memory_mb > 0:
+                name = f"spec-worker-{os.getpid()}-{id(self) % 1000003}-{self.generation}"
+                self._cgroup = cgroup_mod.create(name, self.memory_mb << 20)
+                if self._cgroup is not None:
+                    argv = self._cgroup.wrap(argv)
             self.proc = subprocess.Popen(
-                launch.argv,
+                argv,
                 env=launch.env,
                 cwd=launch.cwd,
                 pass_fds=launch.pass_fds,
@@ -382,18 +419,31 @@ class Worker:
             parent.close()
             if launch is not None:
                 launch.release()
+            if self._cgroup is not None:
+                self._cgroup.remove()
+                self._cgroup = None
             raise
         finally:
             child.close()
             if launch is not None:
                 launch.spawned()
         self._launch, self.sock = launch, parent
-        self.sandboxed, self.sandbox_reason = launch.sandboxed, launch.reason
+        self.sandboxed, self.sandbox_reason = launch.sandboxed, f"{launch.reason}; {self.memory_limit_text()}"
         self._finalizer = weakref.finalize(self, _finalize, self.proc, launch)
         self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log), daemon=True)
         self._pump.start()
-        deadline = time.monotonic() + self.start_timeout
-        header, blobs = self._wait(None, deadline, None, "starting (importing the implementation)")
+        began = time.monotonic()
+        header, blobs = self._wait(None, began + self.start_timeout, None, "starting (the harness and torch)")
+        self.harness_start_s = time.monotonic() - began
+        if header.get("type") == "started":
+            if set(header) != {"type"} or blobs:
+                self._protocol_error("a started message has no fields")
+            imported = time.monotonic()
+            limit = imported + self.start_timeout
+            if deadline is not None:
+                limit = min(limit, deadline + self.harness_start_s)
+            header, blobs = self._wait(None, limit, None, "importing the implementation")
+            self.import_s = time.monotonic() - imported
         deadline = time.monotonic() + self.start_timeout
         if header.get("type") != "hello":
             self._protocol_error(f"expected a hello, got {wire.sanitize_str(str(header.get('type')), 40)!r}")
@@ -436,12 +486,27 @@ class Worker:
             "pid": header["pid"],
         }
 
+    def memory_limit_text(self) -> str:
+        """How the worker's memory is limited (for the reports)."""
+        if self.memory_mb <= 0:
+            return "no memory limit"
+        if self._cgroup is not None:
+            return f"memory: {self.memory_mb} MiB for the whole worker (cgroup v2 memory.max, no swap)"
+        why = cgroup_mod.available()[1]
+        return (
+            f"memory: {self.memory_mb} MiB of address space per process (RLIMIT_AS; no cgroup: {why}); "
+            "pages written into a memfd with write() are not counted by RLIMIT_AS"
+        )
+
     def _stop(self) -> int | None:
         """Kill the worker's whole tree (if any) and forget it; its exit status."""
         returncode = None
         if self.proc is not None:
             _kill_group(self.proc)
             returncode = self.proc.returncode
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
         if self._launch is not None:
             self._launch.release()
         if self._finalizer is not None:
@@ -524,13 +589,17 @@ class Worker:
         return deadline if deadline is not None else time.monotonic() + self.call_timeout
 
     def _started(self, deadline: float) -> float:
-        """Start the worker if needed; the deadline, moved on by the time (re)starting took (the
-        harness's time, not the implementation's)."""
+        """Start the worker if needed; the deadline, moved on by the harness's part of the start.
+        The first start is the harness's time (the grader's whole-run limit bounds it); a restart's
+        import of the submission is charged to the request that needed it."""
         if self.alive and self.info is not None:
             return deadline
+        first = self.generation == 0
         began = time.monotonic()
-        self.start()
-        return deadline + (time.monotonic() - began)
+        self.start(deadline=None if first else deadline)
+        if first:
+            return deadline + (time.monotonic() - began)
+        return deadline + self.harness_start_s
 
     def _simple(self, kind: str, fields: dict, *, deadline: float | None):
         deadline = self._started(self._deadline(deadline))
@@ -612,7 +681,7 @@ class Worker:
             if kind == "oracle" and rid is not None:
                 self._answer_oracle(header, blobs, oracle or self._oracle)
                 continue
-            if (rid is None and kind == "hello") or (kind == "reply" and header.get("id") == rid):
+            if (rid is None and kind in ("hello", "started")) or (kind == "reply" and header.get("id") == rid):
                 return header, blobs
             self._protocol_error(f"unexpected message {wire.sanitize_str(str(kind), 40)!r} while waiting for {what}")
 
@@ -683,8 +752,11 @@ class Worker:
             except subprocess.TimeoutExpired:
                 returncode = None
         sandboxed = bool(self.sandboxed)
+        oom = self._cgroup is not None and self._cgroup.oom_kills() > 0
         self._stop()
         reason, signal_name, status = describe_exit(returncode, sandboxed)
+        if oom:
+            reason = f"was killed for using more than its memory limit ({self.memory_mb} MiB, cgroup v2 memory.max)"
         raise WorkerCrashed(reason, signal_name=signal_name, exit_status=status, log_tail=self.log.tail_text())
 
     def _protocol_error(self, problem):

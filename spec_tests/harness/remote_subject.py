@@ -14,7 +14,7 @@ import sys
 import time
 
 from .model_ops import OP_USES
-from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerTimeout
+from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
 from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
 from .treemap import tree_leaves
 
@@ -141,6 +141,8 @@ class RemoteSubject(Subject):
             raise ImplementationError(
                 name, ("Timeout",), f"{what} did not finish within the test's limit of {self.test_timeout:g} s"
             ) from None
+        except WorkerGaveUp as exc:
+            raise ImplementationError(name, ("NotRun",), f"could not run: the process running your code {exc.reason}") from None
         except WorkerCrashed as exc:
             raise ImplementationError(name, ("Crash",), f"the process running your code {exc}") from None
         except StaleHandleError as exc:
