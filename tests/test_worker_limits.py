@@ -82,7 +82,7 @@ def test_memory_errors_while_decoding_are_wire_errors(monkeypatch):
         decoder([1, 2])
 
 
-CRASHER = '''
+CRASHER = """
 import os, time, torch
 time.sleep(IMPORT_S)
 
@@ -91,7 +91,7 @@ def softmax(x, dim=-1):
 
 def repeat_kv(x, n_rep):
     os._exit(1)
-'''
+"""
 
 
 def test_restarts_are_capped_and_then_every_request_fails_at_once(tmp_path):
@@ -144,7 +144,6 @@ def test_a_rerun_leaves_no_cache_it_grew(monkeypatch):
     """What the reference builds during a rerun (its RoPE tables) is dropped at the rerun's end."""
     import reference
     from reference import positions
-
     from spec_tests.harness.remote_subject import RemoteSubject
 
     class FakeWorker:
@@ -175,7 +174,7 @@ def test_the_seccomp_program_checks_the_arch_first_and_ends_in_allow():
         assert set(seccomp.REFUSED) | {"clone", "clone3"} == set(seccomp.SYSCALLS[arch]), arch
 
 
-NAMESPACES = '''
+NAMESPACES = """
 import ctypes, errno, os, subprocess, time, torch
 
 def softmax(x, dim=-1):
@@ -207,14 +206,14 @@ def _probe_syscalls():
     out["subprocess"] = subprocess.run(["true"]).returncode
     out["torch"] = float(torch.ones(3).sum())
     return out
-'''
+"""
 
-PROBE_OPS = '''
+PROBE_OPS = """
 def private(impl, name, *args):
     return getattr(impl, f"_probe_{name}")(*args)
 
 OPS = {"private": private}
-'''
+"""
 
 
 @needs_sandbox

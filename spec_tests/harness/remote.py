@@ -37,7 +37,6 @@ from spec_tests.harness import sandbox as sandbox_mod
 from spec_tests.harness import wire
 from spec_tests.protocol import DEFAULT_ROPE_STYLE
 
-
 # Each restart (after a timeout or crash) starts a fresh sandbox and imports the submission again.
 # After this many, the worker is not started again: a submission that crashes or stalls in every
 # test (or imports slowly each time) costs at most this many starts, not one per remaining test.

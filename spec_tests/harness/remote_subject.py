@@ -142,7 +142,8 @@ class RemoteSubject(Subject):
                 name, ("Timeout",), f"{what} did not finish within the test's limit of {self.test_timeout:g} s"
             ) from None
         except WorkerGaveUp as exc:
-            raise ImplementationError(name, ("NotRun",), f"could not run: the process running your code {exc.reason}") from None
+            message = f"could not run: the process running your code {exc.reason}"
+            raise ImplementationError(name, ("NotRun",), message) from None
         except WorkerCrashed as exc:
             raise ImplementationError(name, ("Crash",), f"the process running your code {exc}") from None
         except StaleHandleError as exc:
