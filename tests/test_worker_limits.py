@@ -267,3 +267,31 @@ def test_without_a_cgroup_the_reason_names_the_memfd_gap(tmp_path, monkeypatch):
         w.start()
         assert "RLIMIT_AS" in w.sandbox_reason and "memfd" in w.sandbox_reason
         assert "cgroup v1 only (for the test)" in w.sandbox_reason
+
+
+def test_groups_are_made_beside_this_process_and_the_wrapper_moves_the_process_in(tmp_path, monkeypatch):
+    """cgroup.py on a fake cgroup2 tree (this machine may have none): the nearest folder above this
+    process's group that has the memory controller for its children holds the new group; the
+    wrapped command writes its own pid into the group before it execs."""
+    import subprocess
+
+    mount = tmp_path / "cgroup"
+    own = mount / "system.slice" / "grader.scope"
+    own.mkdir(parents=True)
+    (mount / "cgroup.controllers").write_text("cpu memory pids\n")
+    (mount / "cgroup.subtree_control").write_text("memory\n")
+    (mount / "system.slice" / "cgroup.subtree_control").write_text("cpu memory\n")
+    (own / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(cgroup, "_cgroup2_mounts", lambda: [mount])
+    monkeypatch.setattr(cgroup, "_own_path", lambda: "/system.slice/grader.scope")
+    monkeypatch.setattr(cgroup, "_STATE", None)
+    # the process's own group cannot hand the memory controller to children (cgroup v2 refuses it
+    # for a group holding processes; here the write of "+memory" does not enable it either)
+    assert cgroup.available() == (True, f"cgroup v2 memory.max under {mount / 'system.slice'}")
+    group = cgroup.create("spec-worker-test", 1 << 30)
+    assert group is not None and group.path == mount / "system.slice" / "spec-worker-test"
+    assert (group.path / "memory.max").read_text() == str(1 << 30)
+    done = subprocess.run(group.wrap(["sh", "-c", "echo $$"]), capture_output=True, text=True, check=True)
+    assert group.procs.read_text().split() == [done.stdout.strip()]  # moved itself in, then exec'd
+    monkeypatch.setattr(cgroup, "_STATE", (None, "none here"))
+    assert cgroup.create("another", 1 << 30) is None
