@@ -41,6 +41,11 @@ from spec_tests.protocol import DEFAULT_ROPE_STYLE
 # After this many, the worker is not started again: a submission that crashes or stalls in every
 # test (or imports slowly each time) costs at most this many starts, not one per remaining test.
 DEFAULT_MAX_RESTARTS = 25
+# The submission's imports in restarts (not the first start's, not the harness's own part) together
+# may take this long; then the worker is not started again. It is a budget of its own, not the
+# test's time: under load an honest import can take seconds, and charging it to a test with a short
+# limit would make every test after a timeout time out in turn.
+DEFAULT_RESTART_BUDGET_S = 120.0
 
 
 class WorkerError(Exception):
@@ -272,6 +277,7 @@ class Worker:
         device=None,
         limits: wire.Limits | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        restart_budget_s: float = DEFAULT_RESTART_BUDGET_S,
     ):
         self.impl, self.ops, self.sandbox = os.fspath(impl), ops, sandbox
         self.memory_mb, self.max_procs, self.tmp_mb = memory_mb, max_procs, tmp_mb
@@ -287,7 +293,8 @@ class Worker:
         self.generation = 0
         self.epoch = 0
         self.restarts = 0
-        self.max_restarts = max_restarts
+        self.max_restarts, self.restart_budget_s = max_restarts, restart_budget_s
+        self.restart_import_s = 0.0  # the submission's imports in restarts so far (charged to the budget)
         self.harness_start_s = 0.0  # the last start's own part: bwrap, Python, torch, the harness
         self.import_s = 0.0  # the last start's import of the submission
         self._gave_up: WorkerGaveUp | None = None
@@ -354,13 +361,14 @@ class Worker:
     # ----------------------------------------------------------------------------------------
     # starting and stopping
 
-    def start(self, *, deadline: float | None = None) -> dict:
+    def start(self) -> dict:
         """Start the worker if it is not running; returns its hello (``RemoteImportError`` when the
-        implementation cannot be imported, ``WorkerGaveUp`` after ``max_restarts`` restarts).
+        implementation cannot be imported, ``WorkerGaveUp`` after ``max_restarts`` restarts or once
+        the restarts' imports used up ``restart_budget_s``).
 
-        ``deadline`` (a restart inside a test): the submission's import must be done by then, moved on
-        by the harness's own start (``harness_start_s``, until the worker's ``started`` message, sent
-        before any submission code runs); the import itself is the submission's time."""
+        A restart's import of the submission (from the worker's ``started`` message, sent before any
+        submission code runs, to its hello) is charged to ``restart_budget_s``, and must finish
+        within what is left of it."""
         if self._closed:
             raise WorkerError("this worker was closed")
         if self._import_error is not None:  # it will not import any better the next time
@@ -371,12 +379,14 @@ class Worker:
             return self.info
         self._stop()
         if self.generation >= 1 and self.restarts >= self.max_restarts:
-            self._gave_up = WorkerGaveUp(
-                f"was restarted {self.restarts} times after timeouts or crashes (the limit is {self.max_restarts}), "
-                "so it is not started again: this and every later test could not run",
-                log_tail=self.log.tail_text(),
+            self._give_up(
+                f"was restarted {self.restarts} times after timeouts or crashes (the limit is {self.max_restarts})"
             )
-            raise self._gave_up
+        if self.generation >= 1 and self.restart_import_s >= self.restart_budget_s:
+            self._give_up(
+                f"spent {self.restart_import_s:.0f} s importing your code again in {self.restarts} restarts after "
+                f"timeouts or crashes (the budget is {self.restart_budget_s:g} s)"
+            )
         self.generation += 1
         self.epoch = 0
         if self.generation > 1:
@@ -439,10 +449,14 @@ class Worker:
                 self._protocol_error("a started message has no fields")
             imported = time.monotonic()
             limit = imported + self.start_timeout
-            if deadline is not None:
-                limit = min(limit, deadline + self.harness_start_s)
-            header, blobs = self._wait(None, limit, None, "importing the implementation")
-            self.import_s = time.monotonic() - imported
+            if self.generation > 1:  # a restart: within what is left of the budget
+                limit = min(limit, imported + max(0.0, self.restart_budget_s - self.restart_import_s))
+            try:
+                header, blobs = self._wait(None, limit, None, "importing the implementation")
+            finally:
+                self.import_s = time.monotonic() - imported
+                if self.generation > 1:
+                    self.restart_import_s += self.import_s
         deadline = time.monotonic() + self.start_timeout
         if header.get("type") != "hello":
             self._protocol_error(f"expected a hello, got {wire.sanitize_str(str(header.get('type')), 40)!r}")
@@ -588,17 +602,20 @@ class Worker:
         return deadline if deadline is not None else time.monotonic() + self.call_timeout
 
     def _started(self, deadline: float) -> float:
-        """Start the worker if needed; the deadline, moved on by the harness's part of the start.
-        The first start is the harness's time (the grader's whole-run limit bounds it); a restart's
-        import of the submission is charged to the request that needed it."""
+        """Start the worker if needed; the deadline, moved on by the time (re)starting took. The first
+        start is bounded by the grader's whole-run limit, a restart's import by ``restart_budget_s``."""
         if self.alive and self.info is not None:
             return deadline
-        first = self.generation == 0
         began = time.monotonic()
-        self.start(deadline=None if first else deadline)
-        if first:
-            return deadline + (time.monotonic() - began)
-        return deadline + self.harness_start_s
+        self.start()
+        return deadline + (time.monotonic() - began)
+
+    def _give_up(self, why: str):
+        self._gave_up = WorkerGaveUp(
+            f"{why}, so it is not started again: this and every later test could not run",
+            log_tail=self.log.tail_text(),
+        )
+        raise self._gave_up
 
     def _simple(self, kind: str, fields: dict, *, deadline: float | None):
         deadline = self._started(self._deadline(deadline))
