@@ -299,6 +299,7 @@ class Worker:
         self.import_s = 0.0  # the last start's import of the submission
         self._gave_up: WorkerGaveUp | None = None
         self._cgroup: cgroup_mod.Group | None = None
+        self._last_info: dict | None = None
         self.info: dict | None = None
         self.sandboxed: bool | None = None
         self.sandbox_reason = ""
@@ -322,6 +323,8 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def _hello(self) -> dict:
+        if self.info is None and self._gave_up is not None and self._last_info is not None:
+            return self._last_info  # what it declared stays known after it is no longer started
         if self.info is None:
             self.start()
         return self.info
@@ -471,6 +474,7 @@ class Worker:
             )
             raise self._import_error
         self.info = self._read_hello(header, blobs)
+        self._last_info = self.info
         self.pid = self.info["pid"]
         if self._substituted:
             self._simple("substitute", {"names": list(self._substituted)}, deadline=deadline)
