@@ -9,7 +9,7 @@ which ``test_model.py`` compares with the reference: a wrong model costs in the 
 import pytest
 import torch
 
-from . import models, oracles
+from . import models, observed, oracles
 from .harness.compare import mismatch
 from .harness.markers import judges
 from .harness.tolerances import tolerance
@@ -177,10 +177,19 @@ def test_generation_slides_past_the_context(spec, config):
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_generate_restores_the_mode(spec, family, mode):
     """generate leaves a model in the mode it found it in, every submodule included (protocol: generate)."""
-    config = models.family_config(spec.impl, family)
+    seen = observed.observable(spec)  # the mode shows in outputs: judged from them, not only from flags
+    config = models.family_config(spec.impl, family, **({"dropout": observed.DROPOUT} if seen else {}))
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=45, device=spec.device))
+    prompt = prompt_for(spec, config, seed=46)
+    clean = observed.eval_output(spec, model, prompt) if seen else None
     spec.impl.set_training(model, mode == "train")
-    spec.impl.generate(model, prompt_for(spec, config, seed=46), 4, temperature=0.0)
+    spec.impl.generate(model, prompt, 4, temperature=0.0)
+    causes = (
+        "likely cause: generate calls model.eval() (or model.train()) without restoring the "
+        "modes it found. Fix: remember each module's mode and put it back in a finally block",
+    )
+    if seen:
+        observed.require_mode(spec, model, prompt, clean, mode == "train", after="generate", causes=causes)
     flags = set(spec.impl.training_flags(model))
     spec.require(
         flags == {mode == "train"},

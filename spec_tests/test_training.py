@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from . import models, oracles
+from . import models, observed, oracles
 from .harness.checks import Variant
 from .harness.markers import judges
 from .harness.tolerances import EXACT, Tolerance
@@ -573,11 +573,16 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
     """evaluate computes no gradients and leaves the model in the mode it found (protocol: evaluate)."""
-    config = models.family_config(spec.impl, family)
+    seen = observed.observable(spec)  # the mode shows in outputs: judged from them, not only from flags
+    config = models.family_config(spec.impl, family, **({"dropout": observed.DROPOUT} if seen else {}))
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=68, device=spec.device))
-    spec.impl.set_training(model, mode == "train")
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()
+    probe = data[: 2 * 11].reshape(2, 11).to(spec.device)
+    clean = observed.eval_output(spec, model, probe) if seen else None
+    spec.impl.set_training(model, mode == "train")
     spec.impl.evaluate(model, data, 11)
+    if seen:
+        observed.require_mode(spec, model, probe, clean, mode == "train", after="evaluate")
     flags = set(spec.impl.training_flags(model))
     spec.require(
         flags == {mode == "train"},

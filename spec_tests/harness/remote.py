@@ -32,9 +32,20 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from spec_tests.harness import cgroup as cgroup_mod
 from spec_tests.harness import sandbox as sandbox_mod
 from spec_tests.harness import wire
 from spec_tests.protocol import DEFAULT_ROPE_STYLE
+
+# Each restart (after a timeout or crash) starts a fresh sandbox and imports the submission again.
+# After this many, the worker is not started again: a submission that crashes or stalls in every
+# test (or imports slowly each time) costs at most this many starts, not one per remaining test.
+DEFAULT_MAX_RESTARTS = 25
+# The submission's imports in restarts (not the first start's, not the harness's own part) together
+# may take this long; then the worker is not started again. It is a budget of its own, not the
+# test's time: under load an honest import can take seconds, and charging it to a test with a short
+# limit would make every test after a timeout time out in turn.
+DEFAULT_RESTART_BUDGET_S = 120.0
 
 
 class WorkerError(Exception):
@@ -55,6 +66,11 @@ class WorkerCrashed(WorkerError):
 
 class WorkerProtocolError(WorkerCrashed):
     """The worker sent something that is not a well-formed message (it was killed)."""
+
+
+class WorkerGaveUp(WorkerCrashed):
+    """The worker was restarted ``max_restarts`` times: it is not started again (every later request
+    raises this at once, so the remaining tests end quickly with one line saying why)."""
 
 
 class StaleHandleError(WorkerError, ValueError):
@@ -260,6 +276,8 @@ class Worker:
         log_cap: int = 1 << 20,
         device=None,
         limits: wire.Limits | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        restart_budget_s: float = DEFAULT_RESTART_BUDGET_S,
     ):
         self.impl, self.ops, self.sandbox = os.fspath(impl), ops, sandbox
         self.memory_mb, self.max_procs, self.tmp_mb = memory_mb, max_procs, tmp_mb
@@ -275,6 +293,13 @@ class Worker:
         self.generation = 0
         self.epoch = 0
         self.restarts = 0
+        self.max_restarts, self.restart_budget_s = max_restarts, restart_budget_s
+        self.restart_import_s = 0.0  # the submission's imports in restarts so far (charged to the budget)
+        self.harness_start_s = 0.0  # the last start's own part: bwrap, Python, torch, the harness
+        self.import_s = 0.0  # the last start's import of the submission
+        self._gave_up: WorkerGaveUp | None = None
+        self._cgroup: cgroup_mod.Group | None = None
+        self._last_info: dict | None = None
         self.info: dict | None = None
         self.sandboxed: bool | None = None
         self.sandbox_reason = ""
@@ -298,6 +323,8 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def _hello(self) -> dict:
+        if self.info is None and self._gave_up is not None and self._last_info is not None:
+            return self._last_info  # what it declared stays known after it is no longer started
         if self.info is None:
             self.start()
         return self.info
@@ -339,14 +366,30 @@ class Worker:
 
     def start(self) -> dict:
         """Start the worker if it is not running; returns its hello (``RemoteImportError`` when the
-        implementation cannot be imported)."""
+        implementation cannot be imported, ``WorkerGaveUp`` after ``max_restarts`` restarts or once
+        the restarts' imports used up ``restart_budget_s``).
+
+        A restart's import of the submission (from the worker's ``started`` message, sent before any
+        submission code runs, to its hello) is charged to ``restart_budget_s``, and must finish
+        within what is left of it."""
         if self._closed:
             raise WorkerError("this worker was closed")
         if self._import_error is not None:  # it will not import any better the next time
             raise self._import_error
+        if self._gave_up is not None:
+            raise self._gave_up
         if self.alive and self.info is not None:
             return self.info
         self._stop()
+        if self.generation >= 1 and self.restarts >= self.max_restarts:
+            self._give_up(
+                f"was restarted {self.restarts} times after timeouts or crashes (the limit is {self.max_restarts})"
+            )
+        if self.generation >= 1 and self.restart_import_s >= self.restart_budget_s:
+            self._give_up(
+                f"spent {self.restart_import_s:.0f} s importing your code again in {self.restarts} restarts after "
+                f"timeouts or crashes (the budget is {self.restart_budget_s:g} s)"
+            )
         self.generation += 1
         self.epoch = 0
         if self.generation > 1:
@@ -368,8 +411,14 @@ class Worker:
                 gpu=self.gpu,
                 workdir=self.workdir,
             )
+            argv = launch.argv
+            if self.memory_mb > 0:
+                name = f"spec-worker-{os.getpid()}-{id(self) % 1000003}-{self.generation}"
+                self._cgroup = cgroup_mod.create(name, self.memory_mb << 20)
+                if self._cgroup is not None:
+                    argv = self._cgroup.wrap(argv)
             self.proc = subprocess.Popen(
-                launch.argv,
+                argv,
                 env=launch.env,
                 cwd=launch.cwd,
                 pass_fds=launch.pass_fds,
@@ -382,16 +431,35 @@ class Worker:
             parent.close()
             if launch is not None:
                 launch.release()
+            if self._cgroup is not None:
+                self._cgroup.remove()
+                self._cgroup = None
             raise
         finally:
             child.close()
+            if launch is not None:
+                launch.spawned()
         self._launch, self.sock = launch, parent
-        self.sandboxed, self.sandbox_reason = launch.sandboxed, launch.reason
+        self.sandboxed, self.sandbox_reason = launch.sandboxed, f"{launch.reason}; {self.memory_limit_text()}"
         self._finalizer = weakref.finalize(self, _finalize, self.proc, launch)
         self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log), daemon=True)
         self._pump.start()
-        deadline = time.monotonic() + self.start_timeout
-        header, blobs = self._wait(None, deadline, None, "starting (importing the implementation)")
+        began = time.monotonic()
+        header, blobs = self._wait(None, began + self.start_timeout, None, "starting (the harness and torch)")
+        self.harness_start_s = time.monotonic() - began
+        if header.get("type") == "started":
+            if set(header) != {"type"} or blobs:
+                self._protocol_error("a started message has no fields")
+            imported = time.monotonic()
+            limit = imported + self.start_timeout
+            if self.generation > 1:  # a restart: within what is left of the budget
+                limit = min(limit, imported + max(0.0, self.restart_budget_s - self.restart_import_s))
+            try:
+                header, blobs = self._wait(None, limit, None, "importing the implementation")
+            finally:
+                self.import_s = time.monotonic() - imported
+                if self.generation > 1:
+                    self.restart_import_s += self.import_s
         deadline = time.monotonic() + self.start_timeout
         if header.get("type") != "hello":
             self._protocol_error(f"expected a hello, got {wire.sanitize_str(str(header.get('type')), 40)!r}")
@@ -406,6 +474,7 @@ class Worker:
             )
             raise self._import_error
         self.info = self._read_hello(header, blobs)
+        self._last_info = self.info
         self.pid = self.info["pid"]
         if self._substituted:
             self._simple("substitute", {"names": list(self._substituted)}, deadline=deadline)
@@ -434,12 +503,27 @@ class Worker:
             "pid": header["pid"],
         }
 
+    def memory_limit_text(self) -> str:
+        """How the worker's memory is limited (for the reports)."""
+        if self.memory_mb <= 0:
+            return "no memory limit"
+        if self._cgroup is not None:
+            return f"memory: {self.memory_mb} MiB for the whole worker (cgroup v2 memory.max, no swap)"
+        why = cgroup_mod.available()[1]
+        return (
+            f"memory: {self.memory_mb} MiB of address space per process (RLIMIT_AS; no cgroup: {why}); "
+            "pages written into a memfd with write() are not counted by RLIMIT_AS"
+        )
+
     def _stop(self) -> int | None:
         """Kill the worker's whole tree (if any) and forget it; its exit status."""
         returncode = None
         if self.proc is not None:
             _kill_group(self.proc)
             returncode = self.proc.returncode
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
         if self._launch is not None:
             self._launch.release()
         if self._finalizer is not None:
@@ -522,13 +606,20 @@ class Worker:
         return deadline if deadline is not None else time.monotonic() + self.call_timeout
 
     def _started(self, deadline: float) -> float:
-        """Start the worker if needed; the deadline, moved on by the time (re)starting took (the
-        harness's time, not the implementation's)."""
+        """Start the worker if needed; the deadline, moved on by the time (re)starting took. The first
+        start is bounded by the grader's whole-run limit, a restart's import by ``restart_budget_s``."""
         if self.alive and self.info is not None:
             return deadline
         began = time.monotonic()
         self.start()
         return deadline + (time.monotonic() - began)
+
+    def _give_up(self, why: str):
+        self._gave_up = WorkerGaveUp(
+            f"{why}, so it is not started again: this and every later test could not run",
+            log_tail=self.log.tail_text(),
+        )
+        raise self._gave_up
 
     def _simple(self, kind: str, fields: dict, *, deadline: float | None):
         deadline = self._started(self._deadline(deadline))
@@ -610,7 +701,7 @@ class Worker:
             if kind == "oracle" and rid is not None:
                 self._answer_oracle(header, blobs, oracle or self._oracle)
                 continue
-            if (rid is None and kind == "hello") or (kind == "reply" and header.get("id") == rid):
+            if (rid is None and kind in ("hello", "started")) or (kind == "reply" and header.get("id") == rid):
                 return header, blobs
             self._protocol_error(f"unexpected message {wire.sanitize_str(str(kind), 40)!r} while waiting for {what}")
 
@@ -681,8 +772,11 @@ class Worker:
             except subprocess.TimeoutExpired:
                 returncode = None
         sandboxed = bool(self.sandboxed)
+        oom = self._cgroup is not None and self._cgroup.oom_kills() > 0
         self._stop()
         reason, signal_name, status = describe_exit(returncode, sandboxed)
+        if oom:
+            reason = f"was killed for using more than its memory limit ({self.memory_mb} MiB, cgroup v2 memory.max)"
         raise WorkerCrashed(reason, signal_name=signal_name, exit_status=status, log_tail=self.log.tail_text())
 
     def _protocol_error(self, problem):

@@ -10,10 +10,11 @@ worker by stubs that ask this process, which answers with the reference.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 from .model_ops import OP_USES
-from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerTimeout
+from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
 from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
 from .treemap import tree_leaves
 
@@ -21,15 +22,57 @@ from .treemap import tree_leaves
 # fewer, and this process (with the judge's memory limit) computes whatever a call asks.
 ORACLE_MAX_ELEMENTS = 1 << 22
 
+# The reference's keyword-only options that protocol v1 does not have (docs/protocol.md, notes:
+# "Reference-only options"). A replaced function answers protocol calls only: these select the
+# reference's fast paths, and some build and keep state in the judge (``rope(table_size=N)`` fills a
+# table of N positions kept between calls), so a call passing one is refused by name.
+REFERENCE_ONLY = {
+    "silu": frozenset({"fused"}),
+    "swiglu": frozenset({"fused"}),
+    "cross_entropy": frozenset({"fused"}),
+    "scaled_dot_product_attention": frozenset({"fused", "causal"}),
+    "rope": frozenset({"style", "table_size"}),
+    "multihead_self_attention": frozenset(
+        {"bq", "bk", "bv", "bo", "cache", "layer", "rope_style", "rope_table_size", "attention"}
+    ),
+    "build_model": frozenset({"rope_style"}),
+}
+
 
 def check_oracle_arguments(name: str, args, kwargs) -> None:
-    """A replaced function's call, refused (``ValueError``) when it passes more than
-    ``ORACLE_MAX_ELEMENTS`` tensor elements: the submission chose them, and the judge computes."""
+    """A replaced function's call, refused (``ValueError``) when it passes a reference-only keyword
+    (``REFERENCE_ONLY``) or more than ``ORACLE_MAX_ELEMENTS`` tensor elements: the submission chose
+    them, and the judge computes."""
+    refused = sorted(set(kwargs) & REFERENCE_ONLY.get(name, frozenset()))
+    if refused:
+        raise TypeError(
+            f"{name} was called with {', '.join(f'{k}=' for k in refused)}, an option of the reference that "
+            f"protocol v1 does not have; while {name} is replaced by a correct version, it answers protocol "
+            "calls only (call it with the protocol's arguments)"
+        )
     size = sum(t.numel() for _, t in tree_leaves((args, kwargs)))
     if size > ORACLE_MAX_ELEMENTS:
         raise ValueError(
             f"{name}: {size} tensor elements in one call to a replaced function (at most {ORACLE_MAX_ELEMENTS})"
         )
+
+
+def _caches_of(functions) -> list:
+    """The ``functools`` caches (``cache_clear``) at module level in the modules of ``functions``
+    (e.g. the reference's RoPE tables), so that a root-cause rerun leaves nothing behind in the judge."""
+    found, seen = [], set()
+    for fn in functions:
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        package = sys.modules.get((getattr(module, "__package__", None) or "").partition(".")[0]) if module else None
+        for mod in {id(m): m for m in (module, package) if m is not None}.values():
+            names = [n for n in sys.modules if n == mod.__name__ or n.startswith(mod.__name__ + ".")]
+            for name in names:
+                for value in list(vars(sys.modules[name]).values()):
+                    if callable(getattr(value, "cache_clear", None)) and callable(getattr(value, "cache_info", None)):
+                        if id(value) not in seen:
+                            seen.add(id(value))
+                            found.append(value)
+    return found
 
 
 class _Declared:
@@ -98,6 +141,9 @@ class RemoteSubject(Subject):
             raise ImplementationError(
                 name, ("Timeout",), f"{what} did not finish within the test's limit of {self.test_timeout:g} s"
             ) from None
+        except WorkerGaveUp as exc:
+            message = f"could not run: the process running your code {exc.reason}"
+            raise ImplementationError(name, ("NotRun",), message) from None
         except WorkerCrashed as exc:
             raise ImplementationError(name, ("Crash",), f"the process running your code {exc}") from None
         except StaleHandleError as exc:
@@ -111,12 +157,17 @@ class RemoteSubject(Subject):
             check_oracle_arguments(name, args, kwargs)
             return replacements[name](*args, **kwargs)
 
+        caches = _caches_of(replacements.values())
+        sizes = [c.cache_info().currsize for c in caches]
         self.worker.substitute(list(replacements), oracle=oracle, deadline=self.deadline)
         saved, self._replacements = self._replacements, {**self._replacements, **replacements}
         try:
             yield
         finally:
             self._replacements = saved
+            for cache, size in zip(caches, sizes):  # what the rerun's calls built is not kept
+                if cache.cache_info().currsize > size:
+                    cache.cache_clear()
             try:
                 self.worker.restore(deadline=time.monotonic() + 10)
             except (WorkerTimeout, WorkerCrashed):

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import spec_tests
+from spec_tests.harness import seccomp
 
 ENV_SWITCH = "SPEC_SANDBOX"  # off | auto (default) | require
 ENV_UID_BASE = "SPEC_SANDBOX_UID_BASE"
@@ -310,16 +311,23 @@ def sandbox_env() -> dict[str, str]:
     return env
 
 
-def bwrap_prefix(slot: Slot | None, *, tmp_mb: int = 256, gpu: bool = False, binds=()) -> list[str]:
-    """``bwrap ... --`` (and ``setpriv ... --`` as root): everything before the worker's own argv."""
+def bwrap_prefix(
+    slot: Slot | None, *, tmp_mb: int = 256, gpu: bool = False, binds=(), seccomp_fd: int | None = None
+) -> list[str]:
+    """``bwrap ... --`` (and ``setpriv ... --`` as root): everything before the worker's own argv.
+    ``seccomp_fd``: a file descriptor holding ``seccomp.program()``, loaded by bwrap (``--seccomp``)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxError("bubblewrap (bwrap) is not installed")
     args = [bwrap, "--die-with-parent", "--new-session"]
     args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--hostname", "sandbox"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     if slot is None:
-        args += ["--unshare-user", "--disable-userns"]
+        args += ["--unshare-user"]
+        if _bwrap_supports("--disable-userns"):  # bubblewrap >= 0.8; needs --unshare-user
+            args += ["--disable-userns"]
     else:
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     mounts = _system_mounts()
@@ -382,7 +390,37 @@ def _probe() -> tuple[bool, str]:
         return False, "setpriv (util-linux) is not installed"
     slot = acquire_slot() if root else None
     try:
-        command = bwrap_prefix(slot, tmp_mb=1) + [
+        ok, why = _try_bwrap(slot, True)
+        if ok or seccomp.program() is None:
+            return ok, why
+        failed_with = why
+        ok, why = _try_bwrap(slot, False)
+        if ok:
+            _SECCOMP[:] = [False, f"no seccomp filter: bubblewrap refused it ({failed_with})"]
+        return ok, why
+    finally:
+        if slot is not None:
+            kill_uid(slot.uid)
+            slot.release()
+
+
+_SECCOMP: list = [None, ""]  # [whether the filter is used, why not]
+
+
+def seccomp_state() -> tuple[bool, str]:
+    """``(True, what)`` when sandboxed workers get the seccomp filter, else ``(False, why not)``."""
+    if _SECCOMP[0] is None:
+        if seccomp.program() is None:
+            _SECCOMP[:] = [False, f"no seccomp filter: no system-call table for {seccomp.machine()}"]
+        else:
+            _SECCOMP[:] = [True, "seccomp filter (no new namespaces, mounts, ptrace, keyrings, bpf, ...)"]
+    return bool(_SECCOMP[0]), _SECCOMP[1]
+
+
+def _try_bwrap(slot: Slot | None, with_seccomp: bool) -> tuple[bool, str]:
+    fd = seccomp.program_fd() if with_seccomp and seccomp_state()[0] else None
+    try:
+        command = bwrap_prefix(slot, tmp_mb=1, seccomp_fd=fd) + [
             sys.executable,
             "-s",
             "-B",
@@ -391,21 +429,27 @@ def _probe() -> tuple[bool, str]:
         ]
         try:
             done = subprocess.run(
-                command, env=sandbox_env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+                command,
+                env=sandbox_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(fd,) if fd is not None else (),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, f"bubblewrap could not run: {exc}"
-        if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip().splitlines()
-            return False, f"bubblewrap failed ({detail[-1] if detail else f'exit status {done.returncode}'})"
-        uid = done.stdout.split()[0] if done.stdout.split() else "?"
-        if root and uid != str(slot.uid):
-            return False, f"the sandbox ran as uid {uid}, not the slot's uid {slot.uid}"
-        return True, f"bubblewrap sandbox ({'unprivileged uid per slot' if root else 'user namespace'})"
     finally:
-        if slot is not None:
-            kill_uid(slot.uid)
-            slot.release()
+        if fd is not None:
+            os.close(fd)
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        return False, f"bubblewrap failed ({detail[-1] if detail else f'exit status {done.returncode}'})"
+    uid = done.stdout.split()[0] if done.stdout.split() else "?"
+    if slot is not None and uid != str(slot.uid):
+        return False, f"the sandbox ran as uid {uid}, not the slot's uid {slot.uid}"
+    kind = "unprivileged uid per slot" if slot is not None else "user namespace"
+    return True, f"bubblewrap sandbox ({kind}; {seccomp_state()[1] if with_seccomp else 'no seccomp filter'})"
 
 
 def sandbox_available(refresh: bool = False) -> tuple[bool, str]:
@@ -436,9 +480,20 @@ class Launch:
     slot: Slot | None = None
     uid: int | None = None
     binds: list = field(default_factory=list)
+    spawn_fds: list = field(default_factory=list)  # only for the spawn (the seccomp program): closed after it
+
+    def spawned(self) -> None:
+        """After the worker's process was started (or failed to start): close what only it needed."""
+        for fd in self.spawn_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.spawn_fds = []
 
     def release(self) -> None:
         """After the worker is gone: kill what is left under the slot's uid, free the slot."""
+        self.spawned()
         if self.slot is not None:
             kill_uid(self.slot.uid)
             self.slot.release()
@@ -556,11 +611,15 @@ def worker_command(
         ops_inside = f"{OPS_MOUNT}/{Path(ops_text).name}"
         binds.append((Path(ops_text).resolve(), ops_inside))
     slot = acquire_slot() if os.geteuid() == 0 else None
+    seccomp_fd = None
     try:
-        argv = bwrap_prefix(slot, tmp_mb=tmp_mb, gpu=gpu, binds=binds)
+        seccomp_fd = seccomp.program_fd() if seccomp_state()[0] else None
+        argv = bwrap_prefix(slot, tmp_mb=tmp_mb, gpu=gpu, binds=binds, seccomp_fd=seccomp_fd)
     except BaseException:
         if slot is not None:
             slot.release()
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
         raise
     argv += [sys.executable, "-s", "-B", "-m", WORKER_MODULE, "--impl", inside, "--fd", str(fd)]
     if ops_inside:
@@ -572,11 +631,12 @@ def worker_command(
         argv,
         sandbox_env(),
         "/",
-        (fd,),
+        (fd,) if seccomp_fd is None else (fd, seccomp_fd),
         True,
         reason,
         inside,
         slot=slot,
         uid=slot.uid if slot else os.getuid(),
         binds=binds,
+        spawn_fds=[seccomp_fd] if seccomp_fd is not None else [],
     )

@@ -58,8 +58,20 @@ class WireTimeout(WireError, TimeoutError):
 
 @dataclass(frozen=True)
 class Limits:
-    max_message: int = 2 << 30  # header + blobs, bytes
-    max_header: int = 64 << 20  # bytes of JSON
+    """Caps on one message. The receiver checks them from the frame's prefix, before reading or
+    allocating anything the sender declared, and a message above one is a ``WireError`` (the judge
+    treats it as the worker breaking the protocol: that call fails, the worker is restarted).
+
+    ``max_header``: 8 MiB of JSON. Headers carry only the encoded tree (tensors and bytes travel as
+    blobs), and the suite's largest is a few kB; parsing JSON builds Python objects of 10-20 times
+    the text's size, so this bounds a header to ~160 MiB of the judge's memory (a 48 MiB header made
+    the judge run out of memory while parsing). ``max_message``: 1 GiB of header and blobs together;
+    the suite's largest tensor is a few MB, and the judge's address space is the worker's limit plus
+    2 GiB, so one message cannot take more than half of that.
+    """
+
+    max_message: int = 1 << 30  # header + blobs, bytes
+    max_header: int = 8 << 20  # bytes of JSON
     max_blobs: int = 100_000
     max_str: int = 100_000  # characters; longer strings are cut with a marker
     max_bytes: int = 256 << 20  # one bytes value
@@ -376,7 +388,12 @@ class Decoder:
         self._nodes = 0
 
     def __call__(self, obj):
-        return self._decode(obj, 0)
+        try:
+            return self._decode(obj, 0)
+        except MemoryError:
+            raise WireError("a value could not be decoded within the memory available") from None
+        except RecursionError:
+            raise WireError("values nested too deeply to decode") from None
 
     def finish(self) -> None:
         unused = [i for i, used in enumerate(self._used) if not used]
@@ -688,6 +705,8 @@ def parse_header(data: bytes) -> dict:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WireError(f"malformed header: {sanitize_str(str(exc), 200)}") from None
+    except MemoryError:
+        raise WireError(f"a header of {len(data)} bytes could not be parsed within the memory available") from None
     if type(header) is not dict:
         raise WireError("a message header must be a JSON object")
     return header
@@ -722,14 +741,20 @@ def recv(sock: socket.socket, timeout: float | None = None, *, limits: Limits | 
         total = header_len + sum(sizes)
         if total > limits.max_message:
             raise WireError(f"a message of {total} bytes exceeds the cap of {limits.max_message}")
-        data = bytearray(header_len)
-        _read_into(sock, memoryview(data), deadline, "the header")
-        header = parse_header(bytes(data))
-        blobs = []
-        for i, size in enumerate(sizes):
-            blob = bytearray(size)
-            _read_into(sock, memoryview(blob), deadline, f"blob {i}")
-            blobs.append(blob)
+        try:
+            data = bytearray(header_len)
+            _read_into(sock, memoryview(data), deadline, "the header")
+            header = parse_header(bytes(data))
+            del data
+            blobs = []
+            for i, size in enumerate(sizes):
+                blob = bytearray(size)
+                _read_into(sock, memoryview(blob), deadline, f"blob {i}")
+                blobs.append(blob)
+        except MemoryError:
+            raise WireError(
+                f"a message of {total} bytes (header {header_len}) could not be held in memory while decoding"
+            ) from None
         return header, blobs
     finally:
         _reset_timeout(sock)

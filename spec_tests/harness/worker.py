@@ -8,7 +8,8 @@ limits (no core dumps, ``RLIMIT_AS`` when ``--memory-mb`` > 0, ``RLIMIT_NPROC`` 
 ``--max-procs`` > 0), the socket inherited as fd ``N``, torch with one thread, the model-operation
 registry (``--ops``: a module exposing ``OPS: dict[str, callable]``, default
 ``spec_tests.harness.model_ops``, or a path to a ``.py`` file), the in-process guard (``--guard``),
-and the implementation. Then a ``hello`` message: the label, the protocol names it defines, the
+a ``started`` message (no fields; the judge counts the time until it as the harness's own), and the
+implementation. Then a ``hello`` message: the label, the protocol names it defines, the
 module attributes ``ROPE_STYLE``, ``FAMILIES``, ``CAPABILITIES`` it declares, whether it declares
 ``SPEC_XFAILS``; or, when the import failed, the error, after which the worker exits.
 
@@ -476,6 +477,7 @@ def main(argv=None) -> int:
         from spec_tests.harness.guard import Guard
 
         Guard(args.protect, args.impl if os.path.exists(args.impl) else None, on_block=_report_block).install()
+    wire.send(sock, {"type": "started"})  # the harness is up; from here on the time is the submission's
     try:
         impl, label = load_implementation(args.impl)
     except BaseException as exc:  # noqa: BLE001 - whatever importing the submission does

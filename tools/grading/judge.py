@@ -35,10 +35,21 @@ JUDGE_MEMORY_EXTRA_MB = 2048  # the judge's address space: the worker's limit pl
 
 
 def judge_memory_bytes(worker_memory_mb: int) -> int:
-    """The judge's own address-space limit (0: none). The worker's oracle requests make the judge run
-    the reference on arguments the submission chose; this bounds what one can make it allocate, so a
-    request that would need more fails as that test's error instead of exhausting the host."""
+    """The judge's own memory limit (0: none). The worker's oracle requests make the judge run the
+    reference on arguments the submission chose; this bounds what one can make it allocate, so a
+    request that would need more fails as that test's error instead of exhausting the host.
+
+    How, on every device (``limit_judge_memory``): a cgroup v2 group of its own (``memory.max``, no
+    swap) where the grader can make one; otherwise ``RLIMIT_AS`` on CPU and, with ``--device cuda``
+    (whose driver reserves far more address space than it uses, so ``RLIMIT_AS`` would stop CUDA
+    from starting), ``RLIMIT_DATA``: the private writable memory the judge allocates, which is what
+    an oracle request's tensors and the decoded replies take on the host."""
     return (worker_memory_mb + JUDGE_MEMORY_EXTRA_MB) * 1024 * 1024 if worker_memory_mb > 0 else 0
+
+
+def judge_rlimit(device: str) -> int:
+    """The resource limit that bounds the judge's memory without a cgroup, for ``device``."""
+    return resource.RLIMIT_AS if str(device).split(":")[0] == "cpu" else resource.RLIMIT_DATA
 
 
 STATUSES = ("passed", "failed", "consequence", "not_implemented", "setup", "error", "skipped", "xfailed")
@@ -236,12 +247,24 @@ class JudgeRun:
         self._partial = b""
         self.progress: dict[str, dict] = {}
         self.exit_grace_s = EXIT_GRACE_S
+        self._cgroup = None  # the judge's own memory group, where one can be made
+        self.memory_limit = "none"
 
     def start(self) -> None:
         self.started = time.monotonic()
+        judge_limit = judge_memory_bytes(self.limits.memory_mb)
+        command = self.command
+        self.memory_limit = "none"
+        if judge_limit:
+            from spec_tests.harness import cgroup
+
+            self._cgroup = cgroup.create(f"spec-judge-{os.getpid()}-{id(self) % 1000003}", judge_limit)
+            if self._cgroup is not None:
+                command = self._cgroup.wrap(command)
+                self.memory_limit = f"{judge_limit >> 20} MiB (cgroup v2 memory.max)"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.command,
+                command,
                 cwd=self.out,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -249,12 +272,19 @@ class JudgeRun:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        judge_limit = judge_memory_bytes(self.limits.memory_mb) if self.device == "cpu" else 0
-        if judge_limit:
+        if judge_limit and self._cgroup is None:
+            which = judge_rlimit(self.device)
             try:  # the judge answers the worker's oracle requests: bound what they can make it allocate
-                resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (judge_limit, judge_limit))
+                resource.prlimit(self.proc.pid, which, (judge_limit, judge_limit))
+                name = "RLIMIT_AS" if which == resource.RLIMIT_AS else "RLIMIT_DATA"
+                self.memory_limit = f"{judge_limit >> 20} MiB ({name})"
             except (OSError, ValueError):
                 pass
+
+    def _release_cgroup(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
     @property
     def pid(self) -> int | None:
@@ -265,6 +295,7 @@ class JudgeRun:
         self._read_progress()
         if self.proc.poll() is not None:
             self._read_progress()
+            self._release_cgroup()
             return True
         now = time.monotonic()
         if self.finished_at is None and (self.out / FINAL_NAME).exists():
@@ -292,6 +323,7 @@ class JudgeRun:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        self._release_cgroup()
         self._read_progress()
 
     def _read_progress(self) -> None:
