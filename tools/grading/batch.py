@@ -180,7 +180,10 @@ class Writer:
                 except Exception:  # noqa: BLE001
                     log(f"spec-grade: ERROR: {g.submission}: its gradebook row could not be written ({_why(exc)})")
             text = report.gradebook_csv(keep)
-        write_atomic(Path(self.args.csv), text)
+        try:
+            write_atomic(Path(self.args.csv), text)
+        except Exception as exc:  # noqa: BLE001 - the per-submission reports still matter
+            log(f"spec-grade: ERROR: the gradebook {self.args.csv} could not be written ({_why(exc)})")
 
     def _print_ready(self, all_done: bool = False) -> None:
         while self.next_print in self.done:

@@ -17,7 +17,8 @@ already judged (and the gradebook of those). One upload never stops a batch (``b
 How it works: each submission is judged by its own trusted ``pytest`` process (``judge.py``) that
 runs the submission only in a sandboxed worker and writes each test's verdict as data; this
 process builds the grade from those verdicts and writes every report atomically once the judge is
-gone, as soon as that submission is judged. The tests graded come from a trusted pass on the reference (``manifest.py``, cached).
+gone, as soon as that submission is judged. The tests graded come from a trusted pass on the
+reference (``manifest.py``, cached).
 """
 
 from __future__ import annotations
