@@ -54,6 +54,8 @@ from pathlib import Path
 import spec_tests
 from spec_tests.harness import seccomp
 
+from .upload_copy import UploadLimits, copy_upload
+
 ENV_SWITCH = "SPEC_SANDBOX"  # off | auto (default) | require
 ENV_UID_BASE = "SPEC_SANDBOX_UID_BASE"
 DEFAULT_UID_BASE = 1_900_000_000
@@ -512,19 +514,22 @@ def _world_readable(source: Path) -> bool:
 
 
 def _readable_copy(source: Path, workdir) -> Path:
-    """A copy of the submission that others may read (a staged copy can keep a zip's 0600 modes)."""
+    """A copy of the submission that others may read (a staged copy can keep a zip's 0600 modes).
+    Copied as data (``upload_copy``): no link followed or copied, only regular files and folders,
+    within ``UploadLimits``; what was dropped is said on stderr, a refused upload is an error."""
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="spec-stage-"))
     target = base / "readable" / source.name
-    if target.exists():
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.parent.chmod(0o755)
-    if source.is_dir():
-        shutil.copytree(source, target, symlinks=False)
-    else:
-        shutil.copyfile(source, target)
-    for entry in [target, *(target.rglob("*") if target.is_dir() else [])]:
-        entry.chmod(0o755 if entry.is_dir() else 0o644)
+    report = copy_upload(source, target, UploadLimits())
+    if report.refused_all:
+        raise SandboxError(f"the submission {source} was not staged: {report.refused_all}")
+    for line in report.lines():
+        print(f"spec sandbox: staging {source.name}: {line}", file=sys.stderr)
     return target
 
 

@@ -10,31 +10,31 @@ Prints a per-component table (tests earned, points). Points, visibility, limits 
 capabilities come from the rubric (``--rubric``, default ./rubric.toml, else built-in defaults).
 Exit status: 0 whenever a grade was produced, whatever the score; 2 on usage errors (bad arguments,
 missing submission, malformed rubric); 1 when no grade could be produced (the manifest could not be
-prepared, ``--sandbox require`` without a sandbox, or the code that judges changed during grading).
+prepared, ``--sandbox require`` without a sandbox, or the code that judges changed during grading);
+128 + the signal's number on SIGTERM, SIGINT or SIGHUP, after writing the reports of every submission
+already judged (and the gradebook of those). One upload never stops a batch (``batch.py``).
 
 How it works: each submission is judged by its own trusted ``pytest`` process (``judge.py``) that
 runs the submission only in a sandboxed worker and writes each test's verdict as data; this
 process builds the grade from those verdicts and writes every report atomically once the judge is
-gone. The tests graded come from a trusted pass on the reference (``manifest.py``, cached).
+gone, as soon as that submission is judged. The tests graded come from a trusted pass on the
+reference (``manifest.py``, cached).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import sys
-import time
 from pathlib import Path
 
 from . import report
-from .grade import build_grade
-from .judge import JudgeResult, JudgeRun, Limits, Verdict
-from .manifest import ManifestError, code_digest, default_cache_dir, prepare
-from .progress import Progress
+from .batch import BatchGrader, Writer, ignore_signals
+from .judge import Limits
+from .manifest import ManifestError, prepare
 from .rubric import Rubric, RubricError, assign, load_rubric, unknown_components
-from .submission import SubmissionError, discover, stage, static_flags
+from .submission import SubmissionError, discover
 from .textsafe import write_atomic
 from .workspace import Interrupted, RunFolder, install_signal_handlers, restore_signal_handlers
 
@@ -57,7 +57,12 @@ def parse_args(argv):
     p.add_argument("--markdown", metavar="FILE", help="write a Markdown report here")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report here")
     p.add_argument("--csv", metavar="FILE", help="write a gradebook (one row per submission) here")
-    p.add_argument("--out-dir", metavar="DIR", help="per-submission reports go to DIR/<submission>/ (batch)")
+    p.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="per-submission reports go to DIR/<submission>/: the forms named, or every form "
+        "(results.json, report.md, report.xml) when none is",
+    )
     p.add_argument("--rubric", metavar="FILE", help="rubric file (default: ./rubric.toml if present, else built-in)")
     p.add_argument("--jobs", type=int, default=0, help="submissions judged at once (default: CPU count)")
     p.add_argument("--test-timeout", type=float, metavar="S", help="per-test limit (default: the rubric's)")
@@ -153,11 +158,14 @@ def main(argv=None) -> int:
     try:
         rubric = choose_rubric(args.rubric)
         leaderboard = load_leaderboard(args.leaderboard) if args.leaderboard else []
-        submissions = discover(args.impl) if args.impl else []
+        notes: list[str] = []
+        submissions = discover(args.impl, notes) if args.impl else []
     except (RubricError, SubmissionError, ValueError) as exc:
         if args.gradescope and len(args.impl) == 1 and not args.out_dir:  # Gradescope still gets a result
             write_atomic(Path(args.gradescope), report.unusable_submission_json(str(exc)))
         return usage_error(str(exc))
+    for note in notes:
+        log(f"note: {note}")
     batch = len(submissions) > 1
     if batch and any((args.gradescope, args.markdown, args.junit)) and not args.out_dir:
         return usage_error("several submissions: give --out-dir DIR for per-submission reports")
@@ -166,18 +174,22 @@ def main(argv=None) -> int:
         run_timeout_s=args.run_timeout or rubric.run_timeout_s,
         memory_mb=rubric.memory_mb if args.memory_mb is None else args.memory_mb,
     )
+    writer = Writer(args, leaderboard, submissions)
     old_handlers = install_signal_handlers()
     try:
         with RunFolder() as run_folder:
-            return _grade(args, rubric, leaderboard, submissions, limits, run_folder.path)
+            return _grade(args, rubric, submissions, limits, run_folder.path, writer)
     except Interrupted as exc:
-        log(f"{PROG}: {exc}; stopped (judges killed, temporary files removed)")
+        ignore_signals()  # what is judged is written before the grader goes
+        writer.finish()
+        kept = f"; the reports of the {len(writer.done)} submissions judged were written" if writer.done else ""
+        log(f"{PROG}: {exc}; stopped (judges killed, temporary files removed){kept}")
         return 128 + exc.signum
     finally:
         restore_signal_handlers(old_handlers)
 
 
-def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
+def _grade(args, rubric, submissions, limits, work: Path, writer: Writer) -> int:
     sandboxed, sandbox_what = sandbox_status(args.sandbox)
     if args.sandbox == "require" and not sandboxed:
         log(f"{PROG}: no grade produced: --sandbox require, but {sandbox_what}")
@@ -221,101 +233,12 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
     graded = assign(tests, rubric)
     args.seed = grading_seed(args.seed)
     log(f"(staff) graded inputs drawn from spec seed {args.seed} (--seed {args.seed} grades them again)")
-    grades, trustworthy = judge_all(
-        args, submissions, graded, rubric, limits, work, sandbox_mode, (sandboxed, sandbox_what)
+    grader = BatchGrader(
+        args, submissions, graded, rubric, limits, work, sandbox_mode, (sandboxed, sandbox_what), writer
     )
-    write_reports(args, grades, leaderboard)
+    trustworthy = grader.run()
+    writer.finish()
     return 0 if trustworthy else 1
-
-
-def judge_all(args, submissions, graded, rubric, limits, work, sandbox_mode, sandbox) -> tuple[list, bool]:
-    """Judge every submission (``--jobs`` at once) and build their grades, in submission order; and
-    whether the code that judges stayed unchanged throughout (else the rest is not graded)."""
-    ids = [t.id for t in graded]
-    jobs = max(1, args.jobs or os.cpu_count() or 1)
-    batch = len(submissions) > 1
-    bar = (
-        Progress(len(submissions), "grading")
-        if batch
-        else Progress(len(graded), f"grading {submissions[0].label}", tty_only=True)
-    )
-    pending = list(enumerate(submissions))
-    running: dict[int, tuple] = {}
-    grades: dict[int, object] = {}
-    started = time.monotonic()
-    trusted = code_digest()
-    tainted: str | None = None
-    try:
-        while (pending or running) and tainted is None:
-            while pending and len(running) < jobs:
-                i, sub = pending.pop(0)
-                folder = work / f"sub-{i}"
-                staged = stage(sub, folder / "code")
-                flags = static_flags(staged)
-                if sub.label == "reference":
-                    flags = [f for f in flags if "functions of the reference" not in f]
-                run = JudgeRun(
-                    staged,
-                    folder,
-                    ids,
-                    capabilities=list(rubric.capabilities),
-                    limits=limits,
-                    device=args.device,
-                    sandbox=sandbox_mode,
-                    on_result=None if batch else (lambda *_: bar.advance()),
-                    protect=[Path(args.cache_dir) if args.cache_dir else default_cache_dir()],  # for the fallback
-                    seed=args.seed,
-                )
-                run.start()
-                running[i] = (sub, run, flags)
-            for i in list(running):
-                sub, run, flags = running[i]
-                if run.poll():
-                    if code_digest() != trusted:  # e.g. a submission wrote into the suite (no sandbox)
-                        tainted = sub.label
-                        break
-                    del running[i]
-                    result = run.result()
-                    grades[i] = build_grade(sub.label, graded, result, rubric, sandbox=sandbox, staff_flags=flags)
-                    grades[i].staff_notes.insert(0, f"graded inputs drawn from spec seed {args.seed}")
-                    if batch:
-                        bar.advance(sub.label)
-            time.sleep(0.05)
-    finally:
-        for _sub, run, _flags in running.values():
-            run.kill("the grader was stopped")
-    if tainted is not None:
-        reason = (
-            "not graded: the grader's own code (the suite, the reference or the grader) changed while submissions "
-            f"were judged (noticed when {tainted!r} finished); grades judged with it cannot be trusted"
-        )
-        log(f"{PROG}: ERROR: {reason}")
-        for i, sub in enumerate(submissions):
-            if i not in grades:
-                nothing = JudgeResult({t.id: Verdict("not_run", reason) for t in graded}, stopped=reason)
-                grades[i] = build_grade(sub.label, graded, nothing, rubric, sandbox=sandbox, staff_flags=[])
-    if batch:
-        log(f"graded {len(grades)} submissions in {time.monotonic() - started:.0f} s")
-    return [grades[i] for i in range(len(submissions))], tainted is None
-
-
-def write_reports(args, grades, leaderboard) -> None:
-    for g in grades:
-        out_dir = Path(args.out_dir) / g.submission if args.out_dir else None
-
-        def target(name, out_dir=out_dir):
-            return out_dir / Path(name).name if out_dir else Path(name)
-
-        if args.gradescope:
-            write_atomic(target(args.gradescope), report.gradescope_json(g, leaderboard=leaderboard))
-        if args.markdown:
-            write_atomic(target(args.markdown), report.markdown(g, staff=args.staff))
-        if args.junit:
-            write_atomic(target(args.junit), report.junit(g, staff=args.staff))
-        print(report.terminal_report(g, failures=args.failures))
-        print()
-    if args.csv:
-        write_atomic(Path(args.csv), report.gradebook_csv(grades))
 
 
 if __name__ == "__main__":

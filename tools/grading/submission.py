@@ -13,15 +13,16 @@ into the original.
 from __future__ import annotations
 
 import ast
+import os
 import re
-import shutil
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from spec_tests.harness.upload_copy import UploadLimits, copy_upload, quote
 
 from .packages import package_dir
 from .solution_scan import find_reference_code
-
-MAX_FILE_BYTES = 5_000_000
 
 
 class SubmissionError(ValueError):
@@ -32,18 +33,54 @@ class SubmissionError(ValueError):
 class Submission:
     label: str
     source: Path  # the package folder or the .py file
+    problem: str | None = None  # why this batch entry cannot be graded (it gets a report saying so)
+
+
+def _lmode(path: Path) -> int:
+    """``path``'s own mode (a link is a link), 0 when there is nothing."""
+    try:
+        return path.lstat().st_mode
+    except OSError:
+        return 0
 
 
 def _package_in(folder: Path) -> Path | None:
-    if (folder / "__init__.py").is_file():
+    """The package of a submission folder, found without following any link inside it."""
+    if stat.S_ISREG(_lmode(folder / "__init__.py")):
         return folder
-    if (folder / "student" / "__init__.py").is_file():
+    if stat.S_ISDIR(_lmode(folder / "student")) and stat.S_ISREG(_lmode(folder / "student" / "__init__.py")):
         return folder / "student"
     return None
 
 
-def discover(values: list[str]) -> list[Submission]:
-    """The submissions named by ``--impl`` values (paths, ``student``, ``reference``, batch folders)."""
+def _link_text(path: Path) -> str:
+    try:
+        return quote(os.readlink(path))
+    except OSError:
+        return "?"
+
+
+def _not_a_package(folder: Path) -> str:
+    why = "neither a package (no __init__.py) nor a folder holding student/__init__.py"
+    links = [
+        p for p in (folder / "__init__.py", folder / "student", folder / "student" / "__init__.py") if p.is_symlink()
+    ]
+    for link in links:
+        why += f"; {quote(str(link.relative_to(folder)))} is a link -> {_link_text(link)} (links are not followed)"
+    return why
+
+
+ARCHIVES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz", ".7z", ".rar")
+
+
+def discover(values: list[str], notes: list[str] | None = None) -> list[Submission]:
+    """The submissions named by ``--impl`` values (paths, ``student``, ``reference``, batch folders).
+
+    A path given is followed (it is the grader's choice); nothing inside an upload is: a batch
+    entry that is a link, or a folder that is not a package, becomes a submission with a
+    ``problem`` (graded as "could not run", saying why); other entries that are not submissions
+    (archives, other files) are left out with a line in ``notes``."""
+    notes = [] if notes is None else notes
     found: list[Submission] = []
     for value in values:
         if value in ("student", "reference"):
@@ -64,19 +101,30 @@ def discover(values: list[str]) -> list[Submission]:
         if package is not None:
             found.append(Submission(path.resolve().name, package))
             continue
+        if not path.is_dir():
+            raise SubmissionError(f"--impl {value}: neither a .py file nor a folder")
         entries = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
-        batch = []
+        batch, problems = [], []
         for entry in entries:
-            if entry.is_file() and entry.suffix == ".py":
-                batch.append(Submission(entry.stem, entry))
-            elif entry.is_dir() and _package_in(entry) is not None:
+            mode = _lmode(entry)
+            label = entry.stem if entry.suffix == ".py" else entry.name
+            if stat.S_ISLNK(mode):
+                why = f"{quote(entry.name)} is a link -> {_link_text(entry)} (links in an upload are not followed)"
+                problems.append(Submission(label, entry, why))
+            elif stat.S_ISREG(mode) and entry.suffix == ".py":
+                batch.append(Submission(label, entry))
+            elif stat.S_ISDIR(mode) and _package_in(entry) is not None:
                 batch.append(Submission(entry.name, _package_in(entry)))
+            elif stat.S_ISDIR(mode):
+                problems.append(Submission(label, entry, _not_a_package(entry)))
+            elif stat.S_ISREG(mode) and entry.name.lower().endswith(ARCHIVES):
+                notes.append(f"not graded: {quote(entry.name)} is an archive (unpack it into a folder of its own)")
+            else:
+                notes.append(f"not graded: {quote(entry.name)} is neither a .py file nor a folder")
         if not batch:
-            raise SubmissionError(
-                f"--impl {value}: neither a package (no __init__.py, no student/__init__.py) nor a "
-                "folder of submissions (.py files or package folders)"
-            )
-        found += batch
+            why = _not_a_package(path)
+            raise SubmissionError(f"--impl {value}: {why}, nor a folder of submissions (.py files or package folders)")
+        found += sorted(batch + problems, key=lambda sub: sub.source.name)
     labels = [s.label for s in found]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
@@ -84,31 +132,47 @@ def discover(values: list[str]) -> list[Submission]:
     return found
 
 
-def stage(submission: Submission, into: Path) -> Path:
+SKIPPED_FOLDERS = ("__pycache__", ".git")
+SKIPPED_SUFFIXES = {".pt": "tensor data", ".pth": "tensor data", ".bin": "binary data"}
+
+
+def _skip(name: str, is_folder: bool) -> str | None:
+    """Entries staging leaves out: caches silently, recorded data with a line (never graded code)."""
+    if is_folder:
+        return "" if name in SKIPPED_FOLDERS else None
+    if name.endswith(".pyc"):
+        return ""
+    suffix = Path(name).suffix
+    if suffix in SKIPPED_SUFFIXES:
+        return f"{SKIPPED_SUFFIXES[suffix]} files ({', '.join(SKIPPED_SUFFIXES)}) are not staged"
+    return None
+
+
+@dataclass
+class Staged:
+    """A staged copy: ``path`` (None when the whole upload was refused), and the report lines saying
+    what was not staged (``refused_all``: the limit that refused it all)."""
+
+    path: Path | None
+    lines: list[str] = field(default_factory=list)
+    refused_all: str | None = None
+
+
+def stage(submission: Submission, into: Path, limits: UploadLimits | None = None) -> Staged:
     """A private copy of the submission under ``into``, readable by the sandbox's unprivileged user
-    (files 0644, folders 0755: an upload may come with 0600 modes); returns its path."""
+    (files 0644, folders 0755: an upload may come with 0600 modes). The upload is data: no link in it
+    is followed (links, devices, FIFOs and sockets are dropped and named), and ``UploadLimits`` bound
+    its entries, depth, bytes and time (``spec_tests/harness/upload_copy.py``)."""
     into.mkdir(parents=True, exist_ok=True)
     into.chmod(0o755)
-    if submission.source.is_file():
-        target = into / "submission.py"
-        shutil.copyfile(submission.source, target)
-        target.chmod(0o644)
-        return target
-    target = into / "submission"
-
-    def ignore(folder, names):
-        return [
-            n
-            for n in names
-            if n in ("__pycache__", ".git")
-            or n.endswith((".pyc", ".pt", ".pth", ".bin"))
-            or ((Path(folder) / n).is_file() and (Path(folder) / n).stat().st_size > MAX_FILE_BYTES)
-        ]
-
-    shutil.copytree(submission.source, target, ignore=ignore, symlinks=False)
-    for entry in [target, *target.rglob("*")]:
-        entry.chmod(0o755 if entry.is_dir() else 0o644)
-    return target
+    if submission.problem:
+        return Staged(None, [f"refused: {submission.problem}"], submission.problem)
+    target = into / ("submission.py" if submission.source.is_file() else "submission")
+    report = copy_upload(submission.source, target, limits or UploadLimits(), skip=_skip)
+    lines = report.lines()
+    if report.refused_all:
+        return Staged(None, lines, report.refused_all)
+    return Staged(target, lines)
 
 
 def rope_style(source: Path) -> str | None:
@@ -116,7 +180,7 @@ def rope_style(source: Path) -> str | None:
     init = source if source.is_file() else source / "__init__.py"
     try:
         tree = ast.parse(init.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, *UNSCANNABLE):
         return None
     style = None
     for node in tree.body:
@@ -155,21 +219,48 @@ SUSPICIOUS = [
 LARGE_DATA_BYTES = 100_000
 
 
-def large_data(source: Path) -> list[str]:
+UNSCANNABLE = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+
+
+def _parse(path: Path, text: str, unscanned: dict[str, str]) -> ast.AST | None:
+    """``text`` parsed, or None: a file the parser cannot take (nested too deeply: RecursionError,
+    MemoryError) is named once in ``unscanned``; a plain syntax error is the worker's to report."""
+    try:
+        return ast.parse(text, str(path))
+    except (RecursionError, MemoryError) as exc:
+        unscanned.setdefault(str(path), f"{type(exc).__name__} while parsing: nested too deeply to scan")
+    except UNSCANNABLE:
+        pass
+    return None
+
+
+def _files(source: Path) -> list[Path]:
+    """The regular files of a staged copy (which holds no links), in a fixed order."""
+    if source.is_file():
+        return [source]
+    return sorted(p for p in source.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _rel(source: Path, path: Path) -> str:
+    return quote(path.name if source.is_file() else str(path.relative_to(source)))
+
+
+def large_data(source: Path, unscanned: dict[str, str] | None = None) -> list[str]:
     """Files or string literals large enough to hold copied expected values (the handout ships a
     recording of the suite's inputs and answers; grading uses the same inputs)."""
+    unscanned = {} if unscanned is None else unscanned
     found = []
-    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
-    for path in files:
-        rel = path.name if source.is_file() else str(path.relative_to(source))
-        size = path.stat().st_size
-        if size > LARGE_DATA_BYTES:
-            found.append(f"{rel} is {size // 1000} kB")
-            continue
-        if path.suffix == ".py":
-            try:
-                tree = ast.parse(path.read_text(encoding="utf-8"))
-            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+    for path in _files(source):
+        rel = _rel(source, path)
+        try:
+            size = path.lstat().st_size
+            if size > LARGE_DATA_BYTES:
+                found.append(f"{rel} is {size // 1000} kB")
+                continue
+            if path.suffix != ".py":
+                continue
+            tree = _parse(path, path.read_text(encoding="utf-8"), unscanned)
+            if tree is None:
                 continue
             big = [
                 n
@@ -178,28 +269,39 @@ def large_data(source: Path) -> list[str]:
             ]
             if big:
                 found.append(f"{rel}:{big[0].lineno} holds a {len(big[0].value) // 1000} kB literal")
+        except (OSError, UnicodeDecodeError, *UNSCANNABLE) as exc:
+            unscanned.setdefault(str(path), f"{type(exc).__name__}")
     return found
 
 
 def static_flags(source: Path) -> list[str]:
-    """Things in a submission's source that staff may want to look at (never affects the score)."""
-    files = [source] if source.is_file() else sorted(source.rglob("*.py"))
-    flags = [f"large data ({what}): copied expected values?" for what in large_data(source)]
+    """Things in a submission's source that staff may want to look at (never affects the score).
+    Each file is scanned on its own: one the scanners cannot take (a deeply nested expression makes
+    ``ast.parse`` raise RecursionError or MemoryError) is named, and the others are still scanned."""
+    unscanned: dict[str, str] = {}
+    flags = [f"large data ({what}): copied expected values?" for what in large_data(source, unscanned)]
+    files = [p for p in _files(source) if p.suffix == ".py" and "__pycache__" not in p.parts]
+    copies: list[str] = []
     for path in files:
-        if "__pycache__" in path.parts:
-            continue
+        rel = _rel(source, path)
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        rel = path.name if source.is_file() else str(path.relative_to(source))
-        for pattern, what in SUSPICIOUS:
-            match = pattern.search(text)
-            if match:
-                line = text.count("\n", 0, match.start()) + 1
-                flags.append(f"{rel}:{line} {what}")
-    copies = [c.replace(str(source.parent) + "/", "") for c in find_reference_code(files)]
+        try:
+            for pattern, what in SUSPICIOUS:
+                match = pattern.search(text)
+                if match:
+                    line = text.count("\n", 0, match.start()) + 1
+                    flags.append(f"{rel}:{line} {what}")
+            if str(path) not in unscanned:
+                shown = quote(str(path.relative_to(source.parent)))
+                copies += [shown + c[len(str(path)) :] for c in find_reference_code([path])]
+        except (*UNSCANNABLE, UnicodeError) as exc:
+            unscanned.setdefault(str(path), type(exc).__name__)
     if copies:
         more = f" and {len(copies) - 3} more" if len(copies) > 3 else ""
         flags.append(f"contains {len(copies)} functions of the reference: {'; '.join(copies[:3])}{more}")
+    for path, why in unscanned.items():
+        flags.append(f"{_rel(source, Path(path))} not scanned ({why})")
     return flags
