@@ -1,4 +1,5 @@
-"""The reference implementation of protocol v1 and the v2 capabilities it declares: the ground truth the spec suite compares against.
+"""The reference implementation of protocol v1 and of the v2 capabilities it declares: the ground truth
+the spec suite compares against.
 
 Written with einops, in float64-exact form, CPU and CUDA. Every protocol name is re-exported here.
 """

@@ -83,11 +83,8 @@ def check_rope_scaling(scaling: dict | None, context_length: int | None = None) 
     original = scaling.get("original_max_position_embeddings")
     if original is not None and (not isinstance(original, int) or original < 1):
         raise ValueError(f"rope_scaling original_max_position_embeddings must be an int >= 1, got {original!r}")
-    if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
-        raise ValueError(
-            f"rope_scaling llama3 needs low_freq_factor < high_freq_factor, got {scaling['low_freq_factor']} "
-            f"and {scaling['high_freq_factor']}"
-        )
+    if kind == "llama3" and scaling["low_freq_factor"] == scaling["high_freq_factor"]:
+        raise ValueError(f"rope_scaling llama3 needs low_freq_factor != high_freq_factor, got {scaling}")
     return {"rope_type": kind, **scaling}
 
 

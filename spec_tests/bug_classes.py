@@ -27,6 +27,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rope_frequency": ("wrong RoPE frequency exponent", (POSITIONS, ATTENTION, MODEL)),
     "rope_on_values": ("RoPE applied to values", (ATTENTION, MODEL, CACHE)),
     "rope_q_only": ("RoPE applied to queries only", (ATTENTION, MODEL, CACHE)),
+    "rope_scaling": ("RoPE scaling for long context (linear, dynamic, llama3, yarn)", ("test_rope_scaling",)),
     "sinusoidal": ("sinusoidal position table", (POSITIONS,)),
     "rmsnorm": ("RMSNorm formula (eps placement)", (NORMS, MODEL)),
     "layernorm": ("LayerNorm formula (variance)", (NORMS, MODEL)),

@@ -95,6 +95,7 @@ def effective_capabilities(declared, version=1) -> frozenset[str]:
         names |= {"rope_scaling"}  # some types: the tests of rope_scaling in general run in one of them
     return names
 
+
 # Which component (test module, rubric entry) each protocol name belongs to.
 COMPONENT_OF = {
     **dict.fromkeys(("linear", "embedding", "softmax", "silu"), "primitives"),

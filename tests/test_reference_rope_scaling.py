@@ -119,10 +119,10 @@ def test_model_with_rope_scaling_equals_its_components():
                 "rope_type": "llama3",
                 "factor": 8.0,
                 "low_freq_factor": 4.0,
-                "high_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8,
             },
-            "low_freq_factor < high_freq_factor",
+            "low_freq_factor != high_freq_factor",
         ),
     ],
 )

@@ -135,9 +135,12 @@ BUGS = (
         "rope_on_values",
         (MHA, *MODEL),
         "attention.py",
-        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n",
-        new="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n"
-        "        v = rope(v, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
+        new="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n"
+        "        v = rope(v, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
         explanation="RoPE is applied to the values as well as the queries and keys",
         fix="rotate q and k only; values carry content, not position",
     ),
@@ -146,7 +149,8 @@ BUGS = (
         "rope_q_only",
         (MHA, *MODEL),
         "attention.py",
-        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
         new="",
         explanation="RoPE rotates the queries but not the keys, so scores depend on absolute, not relative, position",
         fix="rotate both q and k with the same positions",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import time
 
+from ..protocol import effective_capabilities
 from .model_ops import OP_USES
 from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerTimeout
-from ..protocol import effective_capabilities
 from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes, protocol_version
 from .treemap import tree_leaves
 
