@@ -73,4 +73,4 @@ PROTOCOL_NAMES = (
     "evaluate",
 )
 
-__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "PROTOCOL_VERSION", "CAPABILITIES", "KVCache"]
+__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "KVCache"]  # not its CAPABILITIES: a star import stays v1

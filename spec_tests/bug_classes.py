@@ -32,6 +32,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rmsnorm": ("RMSNorm formula (eps placement)", (NORMS, MODEL)),
     "layernorm": ("LayerNorm formula (variance)", (NORMS, MODEL)),
     "precision": ("statistics in too low a precision", (NORMS,)),
+    "float64_precision": ("float64 inputs computed in float32", ("test_precision",)),
     "swiglu": ("SwiGLU gate and up projections", (MLP, MODEL)),
     "gelu": ("GELU variant", (MLP, MODEL)),
     "norm_placement": ("post-LN or a missing norm", (MODEL,)),

@@ -345,7 +345,7 @@ def test_multihead_attention_is_causal(spec, seed, cut):
 def test_multihead_attention_without_rope_is_causal(spec):
     """Without theta (the gpt2 configuration: no RoPE, positions are added to the embeddings), changing tokens after
     position t leaves attention outputs up to t bit-identical (course notes: causal masking; why -inf in the mask:
-    future positions get zero weight; protocol: multihead_self_attention)."""
+    future positions get zero weight; protocol: multihead_self_attention; amendment 21)."""
     x = spec.inputs.randn(2, S.T, S.d_model, seed=66)
     weights = mha_weights(spec, S.H, S.H, seed=67)
     out = spec.impl.multihead_self_attention(x, *weights, S.H, S.H)

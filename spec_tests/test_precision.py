@@ -171,7 +171,7 @@ def test_float64_evaluation_computed_in_float64(spec, name):
 @pytest.mark.parametrize("name", [_param("multihead_self_attention")])
 def test_float64_attention_without_rope_computed_in_float64(spec, name):
     """multihead_self_attention without theta (the gpt2 configuration) computes float64 inputs in float64 (protocol:
-    Conventions, ground truth in float64; amendment 11)."""
+    Conventions, ground truth in float64; amendment 11; amendment 21)."""
     args, _ = inputs_for(spec, name)
     math_first(spec, name, lambda m, *a: m.multihead_self_attention(*a), args)
     spec.call(name, *args, tol=EXACT, behaviour="multihead_self_attention without RoPE of float64 inputs")

@@ -52,8 +52,8 @@ def test_sampling_probs_match_reference(spec, kw):
 @judges("sampling_probs", "sample")
 @pytest.mark.parametrize("shape", [(S.V,), (2, 3, S.V)], ids=["[V]", "[B,T,V]"])
 def test_sampling_probs_any_leading_shape(spec, shape):
-    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own (protocol:
-    sampling_probs)."""
+    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own, with the
+    filters the implementation has (protocol: sampling_probs; amendment 19)."""
     logits = spec.inputs.randn(*shape, seed=37, scale=2.0)
     spec.call(
         "sampling_probs",
@@ -345,8 +345,8 @@ def test_sample_is_reproducible_per_generator(spec, kw):
 
 @judges("sample")
 def test_sample_leaves_its_logits_unchanged(spec):
-    """sample never modifies the logits it is given, whatever the temperature and filters (protocol: Conventions,
-    inputs are never modified in place)."""
+    """sample never modifies the logits it is given, whatever the temperature and filters it has (protocol:
+    Conventions, inputs are never modified in place; amendment 19)."""
     logits = batch_logits(spec, 39)
     before = logits.clone()
     for kw in (filters.supported(spec.impl, dict(temperature=0.6, top_k=9, top_p=0.8)), dict(temperature=0.0), {}):
