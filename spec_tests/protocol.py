@@ -69,15 +69,18 @@ IMPLIED_BY_V1 = ("top_k", "top_p")
 PROTOCOL_VERSIONS = (1, 2)
 
 
-def effective_capabilities(declared, version=1) -> frozenset[str]:
-    """What a declared ``CAPABILITIES`` list means under ``PROTOCOL_VERSION`` ``version``.
+def effective_capabilities(declared, version=None) -> frozenset[str]:
+    """What a ``CAPABILITIES`` list means under ``PROTOCOL_VERSION`` ``version``.
 
-    Version 1 (the default): the list (v1 names only) plus ``IMPLIED_BY_V1``, so every v1 implementation
-    keeps its verdicts. Version 2: exactly what the list names; ``rope_scaling`` stands for every type.
+    Version 1: the list (v1 names only) plus ``IMPLIED_BY_V1``, so every v1 implementation keeps its verdicts.
+    Version 2: exactly what the list names; ``rope_scaling`` stands for every type. ``None`` (a list given to
+    the suite, as grading's rubric, whatever the implementation declares): 2 if it names a v2 capability, else 1.
     """
+    names = frozenset(declared)
+    if version is None:
+        version = 2 if names & set(V2_CAPABILITIES) else 1
     if version not in PROTOCOL_VERSIONS:
         raise ValueError(f"PROTOCOL_VERSION must be one of {PROTOCOL_VERSIONS}, got {version!r}")
-    names = frozenset(declared)
     unknown = sorted(names - set(KNOWN_CAPABILITIES))
     if unknown:
         raise ValueError(f"CAPABILITIES lists unknown capabilities {unknown}; known: {list(KNOWN_CAPABILITIES)}")

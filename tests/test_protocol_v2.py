@@ -11,7 +11,10 @@ from spec_tests.protocol import ALL_CAPABILITIES, ROPE_SCALING_TYPES, effective_
 
 def test_a_v1_list_implies_both_filters():
     assert effective_capabilities(ALL_CAPABILITIES) == frozenset(ALL_CAPABILITIES) | {"top_k", "top_p"}
-    assert effective_capabilities(()) == {"top_k", "top_p"}  # a rubric requiring nothing still samples with both
+    assert effective_capabilities((), 1) == {"top_k", "top_p"}
+    # a list given to the suite (a rubric) is read by its names, whatever the submission declares
+    assert effective_capabilities(("gqa",)) == {"gqa", "top_k", "top_p"}
+    assert effective_capabilities(("gqa", "top_k")) == {"gqa", "top_k"}
 
 
 def test_a_v2_list_holds_exactly_what_it_names():

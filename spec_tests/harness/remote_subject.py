@@ -15,7 +15,7 @@ import time
 from ..protocol import effective_capabilities
 from .model_ops import OP_USES
 from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerTimeout
-from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes, protocol_version
+from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
 from .treemap import tree_leaves
 
 # The most tensor elements one call to a replaced function may pass: the suite's own calls pass far
@@ -49,11 +49,7 @@ class RemoteSubject(Subject):
         worker.start()
         self.label = worker.label
         self.rope_style, self.families, declared = declared_attributes(_Declared(worker.attributes), self.label)
-        self.capabilities = (
-            effective_capabilities(capabilities, protocol_version(_Declared(worker.attributes)))
-            if capabilities is not None
-            else declared
-        )
+        self.capabilities = effective_capabilities(capabilities) if capabilities is not None else declared
         self.deadline = time.monotonic() + test_timeout
         self._replacements: dict = {}
         self.calls = set()

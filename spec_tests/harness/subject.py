@@ -211,9 +211,7 @@ class LocalSubject(Subject):
         self.obj, self.label, self.bind_style, self.under_test = obj, label, bind_style, under_test
         declared_style, self.families, declared = declared_attributes(obj, label)
         self.rope_style = rope_style or declared_style
-        self.capabilities = (
-            effective_capabilities(capabilities, protocol_version(obj)) if capabilities is not None else declared
-        )
+        self.capabilities = effective_capabilities(capabilities) if capabilities is not None else declared
         self.roots = roots if roots is not None else source_roots(obj)
         self._replaced: dict[str, object] = {}
         self.calls = set()
