@@ -1,4 +1,5 @@
-"""The reference implementation of protocol v1: the ground truth the spec suite compares against.
+"""The reference implementation of protocol v1 and of the v2 capabilities it declares: the ground truth
+the spec suite compares against.
 
 Written with einops, in float64-exact form, CPU and CUDA. Every protocol name is re-exported here.
 """
@@ -23,6 +24,20 @@ from .training import evaluate, get_batch, train, train_step
 
 ROPE_STYLE = "interleaved"
 FAMILIES = ("llama", "gpt2")
+# Protocol v2: CAPABILITIES holds exactly what it names (every v1 capability, and the v2 ones).
+PROTOCOL_VERSION = 2
+CAPABILITIES = (
+    "gqa",
+    "tied_head",
+    "untied_head",
+    "linear_bias",
+    "dropout",
+    "free_d_ff",
+    "rope_theta",
+    "top_k",
+    "top_p",
+    "rope_scaling",
+)
 
 PROTOCOL_NAMES = (
     "linear",
@@ -58,4 +73,4 @@ PROTOCOL_NAMES = (
     "evaluate",
 )
 
-__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "KVCache"]
+__all__ = [*PROTOCOL_NAMES, "ROPE_STYLE", "FAMILIES", "KVCache"]  # not its CAPABILITIES: a star import stays v1

@@ -173,6 +173,7 @@ def multihead_self_attention(
     layer: int = 0,
     rope_style: str = "interleaved",
     rope_table_size: int | None = None,
+    rope_scaling: dict | None = None,
     attention: str = "naive",
 ) -> torch.Tensor:
     """Causal self-attention of ``x [B, T, d_model]`` -> ``[B, T, d_model]``.
@@ -186,6 +187,7 @@ def multihead_self_attention(
     ``cache``, ``layer``: ``cache.update(layer, k, v)`` appends the new keys (after RoPE) and values
     ``[B, Hkv, T, d_head]`` to that layer and returns all of them (``kv_cache.KVCache``); the new
     queries attend to every cached key. ``rope_table_size``: passed to ``rope`` as ``table_size``.
+    ``rope_scaling`` (protocol v2): passed to ``rope`` as ``scaling``, a Hugging Face ``rope_scaling`` dict.
     ``attention``: ``"naive"`` (the math written out), ``"sdpa"`` (``scaled_dot_product_attention``
     with ``fused=True``) or ``"flash"`` (``flash_attention``); the same result to rounding.
     """
@@ -205,8 +207,8 @@ def multihead_self_attention(
             positions = torch.arange(start, start + x.shape[1], device=x.device)
         if positions.dim() == 2:
             positions = rearrange(positions, "b t -> b 1 t")  # broadcast over heads
-        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size)
-        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)
+        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
+        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
     if cache is not None:
         k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
     if attention == "flash":

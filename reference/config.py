@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .attention import ATTENTION_KERNELS
+from .rope_scaling import check_rope_scaling
 
 FAMILIES = ("llama", "gpt2")
 
@@ -25,6 +26,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     family: str = "llama"
+    rope_scaling: dict | None = None  # protocol v2: a Hugging Face rope_scaling dict (checked: rope_type set)
     attention: str = "sdpa"  # reference only: multihead_self_attention's attention, "sdpa" (fastest), "flash", "naive"
 
     @property
@@ -65,4 +67,8 @@ def parse_config(config: dict) -> ModelConfig:
         )
     if not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"config dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.rope_scaling is not None:
+        if cfg.family != "llama":
+            raise ValueError(f"config rope_scaling needs RoPE (family 'llama'), got family {cfg.family!r}")
+        cfg = replace(cfg, rope_scaling=check_rope_scaling(cfg.rope_scaling, cfg.context_length))
     return cfg

@@ -86,6 +86,7 @@ class Attention(nn.Module):
             layer=layer,
             rope_style=self.rope_style,
             rope_table_size=cfg.context_length,  # cos/sin looked up, not recomputed
+            rope_scaling=cfg.rope_scaling,
             attention=cfg.attention,  # "sdpa" by default: PyTorch's fused kernel
         )
 

@@ -14,6 +14,8 @@ import functools
 import torch
 from einops import rearrange
 
+from .rope_scaling import check_rope_scaling, freeze, scaled_frequencies
+
 ROPE_STYLES = ("interleaved", "half")
 
 # einops patterns that view the last axis as [pairs, 2] for each style.
@@ -60,14 +62,28 @@ def apply_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style:
 
 @functools.lru_cache(maxsize=16)
 def rope_table(
-    n_positions: int, d_head: int, theta: float, device: torch.device, dtype: torch.dtype
+    n_positions: int, d_head: int, theta: float, device: torch.device, dtype: torch.dtype, scaling: tuple | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos`` and ``sin`` of the angles of positions ``[0, n_positions)``, each ``[n_positions, d_head/2]``.
 
     Computed in float64 and cast to ``dtype`` once per argument tuple, then kept (a few tables).
+    ``scaling``: a checked position-independent rope scaling, frozen (``rope_scaling.freeze``).
     """
-    angles = rope_angles(torch.arange(n_positions, device=device), d_head, theta)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    if scaling is None:
+        angles = rope_angles(torch.arange(n_positions, device=device), d_head, theta)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+    return scaled_cos_sin(torch.arange(n_positions, device=device), d_head, theta, dict(scaling), dtype)
+
+
+def scaled_cos_sin(
+    positions: torch.Tensor, d_head: int, theta: float, scaling: dict, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` ``[..., d_head/2]`` of a checked rope ``scaling`` at ``positions [...]``, times its
+    attention factor; float64 angles, cast to ``dtype``. ``"dynamic"`` reads its length from the positions."""
+    seq_len = int(positions.max()) + 1 if positions.numel() else 0
+    freqs, attention = scaled_frequencies(d_head, theta, scaling, seq_len)
+    angles = positions.to(torch.float64)[..., None] * freqs.to(positions.device)
+    return (angles.cos() * attention).to(dtype), (angles.sin() * attention).to(dtype)
 
 
 def rope(
@@ -77,6 +93,7 @@ def rope(
     *,
     style: str = "interleaved",
     table_size: int | None = None,
+    scaling: dict | None = None,
 ) -> torch.Tensor:
     """Rotary position embedding of queries or keys (never values).
 
@@ -84,6 +101,8 @@ def rope(
     ``x.shape[:-1]``. Angles are computed in float64 and the rotation in x's dtype (at least float32).
     ``table_size`` (the model's fast path): look the angles up in ``rope_table(table_size, ...)``,
     kept between calls, instead of computing them; the same values, for positions below it.
+    ``scaling`` (protocol v2, ``rope_scaling``): a Hugging Face ``rope_scaling`` dict (``rope_scaling.py``);
+    ``"dynamic"`` scales by ``max(positions) + 1`` and is never looked up in a table.
     """
     d_head = x.shape[-1]
     if d_head % 2:
@@ -92,7 +111,13 @@ def rope(
         raise ValueError(f"rope: positions must be integers, got dtype {positions.dtype}")
     compute = torch.promote_types(x.dtype, torch.float32)
     positions = positions.to(x.device)
-    if table_size is None:
+    scaling = check_rope_scaling(scaling)
+    if scaling is not None and (table_size is None or scaling["rope_type"] == "dynamic"):
+        cos, sin = scaled_cos_sin(positions, d_head, theta, scaling, compute)
+    elif scaling is not None:
+        cos_table, sin_table = rope_table(table_size, d_head, theta, x.device, compute, freeze(scaling))
+        cos, sin = cos_table[positions], sin_table[positions]
+    elif table_size is None:
         angles = rope_angles(positions, d_head, theta)
         cos, sin = angles.cos().to(compute), angles.sin().to(compute)
     else:

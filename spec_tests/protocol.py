@@ -54,6 +54,51 @@ CAPABILITIES = {
 }
 ALL_CAPABILITIES = tuple(CAPABILITIES)
 
+# Protocol v2 (docs/protocol.md, "Protocol v2"): optional capabilities, absent unless declared.
+ROPE_SCALING_TYPES = ("linear", "dynamic", "llama3", "yarn")
+V2_CAPABILITIES = {
+    "top_k": "sampling_probs, sample and generate honour top_k",
+    "top_p": "sampling_probs, sample and generate honour top_p",
+    "rope_scaling": "config rope_scaling and rope(..., scaling=) for every type; "
+    "'rope_scaling:<type>' for one of " + ", ".join(ROPE_SCALING_TYPES),
+    **{f"rope_scaling:{t}": f"rope_scaling of type {t!r} only" for t in ROPE_SCALING_TYPES},
+}
+KNOWN_CAPABILITIES = {**CAPABILITIES, **V2_CAPABILITIES}
+# v1's sampling_probs has both filters: a v1 capability list (and the default) implies them
+IMPLIED_BY_V1 = ("top_k", "top_p")
+PROTOCOL_VERSIONS = (1, 2)
+
+
+def effective_capabilities(declared, version=None) -> frozenset[str]:
+    """What a ``CAPABILITIES`` list means under ``PROTOCOL_VERSION`` ``version``.
+
+    Version 1: the list (v1 names only) plus ``IMPLIED_BY_V1``, so every v1 implementation keeps its verdicts.
+    Version 2: exactly what the list names; ``rope_scaling`` stands for every type. ``None`` (a list given to
+    the suite, as grading's rubric, whatever the implementation declares): 2 if it names a v2 capability, else 1.
+    """
+    names = frozenset(declared)
+    if version is None:
+        version = 2 if names & set(V2_CAPABILITIES) else 1
+    if version not in PROTOCOL_VERSIONS:
+        raise ValueError(f"PROTOCOL_VERSION must be one of {PROTOCOL_VERSIONS}, got {version!r}")
+    unknown = sorted(names - set(KNOWN_CAPABILITIES))
+    if unknown:
+        raise ValueError(f"CAPABILITIES lists unknown capabilities {unknown}; known: {list(KNOWN_CAPABILITIES)}")
+    if version == 1:
+        v2 = sorted(names & set(V2_CAPABILITIES))
+        if v2:
+            raise ValueError(
+                f"CAPABILITIES lists protocol v2 capabilities {v2}: declare PROTOCOL_VERSION = 2 (then list "
+                "top_k and top_p too where supported: a v2 list holds exactly what it names)"
+            )
+        return names | frozenset(IMPLIED_BY_V1)
+    if "rope_scaling" in names:
+        names |= {f"rope_scaling:{t}" for t in ROPE_SCALING_TYPES}
+    elif any(n.startswith("rope_scaling:") for n in names):
+        names |= {"rope_scaling"}  # some types: the tests of rope_scaling in general run in one of them
+    return names
+
+
 # Which component (test module, rubric entry) each protocol name belongs to.
 COMPONENT_OF = {
     **dict.fromkeys(("linear", "embedding", "softmax", "silu"), "primitives"),

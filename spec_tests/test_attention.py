@@ -282,6 +282,7 @@ def test_multihead_attention_layout(spec, dtype, grouped):
 def test_multihead_attention_with_rope(spec, grouped):
     """With theta, RoPE rotates queries and keys (never values) at the given positions (course notes: RoPE applied to
     values)."""
+    spec.impl.require_family("llama")  # RoPE in attention is the llama configuration
     if grouped:
         spec.impl.require_capability("gqa")
     h_kv = S.H_KV if grouped else S.H
@@ -322,6 +323,7 @@ def test_multihead_attention_with_rope(spec, grouped):
 def test_multihead_attention_is_causal(spec, seed, cut):
     """Changing tokens after position t leaves attention outputs up to t bit-identical (course notes: causal masking;
     why -inf in the mask: future positions get zero weight)."""
+    spec.impl.require_family("llama")  # RoPE in attention is the llama configuration (gpt2: the test below)
     h_kv = kv_heads(spec)
     x = spec.inputs.randn(2, S.T, S.d_model, seed=seed)
     weights = mha_weights(spec, S.H, h_kv, seed=seed + 7)
@@ -336,3 +338,35 @@ def test_multihead_attention_is_causal(spec, seed, cut):
         axes="b t d",
         behaviour=f"outputs before position {cut} do not depend on tokens from {cut} on",
     )
+
+
+@judges("multihead_self_attention")
+@pytest.mark.bug_class("causality")
+def test_multihead_attention_without_rope_is_causal(spec):
+    """Without theta (the gpt2 configuration: no RoPE, positions are added to the embeddings), changing tokens after
+    position t leaves attention outputs up to t bit-identical (course notes: causal masking; why -inf in the mask:
+    future positions get zero weight; protocol: multihead_self_attention; amendment 21)."""
+    x = spec.inputs.randn(2, S.T, S.d_model, seed=66)
+    weights = mha_weights(spec, S.H, S.H, seed=67)
+    mha = spec.impl.multihead_self_attention
+    out = mha(x, *weights, S.H, S.H)
+    for cut in (1, S.T // 2, S.T - 1):
+        changed = x.clone()
+        changed[:, cut:] = spec.inputs.randn(2, S.T - cut, S.d_model, seed=68 + cut)
+        out_changed = mha(changed, *weights, S.H, S.H)
+        if torch.equal(out_changed[:, :cut], out[:, :cut]):
+            continue
+        with_rope = mha(x, *weights, S.H, S.H, theta=10000.0), mha(changed, *weights, S.H, S.H, theta=10000.0)
+        only_rope = torch.equal(with_rope[0][:, :cut], with_rope[1][:, :cut])
+        spec.close(
+            out_changed[:, :cut],
+            out[:, :cut],
+            tol=BIT_IDENTICAL,
+            axes="b t d",
+            behaviour=f"without RoPE, outputs before position {cut} do not depend on tokens from {cut} on",
+            hint="likely cause: the causal mask is applied only on the RoPE path (with theta the outputs are "
+            "causal). Fix: mask the future whether or not positions are rotated"
+            if only_rope
+            else None,
+            hint_code="causality" if only_rope else None,
+        )

@@ -8,7 +8,7 @@ Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else f
 
 import pytest
 
-from . import models, oracles
+from . import filters, models, oracles
 from .harness.compare import mismatch
 from .harness.markers import judges
 from .harness.tolerances import EXACT, tolerance
@@ -97,6 +97,9 @@ def test_float64_computed_in_float64(spec, name):
     """A float64 input is computed in float64: equal to the reference to float64 rounding (protocol: Conventions,
     ground truth in float64; amendment 11)."""
     args, kwargs = inputs_for(spec, name)
+    kwargs = filters.supported(spec.impl, kwargs)  # sampling_probs: its top_k only where declared (protocol v2)
+    if "theta" in kwargs:
+        spec.impl.require_family("llama")  # RoPE is the llama configuration; gpt2's attention has its own test
     math_first(spec, name, lambda m, *a: getattr(m, name)(*a, **kwargs), args)
     spec.call(
         name,
@@ -163,3 +166,12 @@ def test_float64_evaluation_computed_in_float64(spec, name):
         behaviour="evaluate of a float64 model (61 tokens, context 11): loss and perplexity to float64 rounding",
         subject="evaluate",
     )
+
+
+@pytest.mark.parametrize("name", [_param("multihead_self_attention")])
+def test_float64_attention_without_rope_computed_in_float64(spec, name):
+    """multihead_self_attention without theta (the gpt2 configuration) computes float64 inputs in float64 (protocol:
+    Conventions, ground truth in float64; amendment 11; amendment 21)."""
+    args, _ = inputs_for(spec, name)
+    math_first(spec, name, lambda m, *a: m.multihead_self_attention(*a), args)
+    spec.call(name, *args, tol=EXACT, behaviour="multihead_self_attention without RoPE of float64 inputs")

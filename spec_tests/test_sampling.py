@@ -5,6 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from . import filters
 from .harness.markers import judges
 from .inputs import S
 from .strategies import seeds
@@ -38,6 +39,7 @@ def batch_logits(spec, seed: int, rows: int = 4) -> torch.Tensor:
 def test_sampling_probs_match_reference(spec, kw):
     """sampling_probs divides by temperature, keeps the top-k logits, keeps the top-p nucleus of that distribution and
     renormalises (protocol: sampling_probs)."""
+    filters.require(spec.impl, kw)
     spec.call(
         "sampling_probs",
         batch_logits(spec, 31),
@@ -50,15 +52,13 @@ def test_sampling_probs_match_reference(spec, kw):
 @judges("sampling_probs", "sample")
 @pytest.mark.parametrize("shape", [(S.V,), (2, 3, S.V)], ids=["[V]", "[B,T,V]"])
 def test_sampling_probs_any_leading_shape(spec, shape):
-    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own (protocol:
-    sampling_probs)."""
+    """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own, with the
+    filters the implementation has (protocol: sampling_probs; amendment 19)."""
     logits = spec.inputs.randn(*shape, seed=37, scale=2.0)
     spec.call(
         "sampling_probs",
         logits,
-        temperature=0.8,
-        top_k=9,
-        top_p=0.7,
+        **filters.supported(spec.impl, dict(temperature=0.8, top_k=9, top_p=0.7)),
         behaviour=f"sampling_probs of logits shaped {list(shape)}",
     )
     spec.call(
@@ -68,7 +68,7 @@ def test_sampling_probs_any_leading_shape(spec, shape):
         label="greedy",
         behaviour=f"sampling_probs(temperature=0) of logits shaped {list(shape)}: one-hot at each row's argmax",
     )
-    for kw in (dict(top_k=1), dict(temperature=0.0)):
+    for kw in (k for k in (dict(top_k=1), dict(temperature=0.0)) if filters.provided(spec.impl, k)):
         ids = spec.impl.sample(logits, **kw)
         spec.require(
             tuple(ids.shape) == shape[:-1] and torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
@@ -92,6 +92,7 @@ def test_sampling_probs_any_leading_shape(spec, shape):
 def test_top_p_uses_temperature_scaled_distribution(spec):
     """The nucleus is taken from the temperature-scaled distribution: at temperature 2 more tokens are needed to reach
     top_p (course notes: sampling before the temperature/top-p transforms)."""
+    spec.impl.require_capability("top_p")
     logits = spec.inputs.probs_to_logits([0.6, 0.25, 0.1, 0.05])
     probs = spec.impl.sampling_probs(logits, temperature=2.0, top_p=0.75)
     # At T=1 the top two tokens hold 0.85 >= 0.75; at T=2 the probabilities become
@@ -115,6 +116,7 @@ def test_top_p_uses_temperature_scaled_distribution(spec):
 @pytest.mark.parametrize("k", [1, 3, S.V, S.V + 5])
 def test_top_k_keeps_exactly_k(spec, k):
     """top_k keeps exactly the k largest logits per row (all of them when k >= V) (protocol: sampling_probs)."""
+    spec.impl.require_capability("top_k")
     logits = batch_logits(spec, 32)
     probs = spec.impl.sampling_probs(logits, top_k=k)
     for row in range(logits.shape[0]):
@@ -136,6 +138,7 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
     On [0.5, 0.3, 0.12, 0.08] the masses 0.5 and 0.8 are boundaries; p is set 1e-4 either side, far
     outside float32 rounding (~1e-7), so the answer does not depend on how sums are rounded (amendment 2).
     """
+    spec.impl.require_capability("top_p")
     probs_in = [0.5, 0.3, 0.12, 0.08]
     logits = spec.inputs.probs_to_logits(probs_in, dtype=dtype)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
@@ -175,6 +178,7 @@ def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
 
     The masses 0.3, 0.6, 0.9 and 1.0 are each at least 0.05 from top_p, far outside rounding.
     """
+    spec.impl.require_capability("top_p")
     rows = (TIED, TIED[::-1])  # the ties at the end of one row, at the start of the other
     logits = torch.stack([spec.inputs.probs_to_logits(r) for r in rows])
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
@@ -207,6 +211,7 @@ def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
 def test_at_least_one_token_kept(spec, seed, top_p, float32):
     """However small top_p (below float32 rounding too), the most probable token is kept (protocol: at least one
     token always kept)."""
+    spec.impl.require_capability("top_p")
     logits = batch_logits(spec, seed % 1000).to(torch.float32 if float32 else torch.float64)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
     top = logits.argmax(dim=-1)
@@ -257,6 +262,7 @@ def test_temperature_zero_is_argmax(spec):
 @pytest.mark.parametrize("fn", [pytest.param(f, marks=judges(f), id=f) for f in ("sampling_probs", "sample")])
 def test_invalid_arguments_raise(spec, kw, fn):
     """temperature < 0, top_k < 1 and top_p outside (0, 1] raise ValueError (protocol: sampling_probs)."""
+    filters.require(spec.impl, kw)
     logits = batch_logits(spec, 34)
     value = str(next(iter(kw.values())))
     spec.raises(
@@ -300,6 +306,7 @@ def test_greedy_sample_leaves_the_generator_alone(spec):
 def test_sample_is_reproducible_per_generator(spec, kw):
     """sample with generators seeded alike draws the same tokens, whichever filters are on, whatever the global RNG
     holds; shape is logits.shape[:-1] (protocol: sample)."""
+    filters.require(spec.impl, kw)
     logits = batch_logits(spec, 35)
 
     def draw(seed, global_seed=0):
@@ -340,11 +347,11 @@ def test_sample_is_reproducible_per_generator(spec, kw):
 
 @judges("sample")
 def test_sample_leaves_its_logits_unchanged(spec):
-    """sample never modifies the logits it is given, whatever the temperature and filters (protocol: Conventions,
-    inputs are never modified in place)."""
+    """sample never modifies the logits it is given, whatever the temperature and filters it has (protocol:
+    Conventions, inputs are never modified in place; amendment 19)."""
     logits = batch_logits(spec, 39)
     before = logits.clone()
-    for kw in (dict(temperature=0.6, top_k=9, top_p=0.8), dict(temperature=0.0), {}):
+    for kw in (filters.supported(spec.impl, dict(temperature=0.6, top_k=9, top_p=0.8)), dict(temperature=0.0), {}):
         spec.impl.sample(logits, generator=spec.inputs.generator(2), **kw)
         spec.require(
             torch.equal(logits, before),
@@ -371,6 +378,7 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     over the (at most 67) tokens by a union bound; the generator seed is fixed, so it is
     deterministic for a given implementation.
     """
+    filters.require(spec.impl, kw)
     logits = batch_logits(spec, 36, rows=3)[2]  # a peaked row
     probs = spec.expected(lambda m, lg: m.sampling_probs(lg, **kw), logits)
     draws = spec.impl.sample(logits.expand(N_DRAWS, -1), generator=spec.inputs.generator(0), **kw)

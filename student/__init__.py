@@ -57,6 +57,24 @@ ROPE_STYLE = "interleaved"
 # The model families this implementation supports; the skeleton lists both, so both are tested.
 FAMILIES = ("llama", "gpt2")
 
+# What it supports (docs/protocol.md, amendments 10 and 18). The skeleton lists everything, so everything
+# is tested; remove what you choose not to build, e.g. "rope_scaling" (long-context RoPE, optional) or,
+# for a sampler without nucleus sampling, "top_p". Under PROTOCOL_VERSION = 2 the list holds exactly
+# what it names.
+PROTOCOL_VERSION = 2
+CAPABILITIES = (
+    "gqa",
+    "tied_head",
+    "untied_head",
+    "linear_bias",
+    "dropout",
+    "free_d_ff",
+    "rope_theta",
+    "top_k",
+    "top_p",
+    "rope_scaling",
+)
+
 __all__ = [
     "linear",
     "embedding",

@@ -144,6 +144,8 @@ def multihead_self_attention(
       reshaping ``[B, H, T, d]`` straight to ``[B, T, H*d]`` scrambles tokens and heads;
     - splitting heads with ``view(B, H, T, d)`` directly (same scramble, in the other direction);
     - RoPE on q and k, never v;
-    - ``[B, T]`` positions must broadcast over the head axis (``[B, 1, T]``).
+    - ``[B, T]`` positions must broadcast over the head axis (``[B, 1, T]``);
+    - without ``theta`` (GPT-2 style, no RoPE) the mask is still causal, and float64 stays float64:
+      the suite judges that path on its own (amendment 21).
     """
     raise NotImplementedError("multihead_self_attention")

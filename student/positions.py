@@ -25,7 +25,9 @@ from __future__ import annotations
 import torch
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+def rope(
+    x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0, *, scaling: dict | None = None
+) -> torch.Tensor:
     """Rotary position embedding of queries or keys.
 
     Shapes::
@@ -47,6 +49,22 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> to
     - frequency exponent ``-2i / d_head`` with ``d_head`` (per-head size), not ``d_model``;
     - mixing the two pairings (e.g. interleaved angles with ``rotate_half``);
     - with a KV cache, positions continue from the cache length -- a new token is not at 0.
+
+    Optional, protocol v2 (docs/protocol.md, amendment 20): a keyword-only ``scaling=None``
+    taking a Hugging Face ``rope_scaling`` dict, ``{"rope_type": ..., ...}``, which changes the
+    inverse frequencies ``f_i`` for long context (``L0 = original_max_position_embeddings``):
+
+    - ``"linear"``: ``f_i / factor`` (once: not on the positions as well);
+    - ``"dynamic"``: ``theta' = theta * (factor * L / L0 - (factor - 1)) ** (d / (d - 2))`` with
+      ``L = max(max(positions) + 1, L0)`` (the largest position, not the number of positions);
+    - ``"llama3"``: wavelength ``2 pi / f_i`` above ``L0 / low_freq_factor`` -> ``f_i / factor``,
+      below ``L0 / high_freq_factor`` -> ``f_i``, between -> ``(1 - s) f_i / factor + s f_i`` with
+      ``s = (L0 / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``;
+    - ``"yarn"``: a ramp between ``f_i`` and ``f_i / factor``, and cos/sin times the attention
+      factor ``0.1 ln(factor) + 1`` (the "mscale": easy to forget).
+
+    The skeleton declares ``"rope_scaling"`` in ``CAPABILITIES`` (``__init__.py``), so it is judged;
+    remove it (or keep one type, ``"rope_scaling:llama3"``) to skip what you do not implement.
     """
     raise NotImplementedError("rope")
 

@@ -31,6 +31,10 @@ def sampling_probs(
 
     ``temperature < 0``, ``top_k < 1`` or ``top_p`` outside ``(0, 1]`` -> ``ValueError``.
 
+    Protocol v2 (amendments 18-19): ``top_k`` and ``top_p`` are capabilities. A sampler without
+    one declares ``PROTOCOL_VERSION = 2`` and leaves it out of ``CAPABILITIES``: only that
+    filter's tests are skipped; shapes, temperature and reproducibility are still judged.
+
     Classic bugs to avoid:
     - apply temperature (and top-k/top-p) before sampling -- filtering the raw logits and then
       dividing, or sampling from the unfiltered distribution, is a listed course bug;

@@ -83,6 +83,8 @@ NOR = "test_norms.py::"
 MLP = "test_mlp.py::"
 PRE = "test_precision.py::"
 PLUGIN = "tests/test_plugin.py::"
+V2 = "tests/test_protocol_v2.py::"
+RSC = "test_rope_scaling.py::"
 
 CLAUSES: list[Clause] = [
     # ------------------------------------------------------------------------------------ Loading and absence
@@ -1039,6 +1041,79 @@ CLAUSES: list[Clause] = [
         paths={TRA + "test_train_draws_fresh_windows_every_step": "train's own batch drawing"},
         extremes={TRA + "test_train_draws_fresh_windows_every_step": "lr = 0"},
     ),
+    # ---------------------------------------------------------------- protocol v2: optional capabilities
+    C(
+        "amendment.18",
+        "amendment",
+        "18",
+        pinned_by=(
+            V2 + "test_a_v1_list_implies_both_filters",
+            V2 + "test_a_v2_list_holds_exactly_what_it_names",
+            V2 + "test_bad_declarations_raise",
+            V2 + "test_a_v1_implementation_skips_only_the_v2_tests",
+        ),
+        sizes={V2 + "test_a_v2_list_holds_exactly_what_it_names": "an empty v2 list; an empty v1 list (a rubric)"},
+        ties=SUITE_RULE,
+        padding=SUITE_RULE,
+        state=SUITE_RULE,
+        paths={
+            V2 + "test_a_v1_implementation_skips_only_the_v2_tests": "a star import of the reference (v1, undeclared)",
+            V2 + "test_bad_declarations_raise": "v2 names under version 1, unknown names, unknown versions",
+        },
+        extremes={V2 + "test_a_v1_list_implies_both_filters": "the default list and the empty list"},
+    ),
+    C(
+        "amendment.19",
+        "amendment",
+        "19",
+        pinned_by=(V2 + "test_a_sampler_without_top_p_is_judged_on_everything_else",),
+        sizes={SAM + "test_sampling_probs_any_leading_shape": "[V] and [B, T, V] logits, with the filters it has"},
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={SAM + "test_sample_is_reproducible_per_generator": "the global RNG seeded differently, no filter"},
+        paths={
+            V2 + "test_a_sampler_without_top_p_is_judged_on_everything_else": "sampling_probs, sample, generate "
+            "without a top_p parameter",
+            GEN + "test_sampled_generation_is_reproducible": "generate with the filters the implementation has",
+        },
+        extremes={SAM + "test_sample_leaves_its_logits_unchanged": "temperature 0, defaults, the filters it has"},
+    ),
+    C(
+        "amendment.20",
+        "amendment",
+        "20",
+        sizes={
+            RSC + "test_dynamic_scaling_follows_the_sequence_length": "seq_len = L0 (unscaled), 40 and 90 from 6 "
+            "positions"
+        },
+        ties="n/a: nothing is ranked; a wavelength exactly on a bound is interpolated to the same value either side",
+        padding=NO_TARGETS,
+        state=PURE,
+        paths={
+            RSC + "test_rope_scaling_matches_reference": "rope(..., scaling=) for each type",
+            RSC + "test_model_honours_rope_scaling": "the config's rope_scaling in the model (table and dynamic paths)",
+        },
+        extremes={
+            RSC
+            + "test_rope_scaling_matches_reference": "positions up to 4 L0, beyond original_max_position_embeddings",
+            RSC + "test_rope_scaling_frequencies": "llama3's three wavelength regimes; YaRN's ramp",
+            RSC + "test_rope_scaling_rejects_bad_dicts": "an unknown type, factor below 1",
+        },
+    ),
+    C(
+        "amendment.21",
+        "amendment",
+        "21",
+        sizes={ATT + "test_multihead_attention_without_rope_is_causal": "cuts at 1, T/2 and T - 1"},
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state=PURE,
+        paths={
+            ATT + "test_multihead_attention_without_rope_is_causal": "multihead_self_attention without theta",
+            PRE + "test_float64_attention_without_rope_computed_in_float64": "float64, without theta",
+        },
+        extremes={ATT + "test_multihead_attention_is_causal": "with theta: skipped where FAMILIES lacks llama"},
+    ),
 ]
 
 # Citation wordings that are not clause ids ("protocol: <wording>"); "Conventions, X" looks X up in CONVENTIONS.
@@ -1078,7 +1153,7 @@ def protocol_clauses(text: str) -> list[tuple[str, str, str]]:
         if line.startswith("## "):
             flush()
             section = line[3:].strip()
-            in_amendments = section.startswith("Project amendments")
+            in_amendments = section.startswith(("Project amendments", "Protocol v2"))
             continue
         if in_amendments:
             m = re.match(r"^(\d+)\. (.*)", line)

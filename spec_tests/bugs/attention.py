@@ -131,13 +131,41 @@ BUGS = (
         fix="mask the upper triangle of the scores with -inf (causal_mask) before the softmax",
     ),
     Bug(
+        "mha_causal_only_with_rope",
+        "causality",
+        (MHA, *MODEL),
+        "attention.py",
+        old='        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")',
+        new='        out = scaled_dot_product_attention(q, k, v, causal=theta is not None, fused=attention == "sdpa")',
+        explanation="the causal mask is applied only on the RoPE path: attention without theta (GPT-2 style) sees "
+        "the future",
+        fix="mask the future whether or not q and k are rotated",
+    ),
+    Bug(
+        "mha_without_rope_in_float32",
+        "float64_precision",
+        (MHA, *MODEL),
+        "attention.py",
+        old="""    if cache is not None:
+        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]""",
+        new="""    if theta is None:  # scores in float32, as an "upcast attention" does for half precision
+        q, k = q.float().to(x.dtype), k.float().to(x.dtype)
+    if cache is not None:
+        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]""",
+        explanation="attention without RoPE rounds queries and keys to float32: float64 inputs lose precision",
+        fix="compute in the input dtype (upcast 16-bit inputs only)",
+    ),
+    Bug(
         "mha_rope_on_values",
         "rope_on_values",
         (MHA, *MODEL),
         "attention.py",
-        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n",
-        new="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n"
-        "        v = rope(v, positions, theta, style=rope_style, table_size=rope_table_size)\n",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
+        new="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n"
+        "        v = rope(v, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
         explanation="RoPE is applied to the values as well as the queries and keys",
         fix="rotate q and k only; values carry content, not position",
     ),
@@ -146,7 +174,8 @@ BUGS = (
         "rope_q_only",
         (MHA, *MODEL),
         "attention.py",
-        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)\n",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
         new="",
         explanation="RoPE rotates the queries but not the keys, so scores depend on absolute, not relative, position",
         fix="rotate both q and k with the same positions",

@@ -92,15 +92,15 @@ BUGS = (
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
         "attention.py",
-        old="""        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size)
-        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)
+        old="""        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
+        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
     if cache is not None:
         k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]""",
         new="""    if cache is not None:
         k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
     if theta is not None:
-        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size)
-        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size)""",
+        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
+        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)""",
         explanation="keys are cached before RoPE and the whole cache is then rotated at the new tokens' positions",
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),

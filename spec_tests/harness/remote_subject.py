@@ -13,6 +13,7 @@ import contextlib
 import sys
 import time
 
+from ..protocol import effective_capabilities
 from .model_ops import OP_USES
 from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
 from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
@@ -91,7 +92,7 @@ class RemoteSubject(Subject):
         worker.start()
         self.label = worker.label
         self.rope_style, self.families, declared = declared_attributes(_Declared(worker.attributes), self.label)
-        self.capabilities = frozenset(capabilities) if capabilities is not None else declared
+        self.capabilities = effective_capabilities(capabilities) if capabilities is not None else declared
         self.deadline = time.monotonic() + test_timeout
         self._replacements: dict = {}
         self.calls = set()

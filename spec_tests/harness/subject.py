@@ -24,10 +24,11 @@ import pytest
 from ..protocol import (
     ALL_CAPABILITIES,
     ALL_FAMILIES,
-    CAPABILITIES,
     DEFAULT_ROPE_STYLE,
+    KNOWN_CAPABILITIES,
     PROTOCOL_NAMES,
     ROPE_STYLES,
+    effective_capabilities,
 )
 from . import model_ops
 
@@ -160,10 +161,18 @@ def declared_attributes(obj, label: str) -> tuple[str, tuple[str, ...], frozense
     capabilities = getattr(obj, "CAPABILITIES", ALL_CAPABILITIES)
     if isinstance(capabilities, str):
         raise ValueError(f"{label}: CAPABILITIES must be a collection of names, got the string {capabilities!r}")
-    unknown = [c for c in capabilities if c not in CAPABILITIES]
+    unknown = [c for c in capabilities if c not in KNOWN_CAPABILITIES]
     if unknown:
         raise ValueError(f"{label}: CAPABILITIES lists unknown capabilities {unknown}; known: {ALL_CAPABILITIES}")
-    return rope_style, families, frozenset(capabilities)
+    try:
+        return rope_style, families, effective_capabilities(capabilities, protocol_version(obj))
+    except ValueError as exc:
+        raise ValueError(f"{label}: {exc}") from None
+
+
+def protocol_version(obj) -> int:
+    """The implementation's ``PROTOCOL_VERSION`` (default 1): how its ``CAPABILITIES`` list is read."""
+    return getattr(obj, "PROTOCOL_VERSION", 1)
 
 
 # The reference's options that select the RoPE pairing (see docs/protocol.md, amendment 6).
@@ -202,7 +211,7 @@ class LocalSubject(Subject):
         self.obj, self.label, self.bind_style, self.under_test = obj, label, bind_style, under_test
         declared_style, self.families, declared = declared_attributes(obj, label)
         self.rope_style = rope_style or declared_style
-        self.capabilities = frozenset(capabilities) if capabilities is not None else declared
+        self.capabilities = effective_capabilities(capabilities) if capabilities is not None else declared
         self.roots = roots if roots is not None else source_roots(obj)
         self._replaced: dict[str, object] = {}
         self.calls = set()

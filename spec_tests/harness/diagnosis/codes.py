@@ -31,6 +31,7 @@ KNOBS = {
     "rope_base": "the RoPE exponent uses the wrong base or step (d_model for d_head, i for 2i)",
     "rope_theta": "RoPE uses another theta than the one given",
     "rope_style": "RoPE pairs channels in the other style (interleaved vs half)",
+    "rope_scaling": "RoPE scaling (linear, dynamic, llama3, yarn) applied wrongly, twice, or not at all",
     "position_offset": "positions start at the wrong offset (do not continue, restart at 0, off by one)",
     "eps_placement": "eps sits outside the square root, or is missing",
     "eps_value": "eps has the wrong value (the argument is ignored)",

@@ -1,0 +1,217 @@
+"""RoPE scaling for long context (protocol v2, capability ``rope_scaling``): Hugging Face's ``rope_scaling`` dicts
+``linear``, ``dynamic``, ``llama3`` and ``yarn``, in ``rope(..., scaling=)`` and in the model's config."""
+
+import pytest
+import torch
+
+from . import models
+from .harness.checks import Variant
+from .harness.markers import judges
+from .inputs import S
+
+pytestmark = pytest.mark.component("positions")
+
+# One scaling per type, with its original length L0 small enough that the suite's positions pass it. With
+# d_head 10 and theta 10000 the pair wavelengths are 6.3, 40, 251, 1580 and 9952: llama3's L0 = 64 with
+# low/high factors 1 and 4 (wavelength bounds 64 and 16) keeps pair 0, interpolates pair 1, divides pairs 2-4.
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 16},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 8,
+        "beta_slow": 1,
+    },
+}
+TYPES = list(SCALINGS)
+FIX = {
+    "linear": "divide the frequencies (or the positions) by factor, once",
+    "llama3": "divide pairs of wavelength above L0 / low_freq_factor by factor, keep those below L0 / high_freq_factor",
+    "yarn": "multiply cos and sin by the attention factor (0.1 ln(factor) + 1 unless attention_factor is given)",
+    "dynamic": "scale by seq_len = max(positions) + 1, and only once it exceeds original_max_position_embeddings",
+}
+
+
+def variants(kind: str, call) -> list[Variant]:
+    """The classic mistakes of ``kind``, as the reference computes them: ``call(ref, scaling_or_None, *args)``."""
+    sc = SCALINGS[kind]
+    changes = {
+        "linear": [("the linear factor is applied twice (to the positions and to the frequencies)", {"factor": 16.0})],
+        "llama3": [
+            (
+                "the llama3 wavelength rule has low_freq_factor and high_freq_factor swapped",
+                {"low_freq_factor": sc.get("high_freq_factor"), "high_freq_factor": sc.get("low_freq_factor")},
+            )
+        ],
+        "yarn": [("YaRN's attention factor (mscale) is not applied to cos and sin", {"attention_factor": 1.0})],
+        "dynamic": [],
+    }[kind]
+    plain = f"the {kind} scaling is not applied: plain RoPE"
+    if kind == "dynamic":
+        plain += " (the length read is at most original_max_position_embeddings: the number of positions?)"
+    return [
+        *(
+            Variant("knob:rope_scaling", summary, FIX[kind], lambda ref, *a, ch=change: call(ref, {**sc, **ch}, *a))
+            for summary, change in changes
+        ),
+        Variant("knob:rope_scaling", plain, FIX[kind], lambda ref, *a: call(ref, None, *a)),
+    ]
+
+
+def unit_pairs(spec, d: int) -> torch.Tensor:
+    """``[d/2, 1, d]``: row i is the unit vector on pair i's first channel, in the declared style."""
+    x = torch.zeros(d // 2, 1, d, dtype=torch.float64, device=spec.device)
+    first = torch.arange(0, d, 2) if spec.impl.rope_style == "interleaved" else torch.arange(d // 2)
+    x[torch.arange(d // 2), 0, first] = 1.0
+    return x
+
+
+def pair_angles(out: torch.Tensor, style: str) -> torch.Tensor:
+    """The angle each unit row of ``unit_pairs`` was turned by: ``[d/2]``."""
+    half = out.shape[-1] // 2
+    a, b = (out[:, 0, 0::2], out[:, 0, 1::2]) if style == "interleaved" else (out[:, 0, :half], out[:, 0, half:])
+    return torch.atan2(b.diagonal(), a.diagonal())
+
+
+@judges("rope")
+@pytest.mark.bug_class("rope_scaling")
+@pytest.mark.parametrize("kind", TYPES)
+def test_rope_scaling_matches_reference(spec, kind):
+    """rope(x, positions, scaling=<Hugging Face rope_scaling dict>) rotates by the scaled frequencies (YaRN: times
+    its attention factor) at positions before and far beyond original_max_position_embeddings (protocol: amendment
+    20)."""
+    spec.impl.require_capability(f"rope_scaling:{kind}")
+    sc = SCALINGS[kind]
+    x = spec.inputs.per_head(S.B, S.H, S.T, S.D_HEAD, seed=141)
+    high = 4 * sc.get("original_max_position_embeddings", 16)
+    pos = spec.inputs.scattered_positions(S.T, seed=142, high=high)
+    pos[0] = high - 1  # the longest context in view: dynamic scales by high, whatever the draw
+    spec.check(
+        lambda m, x: m.rope(x, pos, scaling=sc),
+        x,
+        subject="rope",
+        kind="positions",
+        axes="b h t d",
+        variants=variants(kind, lambda ref, s, x: ref.rope(x, pos, scaling=s)),
+        behaviour=f"rope with rope_scaling {sc} at positions {sorted(pos.tolist())}",
+    )
+
+
+@judges("rope")
+@pytest.mark.bug_class("rope_scaling")
+@pytest.mark.parametrize("kind", ["linear", "llama3", "yarn"])
+def test_rope_scaling_frequencies(spec, kind):
+    """With a position-independent scaling, pair i turns by its scaled inverse frequency per position: linear divides
+    every frequency by factor, llama3 keeps short wavelengths, divides long ones and interpolates between, YaRN
+    ramps between the two (protocol: amendment 20)."""
+    spec.impl.require_capability(f"rope_scaling:{kind}")
+    sc = SCALINGS[kind]
+    one = torch.ones(1, dtype=torch.long, device=spec.device)
+    style = spec.impl.rope_style
+
+    def angles(m, x, scaling=sc):
+        return pair_angles(m.rope(x, one, scaling=scaling), style)
+
+    spec.check(
+        angles,
+        unit_pairs(spec, S.D_HEAD),
+        subject="rope",
+        kind="positions",
+        variants=variants(kind, lambda ref, s, x: angles(ref, x, s)),
+        behaviour=f"angle of each pair at position 1 under {sc}",
+    )
+
+
+@judges("rope")
+@pytest.mark.bug_class("rope_scaling")
+def test_dynamic_scaling_follows_the_sequence_length(spec):
+    """Dynamic (NTK) scaling reads its length from the positions, seq_len = max(positions) + 1: up to
+    original_max_position_embeddings it is plain RoPE, past it the base grows with seq_len, so the same position
+    turns differently in a longer sequence (protocol: amendment 20)."""
+    spec.impl.require_capability("rope_scaling:dynamic")
+    sc = SCALINGS["dynamic"]
+    x = spec.inputs.per_head(1, 2, 6, S.D_HEAD, seed=143)
+    short = torch.tensor([0, 3, 7, 9, 12, 15], device=spec.device)  # seq_len 16 = original: unscaled
+    spec.close(
+        spec.impl.rope(x, short, scaling=sc),
+        spec.impl.rope(x, short),
+        kind="positions",
+        axes="b h t d",
+        behaviour="dynamic scaling at positions up to original_max_position_embeddings - 1 equals plain RoPE",
+        hint="likely cause: dynamic scaling is applied whatever the length (its base grows before seq_len exceeds "
+        "original_max_position_embeddings). Fix: " + FIX["dynamic"],
+        hint_code="knob:rope_scaling",
+    )
+    for longest in (40, 90):  # the same six positions, in sequences of two lengths past the original
+        pos = torch.cat([short[:-1], torch.tensor([longest - 1], device=spec.device)])
+        spec.check(
+            lambda m, x, pos=pos: m.rope(x, pos, scaling=sc),
+            x,
+            subject="rope",
+            kind="positions",
+            axes="b h t d",
+            label=f"seq_len_{longest}",
+            variants=variants("dynamic", lambda ref, s, x, pos=pos: ref.rope(x, pos, scaling=s)),
+            behaviour=f"dynamic scaling with seq_len = max(positions) + 1 = {longest} (6 positions: not their count)",
+        )
+
+
+@judges("build_model", uses=("forward",))
+@pytest.mark.bug_class("rope_scaling")
+@pytest.mark.parametrize("kind", TYPES)
+def test_model_honours_rope_scaling(spec, kind):
+    """A llama config's rope_scaling (a Hugging Face dict) scales the model's RoPE: logits of 29 tokens, past
+    original_max_position_embeddings where the type has one below it (protocol: amendment 20)."""
+    spec.impl.require_capability(f"rope_scaling:{kind}")
+    config = models.family_config(spec.impl, "llama", rope_scaling=SCALINGS[kind])
+    sd = models.random_state_dict(config, seed=144, device=spec.device)
+    ids = spec.inputs.token_ids(2, config["context_length"], vocab=config["vocab_size"], seed=145)
+    plain = dict(config, rope_scaling=None)
+    spec.check(
+        lambda m, sd, ids: models.logits(m, config, sd, ids),
+        sd,
+        ids,
+        subject="forward",
+        kind="model",
+        axes="b t v",
+        variants=[
+            Variant(
+                "knob:rope_scaling",
+                "the model ignores config rope_scaling (plain RoPE)",
+                "pass the config's rope_scaling to every attention layer's RoPE",
+                lambda ref, sd, ids: models.logits(ref, plain, sd, ids),
+            )
+        ],
+        behaviour=f"logits of a llama model with rope_scaling {SCALINGS[kind]}",
+    )
+
+
+@judges("rope")
+@pytest.mark.bug_class("validation")
+@pytest.mark.parametrize(
+    "bad,value",
+    [
+        ({"rope_type": "cubic", "factor": 2.0}, "cubic"),
+        ({"rope_type": "linear", "factor": 0.5}, "0.5"),
+    ],
+    ids=["unknown_type", "factor_below_1"],
+)
+def test_rope_scaling_rejects_bad_dicts(spec, bad, value):
+    """An unknown rope_type or a factor below 1 raises ValueError (protocol: amendment 20)."""
+    spec.impl.require_capability("rope_scaling")
+    x = spec.inputs.per_head(1, 1, 3, S.D_HEAD, seed=146)
+    spec.raises(
+        ValueError,
+        lambda: spec.impl.rope(x, torch.arange(3, device=spec.device), scaling=bad),
+        behaviour=f"rope(scaling={bad}) raises ValueError",
+        mention=(value,),
+    )
