@@ -96,7 +96,8 @@ def _argmax(values: torch.Tensor) -> tuple[int, ...]:
 
 def _error_at(a: torch.Tensor, e: torch.Tensor, err: torch.Tensor, where: tuple[int, ...]) -> str:
     """ "0.5 at [1, 2]: expected 1, got 1.5" """
-    return f"{err[where].item():.3g} at {_index(where)}: expected {_value(e[where].item())}, got {_value(a[where].item())}"
+    error, place = f"{err[where].item():.3g}", _index(where)
+    return f"{error} at {place}: expected {_value(e[where].item())}, got {_value(a[where].item())}"
 
 
 def _times(ratio: float) -> str:
@@ -117,8 +118,7 @@ def _number(actual, expected: float, tol: Tolerance, prefix: str, path: str) -> 
         return None
     ratio = error / allowed if allowed else math.inf
     return Mismatch(
-        f"{prefix}expected {_value(expected)}, got {_value(a)} (error {error:.3g}, {_times(ratio)}; "
-        f"{tol.describe()})",
+        f"{prefix}expected {_value(expected)}, got {_value(a)} (error {error:.3g}, {_times(ratio)}; {tol.describe()})",
         ratio=ratio if math.isfinite(ratio) else None,
         where=path,
     )
