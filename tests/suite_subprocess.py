@@ -50,7 +50,9 @@ def implementation(tmp_path: Path, *bugs: str, edit=None) -> Path:
 
 
 def statuses(folder: Path, tmp_path: Path, select: str, pytester=None) -> dict[str, str]:
-    proc = run_suite(f"--impl={folder}", "-k", select, "-vv", cwd=tmp_path, pytester=pytester)  # -q -vv: a line per test
+    proc = run_suite(
+        f"--impl={folder}", "-k", select, "-vv", cwd=tmp_path, pytester=pytester
+    )  # -q -vv: a line per test
     found = dict(re.findall(r"spec_tests/(\S+::\S+) +(PASSED|FAILED|CONSEQUENCE|SKIPPED|XFAIL)", proc.stdout))
     assert found, proc.stdout[-3000:]
     return found
