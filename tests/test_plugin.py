@@ -372,7 +372,9 @@ def test_write_xfails_starts_a_maintainer_green_and_strict(pytester, suite):
     assert all(not key.startswith(("/", "spec_tests")) and "::" in key for key in entries)
     again = suite(f"--impl={impl}", f"--spec-xfails={xfails}", "-k", "rope or silu")
     last = again.stdout.splitlines()[-1]
-    assert again.returncode == 0 and f"{len(entries)} xfailed" in last and not re.search(r"\bfailed", last), again.stdout[-2000:]
+    assert again.returncode == 0 and f"{len(entries)} xfailed" in last and not re.search(r"\bfailed", last), (
+        again.stdout[-2000:]
+    )
 
 
 def test_a_host_with_its_own_impl_option_shares_the_session(pytester):
