@@ -290,7 +290,7 @@ def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
     # quiet and clean: no warnings, and nothing left in the folder (no .pytest_cache, .hypothesis, .benchmarks)
     assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_silu.py"]
-    plain = [sys.executable, "-m", "pytest", "--pyargs", "spec_tests", "--spec-impl=my_silu", "-q", "-k", "silu"]
+    plain = [sys.executable, "-m", "pytest", "--pyargs", "spec_tests", "--impl=my_silu", "-q", "-k", "silu"]
     proc = subprocess.run(plain, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_silu.py"]

@@ -170,7 +170,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
         return (yield)
     finally:
         parser._spec_defer_short_impl = False
-        if getattr(parser, "_spec_wants_short_impl", False):
+        # also for `pytest --pyargs spec_tests --impl=X` from any folder, where the suite's conftest
+        # loads only during collection, after the command line is parsed
+        pyargs = "--pyargs" in args and any(a.split("::")[0].split(".")[0] == "spec_tests" for a in args)
+        if pyargs or getattr(parser, "_spec_wants_short_impl", False):
             add_short_impl_option(parser)
 
 
