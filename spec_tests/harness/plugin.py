@@ -11,6 +11,9 @@ or uses is provided before any setup runs ("not provided" -> skip); runs compone
 turns failures into one-line reports; reruns a failing test with failing upstream names replaced by
 correct ones to tell consequences from causes (``rootcause.py``); attaches every check's typed result
 to the report; and applies the implementation's expected-failure list.
+
+PYTEST_DONT_REWRITE: the plugin has no assertions to rewrite, and a handout's conftest imports it
+before naming it in ``pytest_plugins`` (pytest would warn "Module already imported").
 """
 
 from __future__ import annotations
