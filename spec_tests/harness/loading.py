@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -26,18 +25,15 @@ class ImplImportError(RuntimeError):
 
 
 def _import_failure(where: str, exc: BaseException) -> ImplImportError:
-    """One line: what failed to import, the exception, and where it was raised (said once: a line
-    number alone when that is the file already named)."""
+    """One line: what failed to import, the exception, and where it was raised, said once (a
+    SyntaxError's own text already names the place: its bare message is used)."""
     if isinstance(exc, SyntaxError) and exc.filename:  # raised by the compiler: the place is the bad line
         message, filename, lineno = exc.msg, exc.filename, exc.lineno
     else:
         frames = traceback.extract_tb(exc.__traceback__)
         origin = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
         message, filename, lineno = str(exc), origin.filename if origin else None, origin.lineno if origin else None
-    at = ""
-    if filename:
-        same = os.path.abspath(filename) == os.path.abspath(where)
-        at = f" (at line {lineno})" if same else f" (at {filename}:{lineno})"
+    at = f" (at {filename}:{lineno})" if filename else ""
     return ImplImportError(f"implementation {where} failed to import: {type(exc).__name__}: {message}{at}")
 
 
