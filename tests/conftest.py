@@ -140,3 +140,27 @@ def _restore_default_dtype():
     before = torch.get_default_dtype()
     yield
     torch.set_default_dtype(before)
+
+
+# Test files that run the suite or the grader in further processes (pytest, spec-grade, spec-handout,
+# the sandboxed worker): the slow tier. `python -m pytest tests spec_tests -m "not slow"` is the quick
+# tier (the README says how long each takes).
+SLOW_FILES = {
+    "test_bug_catalog.py",
+    "test_grading.py",
+    "test_grading_attacks.py",
+    "test_grading_gradescope.py",
+    "test_handout.py",
+    "test_observation.py",
+    "test_plugin.py",
+    "test_protocol_map.py",
+    "test_remote.py",
+    "test_root_causes.py",
+    "test_sandbox.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.slow)

@@ -40,8 +40,8 @@ SELECT = "test_norms or test_positions or (count_parameters and not gpt2_small)"
 RUBRIC = """
 total = 100
 [limits]
-test_timeout_s = 6
-run_timeout_s = 240
+test_timeout_s = 20
+run_timeout_s = 900
 memory_mb = 3072
 """
 MAX_RESULTS_BYTES = 1_500_000
@@ -226,7 +226,7 @@ def test_specific_outcomes(attacks):
     assert forged["score"] <= load_results(attacks["tmp"] / "out1", "honest")["score"]
     slow = load_results(out, "alarm_thread")
     [hung] = [t for t in slow["tests"] if "rmsnorm" in t["name"] and t["name"].endswith("[f64-small]")]
-    assert "did not finish within the test's limit of 6 s" in hung["output"]
+    assert "did not finish within the test's limit of 20 s" in hung["output"]
     assert attacks["batch_s"] < 240, attacks["batch_s"]
 
 
@@ -313,9 +313,10 @@ def test_the_whole_run_limit_stops_a_hanging_submission(attacks, slow_submission
     out = tmp_path / "results.json"
     started = time.monotonic()
     grader = _start_grader(slow_submission, attacks["tmp"], out, "--run-timeout", "8", "--test-timeout", "60")
-    stdout, stderr = grader.communicate(timeout=120)
+    stdout, stderr = grader.communicate(timeout=300)
     assert grader.returncode == 0, stderr
-    assert time.monotonic() - started < 40
+    # the 8 s limit, plus start-up and clean-up on a loaded machine; far under the 60 s x hanging tests
+    assert time.monotonic() - started < 150
     results = json.loads(out.read_text())
     assert len(results["tests"]) == len(attacks["test_ids"])
     assert any("whole-run limit of 8 s" in t.get("output", "") for t in results["tests"])

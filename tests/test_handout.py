@@ -158,6 +158,7 @@ def test_handout_holds_no_solution_code(handout):
 def test_skeleton_fails_every_test_as_not_implemented(handout_runs):
     code, output, cases = handout_runs["skeleton"]
     assert code == 1, output
+    assert "PytestAssertRewriteWarning" not in output and "already imported" not in output, output[-3000:]
     assert cases and all(outcome == "failed" for _, outcome, _ in cases), output
     assert all(msg.startswith("not implemented: ") for _, _, msg in cases), [
         c for c in cases if "not implemented" not in c[2]

@@ -3,6 +3,7 @@
     spec-check --impl my_pkg.adapter            # a module on sys.path
     spec-check --impl path/to/adapter.py -q     # a file; further arguments go to pytest
     spec-check --impl student -k rmsnorm
+    spec-check --impl my_pkg.adapter --write-xfails my_adapter.xfails.toml   # start green and strict
 
 The installed suite runs as ``pytest --pyargs spec_tests --spec-impl=...`` (the same as
 ``python -m pytest --pyargs spec_tests --spec-impl=...``), so it works outside a checkout too.
@@ -17,7 +18,14 @@ import sys
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="spec-check", description=__doc__.split("\n\n")[0], add_help=True)
     parser.add_argument("--impl", required=True, help="the implementation to check (as pytest spec_tests --impl=)")
+    parser.add_argument(
+        "--write-xfails",
+        metavar="FILE",
+        help="write every test that did not pass to FILE, an expected-failure file for --spec-xfails / SPEC_XFAILS",
+    )
     args, rest = parser.parse_known_args(argv)
+    if args.write_xfails:
+        rest = [f"--spec-write-xfails={args.write_xfails}", *rest]
     import os
 
     import pytest

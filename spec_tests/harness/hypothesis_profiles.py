@@ -42,8 +42,18 @@ def register() -> None:
 
 
 def current_profile(config) -> str:
-    """``--hypothesis-profile`` when given, else ``$SPEC_HYPOTHESIS_PROFILE``, else ``spec-ci``."""
-    return config.getoption("hypothesis_profile", None) or os.environ.get(ENV) or DEFAULT
+    """``--spec-hypothesis-profile`` when given, else ``--hypothesis-profile`` when it names one of the
+    suite's profiles, else ``$SPEC_HYPOTHESIS_PROFILE``, else ``spec-ci``.
+
+    Hypothesis's own ``--hypothesis-profile`` also switches every other test of the session (a host
+    project's too); ``--spec-hypothesis-profile`` switches the suite's property tests only."""
+    host = config.getoption("hypothesis_profile", None)
+    return (
+        config.getoption("spec_hypothesis_profile", None)
+        or (host if host in PROFILES else None)
+        or os.environ.get(ENV)
+        or DEFAULT
+    )
 
 
 def apply(items, config) -> None:

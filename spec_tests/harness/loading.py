@@ -25,10 +25,16 @@ class ImplImportError(RuntimeError):
 
 
 def _import_failure(where: str, exc: BaseException) -> ImplImportError:
-    frames = traceback.extract_tb(exc.__traceback__)
-    origin = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
-    at = f" (at {origin.filename}:{origin.lineno})" if origin else ""
-    return ImplImportError(f"implementation {where} failed to import: {type(exc).__name__}: {exc}{at}")
+    """One line: what failed to import, the exception, and where it was raised, said once (a
+    SyntaxError's own text already names the place: its bare message is used)."""
+    if isinstance(exc, SyntaxError) and exc.filename:  # raised by the compiler: the place is the bad line
+        message, filename, lineno = exc.msg, exc.filename, exc.lineno
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        origin = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
+        message, filename, lineno = str(exc), origin.filename if origin else None, origin.lineno if origin else None
+    at = f" (at {filename}:{lineno})" if filename else ""
+    return ImplImportError(f"implementation {where} failed to import: {type(exc).__name__}: {message}{at}")
 
 
 def _import_module(name: str):

@@ -11,10 +11,14 @@ or uses is provided before any setup runs ("not provided" -> skip); runs compone
 turns failures into one-line reports; reruns a failing test with failing upstream names replaced by
 correct ones to tell consequences from causes (``rootcause.py``); attaches every check's typed result
 to the report; and applies the implementation's expected-failure list.
+
+PYTEST_DONT_REWRITE: the plugin has no assertions to rewrite, and a handout's conftest imports it
+before naming it in ``pytest_plugins`` (pytest would warn "Module already imported").
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import tomllib
 from pathlib import Path
@@ -64,6 +68,21 @@ def pytest_addoption(parser):
     )
     group.addoption(
         "--spec-tb", dest="spec_tb", action="store_true", help="show full tracebacks of the implementation's errors"
+    )
+    group.addoption(
+        "--spec-write-xfails",
+        dest="spec_write_xfails",
+        metavar="FILE",
+        default=None,
+        help="write every test that did not pass to FILE as an expected-failure file for --spec-xfails",
+    )
+    group.addoption(
+        "--spec-hypothesis-profile",
+        dest="spec_hypothesis_profile",
+        default=None,
+        choices=("spec-dev", "spec-ci", "spec-grading"),
+        help="the suite's Hypothesis profile, for its own property tests only (default: $SPEC_HYPOTHESIS_PROFILE "
+        "or spec-ci)",
     )
     group.addoption(
         "--spec-diagnosis-bugs",
@@ -140,9 +159,15 @@ def pytest_addoption(parser):
 def add_short_impl_option(parser) -> None:
     """``--impl``, the short form of ``--spec-impl``, for conftests of this project's own folders.
 
-    Registered by ``spec_tests/conftest.py`` (and ``benchmarks/conftest.py``), so it exists only when
-    those folders are collected; a second registration in the same run is skipped.
+    Called by ``spec_tests/conftest.py`` (and ``benchmarks/conftest.py``), so it exists only when
+    those folders are collected. A host project may have its own ``--impl`` (then ``--spec-impl``
+    names the implementation): where the plugin is installed the short option is registered after
+    every initial conftest (``pytest_load_initial_conftests`` below), so the host's wins whatever
+    the order of the command line; a second registration in the same run is skipped.
     """
+    if getattr(parser, "_spec_defer_short_impl", False):
+        parser._spec_wants_short_impl = True
+        return
     try:
         parser.getgroup("spec").addoption(
             "--impl",
@@ -150,14 +175,37 @@ def add_short_impl_option(parser) -> None:
             default=None,
             help="implementation to check (same as --spec-impl; default: $SPEC_IMPL or reference)",
         )
-    except ValueError:  # already registered by the other conftest
+        parser._spec_short_impl = True  # ours: impl_spec reads it
+    except (ValueError, argparse.ArgumentError):  # already registered: by the other conftest (ours), or by a host's own
         pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    parser._spec_defer_short_impl = True
+    try:
+        return (yield)
+    finally:
+        parser._spec_defer_short_impl = False
+        # also for `pytest --pyargs spec_tests --impl=X` from any folder, where the suite's conftest
+        # loads only during collection, after the command line is parsed
+        pyargs = "--pyargs" in args and any(a.split("::")[0].split(".")[0] == "spec_tests" for a in args)
+        if pyargs or getattr(parser, "_spec_wants_short_impl", False):
+            add_short_impl_option(parser)
 
 
 def pytest_configure(config):
     for line in markers.MARKERS:
         config.addinivalue_line("markers", line)
     config._spec = None
+    config._spec_scratch = None
+    if config.inipath is None and _runs_the_suite(config):
+        _keep_the_folder_clean(config)
+    if config.getoption("spec_write_xfails"):
+        from .xfails_file import XfailsWriter
+
+        writer = XfailsWriter(Path(config.getoption("spec_write_xfails")).resolve(), impl_spec(config), id_of_node)
+        config.pluginmanager.register(writer, "spec-xfails-writer")
     from .diagnosis import catalog
 
     only = config.getoption("spec_diagnosis_bugs")
@@ -199,6 +247,55 @@ def pytest_unconfigure(config):
     compare.CONCEAL_EXACT = False
 
 
+def _runs_the_suite(config) -> bool:
+    """Whether the command line names the suite: ``--pyargs spec_tests...`` or a path inside it."""
+    for arg in config.args:
+        name = str(arg).split("::")[0]
+        if config.option.pyargs and (name == "spec_tests" or name.startswith("spec_tests.")):
+            return True
+        if os.path.exists(name) and Path(name).resolve().is_relative_to(SUITE_DIR):
+            return True
+    return False
+
+
+def _keep_the_folder_clean(config) -> None:
+    """A spec run outside any project (no pytest configuration file: spec-check or ``pytest --pyargs
+    spec_tests`` in an arbitrary folder) leaves nothing there: pytest's cache, Hypothesis's storage and
+    pytest-benchmark's storage go to a temporary folder, removed when the run ends."""
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="spec-run-"))
+    config._spec_scratch = scratch
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        from _pytest.cacheprovider import Cache
+
+        config.cache = Cache(scratch / "pytest_cache", config, _ispytest=True)
+    if getattr(config.option, "benchmark_storage", None) == "file://./.benchmarks":  # the default, not chosen
+        config.option.benchmark_storage = f"file://{scratch / 'benchmarks'}"
+    try:
+        from hypothesis import configuration
+    except ImportError:  # pragma: no cover - hypothesis is a dependency of the suite
+        return
+    config._spec_hypothesis_home = getattr(configuration, "__hypothesis_home_directory", None)
+    configuration.set_hypothesis_home_dir(scratch / "hypothesis")
+
+
+def pytest_unconfigure(config):
+    scratch = getattr(config, "_spec_scratch", None)
+    if scratch is None:
+        return
+    import shutil
+
+    try:
+        from hypothesis import configuration
+
+        configuration.set_hypothesis_home_dir(getattr(config, "_spec_hypothesis_home", None))
+    except ImportError:  # pragma: no cover
+        pass
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 class Session:
     """The suite's state for one pytest session: the subject, expected values, failing names."""
 
@@ -226,11 +323,10 @@ class Session:
 
 
 def impl_spec(config) -> str:
-    return (
-        config.getoption("spec_impl", None)
-        or getattr(config.option, "impl", None)
-        or os.environ.get("SPEC_IMPL", "reference")
-    )
+    """--spec-impl, else the short --impl when this suite registered it (a host project's own --impl
+    means something else), else $SPEC_IMPL, else the reference."""
+    short = getattr(config.option, "impl", None) if getattr(config._parser, "_spec_short_impl", False) else None
+    return config.getoption("spec_impl", None) or short or os.environ.get("SPEC_IMPL", "reference")
 
 
 def make_subject(config):
@@ -293,7 +389,12 @@ def _xfails(config, impl) -> dict[str, str]:
 
 
 def test_id(item) -> str:
-    return item.nodeid.split("spec_tests/", 1)[-1]
+    return id_of_node(item.nodeid)
+
+
+def id_of_node(nodeid: str) -> str:
+    """A test's id relative to spec_tests/ (how expected-failure files name it, wherever the suite is)."""
+    return nodeid.split("spec_tests/", 1)[-1]
 
 
 def pytest_collection_modifyitems(config, items):

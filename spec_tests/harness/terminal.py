@@ -114,19 +114,23 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[st
         if v.status == "consequence":
             for root in resolve_roots(v.root_cause, verdicts, own_failures):
                 consequences.setdefault(root, []).append(v.test)
+    missing: dict[str, int] = {}
+    for v in verdicts:
+        if category(v) == NOT_IMPLEMENTED:
+            name = v.message.removeprefix("not implemented: ").strip() or "?"
+            missing[name] = missing.get(name, 0) + 1
     if own_failures or consequences:
         lines.append("")
         lines.append("root causes, fix these first:")
         for name in sorted(set(own_failures) | set(consequences), key=lambda n: -len(consequences.get(n, []))):
             own = len(own_failures.get(name, []))
             more = consequences.get(name, [])
-            tail = f"; {len(more)} other failure(s) trace back to it" if more else ""
-            lines.append(f"  {name}: {own} failing test(s) of its own{tail}")
-    missing: dict[str, int] = {}
-    for v in verdicts:
-        if category(v) == NOT_IMPLEMENTED:
-            name = v.message.removeprefix("not implemented: ").strip() or "?"
-            missing[name] = missing.get(name, 0) + 1
+            if own:
+                tail = f"; {len(more)} other failure(s) trace back to it" if more else ""
+                lines.append(f"  {name}: {own} failing test(s) of its own{tail}")
+            else:  # no failing test of its own: not implemented yet, or judged only through others
+                state = "not implemented; " if name in missing else ""
+                lines.append(f"  {name}: {state}{len(more)} other failure(s) trace back to it")
     if missing:
         lines.append("")
         lines += [f"not implemented: {name}: {n} test{'s' if n > 1 else ''}" for name, n in sorted(missing.items())]

@@ -126,7 +126,10 @@ def record(styles, into: Path, *, test_files: list[str] | None, max_bug_bytes: i
     suite = spec_tests_dir()
     targets = [str(suite / f) for f in test_files] if test_files else [str(suite)]
     env = child_env(PYTHONHASHSEED="0", SPEC_RECORD_MAX_BUG_BYTES=str(max_bug_bytes), PYTHONDONTWRITEBYTECODE="1")
-    for style in styles:
+    for n, style in enumerate(styles, 1):
+        what = "the selected test files" if test_files else "the whole suite"
+        print(f"spec-handout: recording expected values, RoPE style {style} ({n} of {len(styles)}): "
+              f"{what} on the reference, about a minute each", file=sys.stderr, flush=True)  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="handout-record-") as cwd:
             cmd = [sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", "--tb=short"]
             cmd += [f"--rootdir={suite.parent}", f"--impl=spec_tests.harness.subject:reference_{style}"]
