@@ -239,14 +239,6 @@ def spec_seed_of(config) -> int:
     return value
 
 
-def pytest_unconfigure(config):
-    from .. import inputs
-    from . import compare
-
-    inputs.set_seed(inputs.DEFAULT_SEED)  # a later in-process session starts from the suite's own inputs
-    compare.CONCEAL_EXACT = False
-
-
 def _runs_the_suite(config) -> bool:
     """Whether the command line names the suite: ``--pyargs spec_tests...`` or a path inside it."""
     for arg in config.args:
@@ -282,6 +274,11 @@ def _keep_the_folder_clean(config) -> None:
 
 
 def pytest_unconfigure(config):
+    from .. import inputs
+    from . import compare
+
+    inputs.set_seed(inputs.DEFAULT_SEED)  # a later in-process session starts from the suite's own inputs
+    compare.CONCEAL_EXACT = False
     scratch = getattr(config, "_spec_scratch", None)
     if scratch is None:
         return
