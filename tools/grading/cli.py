@@ -32,7 +32,7 @@ from .grade import build_grade
 from .judge import JudgeResult, JudgeRun, Limits, Verdict
 from .manifest import ManifestError, code_digest, default_cache_dir, prepare
 from .progress import Progress
-from .rubric import Rubric, RubricError, assign, load_rubric, unknown_components
+from .rubric import RubricError, assign, resolve_rubric, unknown_components
 from .submission import SubmissionError, discover, stage, static_flags
 from .textsafe import write_atomic
 from .workspace import Interrupted, RunFolder, install_signal_handlers, restore_signal_handlers
@@ -57,7 +57,9 @@ def parse_args(argv):
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report here")
     p.add_argument("--csv", metavar="FILE", help="write a gradebook (one row per submission) here")
     p.add_argument("--out-dir", metavar="DIR", help="per-submission reports go to DIR/<submission>/ (batch)")
-    p.add_argument("--rubric", metavar="FILE", help="rubric file (default: ./rubric.toml if present, else built-in)")
+    p.add_argument(
+        "--rubric", metavar="FILE", help="rubric file (default: the project's rubric.toml, else built-in; never ./)"
+    )
     p.add_argument("--jobs", type=int, default=0, help="submissions judged at once (default: CPU count)")
     p.add_argument("--test-timeout", type=float, metavar="S", help="per-test limit (default: the rubric's)")
     p.add_argument("--run-timeout", type=float, metavar="S", help="whole-run limit per submission (the rubric's)")
@@ -110,14 +112,6 @@ def load_leaderboard(path) -> list:
     return entries
 
 
-def choose_rubric(path: str | None) -> Rubric:
-    if path:
-        return load_rubric(path)
-    if Path("rubric.toml").is_file():
-        return load_rubric("rubric.toml")
-    return Rubric()
-
-
 def sandbox_status(mode: str) -> tuple[bool, str]:
     """``(available, what)`` as the judges will find it (the harness's own probe)."""
     from spec_tests.harness.sandbox import FALLBACK_LIMITS, sandbox_available
@@ -130,13 +124,14 @@ def sandbox_status(mode: str) -> tuple[bool, str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        rubric = choose_rubric(args.rubric)
+        rubric = resolve_rubric(args.rubric)
         leaderboard = load_leaderboard(args.leaderboard) if args.leaderboard else []
         submissions = discover(args.impl) if args.impl else []
     except (RubricError, SubmissionError, ValueError) as exc:
         if args.gradescope and len(args.impl) == 1 and not args.out_dir:  # Gradescope still gets a result
             write_atomic(Path(args.gradescope), report.unusable_submission_json(str(exc)))
         return usage_error(str(exc))
+    log(f"rubric: {rubric.identity}")
     batch = len(submissions) > 1
     if batch and any((args.gradescope, args.markdown, args.junit)) and not args.out_dir:
         return usage_error("several submissions: give --out-dir DIR for per-submission reports")
@@ -167,7 +162,13 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
     capabilities = list(rubric.capabilities)
     try:
         manifest = prepare(
-            capabilities, select=args.select, cache_dir=args.cache_dir, work=work, sandbox=sandbox_mode, log=log
+            capabilities,
+            select=args.select,
+            cache_dir=args.cache_dir,
+            work=work,
+            sandbox=sandbox_mode,
+            log=log,
+            families=rubric.families,
         )
     except ManifestError as exc:
         log(f"{PROG}: no grade produced: {exc}")
@@ -182,11 +183,14 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
         print(f"manifest ready: {manifest.path} ({len(manifest.graded)} graded tests)")
         if not submissions:
             return 0
-    tests = manifest.graded
+    tests, ungraded = rubric.select(manifest.graded)
+    if ungraded:
+        reasons = sorted({why for _t, why in ungraded})
+        log(f"note: {len(ungraded)} tests are not graded by the rubric's assignment: {'; '.join(reasons)}")
     skipped = [t for t in manifest.not_graded if t["reference_status"] == "skipped"]
     failing = [t for t in manifest.not_graded if t["reference_status"] != "skipped"]
     for left_out, why in (
-        (skipped, "need a capability the rubric does not require (the reference skips them)"),
+        (skipped, "need a capability or a family the rubric does not require (the reference skips them)"),
         (failing, "do not pass on the reference"),
     ):
         if left_out:
