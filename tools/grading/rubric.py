@@ -85,7 +85,8 @@ class Override:
     def applies(self, test: dict) -> bool:
         test_id = test["id"]
         if self.match is not None and not (
-            fnmatch.fnmatchcase(test_id, self.match)
+            test_id == self.match  # an exact id, brackets and all (fnmatch reads [...] as a set)
+            or fnmatch.fnmatchcase(test_id, self.match)
             or fnmatch.fnmatchcase(f"{test['file']}::{test['function']}", self.match)
         ):
             return False
