@@ -76,10 +76,10 @@ if [ "$skip_apt" != "1" ]; then
     apt-get update
     apt-get install -y bubblewrap
 fi
-# a Python >= {min_major}.{min_minor}: $SPEC_AUTOGRADER_PYTHON, else the newest python3.X on PATH, else python3
+# a Python >= {min_major}.{min_minor}: $SPEC_AUTOGRADER_PYTHON, else python3, else the newest python3.X on PATH
 found=""
 PY=""
-for candidate in ${{SPEC_AUTOGRADER_PYTHON:-}} python3.14 python3.13 python3.12 python3.11 python3; do
+for candidate in ${{SPEC_AUTOGRADER_PYTHON:-}} python3 python3.14 python3.13 python3.12 python3.11; do
     command -v "$candidate" >/dev/null 2>&1 || continue
     version="$("$candidate" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null || true)"
     [ -n "$version" ] || continue
