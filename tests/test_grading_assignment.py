@@ -57,11 +57,12 @@ def test_a_correct_llama_only_solution_scores_100(graded):
 
 
 def test_what_the_assignment_lacks_is_not_graded(graded):
-    ids = [t["output"] for t in results(graded, "buggy")["tests"] if "output" in t]
-    names = " ".join(t["name"] for t in results(graded, "correct")["tests"])
-    assert "gpt2" not in names and "layernorm" not in names and "sampling" not in names.lower()
+    tests = results(graded, "correct")["tests"]
+    names = [t["name"] for t in tests]
+    assert not [n for n in names if "gpt2" in n or "layernorm" in n or "[gpt2" in n], names
+    assert not [t for t in tests if "sampling" in t["tags"] or "sampling filters" in t["name"]]
+    assert not [n for n in names if "flash" in n.lower() or "repeat_kv" in n]
     assert "not graded by the rubric's assignment" in graded["proc"].stderr
-    assert ids  # the buggy one shows outputs
 
 
 def test_a_bug_still_costs_points(graded):

@@ -80,11 +80,15 @@ def outside_fences(md: str) -> str:
 
 def test_the_skeleton_report_is_short_and_grouped():
     """Old layout (one section per test) against the new one, on a 270-test skeleton grade."""
-    g = grade_of("not_implemented", "not implemented: fnX")
+    g = grade_of("not_implemented", "NotImplementedError")
     md = report.markdown(g)
     assert md.count("### ") == 0 and md.count("## Not implemented yet") == 1
     assert all(f"| fn{f} | 9 |" in md for f in range(30))  # one row per function charged
     assert len(md) < 4000, len(md)  # was about 71 kB for the real skeleton (270 sections)
+    # a test stopped by a function it needs (a setup failure) is counted under that function
+    g.results[0].status, g.results[0].message = "setup", "not implemented: build_model"
+    md = report.markdown(g)
+    assert "| build_model | 1 |" in md.replace("\\_", "_") and "### " not in md
 
 
 def test_an_import_error_is_one_section():
@@ -329,3 +333,38 @@ def test_reports_name_the_rubric_everywhere():
     assert rubric.sha256 in report.junit(g) and rubric.sha256 in report.gradebook_csv([g])
     assert json.loads(report.gradescope_json(g))["extra_data"]["rubric"]["sha256"] == rubric.sha256
     assert os.path.basename(rubric.source) == "rubric.toml"
+
+
+# -- issue 19 item 5, end to end: the attack as described --------------------------------------------
+
+
+def test_a_hostile_upload_cannot_forge_the_staff_report_or_the_gradebook(tmp_path):
+    """An upload named like a formula, holding a large file whose name has newlines, ``#``, ``*`` and
+    ``|`` (so it appears in the staff flags), graded with every report form and ``--staff``."""
+    import shutil
+    import sys
+
+    upload = tmp_path / '=HYPERLINK("http://x","grade")'
+    shutil.copytree(ROOT / "reference", upload, ignore=shutil.ignore_patterns("__pycache__"))
+    (upload / "a\n\n# Grade: forged\n\n**100.00 / 100.00 points**\n| total | 9 | 9 |\n*.txt").write_text("0" * 150_000)
+    rubric = tmp_path / "rubric.toml"
+    rubric.write_text("total = 10\n")
+    out = {k: tmp_path / f"r.{k}" for k in ("md", "xml", "csv", "json")}
+    cmd = [sys.executable, "-m", "spec_grading.cli", "--impl", str(upload), "--select", "test_rmsnorm"]
+    cmd += ["--rubric", str(rubric), "--cache-dir", str(tmp_path / "cache"), "--staff", "--failures"]
+    cmd += ["--markdown", str(out["md"]), "--junit", str(out["xml"]), "--csv", str(out["csv"])]
+    cmd += ["--gradescope", str(out["json"])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = out["md"].read_text()
+    assert "large data" in md  # the flag with the file's name is there, made harmless
+    lines = outside_fences(md).splitlines()
+    assert [line for line in lines if line.lstrip().startswith("#")] == [lines[0]]
+    assert len([line for line in lines if line.lstrip().startswith("**")]) == 1
+    assert not [line for line in lines if line.startswith("| total")]
+    rows = list(csv.reader(io.StringIO(out["csv"].read_text())))
+    assert all(not cell.startswith(("=", "+", "-", "@")) for row in rows[1:] for cell in row)
+    assert rows[1][0].startswith("'=HYPERLINK")
+    ET.parse(out["xml"])
+    assert json.loads(out["json"].read_text())["score"] == 10.0
+    assert not [line for line in proc.stdout.splitlines() if line.startswith(("# Grade", "**100"))]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import xml.etree.ElementTree as ET
 
 from .grade import SHOWN_STATUS, Grade, TestResult
@@ -269,9 +270,10 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
         out += ["", f"{len(hidden)} hidden tests worth {_pts(worth)} points count towards the score; not shown here."]
     shown = [r for r in grade.results if not r.earns and not conceal(r)]
     out += _not_run_section([r for r in shown if r.status == "not_run"], grade)
-    out += _not_implemented_section([r for r in shown if r.status == "not_implemented"])
+    missing = [r for r in shown if _missing_name(r) is not None]
+    out += _not_implemented_section(missing)
     out += _not_provided_section([r for r in shown if r.status == "skipped"])
-    failed = [r for r in shown if r.status not in ("not_run", "not_implemented", "skipped")]
+    failed = [r for r in shown if r.status not in ("not_run", "skipped") and r not in missing]
     out += _failed_section(failed, grade, staff)
     groups = {root: [r for r in rs if not conceal(r)] for root, rs in grade.consequences().items()}
     groups = {root: rs for root, rs in groups.items() if rs}
@@ -295,12 +297,30 @@ def _not_run_section(rs: list[TestResult], grade: Grade) -> list[str]:
     return out
 
 
+_NOT_IMPLEMENTED = re.compile(r"not implemented: ([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _missing_name(r: TestResult) -> str | None:
+    """The function still raising ``NotImplementedError`` that stopped this test (its own, or one it
+    needs: a ``setup`` failure), or ``None``."""
+    if r.status not in ("not_implemented", "setup"):
+        return None
+    found = _NOT_IMPLEMENTED.match(r.message or "")
+    if found:
+        return found.group(1)
+    return _cause_of(r) if r.status == "not_implemented" else None
+
+
 def _not_implemented_section(rs: list[TestResult]) -> list[str]:
+    """One row per function still to write, with every test it stops (its own and those needing it)."""
     if not rs:
         return []
-    out = ["", "## Not implemented yet", "", "| function | tests | points |", "|---|---:|---:|"]
-    for cause, group in failure_groups(rs).items():
-        out.append(f"| {md_inline(cause, 200)} | {len(group)} | {_points(group)} |")
+    groups: dict[str, list[TestResult]] = {}
+    for r in rs:
+        groups.setdefault(_missing_name(r) or _cause_of(r), []).append(r)
+    out = ["", "## Not implemented yet", "", "| function | tests it stops | points |", "|---|---:|---:|"]
+    for name, group in groups.items():
+        out.append(f"| {md_inline(name, 200)} | {len(group)} | {_points(group)} |")
     return out
 
 
