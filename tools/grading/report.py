@@ -163,8 +163,8 @@ def gradescope(grade: Grade, *, leaderboard: list | None = None) -> dict:
             "number": r.test.number,
         }
         output = output_of(grade, r)
-        if output and not grade.concealed(r):
-            output += "\n" + rerun_line(r)
+        if output and not grade.concealed(r) and r.status not in ("not_run", "skipped", "consequence"):
+            output += "\n" + rerun_line(r)  # nothing to rerun one by one when nothing ran
         if output:
             entry["output"] = output
         tests.append(entry)
