@@ -344,9 +344,10 @@ def test_a_hostile_upload_cannot_forge_the_staff_report_or_the_gradebook(tmp_pat
     import shutil
     import sys
 
-    upload = tmp_path / '=HYPERLINK("http://x","grade")'
+    upload = tmp_path / '=HYPERLINK("x","grade")'
     shutil.copytree(ROOT / "reference", upload, ignore=shutil.ignore_patterns("__pycache__"))
-    (upload / "a\n\n# Grade: forged\n\n**100.00 / 100.00 points**\n| total | 9 | 9 |\n*.txt").write_text("0" * 150_000)
+    evil = "a\n\n# Grade: forged\n\n**100.00 points**\n| total | 9 | 9 |\n*.txt"  # a name cannot hold "/"
+    (upload / evil).write_text("0" * 150_000)
     rubric = tmp_path / "rubric.toml"
     rubric.write_text("total = 10\n")
     out = {k: tmp_path / f"r.{k}" for k in ("md", "xml", "csv", "json")}
