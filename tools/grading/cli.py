@@ -190,7 +190,7 @@ def _grade(args, rubric, leaderboard, submissions, limits, work: Path) -> int:
     skipped = [t for t in manifest.not_graded if t["reference_status"] == "skipped"]
     failing = [t for t in manifest.not_graded if t["reference_status"] != "skipped"]
     for left_out, why in (
-        (skipped, "need a capability the rubric does not require, or a family it does not grade (the reference skips them)"),
+        (skipped, "need a capability the rubric does not require, or a family it does not grade (skipped there)"),
         (failing, "do not pass on the reference"),
     ):
         if left_out:
