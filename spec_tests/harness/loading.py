@@ -1,8 +1,8 @@
 """Turning an ``--impl`` value into an implementation object.
 
 Accepted forms: ``reference``, ``student``, ``bug:<name>`` (a seeded bug from the catalog),
-a dotted module path ``pkg.mod``, ``pkg.mod:object``, or a path to a ``.py`` file or a package
-folder.
+``cs336:<checkout>`` (a CS336 assignment 1 checkout, through ``spec_adapters.cs336``), a dotted
+module path ``pkg.mod``, ``pkg.mod:object``, or a path to a ``.py`` file or a package folder.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import sys
 import traceback
 from pathlib import Path
 
-ACCEPTED_FORMS = "reference | student | bug:<name> | pkg.mod | pkg.mod:object | path/to/file.py | path/to/package_dir"
+ACCEPTED_FORMS = (
+    "reference | student | bug:<name> | cs336:<checkout> | pkg.mod | pkg.mod:object | path/to/file.py "
+    "| path/to/package_dir"
+)
 
 
 class ImplUsageError(ValueError):
@@ -72,6 +75,23 @@ def _import_path(path: Path):
     return module
 
 
+def _load_cs336(spec: str):
+    """A CS336 checkout's ``tests/adapters.py`` table behind protocol v1 (``spec_adapters.cs336``)."""
+    try:
+        from spec_adapters import cs336
+    except ImportError as exc:  # a handout without the adapters
+        raise ImplUsageError(f"--impl={spec}: the CS336 bridge (spec_adapters.cs336) is not installed: {exc}") from None
+    checkout = spec.removeprefix("cs336:")
+    if not checkout or not Path(checkout).is_dir():
+        raise ImplUsageError(f"--impl={spec}: {checkout!r} is not a folder (a CS336 assignment 1 checkout)")
+    try:
+        return cs336.load(checkout)
+    except cs336.BridgeError as exc:
+        raise ImplUsageError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the student's own import error
+        raise _import_failure(f"{checkout}/tests/adapters.py", exc) from exc
+
+
 def load_implementation(spec: str):
     """The object behind an ``--impl`` value and a short label for messages."""
     spec = spec.strip()
@@ -81,6 +101,8 @@ def load_implementation(spec: str):
         from ..bugs import load_bug  # the catalog ships with the suite, not with handouts
 
         return load_bug(spec[4:]), spec
+    if spec.startswith("cs336:"):
+        return _load_cs336(spec), spec
     looks_like_path = (
         spec.endswith(".py") or "/" in spec or "\\" in spec or Path(spec).is_dir() and not spec.isidentifier()
     )

@@ -4,17 +4,22 @@ Gradescope unpacks the zip into ``/autograder/source``, runs ``setup.sh`` once (
 the image, and ``run_autograder`` for each submission (uploaded to ``/autograder/submission``),
 expecting ``/autograder/results/results.json``. The zip holds:
 
-- ``setup.sh``: installs bubblewrap (the sandbox), the CPU build of torch from PyTorch's CPU index,
-  and the project; then prepares the manifest (a no-op when the shipped one matches the installed
-  versions);
+- ``setup.sh``: installs bubblewrap (the sandbox); finds a Python >= 3.11 (or fails naming the
+  versions found and the base image to pick in Gradescope's settings); makes its own virtual
+  environment ``/autograder/venv`` (so an old or externally managed system Python does not matter);
+  installs the CPU build of torch from PyTorch's CPU index and the project into it; then prepares
+  the manifest (a no-op when the shipped one matches the installed versions);
 - ``run_autograder``: grades the submission into ``results.json`` with the zip's rubric;
 - the project: ``reference/``, ``spec_tests/`` (with the bug catalog, for diagnosis), ``student/``,
   ``spec_grading/`` and a ``pyproject.toml`` that installs them;
-- ``rubric.toml`` and the prepared manifest (``grading-cache/<key>/manifest.json`` + SHA-256).
+- ``rubric.toml`` (byte for byte the rubric it was built from, its SHA-256 in
+  ``rubric.toml.sha256`` and in both scripts' headers) and the prepared manifest
+  (``grading-cache/<key>/manifest.json`` + SHA-256).
 
 ``SPEC_AUTOGRADER_ROOT`` (default ``/autograder``) moves every ``/autograder`` path, and
-``SPEC_AUTOGRADER_SKIP_INSTALL=1`` skips ``setup.sh``'s installs: both for testing the zip outside
-Gradescope (``tests/test_grading_gradescope.py``).
+``SPEC_AUTOGRADER_SKIP_INSTALL=1`` skips ``setup.sh``'s installs (``SPEC_AUTOGRADER_SKIP_APT=1`` only
+the apt-get lines), ``SPEC_AUTOGRADER_PYTHON`` names the Python to use: for testing the zip outside
+Gradescope (``tests/test_grading_gradescope.py``, ``tests/test_grading_reports.py``).
 """
 
 from __future__ import annotations
@@ -56,31 +61,87 @@ where = ["."]
 include = ["reference*", "spec_tests*", "student*", "spec_grading*"]
 """
 
+PYTHON_MIN = (3, 11)
 SETUP_SH = """\
 #!/usr/bin/env bash
-# Gradescope runs this once, as root, when it builds the autograder image.
+# Gradescope runs this once, as root, when it builds the autograder image. Rubric: {rubric}
+# It installs into a virtual environment of its own ($AG/venv), never into the image's python3 (which
+# may be too old, or marked externally managed as on Ubuntu 24.04).
 set -euo pipefail
 AG="${{SPEC_AUTOGRADER_ROOT:-/autograder}}"
 cd "$AG/source"
-if [ "${{SPEC_AUTOGRADER_SKIP_INSTALL:-0}}" != "1" ]; then
+skip_install="${{SPEC_AUTOGRADER_SKIP_INSTALL:-0}}"
+skip_apt="${{SPEC_AUTOGRADER_SKIP_APT:-$skip_install}}"
+if [ "$skip_apt" != "1" ]; then
     apt-get update
     apt-get install -y bubblewrap
-    python3 -m pip install {torch} --index-url {index}
-    python3 -m pip install .
 fi
+# a Python >= {min_major}.{min_minor}: $SPEC_AUTOGRADER_PYTHON, else python3, else the newest python3.X on PATH
+found=""
+PY=""
+for candidate in ${{SPEC_AUTOGRADER_PYTHON:-}} python3 python3.14 python3.13 python3.12 python3.11; do
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    version="$("$candidate" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null || true)"
+    [ -n "$version" ] || continue
+    found="$found $candidate=$version"
+    major="${{version%%.*}}"; rest="${{version#*.}}"; minor="${{rest%%.*}}"
+    if [ "$major" -gt {min_major} ] || {{ [ "$major" -eq {min_major} ] && [ "$minor" -ge {min_minor} ]; }}; then
+        PY="$candidate"
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "setup.sh: ERROR: the autograder needs Python {min_major}.{min_minor} or newer;" \\
+        "found:${{found:- no python3 at all}}." >&2
+    echo "setup.sh: In Gradescope's autograder settings, pick a base image whose python3 is" \\
+        "{min_major}.{min_minor}+" >&2
+    echo "setup.sh: (Ubuntu 24.04 ships Python 3.12; Ubuntu 22.04 ships 3.10, too old), or set" >&2
+    echo "setup.sh: SPEC_AUTOGRADER_PYTHON to a python{min_major}.{min_minor}+ this script can run." >&2
+    exit 1
+fi
+echo "setup.sh: using $PY ($version)"
+if [ "$skip_install" != "1" ]; then
+    if ! "$PY" -m venv "$AG/venv"; then  # Debian/Ubuntu keep venv's ensurepip in a package of its own
+        [ "$skip_apt" != "1" ] && apt-get install -y "python$major.$minor-venv" || true
+        "$PY" -m venv "$AG/venv"
+    fi
+    "$AG/venv/bin/python" -m pip install --upgrade pip
+    "$AG/venv/bin/python" -m pip install {torch} --index-url {index}
+    "$AG/venv/bin/python" -m pip install .
+fi
+[ -x "$AG/venv/bin/python" ] && PY="$AG/venv/bin/python"
 # the shipped manifest is used when it matches the installed versions; otherwise it is made here
-python3 -m spec_grading.cli --prepare --rubric rubric.toml --cache-dir "$AG/source/grading-cache"{select}
+"$PY" -m spec_grading.cli --prepare --rubric rubric.toml --cache-dir "$AG/source/grading-cache"{select}
 """
 
 RUN_AUTOGRADER = """\
 #!/usr/bin/env bash
 # Gradescope runs this for each submission: /autograder/submission -> /autograder/results/results.json
+# Rubric: {rubric}
 AG="${{SPEC_AUTOGRADER_ROOT:-/autograder}}"
 cd "$AG/source" || exit 1
 mkdir -p "$AG/results"
-exec python3 -m spec_grading.cli --impl "$AG/submission" --gradescope "$AG/results/results.json" \\
+PY="$AG/venv/bin/python"
+[ -x "$PY" ] || PY=python3
+exec "$PY" -m spec_grading.cli --impl "$AG/submission" --gradescope "$AG/results/results.json" \\
     --rubric rubric.toml --cache-dir "$AG/source/grading-cache"{select}
 """
+
+
+def _one_line(rubric: Rubric) -> str:
+    return rubric.identity.replace("\n", " ")
+
+
+def setup_script(rubric: Rubric, select_arg: str = "") -> str:
+    """``setup.sh``'s text (tests run it with a fake python)."""
+    return SETUP_SH.format(
+        torch=TORCH_PIN,
+        index=TORCH_INDEX,
+        select=select_arg,
+        rubric=_one_line(rubric),
+        min_major=PYTHON_MIN[0],
+        min_minor=PYTHON_MIN[1],
+    )
 
 
 def rubric_text(rubric: Rubric) -> str:
@@ -103,8 +164,9 @@ def write_autograder_zip(
             shutil.copytree(package_dir(name), root / name, ignore=SKIP)
         (root / "pyproject.toml").write_text(PYPROJECT)
         (root / "rubric.toml").write_text(rubric_text(rubric), encoding="utf-8")
-        (root / "setup.sh").write_text(SETUP_SH.format(torch=TORCH_PIN, index=TORCH_INDEX, select=select_arg))
-        (root / "run_autograder").write_text(RUN_AUTOGRADER.format(select=select_arg))
+        (root / "setup.sh").write_text(setup_script(rubric, select_arg))
+        (root / "run_autograder").write_text(RUN_AUTOGRADER.format(select=select_arg, rubric=_one_line(rubric)))
+        (root / "rubric.toml.sha256").write_text(f"{rubric.sha256 or 'built-in defaults'}  rubric.toml\n")
         shipped = root / "grading-cache" / manifest.key
         shipped.mkdir(parents=True)
         for source in (manifest.path, manifest.path.with_name(manifest.path.name + ".sha256")):

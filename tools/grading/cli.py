@@ -7,7 +7,7 @@
     spec-grade --gradescope-zip autograder.zip                                 # the Gradescope autograder
 
 Prints a per-component table (tests earned, points). Points, visibility, limits and the required
-capabilities come from the rubric (``--rubric``, default ./rubric.toml, else built-in defaults).
+capabilities come from the rubric (``--rubric``, default: the project's rubric.toml beside the package, else built-in defaults; never the working directory's).
 Exit status: 0 whenever a grade was produced, whatever the score; 2 on usage errors (bad arguments,
 missing submission, malformed rubric); 1 when no grade could be produced (the manifest could not be
 prepared, ``--sandbox require`` without a sandbox, or the code that judges changed during grading);
@@ -33,7 +33,7 @@ from . import report
 from .batch import BatchGrader, Writer, ignore_signals
 from .judge import Limits
 from .manifest import ManifestError, prepare
-from .rubric import Rubric, RubricError, assign, load_rubric, unknown_components
+from .rubric import RubricError, assign, resolve_rubric, unknown_components
 from .submission import SubmissionError, discover
 from .textsafe import write_atomic
 from .workspace import Interrupted, RunFolder, install_signal_handlers, restore_signal_handlers
@@ -63,7 +63,9 @@ def parse_args(argv):
         help="per-submission reports go to DIR/<submission>/: the forms named, or every form "
         "(results.json, report.md, report.xml) when none is",
     )
-    p.add_argument("--rubric", metavar="FILE", help="rubric file (default: ./rubric.toml if present, else built-in)")
+    p.add_argument(
+        "--rubric", metavar="FILE", help="rubric file (default: the project's rubric.toml, else built-in; never ./)"
+    )
     p.add_argument("--jobs", type=int, default=0, help="submissions judged at once (default: CPU count)")
     p.add_argument("--test-timeout", type=float, metavar="S", help="per-test limit (default: the rubric's)")
     p.add_argument("--run-timeout", type=float, metavar="S", help="whole-run limit per submission (the rubric's)")
@@ -136,14 +138,6 @@ def load_leaderboard(path) -> list:
     return entries
 
 
-def choose_rubric(path: str | None) -> Rubric:
-    if path:
-        return load_rubric(path)
-    if Path("rubric.toml").is_file():
-        return load_rubric("rubric.toml")
-    return Rubric()
-
-
 def sandbox_status(mode: str) -> tuple[bool, str]:
     """``(available, what)`` as the judges will find it (the harness's own probe)."""
     from spec_tests.harness.sandbox import FALLBACK_LIMITS, sandbox_available
@@ -156,7 +150,7 @@ def sandbox_status(mode: str) -> tuple[bool, str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        rubric = choose_rubric(args.rubric)
+        rubric = resolve_rubric(args.rubric)
         leaderboard = load_leaderboard(args.leaderboard) if args.leaderboard else []
         notes: list[str] = []
         submissions = discover(args.impl, notes) if args.impl else []
@@ -166,6 +160,7 @@ def main(argv=None) -> int:
         return usage_error(str(exc))
     for note in notes:
         log(f"note: {note}")
+    log(f"rubric: {rubric.identity}")
     batch = len(submissions) > 1
     if batch and any((args.gradescope, args.markdown, args.junit)) and not args.out_dir:
         return usage_error("several submissions: give --out-dir DIR for per-submission reports")
@@ -200,7 +195,13 @@ def _grade(args, rubric, submissions, limits, work: Path, writer: Writer) -> int
     capabilities = list(rubric.capabilities)
     try:
         manifest = prepare(
-            capabilities, select=args.select, cache_dir=args.cache_dir, work=work, sandbox=sandbox_mode, log=log
+            capabilities,
+            select=args.select,
+            cache_dir=args.cache_dir,
+            work=work,
+            sandbox=sandbox_mode,
+            log=log,
+            families=rubric.families,
         )
     except ManifestError as exc:
         log(f"{PROG}: no grade produced: {exc}")
@@ -215,11 +216,14 @@ def _grade(args, rubric, submissions, limits, work: Path, writer: Writer) -> int
         print(f"manifest ready: {manifest.path} ({len(manifest.graded)} graded tests)")
         if not submissions:
             return 0
-    tests = manifest.graded
+    tests, ungraded = rubric.select(manifest.graded)
+    if ungraded:
+        reasons = sorted({why for _t, why in ungraded})
+        log(f"note: {len(ungraded)} tests are not graded by the rubric's assignment: {'; '.join(reasons)}")
     skipped = [t for t in manifest.not_graded if t["reference_status"] == "skipped"]
     failing = [t for t in manifest.not_graded if t["reference_status"] != "skipped"]
     for left_out, why in (
-        (skipped, "need a capability the rubric does not require (the reference skips them)"),
+        (skipped, "need a capability the rubric does not require, or a family it does not grade (skipped there)"),
         (failing, "do not pass on the reference"),
     ):
         if left_out:

@@ -38,7 +38,7 @@ from pathlib import Path
 from .judge import child_env, spec_tests_dir
 from .manifest import torch_version
 from .packages import package_dir
-from .rubric import Rubric, RubricError, load_rubric
+from .rubric import Rubric, RubricError, resolve_rubric
 
 STYLES = ("interleaved", "half")
 EXCLUDED = {"bugs", "recorded", "__pycache__", ".hypothesis", ".pytest_cache"}
@@ -142,9 +142,40 @@ def record(styles, into: Path, *, test_files: list[str] | None, max_bug_bytes: i
             raise RecordingError(f"recording the reference ({style}) failed (exit {done.returncode}):\n{tail}")
 
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def requirements(version: str) -> str:
+    """The handout's ``requirements.txt``: the torch the recordings were made with, from PyTorch's CPU
+    wheels (the default index's Linux wheels bundle CUDA: a download of several GB, not needed here)."""
+    return (
+        "# torch from PyTorch's CPU wheel index (small; the suite runs on CPU). Remove the next line to\n"
+        "# get the default (CUDA) build instead. Or install it first yourself, then the rest:\n"
+        f"#   python -m pip install torch=={version} --index-url {TORCH_CPU_INDEX}\n"
+        f"--extra-index-url {TORCH_CPU_INDEX}\n"
+        f"torch=={version}\nnumpy\neinops\npytest>=8\nhypothesis>=6.100\n"
+    )
+
+
+def assignment_lines(rubric: Rubric) -> str:
+    """What the assignment grades, where the rubric narrows the suite (families, names, cases)."""
+    from spec_tests.protocol import ALL_FAMILIES
+
+    lines = []
+    if set(rubric.families) != set(ALL_FAMILIES):
+        lines.append(f"- Model families graded: {', '.join(rubric.families)} (tests of other families are not graded).")
+    if rubric.not_graded:
+        lines.append(f"- Not part of this assignment (not graded): {', '.join(rubric.not_graded)}.")
+    if any(o.graded is False for o in rubric.overrides):
+        lines.append("- Some single test cases are not graded (`[[tests]]` entries with `graded = false`).")
+    lines.append(f"- Capabilities required: {', '.join(rubric.capabilities) or 'none'}.")
+    return "\n".join(lines)
+
+
 def readme(rubric: Rubric, styles, version: str) -> str:
     rows = "\n".join(f"| {name} | {weight:g} |" for name, weight in rubric.components.items())
     table = f"| component | weight |\n|---|---:|\n{rows}" if rows else "(every component weighs the same)"
+    title = f" ({rubric.assignment})" if rubric.assignment else ""
     hidden = ""
     if rubric.visibility != "visible" or any(o.visibility not in (None, "visible") for o in rubric.overrides):
         hidden = " Some tests are hidden, or shown only later."
@@ -157,7 +188,7 @@ classic bug to avoid); each raises `NotImplementedError` until you write it.
 ## Check your work
 
 ```bash
-python -m pip install -r requirements.txt
+python -m pip install -r requirements.txt          # torch from the CPU wheels (see the file)
 python -m pytest spec_tests --impl=student          # everything (or just: python -m pytest)
 python -m pytest spec_tests --impl=student -k rmsnorm -x   # one concept, stop at the first failure
 ```
@@ -177,7 +208,11 @@ install torch {version} (`requirements.txt`).
 Pick the RoPE pairing you implement with `ROPE_STYLE` in `student/__init__.py`
 (recordings are included for: {", ".join(styles)}).
 
-## How you are graded
+## How you are graded{title}
+
+Graded with the rubric `{rubric.identity}`.
+
+{assignment_lines(rubric)}
 
 Your submission is graded with the same tests.{hidden} A test you fail only because a function it
 builds on fails ("consequence of failing X") is not charged: `X`'s own tests are.
@@ -205,7 +240,9 @@ def parse_args(argv):
         default=64.0,
         help="keep recorded bug outputs up to this size each, for 'matches known bug' (0: none)",
     )
-    p.add_argument("--rubric", help="rubric summarised in the README (default: ./rubric.toml, else built-in)")
+    p.add_argument(
+        "--rubric", help="rubric summarised in the README (default: the project's rubric.toml, else built-in; never ./)"
+    )
     p.add_argument("--tests", help="comma-separated test files to include (default: all of spec_tests/test_*.py)")
     p.add_argument(
         "--allow-implemented",
@@ -240,12 +277,10 @@ def main(argv=None) -> int:
         if missing or not test_files:
             p.error(f"--tests: no such test file(s) in {suite}: {', '.join(missing) or repr(args.tests)}")
     try:
-        if args.rubric:
-            rubric = load_rubric(args.rubric)
-        else:
-            rubric = load_rubric("rubric.toml") if Path("rubric.toml").is_file() else Rubric()
+        rubric = resolve_rubric(args.rubric)
     except RubricError as exc:
         p.error(str(exc))
+    print(f"spec-handout: rubric {rubric.identity}", file=sys.stderr)
     allowed = frozenset(n.strip() for n in args.allow_implemented.split(",") if n.strip())
     solution = implementations_in(package_dir("student"), allowed)
     if solution:
@@ -276,9 +311,7 @@ def main(argv=None) -> int:
     version = torch_version().split("+")[0]
     (out / "README.md").write_text(readme(rubric, styles, version), encoding="utf-8")
     (out / "pytest.ini").write_text("[pytest]\ntestpaths = spec_tests\naddopts = -p no:cacheprovider --impl=student\n")
-    (out / "requirements.txt").write_text(
-        f"torch=={version}\nnumpy\neinops\npytest>=8\nhypothesis>=6.100\n", encoding="utf-8"
-    )
+    (out / "requirements.txt").write_text(requirements(version), encoding="utf-8")
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"handout written to {out} ({total / 2**20:.1f} MiB; recordings for {', '.join(styles)})")
     return 0

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spec_tests.protocol import ALL_FAMILIES
+
 from .judge import HYPOTHESIS_PROFILE, JudgeRun, Limits, spec_tests_dir
 from .packages import package_dir
 from .textsafe import write_atomic
@@ -89,9 +91,10 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def manifest_key(capabilities, select: str | None) -> str:
+def manifest_key(capabilities, select: str | None, families=None) -> str:
     h = hashlib.sha256(code_digest().encode())
     facts = {
+        **({"families": sorted(families)} if families and set(families) != set(ALL_FAMILIES) else {}),
         "format": FORMAT,
         "capabilities": sorted(capabilities),
         "select": select or "",
@@ -134,20 +137,31 @@ def save(manifest: Manifest, path: Path) -> None:
     manifest.path = path
 
 
-def stage_reference(into: Path) -> Path:
+def stage_reference(into: Path, families=None) -> Path:
+    """A copy of the reference to judge; with ``families`` (the rubric's assignment) it declares only
+    those, so tests of another family are skipped there and not graded."""
     target = into / "submission"
     shutil.copytree(reference_dir(), target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if families and set(families) != set(ALL_FAMILIES):
+        with open(target / "__init__.py", "a", encoding="utf-8") as f:
+            f.write(f"\nFAMILIES = {tuple(families)!r}  # the rubric's assignment\n")
     for entry in [target, *target.rglob("*")]:
         entry.chmod(0o755 if entry.is_dir() else 0o644)
     return target
 
 
 def run_pass(
-    capabilities, select: str | None, folder: Path, *, sandbox: str = "auto", timeout_s: float = 1800.0
+    capabilities,
+    select: str | None,
+    folder: Path,
+    *,
+    sandbox: str = "auto",
+    timeout_s: float = 1800.0,
+    families=None,
 ) -> Manifest:
     """The trusted pass: the judge on the reference; returns the manifest (not saved)."""
     folder.mkdir(parents=True, exist_ok=True)
-    staged = stage_reference(folder / "code")
+    staged = stage_reference(folder / "code", families)
     run = JudgeRun(
         staged,
         folder,
@@ -169,14 +183,21 @@ def run_pass(
     for tid, entry in result.described.items():
         verdict = result.verdicts.get(tid)
         tests.append({**entry, "reference_status": verdict.status if verdict else "not_run"})
-    return Manifest(manifest_key(capabilities, select), sorted(capabilities), tests)
+    return Manifest(manifest_key(capabilities, select, families), sorted(capabilities), tests)
 
 
 def prepare(
-    capabilities, *, select: str | None, cache_dir: Path | None, work: Path, sandbox: str = "auto", log=print
+    capabilities,
+    *,
+    select: str | None,
+    cache_dir: Path | None,
+    work: Path,
+    sandbox: str = "auto",
+    log=print,
+    families=None,
 ) -> Manifest:
-    """The manifest for these capabilities and selection: from the cache when valid, else made."""
-    key = manifest_key(capabilities, select)
+    """The manifest for these capabilities, families and selection: from the cache when valid, else made."""
+    key = manifest_key(capabilities, select, families)
     path = Path(cache_dir or default_cache_dir()) / key / NAME
     manifest, why = load_verified(path, key)
     if manifest is not None:
@@ -184,6 +205,6 @@ def prepare(
     if why != "not prepared yet":
         log(f"note: preparing the manifest again: {why}")
     log(f"preparing the manifest: the suite on the reference (capabilities: {', '.join(capabilities) or 'none'})")
-    manifest = run_pass(capabilities, select, work / "manifest-pass", sandbox=sandbox)
+    manifest = run_pass(capabilities, select, work / "manifest-pass", sandbox=sandbox, families=families)
     save(manifest, path)
     return manifest

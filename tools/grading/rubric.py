@@ -29,11 +29,24 @@ Read from a TOML file (default ``rubric.toml`` at the repository root; see its c
                                         # others are not graded. A submission's own
                                         # CAPABILITIES (and SPEC_XFAILS) are ignored.
 
+    [assignment]                        # what the course's assignment asks for (all optional)
+    name = "Assignment 1"               # shown in every report
+    families = ["llama"]                # model families graded (default both): tests of another
+                                        # family are not graded at all (not "not provided")
+    not_graded = ["layernorm", ...]     # protocol names the assignment does not ask for: tests
+                                        # that judge or use one are not graded
+
     [[tests]]                           # overrides, applied in order, later wins
     match = "test_generation.py::*"     # fnmatch on "file::function[params]"; or any of
-    component = "generation"            #   component = "...", bug_class = "..."
+    component = "generation"            #   component = "...", bug_class = "...", name = "rmsnorm"
     weight = 2                          # sets the test function's weight
     visibility = "after_due_date"
+    graded = false                      # the selected cases are not graded (say, float64
+                                        # precision where the course computes in float32)
+
+Which rubric: ``--rubric PATH``, else the project's ``rubric.toml`` (next to the grader package
+in a checkout, or shipped inside it), else the built-in defaults; never the working directory's.
+Every output names the rubric it used: its path and the SHA-256 of its bytes (``Rubric.identity``).
 
 Tests can also carry ``@pytest.mark.points(w)`` (weight) and ``@pytest.mark.visibility(v)``; the
 rubric file's ``[[tests]]`` entries take precedence over markers.
@@ -42,12 +55,15 @@ rubric file's ``[[tests]]`` entries take precedence over markers.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec_tests.protocol import ALL_CAPABILITIES
+from spec_tests.protocol import ALL_CAPABILITIES, ALL_FAMILIES, PROTOCOL_NAMES
 
+BUILT_IN = "(built-in defaults: every component weighs the same)"
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 DEFAULT_HIDDEN_MESSAGE = "This test is hidden: it counts towards your score, but its details are not shown."
 
@@ -63,17 +79,22 @@ class Override:
     bug_class: str | None = None
     weight: float | None = None
     visibility: str | None = None
+    name: str | None = None
+    graded: bool | None = None
 
     def applies(self, test: dict) -> bool:
         test_id = test["id"]
         if self.match is not None and not (
-            fnmatch.fnmatchcase(test_id, self.match)
+            test_id == self.match  # an exact id, brackets and all (fnmatch reads [...] as a set)
+            or fnmatch.fnmatchcase(test_id, self.match)
             or fnmatch.fnmatchcase(f"{test['file']}::{test['function']}", self.match)
         ):
             return False
         if self.component is not None and test["component"] != self.component:
             return False
         if self.bug_class is not None and self.bug_class not in test["bug_classes"]:
+            return False
+        if self.name is not None and self.name not in test.get("subjects", ()):
             return False
         return True
 
@@ -92,7 +113,38 @@ class Rubric:
     memory_mb: int = 4096
     capabilities: tuple[str, ...] = ALL_CAPABILITIES
     overrides: list[Override] = field(default_factory=list)
-    source: str = "(built-in defaults)"
+    source: str = BUILT_IN
+    sha256: str = ""
+    assignment: str = ""
+    families: tuple[str, ...] = ALL_FAMILIES
+    not_graded: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> str:
+        """What every output says about the rubric: its path and digest (or the built-in defaults)."""
+        return f"{self.source} (sha256 {self.sha256})" if self.sha256 else self.source
+
+    def metadata(self) -> dict:
+        return {"path": self.source, "sha256": self.sha256, "assignment": self.assignment}
+
+    def ungraded_reason(self, test: dict) -> str | None:
+        """Why the assignment does not grade ``test`` (a manifest entry), or ``None`` if it does."""
+        lacking = [n for n in (*test.get("subjects", ()), *test.get("uses", ())) if n in self.not_graded]
+        if lacking:
+            return f"the assignment does not ask for {', '.join(dict.fromkeys(lacking))}"
+        graded = None
+        for o in self.overrides:
+            if o.graded is not None and o.applies(test):
+                graded = o.graded
+        return "the rubric's [[tests]] entries do not grade it" if graded is False else None
+
+    def select(self, tests: list[dict]) -> tuple[list[dict], list[tuple[dict, str]]]:
+        """``(graded, [(test, why not graded), ...])`` of manifest entries, in order."""
+        kept, dropped = [], []
+        for t in tests:
+            why = self.ungraded_reason(t)
+            (kept.append(t) if why is None else dropped.append((t, why)))
+        return kept, dropped
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:
@@ -111,19 +163,23 @@ def _visibility(value, where: str) -> str:
 
 def load_rubric(path) -> Rubric:
     """Parse and validate a rubric file (``RubricError`` naming the problem)."""
-    path = Path(path)
+    path = Path(path).resolve()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RubricError(f"rubric {path}: not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
         raise RubricError(f"rubric {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise RubricError(f"rubric {path}: {exc}") from None
     where = str(path)
-    known = {"total", "components", "defaults", "gradescope", "limits", "capabilities", "tests"}
+    known = {"total", "components", "defaults", "gradescope", "limits", "capabilities", "tests", "assignment"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise RubricError(f"rubric {where}: unknown keys {unknown}; known: {sorted(known)}")
-    r = Rubric(source=where)
+    r = Rubric(source=where, sha256=hashlib.sha256(raw).hexdigest())
+    r.assignment, r.families, r.not_graded = _assignment(data.get("assignment", {}), where)
     r.total = _number(data.get("total", 100), f"{where}: total", positive=True)
     comps = data.get("components", {})
     if not isinstance(comps, dict):
@@ -157,14 +213,18 @@ def load_rubric(path) -> Rubric:
         w = f"{where}: tests[{i}]"
         if not isinstance(entry, dict):
             raise RubricError(f"{w}: must be a table, got {entry!r}")
-        allowed = {"match", "component", "bug_class", "weight", "visibility"}
+        allowed = {"match", "component", "bug_class", "name", "weight", "visibility", "graded"}
         bad = sorted(set(entry) - allowed)
         if bad:
             raise RubricError(f"{w}: unknown keys {bad}; allowed: {sorted(allowed)}")
-        if not {"match", "component", "bug_class"} & set(entry):
-            raise RubricError(f"{w}: needs a selector (match, component or bug_class)")
-        if not {"weight", "visibility"} & set(entry):
-            raise RubricError(f"{w}: sets nothing (weight or visibility)")
+        if not {"match", "component", "bug_class", "name"} & set(entry):
+            raise RubricError(f"{w}: needs a selector (match, component, bug_class or name)")
+        if not {"weight", "visibility", "graded"} & set(entry):
+            raise RubricError(f"{w}: sets nothing (weight, visibility or graded)")
+        if "graded" in entry and not isinstance(entry["graded"], bool):
+            raise RubricError(f"{w}: graded must be true or false, got {entry['graded']!r}")
+        if "name" in entry and entry["name"] not in PROTOCOL_NAMES:
+            raise RubricError(f"{w}: name must be a protocol name, got {entry['name']!r}")
         r.overrides.append(
             Override(
                 match=entry.get("match"),
@@ -172,9 +232,54 @@ def load_rubric(path) -> Rubric:
                 bug_class=entry.get("bug_class"),
                 weight=_number(entry["weight"], f"{w}: weight") if "weight" in entry else None,
                 visibility=_visibility(entry["visibility"], f"{w}: visibility") if "visibility" in entry else None,
+                name=entry.get("name"),
+                graded=entry.get("graded"),
             )
         )
     return r
+
+
+def _assignment(table, where: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    if not isinstance(table, dict):
+        raise RubricError(f"{where}: [assignment] must be a table")
+    bad = sorted(set(table) - {"name", "families", "not_graded"})
+    if bad:
+        raise RubricError(f"{where}: assignment: unknown keys {bad}; allowed: ['families', 'name', 'not_graded']")
+    name = table.get("name", "")
+    if not isinstance(name, str):
+        raise RubricError(f"{where}: assignment.name must be a string, got {name!r}")
+    families = table.get("families", list(ALL_FAMILIES))
+    if not isinstance(families, list) or not families or not all(isinstance(f, str) for f in families):
+        raise RubricError(f"{where}: assignment.families must be a non-empty list of names, got {families!r}")
+    unknown = [f for f in families if f not in ALL_FAMILIES]
+    if unknown:
+        raise RubricError(f"{where}: assignment.families names unknown families {unknown}; known: {list(ALL_FAMILIES)}")
+    names = table.get("not_graded", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise RubricError(f"{where}: assignment.not_graded must be a list of protocol names, got {names!r}")
+    unknown = [n for n in names if n not in PROTOCOL_NAMES]
+    if unknown:
+        raise RubricError(f"{where}: assignment.not_graded names unknown protocol names {unknown}")
+    return name, tuple(f for f in ALL_FAMILIES if f in families), tuple(names)
+
+
+def project_rubric() -> Path | None:
+    """The project's own ``rubric.toml``: shipped inside the grader package, or at the root of the
+    checkout the grader lives in (``tools/grading/../../rubric.toml`` beside ``pyproject.toml``)."""
+    here = Path(__file__).resolve().parent
+    for candidate, marker in ((here / "rubric.toml", None), (here.parent.parent / "rubric.toml", "pyproject.toml")):
+        if candidate.is_file() and (marker is None or (candidate.parent / marker).is_file()):
+            return candidate
+    return None
+
+
+def resolve_rubric(path=None) -> Rubric:
+    """``--rubric PATH`` if given, else the project's rubric, else the built-in defaults; never a
+    ``rubric.toml`` that happens to be in the working directory."""
+    if path:
+        return load_rubric(path)
+    found = project_rubric()
+    return load_rubric(found) if found is not None else Rubric()
 
 
 def _capabilities(table, where: str) -> tuple[str, ...]:
@@ -209,12 +314,47 @@ class GradedTest:
     max_score: float
     number: str
     subjects: tuple[str, ...] = ()
+    rerun: str = ""
+
+
+DISPLAY_MAX = 90
+_CITATION = re.compile(r"\s*\((protocol|course notes|symptoms table|amendment)[^()]*(\([^()]*\)[^()]*)*\)\s*\.?$")
+
+
+def _balanced(text: str) -> bool:
+    depth = {"(": 0, "[": 0}
+    closing = {")": "(", "]": "["}
+    for ch in text:
+        if ch in depth:
+            depth[ch] += 1
+        elif ch in closing:
+            depth[closing[ch]] -= 1
+            if depth[closing[ch]] < 0:
+                return False
+    return not any(depth.values())
+
+
+def short_name(test: dict) -> str:
+    """A test's name for people: its docstring's first sentence without the trailing citation
+    ("(protocol: ...)", "(course notes: ...)") when that is short and its brackets balance; else
+    its function's name in words. Never a sentence cut in the middle."""
+    paragraph = " ".join((test.get("doc") or "").strip().split("\n\n")[0].split())
+    sentence = re.split(r"(?<=[a-z0-9)\]])\.\s+(?=[A-Z])", paragraph, maxsplit=1)[0]
+    sentence = _CITATION.sub("", sentence).rstrip(" .:;,")
+    if sentence and len(sentence) <= DISPLAY_MAX and _balanced(sentence):
+        return sentence
+    return test["function"].removeprefix("test_").replace("_", " ")
 
 
 def display_name(test: dict) -> str:
-    first = (test.get("doc") or "").strip().splitlines()
-    name = first[0] if first else test["function"].replace("_", " ")
+    name = short_name(test)
     return f"{name} [{test['params']}]" if test.get("params") else name
+
+
+def rerun_command(test: dict) -> str:
+    """The command a student runs to rerun one test locally: its exact node id (a ``-k`` expression
+    would also select every test whose name starts the same)."""
+    return f'python -m pytest "spec_tests/{test["id"]}"'
 
 
 def assign(tests: list[dict], rubric: Rubric) -> list[GradedTest]:
@@ -277,6 +417,7 @@ def assign(tests: list[dict], rubric: Rubric) -> list[GradedTest]:
                 max_score=points,
                 number=f"{order.index(c) + 1}.{counters[c]}",
                 subjects=tuple(t.get("subjects", ())),
+                rerun=rerun_command(t),
             )
         )
     return graded

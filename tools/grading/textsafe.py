@@ -3,7 +3,11 @@
 Everything a report shows passes through ``clean``: lone surrogates become U+FFFD (a string with
 one cannot be encoded as UTF-8, which once left a 0-byte ``results.json``), ANSI escapes and control
 characters other than newline and tab are removed, and the text is cut at a cap with a marker
-saying how much was cut. ``write_atomic`` writes a file next to its destination and renames it into
+saying how much was cut. Text from the upload (file names included) also goes through one of the
+forms below, the only place where report text is made safe for its destination: ``one_line``
+(terminal lines, JUnit properties), ``md_inline`` (Markdown outside code blocks), ``md_fence``
+(Markdown code blocks nothing can close) and ``csv_cell`` (spreadsheet cells, formulas defused).
+``write_atomic`` writes a file next to its destination and renames it into
 place, so a reader (or a grader killed half-way) never sees a partial report.
 """
 
@@ -17,7 +21,7 @@ from pathlib import Path
 MESSAGE_CAP = 4000  # characters of one test's output
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff]")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
 
@@ -34,6 +38,43 @@ def clean(value, cap: int = MESSAGE_CAP) -> str:
     text = _ADDRESS.sub("0x…", text)
     if len(text) > cap:
         text = f"{text[:cap]}... [{len(text) - cap} more characters cut]"
+    return text
+
+
+def one_line(value, cap: int = 300) -> str:
+    """``value`` cleaned and on one line: newlines and tabs become ``⏎`` and spaces, so a file name
+    holding ``\\n# Grade`` cannot start a line of its own in any report."""
+    return clean(value, cap).replace("\r", "").replace("\n", " \u23ce ").replace("\t", " ")
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+\-.!|~=$&:])")
+
+
+def md_inline(value, cap: int = 300) -> str:
+    """``value`` as literal Markdown text on one line: every character Markdown (and GFM tables,
+    HTML, links) gives a meaning is backslash-escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", one_line(value, cap))
+
+
+def md_fence(text: str, info: str = "text") -> list[str]:
+    """``text`` as a fenced code block that nothing inside it can close: the fence is one backtick
+    longer than the longest run of backticks in ``text`` (at least three)."""
+    runs = [len(m) for m in re.findall(r"`+", text)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return [fence + info, text, fence]
+
+
+_CSV_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value, cap: int = 2000) -> str:
+    """``value`` (text from an upload) safe as a spreadsheet cell: one line, and a cell a spreadsheet
+    could read as a formula (starting with ``= + - @``, tab or CR, also after leading spaces) gets a
+    leading ``'``. The grader's own numbers are written as they are."""
+    raw = value if isinstance(value, str) else clean(value, cap)
+    text = one_line(raw, cap)
+    if raw.lstrip(" ").startswith(_CSV_TRIGGERS):
+        text = "'" + text
     return text
 
 
