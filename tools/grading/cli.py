@@ -7,7 +7,8 @@
     spec-grade --gradescope-zip autograder.zip                                 # the Gradescope autograder
 
 Prints a per-component table (tests earned, points). Points, visibility, limits and the required
-capabilities come from the rubric (``--rubric``, default: the project's rubric.toml beside the package, else built-in defaults; never the working directory's).
+capabilities come from the rubric (``--rubric``; default: the project's rubric.toml beside the package,
+else built-in defaults; never the working directory's).
 Exit status: 0 whenever a grade was produced, whatever the score; 2 on usage errors (bad arguments,
 missing submission, malformed rubric); 1 when no grade could be produced (the manifest could not be
 prepared, ``--sandbox require`` without a sandbox, or the code that judges changed during grading);
