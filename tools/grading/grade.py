@@ -1,8 +1,9 @@
 """The grade of one submission, built from the judge's verdicts only.
 
-Points: a test earns its points when its verdict is ``passed`` or ``consequence`` (its failure
-disappears when the failing upstream functions named as its root cause are replaced by correct
-ones; those functions' own tests fail and are charged instead, so one bug costs once). Every other
+Points: a test earns its points when its verdict is ``passed`` or ``consequence`` (its failure is
+explained by the submission's own failing upstream functions named as its root cause: the correct
+computation composed with them gives the submission's output; those functions' own tests fail and
+are charged instead, so one bug costs once). Every other
 outcome earns nothing: ``failed``, ``not_implemented``, ``setup``, ``error`` (also a timeout or a
 crash of the submission's process), ``skipped`` (not provided: the submission lacks a name the
 test needs, or a family), and ``not_run`` (the submission could not be loaded, or the judge was
@@ -67,8 +68,8 @@ class TestResult:
             names = ", ".join(self.root_cause) or "an upstream function"
             cause = [line.strip() for line in self.message.splitlines() if line.strip().startswith("(it failed with")]
             return clean(
-                f"Not charged: this test failed only because {names} fails (with a correct {names} inside your "
-                f"code it passes), and {names}'s own tests are charged for it. Fix {names} first."
+                f"Not charged: this test failed only because {names} fails (the correct computation with your own "
+                f"{names} gives your result), and {names}'s own tests are charged for it. Fix {names} first."
                 + "".join(f"\n{line}" for line in cause[:1])
             )
         if self.status == "skipped":
@@ -212,28 +213,25 @@ def build_grade(
     )
 
 
-CHARGED = ("failed", "not_implemented", "error")
-
-
 def charge_unsupported_consequences(results: list[TestResult]) -> None:
-    """A consequence earns only while its root causes are charged: every root name is a subject of
-    a graded test that failed (or of a consequence that holds, for a chain). Otherwise nothing pays
-    for it (a root whose own tests all pass, one outside the selection), and it is charged as failed."""
-    failing = {name for r in results if r.status in CHARGED for name in r.test.subjects}
-    pending = [r for r in results if r.status == "consequence"]
-    settled = True
-    while settled:
-        settled = False
-        for r in list(pending):
-            if r.root_cause and all(name in failing for name in r.root_cause):
-                failing.update(r.test.subjects)
-                pending.remove(r)
-                settled = True
-    for r in pending:
-        names = ", ".join(r.root_cause) or "an upstream function"
-        r.message = clean(
-            f"charged: this test failed and named {names} as the cause, but no graded test of {names} "
-            f"fails, so nothing else pays for it.\n{r.message}",
-            MESSAGE_CAP,
-        )
+    """The suite's one consequence decision (``spec_tests.harness.consequences.settle``), also read by
+    pytest's summary: a consequence earns only while each root is charged with a real failure (a
+    graded test of it failed or errored; a root that is only not implemented or not provided pays
+    for nothing, so the untouched skeleton earns nothing). Otherwise it is charged as failed; roots
+    that failed only as consequences are replaced by their own roots."""
+    from types import SimpleNamespace
+
+    from spec_tests.harness.consequences import settle
+
+    records = [SimpleNamespace(test=str(i), subjects=r.test.subjects, status=r.status, root_cause=r.root_cause)
+               for i, r in enumerate(results)]  # fmt: skip
+    settled = settle(records)
+    for i, r in enumerate(results):
+        decided = settled[str(i)]
+        if r.status != "consequence":
+            continue
+        if decided.status == "consequence":
+            r.root_cause = decided.roots
+            continue
+        r.message = clean(f"{decided.reason}.\n{r.message}", MESSAGE_CAP)
         r.status, r.root_cause = "failed", []
