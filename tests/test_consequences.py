@@ -127,9 +127,8 @@ def test_offline_the_summary_says_what_may_be_a_consequence_and_names_one_root()
 def test_the_composition_asks_the_implementation_on_the_references_intermediate_values():
     """The reference's multihead attention composed with a rope that doubles its output: the bridge is
     called (with protocol arguments only) and its answers are used; biases fold into the weights."""
-    from spec_tests.harness.subject import LocalSubject, reference_subject
-
     import reference
+    from spec_tests.harness.subject import LocalSubject, reference_subject
 
     ref, correct_rope = reference_subject("interleaved"), reference.rope
     seen = []

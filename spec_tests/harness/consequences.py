@@ -122,6 +122,15 @@ class NotComposable(Exception):
     """The reference calls a name with arguments the protocol does not give it (a cache)."""
 
 
+def _refusals() -> tuple:
+    from .subject import NotImplementedInImpl
+
+    return (Exception, NotImplementedInImpl)  # not KeyboardInterrupt, not pytest's outcomes
+
+
+_REFUSALS = _refusals()
+
+
 def _causal(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     t_q, t_k = q.shape[-2], k.shape[-2]
     return torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_q, device=q.device)[:, None] + (t_k - t_q)
@@ -134,6 +143,8 @@ def protocol_call(name: str, args: tuple, kwargs: dict):
     for option in ("style", "table_size", "fused", "rope_style", "rope_table_size", "attention"):
         kwargs.pop(option, None)
     post = None
+    if isinstance(kwargs.get("device"), torch.device):
+        kwargs["device"] = str(kwargs["device"])  # plain data, as the wire carries it
     if name == "scaled_dot_product_attention" and kwargs.pop("causal", False):
         q, k = args[0], args[1]
         mask = args[3] if len(args) > 3 else kwargs.pop("mask", None)
@@ -202,7 +213,7 @@ class Composition:
             try:
                 with torch.no_grad():
                     again = getattr(self.impl, name)(*a, **k)
-            except Exception:  # noqa: BLE001 - answered once, refused now: not a function of its inputs
+            except _REFUSALS:  # answered once, refused now: not a function of its inputs
                 return False
             if mismatch(again, out, tol) is not None:
                 return False
@@ -239,7 +250,7 @@ def _matches(compute, reference, impl, names, args64, actual, tol):
     try:
         with composed(reference, impl, names) as comp:
             out = compute(reference, *args64)
-    except Exception:  # noqa: BLE001 - a composition that cannot run explains nothing
+    except _REFUSALS:  # a composition that cannot run explains nothing
         return None, False
     return comp, mismatch(actual, out, tol) is None
 
@@ -318,7 +329,8 @@ def settle(verdicts) -> dict[str, Settled]:
             out[v.test] = Settled(
                 "failed",
                 [],
-                f"charged: this test failed and named {names} as the cause, but no test of {names} fails "
-                "on its own (a root that is only not implemented or not provided pays for nothing)",
+                f"charged: this test failed and named {names} as the cause, but no graded test of {names} "
+                "fails on its own, so nothing else pays for it (a root that is only not implemented or not "
+                "provided pays for nothing)",
             )
     return out
