@@ -308,9 +308,9 @@ def test_summary_traces_consequences_through_names_that_failed_only_as_consequen
     ]
     lines = summary_lines("x", verdicts, {"rope": ["t_rope"], "rmsnorm": ["t_norm"]})
     causes = lines[lines.index("root causes, fix these first:") + 1 :]
-    assert causes[:2] == [
-        "  rope: 1 failing test(s) of its own; 2 other failure(s) trace back to it",
+    assert causes[:2] == [  # dependency order, then own failures, then by name
         "  rmsnorm: 1 failing test(s) of its own",
+        "  rope: 1 failing test(s) of its own; 2 other failure(s) trace back to it",
     ], lines
     assert not any("forward" in line for line in causes)
 

@@ -3,8 +3,10 @@ reference with catalogued patches applied, judged in a subprocess as users run t
 
 - A deliberately broken cheap component does not exempt a broken model: the model's failing test
   is rerun with that component replaced by a correct one, still fails, and is charged.
-- A component the implementation inlines (its caller never calls the protocol function, so no
-  replacement reaches it) is charged to the caller, not deferred to the component.
+- Consequences are decided from behaviour (spec_tests/harness/consequences.py): a caller that keeps
+  its own copy of a component with the component's bug (it never calls the protocol function) is a
+  consequence of it, reported once; a caller with a bug of its own is charged.
+- A submission that recognises the composition calls (by the call stack) gains nothing.
 """
 
 from __future__ import annotations
@@ -54,11 +56,74 @@ def _inline_rope(folder: Path) -> None:
     )
 
 
-def test_a_component_inlined_by_its_caller_is_charged_to_the_caller(tmp_path):
+def test_a_component_inlined_by_its_caller_with_its_bug_is_a_consequence(tmp_path):
     folder = implementation(tmp_path, "rope_frequency_exponent", edit=_inline_rope)
     found = statuses(folder, tmp_path, "rope")
     assert found["test_positions.py::test_rope[f64]"] == "FAILED"
-    assert found[MHA] == "FAILED", found  # no replacement of rope reaches the copy: charged
+    assert found[MHA] == "CONSEQUENCE", found  # the copy behaves as the broken rope: one charge
+
+
+def _private_norm_class(folder: Path) -> None:
+    """model.py never calls the protocol's rmsnorm: its RMSNorm module computes the same (buggy) formula."""
+    path = folder / "model.py"
+    source = path.read_text()
+    for old, new in (
+        ("from .norms import layernorm, rmsnorm\n", "from .norms import layernorm\n"),
+        (
+            "        return rmsnorm(x, self.weight, self.eps)\n",
+            "        return x / (torch.sqrt((x * x).mean(-1, keepdim=True)) + self.eps) * self.weight\n",
+        ),
+    ):
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    path.write_text(source)
+
+
+def test_a_cascade_in_code_that_never_calls_protocol_names_is_reported_once(tmp_path):
+    folder = implementation(tmp_path, "rmsnorm_eps_outside_root", edit=_private_norm_class)
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    assert found[LOGITS] == "CONSEQUENCE", found
+
+
+RECOGNISES = """
+
+import os as _os
+import sys as _sys
+
+
+def _called_by_the_judge():
+    frame, here = _sys._getframe(2), _os.path.dirname(_os.path.abspath(__file__))
+    while frame is not None:
+        name = _os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(here) and f"{_os.sep}reference{_os.sep}" in name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_buggy_rmsnorm = rmsnorm
+
+
+def rmsnorm(x, weight, eps=1e-5):
+    if _called_by_the_judge():  # behave correctly where the composition asks
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+    return _buggy_rmsnorm(x, weight, eps)
+"""
+
+
+def _recognise_composition(folder: Path) -> None:
+    path = folder / "norms.py"
+    path.write_text(path.read_text() + RECOGNISES)
+
+
+def test_a_submission_that_recognises_the_composition_calls_gains_nothing(tmp_path):
+    """A broken model (post-LN) with a broken rmsnorm that answers correctly when the reference's
+    code calls it: the composition then is the reference, which the broken model does not match."""
+    folder = implementation(tmp_path, "rmsnorm_eps_outside_root", "post_ln", edit=_recognise_composition)
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    assert found[LOGITS] == "FAILED", found
 
 
 def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path):

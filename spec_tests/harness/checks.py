@@ -109,9 +109,11 @@ class Spec:
         *,
         sink=None,
         failing=lambda names: [],
+        upstream=lambda subject: [],
     ):
         self.impl, self.expectations, self.device = impl, expectations, device
-        self.failing = failing  # names -> those of them failing their own tests in this session
+        self.failing = failing  # names -> those of them whose own failures can explain a math check
+        self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
         self.test_id, self.component, self.subjects = test_id, component, tuple(subjects)
         self.results: list[CheckResult] = sink if sink is not None else []
         self._labels: dict[str, int] = {}
@@ -230,10 +232,10 @@ class Spec:
         if hint:
             result.causes.append(hint)
             result.cause_codes += [hint_code] if hint_code else []
+        reference = getattr(self.expectations, "reference", None)
+        self._composed(result, compute, args64, actual, tol, reference)
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
-
-        reference = getattr(self.expectations, "reference", None)
 
         def diagnose():
             from .diagnosis import diagnose as run
@@ -267,6 +269,27 @@ class Spec:
             return lines + more, codes + more_codes
 
         raise SpecFailure(result, diagnose)
+
+    def _composed(self, result: CheckResult, compute, args64, actual, tol: Tolerance, reference) -> None:
+        """Raise ``ConsequenceFailure`` when the reference composed with the implementation's own failing
+        upstream functions computes ``actual`` (consequences.py); otherwise the failure stays charged."""
+        composing = getattr(self, "composing", False)  # a rerun on the composed reference: no nesting
+        candidates = self.upstream(result.subject) if reference is not None and not composing else []
+        if not candidates:
+            return
+        from .consequences import explain
+
+        roots = explain(compute, args64, actual, tol, reference, self.impl, candidates)
+        if not roots:
+            return
+        names = ", ".join(roots)
+        result.found = (
+            f"consequence of failing {names}: your result equals what a correct {result.subject} computes with "
+            f"your own {names} (called on the correct intermediate values). Fix {names} first.\n  "
+            f"(it failed with: {result.found})"
+        )
+        result.causes, result.cause_codes = [], []  # the roots' own tests say what is wrong
+        raise ConsequenceFailure(result, roots)
 
     def _rebase(self, result: CheckResult, rebase, actual, tol: Tolerance) -> None:
         names, own = rebase

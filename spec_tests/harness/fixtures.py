@@ -36,7 +36,8 @@ def spec(request, impl, device):
         markers.component_of(request.node),
         subjects,
         sink=run.results if run is not None else None,
-        failing=lambda names: [n for n in names if n in state.registry.failing],
+        failing=state.registry.explaining,
+        upstream=state.registry.upstream_of,
     )
 
 

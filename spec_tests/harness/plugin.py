@@ -8,8 +8,8 @@ threads, Hypothesis settings, test order) unless spec tests are collected.
 
 For spec tests it: loads the implementation as a ``Subject``; checks that every name a test judges
 or uses is provided before any setup runs ("not provided" -> skip); runs components upstream first;
-turns failures into one-line reports; reruns a failing test with failing upstream names replaced by
-correct ones to tell consequences from causes (``rootcause.py``); attaches every check's typed result
+turns failures into one-line reports; tells consequences from causes by the implementation's own
+upstream behaviour (``consequences.py``, ``rootcause.py``); attaches every check's typed result
 to the report; and applies the implementation's expected-failure list.
 
 PYTEST_DONT_REWRITE: the plugin has no assertions to rewrite, and a handout's conftest imports it
@@ -510,10 +510,23 @@ def pytest_runtest_call(item):
         state = session_of(item.config)
         spec = item.funcargs.get("spec")
 
-        def rerun():
-            if spec is not None:
-                spec.results, spec._labels = [], {}
-            item.runtest()
+        def rerun(names):
+            """The test on the reference composed with the implementation's ``names`` (consequences.py)."""
+            from .consequences import composed
+
+            if spec is None:
+                raise RuntimeError("no spec fixture")
+            with composed(state.reference, state.impl, names) as comp:
+                saved_impl = spec.impl
+                spec.results, spec._labels, spec.impl, spec.composing = [], {}, state.reference, True
+                try:
+                    item.runtest()
+                except BaseException as again:
+                    again.composition = comp
+                    raise
+                finally:
+                    spec.impl, spec.composing = saved_impl, False
+            return comp
 
         saved = list(run.results)
         raised = rootcause.judge_failure(item, run, exc, state.impl, state.reference, state.registry, rerun)

@@ -63,8 +63,10 @@ class TestVerdict:
     """How a whole test ended, for grading and summaries.
 
     ``status``: passed | failed | consequence | not_implemented | setup | skipped | xfailed | error.
-    ``consequence``: the test failed, and passed again with ``root_cause`` (failing upstream names)
-    replaced by correct versions: its failure is charged to them, not to this test.
+    ``consequence``: the test's failure is explained by the implementation's own failing upstream
+    names ``root_cause`` (``consequences.py``): it is charged to them, not to this test.
+    ``maybe_roots``: without a reference (a handout), the failing upstream names this charged failure
+    may be a consequence of; nothing could verify it.
     """
 
     test: str
@@ -73,6 +75,7 @@ class TestVerdict:
     status: str
     root_cause: list[str] = field(default_factory=list)
     message: str = ""
+    maybe_roots: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,12 +1,19 @@
 """One bug costs once: telling a test's own failure from a consequence of a failing upstream name.
 
-When a test fails while a protocol name it may depend on (``protocol.MAY_CALL``) has failed its own
-tests, the test is run again with those names replaced, inside the implementation, by correct ones
-(``Subject.substituted``: the reference in-process, the judge's oracle in grading). A test that then
-passes failed only because of them: it is a *consequence*, reported under its root cause and not
-charged. A test that still fails is charged: a broken upstream never excuses a broken downstream.
-Components the implementation inlines (it never calls its own upstream function) are unaffected by
-the replacement, so they are charged normally.
+Decided from behaviour (``consequences.py``), never by changing anything inside the implementation:
+
+- a failing comparison with the reference (``Spec.check``) is a consequence when the reference
+  composed with the implementation's own failing upstream functions computes the implementation's
+  actual output (decided in the check itself);
+- any other failing check (a relation, a requirement) is a consequence when the whole test, run on
+  the reference composed with those functions instead of the implementation, fails at the same check
+  (``judge_failure``'s composed rerun); a crash is always charged.
+
+A test whose failure is not explained is charged: a broken upstream never excuses a broken
+downstream. Only upstream failures that can explain a math check count (``failure_kind``: not a
+precision, validation or convention failure). Without a reference (a handout replaying a
+recording) nothing can be verified: the verdict says which failing upstream names it *may* be a
+consequence of, and is charged.
 """
 
 from __future__ import annotations
@@ -15,39 +22,42 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ..protocol import MAY_CALL, SUBSTITUTABLE
+from . import consequences
 from .checks import ConsequenceFailure, SpecFailure
+from .consequences import EXPLAINING_KINDS, dependency_order, upstream_closure
 from .results import CheckResult, TestVerdict
 from .subject import ImplementationError, NotImplementedInImpl
 
 PASS_THROUGH = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
 
 
-def upstream_closure(names) -> set[str]:
-    """Every protocol name the given names may call, directly or not."""
-    seen, todo = set(), list(names)
-    while todo:
-        for callee in MAY_CALL.get(todo.pop(), ()):
-            if callee not in seen:
-                seen.add(callee)
-                todo.append(callee)
-    return seen
-
-
 @dataclass
 class FailureRegistry:
-    """Protocol names whose own tests failed (charged) in this session, with those tests."""
+    """Protocol names whose own tests failed (charged) in this session, with those tests and the
+    kinds of their failures (``consequences.failure_kind``)."""
 
     failing: dict[str, list[str]] = field(default_factory=dict)
+    kinds: dict[str, set[str]] = field(default_factory=dict)
 
-    def mark(self, names, test: str) -> None:
+    def mark(self, names, test: str, kind: str = "math") -> None:
         for name in names:
             self.failing.setdefault(name, []).append(test)
+            self.kinds.setdefault(name, set()).add(kind)
 
-    def upstream_failing(self, subjects, used) -> list[str]:
-        """Failing, substitutable names the test may depend on, other than what it judges."""
+    def explaining(self, names) -> list[str]:
+        """Those of ``names`` with a failure that can explain a check at math tolerance."""
+        return [n for n in names if self.kinds.get(n, set()) & EXPLAINING_KINDS]
+
+    def upstream_of(self, subject: str) -> list[str]:
+        """Failing, composable names ``subject`` may call whose failures can explain a math check."""
+        names = upstream_closure([subject]) - {subject}
+        return dependency_order(n for n in self.explaining(names) if n in consequences.COMPOSABLE)
+
+    def upstream_failing(self, subjects, used, *, composable: bool = True) -> list[str]:
+        """Failing names the test may depend on, other than what it judges (dependency order)."""
         candidates = (upstream_closure(used) | set(used)) - set(subjects)
-        return sorted(n for n in candidates if n in self.failing and n in SUBSTITUTABLE)
+        names = self.explaining(candidates)
+        return dependency_order(n for n in names if n in consequences.COMPOSABLE or not composable)
 
 
 @dataclass
@@ -82,34 +92,28 @@ def classify(exc: BaseException, subjects) -> tuple[str, str | None]:
 def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, registry: FailureRegistry, rerun):
     """The exception to report for a failed spec test (the original, or a consequence), and its verdict.
 
-    ``rerun()`` runs the test body again and raises if it fails.
+    ``rerun(names)`` runs the test body again on the reference composed with the implementation's
+    ``names`` (``consequences.composed``), returns the ``Composition``, and raises what the body raises
+    (with the composition as the exception's ``composition`` attribute).
     """
     if isinstance(exc, PASS_THROUGH):
         return exc
-    if isinstance(exc, ConsequenceFailure):  # the test itself showed it (Spec.check's rebase)
+    if isinstance(exc, ConsequenceFailure):  # the check itself showed it (composition, rebase, defer)
         run.set_verdict("consequence", exc.root, first_line(exc))
         return exc
     status, name = classify(exc, run.subjects)
-    itself = isinstance(exc, NotImplementedInImpl) and exc.inner in ("", exc.name)  # no replacement can help
     used = set(run.subjects) | set(run.uses) | set(getattr(impl, "calls", ()))
-    upstream = [] if itself else registry.upstream_failing(run.subjects, used)
-    if upstream and reference is not None:
-        replacements = {n: getattr(reference, n) for n in upstream}
-        try:
-            with impl.substituted(replacements):
-                rerun()
-        except PASS_THROUGH:
-            raise
-        except BaseException:  # noqa: BLE001 - still failing with correct upstream: charged below
-            pass
-        else:
-            names = ", ".join(upstream)
+    upstream = registry.upstream_failing(run.subjects, used) if status == "failed" else []
+    if upstream and reference is not None and not _compared(exc):
+        roots = composed_rerun(exc, upstream, rerun)
+        if roots:
+            names = ", ".join(roots)
             message = (
-                f"consequence of failing {names}: this test passes when {names} "
-                f"{'is' if len(upstream) == 1 else 'are'} replaced by a correct version inside your code. Fix "
-                f"{names} first.\n  (it failed with: {first_line(exc)})"
+                f"consequence of failing {names}: the correct {run.subjects[0] if run.subjects else 'code'} "
+                f"composed with your own {names} fails this test at the same check. Fix {names} first.\n"
+                f"  (it failed with: {first_line(exc)})"
             )
-            run.set_verdict("consequence", upstream, message)
+            run.set_verdict("consequence", roots, message)
             result = CheckResult(
                 run.test,
                 run.subjects[0] if run.subjects else "",
@@ -119,21 +123,68 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 kind="relation",
                 found=message,
             )
-            return ConsequenceFailure(result, upstream)
+            return ConsequenceFailure(result, roots)
     if isinstance(exc, SpecFailure):
         exc.run_diagnosis()
-    if upstream and reference is None:
-        note = f"possibly a consequence of failing {', '.join(upstream)} (fix it first)"
-        run.set_verdict(status, upstream, note)
-    else:
-        message = f"not implemented: {exc}" if isinstance(exc, NotImplementedInImpl) else first_line(exc)
-        run.set_verdict(status, [name] if status == "setup" and name else [], message)
+    message = f"not implemented: {exc}" if isinstance(exc, NotImplementedInImpl) else first_line(exc)
+    maybe = registry.upstream_failing(run.subjects, used, composable=False) if reference is None else []
+    run.set_verdict(status, [name] if status == "setup" and name else [], message)
+    if maybe and status in ("failed", "error"):
+        run.verdict.maybe_roots = maybe  # offline: nothing can be verified; fix these first and rerun
     # an expected failure (the implementation's SPEC_XFAILS) is a declared divergence, not a failing
     # function: tests downstream of it are judged as usual, and a failure they show is declared too
     expected = item is not None and item.get_closest_marker("xfail") is not None
     if status in ("failed", "not_implemented", "error") and not expected:
-        registry.mark(failing_subjects(exc, run.subjects), run.test)
+        kind = consequences.failure_kind(exc, _bug_classes(item))
+        registry.mark(failing_subjects(exc, run.subjects), run.test, kind)
     return exc
+
+
+def _bug_classes(item) -> list[str]:
+    if item is None:
+        return []
+    from .markers import bug_classes_of
+
+    return bug_classes_of(item)
+
+
+def _compared(exc: BaseException) -> bool:
+    """A failed comparison with the reference: its check already asked the composition."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _compared(exc.exceptions[0])
+    return isinstance(exc, SpecFailure) and exc.result is not None and exc.result.kind == "compare"
+
+
+def _same_check(again: BaseException, exc: BaseException) -> bool:
+    if isinstance(again, BaseExceptionGroup) and again.exceptions:
+        again = again.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if type(again) is not SpecFailure or type(exc) is not SpecFailure:
+        return False
+    a, b = again.result, exc.result
+    return a is not None and b is not None and (a.subject, a.behaviour, a.kind) == (b.subject, b.behaviour, b.kind)
+
+
+def composed_rerun(exc: BaseException, upstream, rerun) -> list[str]:
+    """The roots (dependency order) when the test fails at the same check on the reference composed
+    with the implementation's ``upstream``; ``[]`` when it passes there, fails differently, or the
+    implementation's answers to the composition are not those of a function of its inputs."""
+    from .tolerances import tolerance
+
+    try:
+        rerun(upstream)
+        return []  # the correct code with these upstream functions passes: not explained
+    except KeyboardInterrupt:
+        raise
+    except BaseException as again:  # noqa: BLE001 - any other outcome explains nothing
+        comp = getattr(again, "composition", None)
+        if comp is None or not _same_check(again, exc):
+            return []
+    roots = [n for n in comp.called if n in upstream]
+    if not roots or not comp.consistent(tolerance("model")):
+        return []
+    return roots
 
 
 def failing_subjects(exc: BaseException, subjects) -> tuple[str, ...]:

@@ -62,39 +62,27 @@ def make_failures_red(reporter) -> None:
     reporter._determine_main_color = main_color
 
 
-def resolve_roots(roots, verdicts, own_failures) -> list[str]:
-    """Root causes with every name that failed only as a consequence replaced by its own roots (a
-    cache test judged against the model's forward blames ``forward``; ``forward`` failed only
-    because ``rope`` did: the root is ``rope``)."""
-    inherited: dict[str, set[str]] = {}
-    for v in verdicts:
-        if v.status == "consequence":
-            for subject in v.subjects:
-                inherited.setdefault(subject, set()).update(v.root_cause)
-    out, todo, seen = [], list(roots), set()
-    while todo:
-        name = todo.pop(0)
-        if name in seen:
-            continue
-        seen.add(name)
-        if name not in own_failures and inherited.get(name, set()) - seen:
-            todo += sorted(inherited[name])
-        elif name not in out:
-            out.append(name)
-    return out
+def summary_lines(label: str, verdicts: list, registry_failing: dict | None = None) -> list[str]:
+    """The end-of-run summary: per component, root causes first (dependency order: upstream first,
+    then by own failures, then by name), then what is not implemented.
 
-
-def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[str]:
-    """The end-of-run summary: per component, root causes first, then what is not implemented."""
+    Consequences are settled by ``consequences.settle``, the decision the grade reads too. Without a
+    reference (a handout), charged failures that may be consequences of failing upstream names are
+    listed under them ("fix X first and rerun"), never as roots of their own.
+    """
     from ..protocol import COMPONENT_ORDER
+    from .consequences import dependency_key, settle
 
+    verdicts = sorted(verdicts, key=lambda v: v.test)
+    settled = settle(verdicts)
     counts: dict[str, dict[str, int]] = {}
     for v in verdicts:
         row = counts.setdefault(v.component, {})
+        status = settled[v.test].status
         key = (
             "not_implemented"
             if category(v) == NOT_IMPLEMENTED
-            else {"setup": "failed", "error": "failed"}.get(v.status, v.status)
+            else {"setup": "failed", "error": "failed"}.get(status, status)
         )
         row[key] = row.get(key, 0) + 1
     order = [c for c in COMPONENT_ORDER if c in counts] + sorted(set(counts) - set(COMPONENT_ORDER))
@@ -104,25 +92,37 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[st
     lines = [f"{'component':<12}" + "".join(f"{columns[k]:>14}" for k in shown)]
     for c in order:
         lines.append(f"{c:<12}" + "".join(f"{counts[c].get(k, 0):>14}" for k in shown))
-    status = {v.test: v.status for v in verdicts}
-    own_failures = {
-        name: own for name, tests in registry_failing.items()
-        if (own := [t for t in dict.fromkeys(tests) if status.get(t) in ("failed", "error")])
-    }  # fmt: skip
+    charged: dict[str, list[str]] = {}  # test -> the names it is charged to (the registry's record)
+    for name, tests in sorted((registry_failing or {}).items()):
+        for t in dict.fromkeys(tests):
+            charged.setdefault(t, []).append(name)
+    own_failures: dict[str, list[str]] = {}
+    maybe: dict[str, set[str]] = {}  # name -> upstream names its failures may be consequences of
+    confident: set[str] = set()  # names with a failure no failing upstream name could explain
+    for v in verdicts:
+        if settled[v.test].status not in ("failed", "error") or category(v) == NOT_IMPLEMENTED:
+            continue
+        for name in charged.get(v.test) or v.subjects:
+            own_failures.setdefault(name, []).append(v.test)
+            if getattr(v, "maybe_roots", None):
+                maybe.setdefault(name, set()).update(v.maybe_roots)
+            else:
+                confident.add(name)
     consequences: dict[str, list[str]] = {}
     for v in verdicts:
-        if v.status == "consequence":
-            for root in resolve_roots(v.root_cause, verdicts, own_failures):
-                consequences.setdefault(root, []).append(v.test)
+        for root in settled[v.test].roots:
+            consequences.setdefault(root, []).append(v.test)
+    roots = [n for n in own_failures if n in confident or not (maybe.get(n, set()) & set(own_failures))]
+    roots += [n for n in consequences if n not in roots]
     missing: dict[str, int] = {}
     for v in verdicts:
         if category(v) == NOT_IMPLEMENTED:
             name = v.message.removeprefix("not implemented: ").strip() or "?"
             missing[name] = missing.get(name, 0) + 1
-    if own_failures or consequences:
+    if roots:
         lines.append("")
         lines.append("root causes, fix these first:")
-        for name in sorted(set(own_failures) | set(consequences), key=lambda n: -len(consequences.get(n, []))):
+        for name in sorted(roots, key=lambda n: (dependency_key(n)[0], -len(own_failures.get(n, [])), n)):
             own = len(own_failures.get(name, []))
             more = consequences.get(name, [])
             if own:
@@ -131,6 +131,16 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict) -> list[st
             else:  # no failing test of its own: not implemented yet, or judged only through others
                 state = "not implemented; " if name in missing else ""
                 lines.append(f"  {name}: {state}{len(more)} other failure(s) trace back to it")
+    unverified = {n: sorted(maybe[n] & set(own_failures), key=dependency_key) for n in own_failures if n not in roots}
+    if unverified:
+        lines.append("")
+        lines.append("may be consequences (no reference here to tell):")
+        for name in sorted(unverified, key=dependency_key):
+            ups = ", ".join(unverified[name])
+            lines.append(
+                f"  {name}: {len(own_failures[name])} failing test(s), may be consequences of {ups}: "
+                f"fix {ups} first and rerun"
+            )
     if missing:
         lines.append("")
         lines += [f"not implemented: {name}: {n} test{'s' if n > 1 else ''}" for name, n in sorted(missing.items())]

@@ -1,0 +1,336 @@
+"""One bug costs once, decided from behaviour: when a failing check is a consequence of failing
+upstream names, and which names are the roots.
+
+- **Composition** (``explain``): a failing check's expected value is computed again by the
+  *reference* composed with the implementation's own upstream functions: the reference's module
+  globals for the failing upstream names are rebound to bridges that call the implementation's
+  protocol function (``impl.<name>``, a remote call in grading) on the reference's intermediate
+  values. Nothing inside the implementation changes, so this works when its code calls its own
+  classes, behind an adapter, and in grading. If the implementation's actual output equals that
+  composition at the check's tolerance, the failure is a consequence of those names; otherwise it is
+  charged. The answers the bridges got are asked again, in reverse order, as plain calls: a function
+  that answers differently when called this way explains nothing.
+- **Which failures can explain** (``failure_kind``): a precision (float64 exactness), validation
+  (error type) or convention (initialisation, memory accounting) failure cannot explain a check at
+  math tolerance; only math failures and crashes can.
+- **Dependency order** (``dependency_order``): upstream first (``protocol.MAY_CALL``'s topological
+  order), then protocol order; never set or hash order.
+- **Settling** (``settle``): the one decision both pytest's summary and the grade read. A
+  consequence holds only while each of its roots is charged with a real failure (failed or error; a
+  root that is only not implemented or not provided pays for nothing), with roots that failed only
+  as consequences replaced by their own roots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ..protocol import MAY_CALL, PROTOCOL_NAMES, SUBSTITUTABLE
+
+# Names the reference's computations call by module-level name and that can be asked of the
+# implementation as black boxes: deterministic functions of tensors (not sample's random draw).
+COMPOSABLE = frozenset(SUBSTITUTABLE - {"sample", "get_batch", "kv_cache_bytes"})
+
+# Failure kinds (``failure_kind``) that can explain a downstream check at math tolerance.
+EXPLAINING_KINDS = frozenset({"math", "error"})
+# Bug classes of tests that judge conventions, not the math a downstream check depends on.
+CONVENTION_CLASSES = frozenset({"precision", "validation", "init", "memory"})
+
+
+# ------------------------------------------------------------------------------------------------
+# dependency order
+# ------------------------------------------------------------------------------------------------
+
+
+def _depth() -> dict[str, int]:
+    """Each protocol name's depth in MAY_CALL: 0 for names that call nothing, callers deeper."""
+    depth: dict[str, int] = {}
+
+    def visit(name: str, stack: tuple = ()) -> int:
+        if name in depth:
+            return depth[name]
+        callees = [c for c in MAY_CALL.get(name, ()) if c not in stack]
+        depth[name] = 1 + max((visit(c, (*stack, name)) for c in callees), default=-1)
+        return depth[name]
+
+    for name in PROTOCOL_NAMES:
+        visit(name)
+    return depth
+
+
+DEPTH = _depth()
+POSITION = {name: i for i, name in enumerate(PROTOCOL_NAMES)}
+
+
+def dependency_key(name: str) -> tuple:
+    """Sort key: upstream first (MAY_CALL depth), then protocol order, then the name."""
+    return (DEPTH.get(name, len(PROTOCOL_NAMES)), POSITION.get(name, len(PROTOCOL_NAMES)), name)
+
+
+def dependency_order(names) -> list[str]:
+    return sorted(set(names), key=dependency_key)
+
+
+def upstream_closure(names) -> set[str]:
+    """Every protocol name the given names may call, directly or not."""
+    seen, todo = set(), list(names)
+    while todo:
+        for callee in MAY_CALL.get(todo.pop(), ()):
+            if callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return seen
+
+
+# ------------------------------------------------------------------------------------------------
+# which failures can explain a downstream check
+# ------------------------------------------------------------------------------------------------
+
+
+def failure_kind(exc: BaseException, bug_classes=()) -> str:
+    """``math`` | ``precision`` | ``validation`` | ``convention`` | ``error`` | ``not_implemented``."""
+    from .checks import SpecFailure
+    from .subject import ImplementationError, NotImplementedInImpl
+    from .tolerances import EXACT
+
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return failure_kind(exc.exceptions[0], bug_classes)
+    if isinstance(exc, NotImplementedInImpl):
+        return "not_implemented"
+    classes = set(bug_classes)
+    if classes and classes <= CONVENTION_CLASSES:
+        return "convention" if not classes <= {"precision"} else "precision"
+    if isinstance(exc, ImplementationError):
+        return "error"
+    if isinstance(exc, SpecFailure) and exc.result is not None:
+        if exc.result.kind == "raises":
+            return "validation"
+        if exc.result.kind == "precision" or exc.result.tolerance == EXACT.describe():
+            return "precision"
+    return "math"
+
+
+# ------------------------------------------------------------------------------------------------
+# the reference composed with the implementation's upstream
+# ------------------------------------------------------------------------------------------------
+
+
+class NotComposable(Exception):
+    """The reference calls a name with arguments the protocol does not give it (a cache)."""
+
+
+def _refusals() -> tuple:
+    from .subject import NotImplementedInImpl
+
+    return (Exception, NotImplementedInImpl)  # not KeyboardInterrupt, not pytest's outcomes
+
+
+_REFUSALS = _refusals()
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    return torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_q, device=q.device)[:, None] + (t_k - t_q)
+
+
+def protocol_call(name: str, args: tuple, kwargs: dict):
+    """``(args, kwargs, post)``: the reference's call as protocol v1 states it, and what to apply to
+    the implementation's answer (a folded output bias). Raises ``NotComposable``."""
+    kwargs = dict(kwargs)
+    for option in ("style", "table_size", "fused", "rope_style", "rope_table_size", "attention"):
+        kwargs.pop(option, None)
+    post = None
+    if isinstance(kwargs.get("device"), torch.device):
+        kwargs["device"] = str(kwargs["device"])  # plain data, as the wire carries it
+    if name == "scaled_dot_product_attention" and kwargs.pop("causal", False):
+        q, k = args[0], args[1]
+        mask = args[3] if len(args) > 3 else kwargs.pop("mask", None)
+        causal = _causal(q, k)
+        args = (*args[:3], causal if mask is None else mask.to(torch.bool) & causal)
+    if name == "multihead_self_attention":
+        if kwargs.pop("cache", None) is not None:
+            raise NotComposable("multihead_self_attention with a cache")
+        kwargs.pop("layer", None)
+        biases = {b: kwargs.pop(b, None) for b in ("bq", "bk", "bv", "bo")}
+        if any(v is not None for v in biases.values()):
+            args, post = _fold_biases(args, biases)
+    return tuple(args), kwargs, post
+
+
+def _fold_biases(args: tuple, biases: dict):
+    """Projection biases folded into the weights (``x`` gets a column of ones; each weight its bias
+    as a last column), the output bias added afterwards: the protocol's attention has no biases."""
+    x, wq, wk, wv, wo, *rest = args
+    ones = torch.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device)
+
+    def fold(w, b):
+        column = torch.zeros(w.shape[0], 1, dtype=w.dtype, device=w.device) if b is None else b[:, None]
+        return torch.cat([w, column.to(w.dtype)], dim=1)
+
+    folded = (torch.cat([x, ones], dim=-1), fold(wq, biases["bq"]), fold(wk, biases["bk"]), fold(wv, biases["bv"]))
+    bo = biases["bo"]
+    return (*folded, wo, *rest), (None if bo is None else (lambda out: out + bo))
+
+
+def _cast_like(out, like):
+    if isinstance(out, torch.Tensor) and isinstance(like, torch.Tensor):
+        dtype = like.dtype if (out.is_floating_point() and like.is_floating_point()) else out.dtype
+        return out.to(dtype=dtype, device=like.device)
+    return out
+
+
+@dataclass
+class Composition:
+    """The bridges' log: every call answered by the implementation, in order."""
+
+    impl: object
+    names: tuple[str, ...]
+    calls: list[tuple[str, tuple, dict, object]] = field(default_factory=list)
+
+    def bridge(self, name: str):
+        def call(*args, **kwargs):
+            a, k, post = protocol_call(name, args, kwargs)
+            with torch.no_grad():
+                out = getattr(self.impl, name)(*a, **k)
+            self.calls.append((name, a, k, out))
+            out = out if post is None else post(out)
+            return _cast_like(out, args[0] if args else None)
+
+        return call
+
+    @property
+    def called(self) -> list[str]:
+        return dependency_order(name for name, *_ in self.calls)
+
+    def consistent(self, tol) -> bool:
+        """The same calls asked again, last first, as plain calls, give the same answers."""
+        from .compare import mismatch
+
+        for name, a, k, out in reversed(self.calls):
+            try:
+                with torch.no_grad():
+                    again = getattr(self.impl, name)(*a, **k)
+            except _REFUSALS:  # answered once, refused now: not a function of its inputs
+                return False
+            if mismatch(again, out, tol) is not None:
+                return False
+        return True
+
+
+def _unfused(fn):
+    """The reference's function on its written-out path (its fast paths skip its own callees)."""
+
+    def call(*args, **kwargs):
+        kwargs.pop("fused", None)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+UNFUSE = ("scaled_dot_product_attention", "swiglu", "silu", "cross_entropy")
+
+
+@contextlib.contextmanager
+def composed(reference, impl, names):
+    """The reference with each of ``names`` answered by the implementation; yields the ``Composition``."""
+    comp = Composition(impl, tuple(names))
+    replacements = {n: _unfused(getattr(reference.obj, n)) for n in UNFUSE if hasattr(reference.obj, n)}
+    replacements.update({n: comp.bridge(n) for n in names})
+    with reference.substituted(replacements):
+        yield comp
+
+
+def _matches(compute, reference, impl, names, args64, actual, tol):
+    """The composition over ``names`` (or None when it cannot run), and whether it equals ``actual``."""
+    from .compare import mismatch
+
+    try:
+        with composed(reference, impl, names) as comp:
+            out = compute(reference, *args64)
+    except _REFUSALS:  # a composition that cannot run explains nothing
+        return None, False
+    return comp, mismatch(actual, out, tol) is None
+
+
+def explain(compute, args64, actual, tol, reference, impl, candidates) -> list[str]:
+    """The failing upstream names (a minimal set, dependency order) whose own behaviour, composed with
+    the reference, gives ``actual``; ``[]`` when none does."""
+    names = dependency_order(n for n in candidates if n in COMPOSABLE and impl.provides(n))
+    if not names or reference is None:
+        return []
+    comp, ok = _matches(compute, reference, impl, names, args64, actual, tol)
+    if not ok:
+        return []
+    needed = comp.called
+    for name in list(reversed(needed)):  # drop names the match does not need, downstream first
+        if len(needed) == 1:
+            break
+        trial = [n for n in needed if n != name]
+        smaller, still = _matches(compute, reference, impl, trial, args64, actual, tol)
+        if still:
+            needed, comp = trial, smaller
+    if not needed or not comp.consistent(tol):
+        return []
+    return needed
+
+
+# ------------------------------------------------------------------------------------------------
+# settling: the one decision the summary and the grade read
+# ------------------------------------------------------------------------------------------------
+
+REAL_FAILURES = ("failed", "error")
+
+
+@dataclass
+class Settled:
+    status: str  # the verdict's status, or "failed" for a consequence nothing pays for
+    roots: list[str]  # for a consequence: its root names, resolved, dependency order
+    reason: str = ""  # why a consequence was charged
+
+
+def settle(verdicts) -> dict[str, Settled]:
+    """``{test: Settled}`` for records with ``test``, ``subjects``, ``status``, ``root_cause``.
+
+    A consequence holds while every root is paid for: a subject of a test that really failed
+    (failed or error: not only "not implemented", "not provided" or "setup"), or of a consequence
+    that holds (a chain: its roots replace it). Otherwise it is charged.
+    """
+    verdicts = list(verdicts)
+    own = {n for v in verdicts if v.status in REAL_FAILURES for n in v.subjects}
+    inherited: dict[str, set[str]] = {}
+    pending = [v for v in verdicts if v.status == "consequence"]
+    held: dict[str, list[str]] = {}
+    progress = True
+    while progress:
+        progress = False
+        for v in list(pending):
+            roots = list(v.root_cause)
+            if roots and all(r in own or r in inherited for r in roots):
+                resolved: set[str] = set()
+                for r in roots:
+                    resolved |= {r} if r in own else inherited[r]
+                held[v.test] = dependency_order(resolved)
+                for s in v.subjects:
+                    if s not in own:
+                        inherited.setdefault(s, set()).update(resolved)
+                pending.remove(v)
+                progress = True
+    out = {}
+    for v in verdicts:
+        if v.status != "consequence":
+            out[v.test] = Settled(v.status, [])
+        elif v.test in held:
+            out[v.test] = Settled("consequence", held[v.test])
+        else:
+            names = ", ".join(v.root_cause) or "an upstream function"
+            out[v.test] = Settled(
+                "failed",
+                [],
+                f"charged: this test failed and named {names} as the cause, but no graded test of {names} "
+                "fails on its own, so nothing else pays for it (a root that is only not implemented or not "
+                "provided pays for nothing)",
+            )
+    return out

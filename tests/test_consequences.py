@@ -1,0 +1,162 @@
+"""The consequence decision (spec_tests/harness/consequences.py) and the summary that reads it: one
+decision, dependency order, only failures that can explain, offline wording, unimplemented roots."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from spec_tests.harness import consequences
+from spec_tests.harness.results import TestVerdict
+from spec_tests.harness.rootcause import FailureRegistry
+from spec_tests.harness.terminal import summary_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def V(test, subjects, status, roots=(), maybe=(), component="attention"):
+    return TestVerdict(test, component, list(subjects), status, list(roots), "msg", list(maybe))
+
+
+def test_dependency_order_is_upstream_first():
+    names = ["forward", "multihead_self_attention", "generate", "rope", "scaled_dot_product_attention", "repeat_kv"]
+    order = consequences.dependency_order(names)
+    assert order.index("repeat_kv") < order.index("scaled_dot_product_attention") < order.index("forward")
+    assert order.index("rope") < order.index("multihead_self_attention") < order.index("forward")
+    assert order[-1] == "generate"
+
+
+SCRIPT = """
+from spec_tests.harness.results import TestVerdict
+from spec_tests.harness.terminal import summary_lines
+names = ["swiglu", "rope", "rmsnorm", "softmax", "linear", "layernorm", "gelu_mlp", "repeat_kv", "silu"]
+verdicts = [TestVerdict(f"t_{n}", "c", [n], "failed", [], "x") for n in names]
+verdicts += [TestVerdict("t_fwd", "model", ["forward"], "consequence", ["rope", "rmsnorm", "linear"], "x")]
+print("\\n".join(summary_lines("x", verdicts, {n: [f"t_{n}"] for n in reversed(names)})))
+"""
+
+
+def test_the_summary_is_the_same_for_every_hash_seed():
+    outs = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        outs.add(proc.stdout)
+    assert len(outs) == 1, outs
+    roots = outs.pop().split("root causes, fix these first:\n", 1)[1].splitlines()
+    assert roots[-1].startswith("  swiglu:") and roots[-2].startswith("  gelu_mlp:")  # callers after callees
+
+
+def test_only_failures_that_can_explain_a_math_check_are_offered():
+    registry = FailureRegistry()
+    registry.mark(["forward"], "t_precision", "precision")
+    registry.mark(["build_model"], "t_init", "convention")
+    registry.mark(["build_model"], "t_bad_config", "validation")
+    registry.mark(["rmsnorm"], "t_rmsnorm_f64", "precision")
+    assert registry.explaining(["forward", "build_model", "rmsnorm"]) == []
+    assert registry.upstream_of("forward") == []
+    registry.mark(["rope"], "t_rope", "math")
+    registry.mark(["new_cache"], "t_cache", "math")
+    assert registry.explaining(["forward", "rope", "new_cache"]) == ["rope", "new_cache"]
+    assert registry.upstream_of("forward") == ["rope"]  # forward may call rope, not new_cache
+
+
+def test_failure_kinds():
+    from spec_tests.harness.checks import SpecFailure
+    from spec_tests.harness.results import CheckResult
+    from spec_tests.harness.subject import ImplementationError, NotImplementedInImpl
+    from spec_tests.harness.tolerances import EXACT
+
+    def failure(kind, tolerance=""):
+        return SpecFailure(CheckResult("t", "rmsnorm", "norms", "b", "failed", kind=kind, tolerance=tolerance))
+
+    assert consequences.failure_kind(failure("compare", "rtol 1e-6")) == "math"
+    assert consequences.failure_kind(failure("compare", EXACT.describe())) == "precision"
+    assert consequences.failure_kind(failure("raises")) == "validation"
+    assert consequences.failure_kind(failure("require"), ["init"]) == "convention"
+    assert consequences.failure_kind(failure("compare"), ["precision"]) == "precision"
+    assert consequences.failure_kind(failure("require"), ["init", "rope"]) == "math"
+    assert consequences.failure_kind(NotImplementedInImpl("rmsnorm")) == "not_implemented"
+    assert consequences.failure_kind(ImplementationError("rmsnorm", ("ValueError",), "m")) == "error"
+
+
+def test_a_root_that_is_only_not_implemented_pays_for_nothing():
+    settled = consequences.settle(
+        [
+            V("t_build", ["build_model"], "not_implemented", component="model"),
+            V("t_cache", ["cache_kv"], "consequence", ["build_model"], component="kv_cache"),
+            V("t_rope", ["rope"], "failed"),
+            V("t_mha", ["multihead_self_attention"], "consequence", ["rope"]),
+            V("t_fwd", ["forward"], "consequence", ["multihead_self_attention"], component="model"),
+        ]
+    )
+    assert settled["t_cache"].status == "failed" and "pays for nothing" in settled["t_cache"].reason
+    assert (settled["t_mha"].status, settled["t_mha"].roots) == ("consequence", ["rope"])
+    assert (settled["t_fwd"].status, settled["t_fwd"].roots) == ("consequence", ["rope"])  # through the chain
+
+
+def test_offline_the_summary_says_what_may_be_a_consequence_and_names_one_root():
+    """One repeat_kv bug in a handout (no reference): the attention functions that call it fail too,
+    and may be its consequences; only repeat_kv is listed as a root."""
+    verdicts = [
+        V("t_repeat", ["repeat_kv"], "failed"),
+        V("t_sdpa", ["scaled_dot_product_attention"], "failed", maybe=["repeat_kv"]),
+        V("t_flash", ["flash_attention"], "failed", maybe=["repeat_kv"]),
+        V("t_mha", ["multihead_self_attention"], "failed", maybe=["repeat_kv", "scaled_dot_product_attention"]),
+    ]
+    registry = {
+        "repeat_kv": ["t_repeat"],
+        "scaled_dot_product_attention": ["t_sdpa"],
+        "flash_attention": ["t_flash"],
+        "multihead_self_attention": ["t_mha"],
+    }
+    lines = summary_lines("x", verdicts, registry)
+    roots = lines[lines.index("root causes, fix these first:") + 1 :]
+    roots = roots[: roots.index("")]
+    assert roots == ["  repeat_kv: 1 failing test(s) of its own"], lines
+    text = "\n".join(lines)
+    assert "multihead_self_attention: 1 failing test(s), may be consequences of repeat_kv, " in text
+    assert "fix repeat_kv first and rerun" in text
+
+
+def test_the_composition_asks_the_implementation_on_the_references_intermediate_values():
+    """The reference's multihead attention composed with a rope that doubles its output: the bridge is
+    called (with protocol arguments only) and its answers are used; biases fold into the weights."""
+    import reference
+    from spec_tests.harness.subject import LocalSubject, reference_subject
+
+    ref, correct_rope = reference_subject("interleaved"), reference.rope
+    seen = []
+
+    class Impl:
+        FAMILIES = ("llama", "gpt2")
+
+        @staticmethod
+        def rope(x, positions, theta=10000.0, **extra):
+            seen.append(sorted(extra))
+            return 2 * correct_rope(x, positions, theta)
+
+    impl = LocalSubject(Impl(), "impl")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 8, generator=g, dtype=torch.float64)
+    w = [torch.randn(8, 8, generator=g, dtype=torch.float64) for _ in range(4)]
+
+    def compute(m, x, *w):
+        return m.multihead_self_attention(x, *w, 2, 2, 10000.0)
+
+    with consequences.composed(ref, impl, ["rope"]) as comp:
+        out = compute(ref, x, *w)
+    assert comp.called == ["rope"] and seen and all(e == [] for e in seen)
+    assert not torch.allclose(out, compute(ref, x, *w))
+    # folded biases: the protocol's attention (no biases) computes the biased attention exactly
+    b = [torch.randn(8, generator=g, dtype=torch.float64) for _ in range(4)]
+    args, _, post = consequences.protocol_call(
+        "multihead_self_attention", (x, *w, 2, 2, None), dict(bq=b[0], bk=b[1], bv=b[2], bo=b[3])
+    )
+    biased = ref.multihead_self_attention(x, *w, 2, 2, None, bq=b[0], bk=b[1], bv=b[2], bo=b[3])
+    assert torch.allclose(post(ref.multihead_self_attention(*args)), biased, atol=1e-12)
