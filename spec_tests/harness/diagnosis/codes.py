@@ -25,6 +25,7 @@ STRUCTURAL = {
     "dtype": "the output has the wrong dtype or device",
     "shape": "the output has the wrong shape",
     "overflow": "inf or NaN where the expected value is finite: an intermediate overflowed (exp, squares)",
+    "crash": "the call raises for an input the protocol allows, and runs with one property of it changed",
 }
 
 KNOBS = {
