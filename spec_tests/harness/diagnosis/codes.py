@@ -60,6 +60,7 @@ KNOBS = {
     "zero_grad": "gradients of the previous step are not cleared before the next backward pass",
     "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
     "mode": "the module's training mode is wrong during the call or not restored after it",
+    "log_of_softmax": "log-probabilities taken as log(softmax(x)): an underflowed probability gives -inf",
     "max_subtraction": "softmax or log-sum-exp without subtracting the max: inf/NaN for large inputs",
     "weight_layout": "a weight is used as [in, out] instead of [out, in] (not transposed, or transposed twice)",
     "bias": "a bias is missing, added twice, or added in the wrong place",
