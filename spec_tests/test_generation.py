@@ -293,17 +293,23 @@ def test_generate_samples_from_sampling_probs(spec, kw):
         )
     probs = spec.impl.sampling_probs(one[0, -1], **{"temperature": 1.0, **kw}).double().cpu()
     out = spec.impl.generate(model, prompt, 1, generator=spec.inputs.generator(0), **kw)
+    spec.require(
+        tuple(out.shape) == (N_DRAWS, prompt.shape[1] + 1),
+        behaviour=f"generate(prompt [{N_DRAWS}, {prompt.shape[1]}], 1 new token) returns the prompt and one token",
+        found=f"the output has shape {list(out.shape)}: {out.shape[-1]} tokens per row, {prompt.shape[1] + 1} expected",
+    )
     freq = torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
     outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]
     spec.require(
         not outside,
         behaviour=f"generate({kw}) draws only tokens sampling_probs keeps",
         found=f"drew filtered-out tokens {outside[:10]}",
-        causes=(
-            "likely cause: generate samples from the raw (or only temperature-scaled) logits instead of "
-            "sampling_probs. Fix: draw from the filtered distribution",
+        causes=(  # weak: logits that differ from forward's (a broken cache path) draw outside the kept set too
+            "likely cause (weak evidence): generate samples from the raw (or only temperature-scaled) logits instead "
+            "of sampling_probs, or from logits other than forward's for the prompt. Fix: draw from the filtered "
+            "distribution of the model's last logits",
         ),
-        codes=("knob:sampling_order",),
+        codes=("~knob:sampling_order",),
     )
     bound = 5.5 * (probs * (1 - probs) / N_DRAWS).sqrt() + 4e-3
     worst = int(torch.argmax((freq - probs).abs() - bound))

@@ -69,9 +69,27 @@ def test_cross_entropy_ignores_ignore_index(spec):
 @judges("cross_entropy")
 @pytest.mark.bug_class("stability")
 def test_cross_entropy_stable_for_large_logits(spec, dtype):
-    """cross_entropy is finite and right for logits near ±1e4 (symptoms table: exp of a large number)."""
+    """cross_entropy is finite and right for logits near ±1e4 (symptoms table: exp of a large number).
+
+    Two inputs first tell the two classic mistakes apart: logits near 1000 with a small spread overflow exp without
+    the max subtracted, and nothing else; logits spread over 1e4 below a row max of 0 never overflow, but their
+    probabilities underflow, so log(softmax(x)) gives -inf where log_softmax does not."""
     logits = spec.inputs.randn(N, S.V, seed=35, dtype=dtype) * 1e4
     targets = spec.inputs.token_ids(N, seed=36)
+    near = spec.inputs.randn(N, S.V, seed=37, dtype=dtype) * 3.0 + 1000.0
+    spec.call(
+        "cross_entropy", near, targets, behaviour="cross_entropy with logits near 1000", kind="loss", label="near"
+    )
+    spread = -logits.abs()
+    spread = spread - spread.max(-1, keepdim=True).values
+    spec.call(
+        "cross_entropy",
+        spread,
+        targets,
+        behaviour="cross_entropy with logits spread over 1e4 below a row max of 0",
+        kind="loss",
+        label="spread",
+    )
     spec.call("cross_entropy", logits, targets, behaviour="cross_entropy with logits near ±1e4", kind="loss")
 
 

@@ -7,6 +7,7 @@ Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else f
 """
 
 import pytest
+import torch
 
 from . import filters, models, oracles
 from .harness.compare import mismatch
@@ -67,6 +68,7 @@ KIND = {
     **dict.fromkeys(("scaled_dot_product_attention", "flash_attention", "multihead_self_attention"), "attention"),
     **dict.fromkeys(("cross_entropy", "lm_loss"), "loss"),
     "forward": "model",
+    "new_cache": "model",
 }
 
 FUNCTIONS = (
@@ -175,3 +177,44 @@ def test_float64_attention_without_rope_computed_in_float64(spec, name):
     args, _ = inputs_for(spec, name)
     math_first(spec, name, lambda m, *a: m.multihead_self_attention(*a), args)
     spec.call(name, *args, tol=EXACT, behaviour="multihead_self_attention without RoPE of float64 inputs")
+
+
+@pytest.mark.parametrize("name", [_param("new_cache", uses=("build_model", "forward"))])
+def test_float64_cached_model_computed_in_float64(spec, name):
+    """A float64 model's cached path computes in float64: logits fed through a new cache (a 6-token prompt, then
+    one token, then four) equal the reference's to float64 rounding, so the cache holds keys and values in the
+    model's dtype (protocol: Conventions, ground truth in float64; new_cache, forward with a cache; amendment 11).
+
+    Judged only where the uncached float64 logits already are (``test_float64_model_computed_in_float64``
+    reports those) and the cached ones are right at the model tolerance (the cache tests report the math)."""
+    spec.impl.require("new_cache")
+    config = models.family_config(spec.impl, spec.impl.families[0])
+    sd = models.random_state_dict(config, seed=118, device=spec.device)
+    ids = spec.inputs.token_ids(2, 11, vocab=config["vocab_size"], seed=119)
+
+    def uncached(m, sd, ids):
+        return models.logits(m, config, sd, ids)
+
+    def cached(m, sd, ids):
+        model = models.build(m, config, sd)
+        cache = m.new_cache(model, ids.shape[0])
+        return torch.cat([m.forward(model, chunk, cache) for chunk in ids.split([6, 1, 4], dim=1)], dim=1)
+
+    full = uncached(spec.impl, sd, ids)
+    if mismatch(full, spec.expected(uncached, sd, ids, label="uncached"), EXACT) is not None:
+        raise spec.defer(
+            ["forward"],
+            "new_cache: the cached path's precision is judged once the uncached float64 logits are exact",
+            "not judged: the uncached float64 logits already differ beyond float64 rounding, which "
+            "test_float64_model_computed_in_float64 reports",
+        )
+    math_first(spec, name, cached, (sd, ids))
+    spec.check(
+        cached,
+        sd,
+        ids,
+        tol=EXACT,
+        axes="b t v",
+        behaviour=f"logits of a float64 {config['family']} model through a new cache (chunks 6, 1, 4), to float64 "
+        "rounding",
+    )

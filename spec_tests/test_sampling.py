@@ -182,19 +182,25 @@ def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
     rows = (TIED, TIED[::-1])  # the ties at the end of one row, at the start of the other
     logits = torch.stack([spec.inputs.probs_to_logits(r) for r in rows])
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
+    counts = [len(kept(probs[row])) for row in range(len(rows))]
     for row, probs_in in enumerate(rows):
         got = kept(probs[row])
         tied = [t for t, p in enumerate(probs_in) if p == 0.3]
+        others = [c for r, c in enumerate(counts) if r != row]
+        if len(set(counts)) > 1:  # the rows differ: a per-row mistake, not the tie rule (one description, no cause)
+            causes = (f"note: row {row} keeps {len(got)} tokens, the other row{'s' * (len(others) > 1)} {others}",)
+        elif len(got) > n_kept:
+            causes = (
+                "likely cause: the nucleus keeps every token whose probability is at least that of the crossing "
+                "token, so ties with it come along. Fix: cut the sorted list at the crossing position",
+            )
+        else:
+            causes = ()
         spec.require(
             len(got) == n_kept and len([t for t in got if t in tied]) == min(n_kept, 3),
             behaviour=f"top_p={top_p} on {probs_in} keeps {n_kept} token(s), {min(n_kept, 3)} of the tied top three",
             found=f"row {row} keeps {got}",
-            causes=(
-                "likely cause: the nucleus keeps every token whose probability is at least that of the crossing "
-                "token, so ties with it come along. Fix: cut the sorted list at the crossing position",
-            )
-            if len(got) > n_kept
-            else (),
+            causes=causes,
         )
         want = torch.tensor(probs_in, dtype=probs.dtype)[got]
         spec.close(

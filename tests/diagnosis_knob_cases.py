@@ -429,8 +429,25 @@ def cases():
             other=lambda out: out + 0.05,
         )
     )
-    huge = randn(N, V, seed=35) * 1e4
+    huge = randn(N, V, seed=35) * 3.0 + 1000.0  # overflows exp without the max; log(softmax) is still right here
     t_huge = ids(N, seed=36)
+    spread = -(randn(N, V, seed=35) * 1e4).abs()
+    spread = spread - spread.max(-1, keepdim=True).values  # no overflow, but probabilities underflow
+    out.append(
+        Case(
+            "cross_entropy",
+            (spread, t_huge),
+            {},
+            F.cross_entropy(spread, t_huge),
+            {
+                "log_of_softmax": (
+                    lambda: F.nll_loss(torch.log(torch.softmax(spread, -1)), t_huge),
+                    "knob:log_of_softmax",
+                )
+            },
+            other=lambda out: out * 1.01,
+        )
+    )
     out.append(
         Case(
             "cross_entropy",

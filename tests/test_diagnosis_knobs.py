@@ -51,3 +51,17 @@ def test_unknown_function_and_unbindable_arguments_give_nothing():
     x = randn(3, 4, seed=0)
     assert knob_causes("not_a_protocol_name", (x,), {}, x, rope_style="interleaved", **EXACT) == []
     assert knob_causes("rmsnorm", (x, x, x, x, x), {}, x, rope_style="interleaved", **EXACT) == []
+
+
+def test_underflowing_log_of_softmax_is_not_called_a_missing_max_subtraction():
+    """log(softmax(x)) subtracts the max and still gives -inf where a probability underflows: a mistake of its own,
+    never named "no max subtraction" with confidence (both give an infinite loss on these logits)."""
+    from spec_tests.harness.diagnosis import describe
+
+    logits = randn(6, 16, seed=3) * 200.0
+    targets = torch.arange(6) % 16
+    actual = torch.nn.functional.nll_loss(torch.log(torch.softmax(logits, -1)), targets)
+    causes = knob_causes("cross_entropy", (logits, targets), {}, actual, rope_style="interleaved", **EXACT)
+    assert "knob:log_of_softmax" in {c.code for c in causes}
+    first = describe(causes)[0]
+    assert first.startswith("likely cause (ambiguous") or "log(softmax" in first.split("(evidence")[0], first

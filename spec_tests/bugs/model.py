@@ -192,4 +192,31 @@ BUGS = (
         fix="once the sequence exceeds context_length, positions shift: re-encode the last context_length tokens",
         corner=True,
     ),
+    Bug(
+        "embedding_padding_row",
+        "training",
+        TRAINING,
+        "model.py",
+        old="        x = embedding(ids, self.tok_embeddings.weight)  # [B, T, d_model]",
+        new="        x = torch.nn.functional.embedding(ids, self.tok_embeddings.weight, padding_idx=0)",
+        explanation="the token embedding treats id 0 as padding: its row gets no gradient from the lookup, though "
+        "0 is an ordinary token id",
+        fix="look rows up without a padding_idx (weight[ids]): every id in [0, vocab_size) is a token",
+        corner=True,
+    ),
+    Bug(
+        "cache_stores_float32",
+        "precision",
+        CACHE,
+        "kv_cache.py",
+        old="        self.key_buffers[layer][..., start:end, :] = k\n"
+        "        self.value_buffers[layer][..., start:end, :] = v\n",
+        new="        self.key_buffers[layer][..., start:end, :] = k.float()\n"
+        "        self.value_buffers[layer][..., start:end, :] = v.float()\n",
+        explanation="the cache stores keys and values as float32 whatever the model's dtype, so a float64 model's "
+        "cached attention runs on keys and values rounded to float32",
+        fix="keep the cache in the model's dtype: store k and v as they are",
+        corner=True,
+        code="precision",
+    ),
 )

@@ -120,4 +120,18 @@ BUGS = (
         corner=True,
         code="knob:mode",
     ),
+    Bug(
+        "train_optimizer_made_every_step",
+        "training",
+        TRAINING,
+        "training.py",
+        old="            x, y = get_batch(data, batch_size, context_length, generator, device)\n",
+        new="            x, y = get_batch(data, batch_size, context_length, generator, device)\n"
+        "            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)\n",
+        explanation="train makes a new AdamW at every step, so its moments and step count start afresh and every "
+        "update is lr * sign(gradient)",
+        fix="make one optimizer before the loop and keep it for every step",
+        corner=True,
+        code="knob:optimizer_state",
+    ),
 )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..protocol import PROTOCOL_NAMES
 from . import tolerance_measurement
 from .compare import mismatch, shape_note
 from .results import CheckResult
@@ -111,7 +112,10 @@ class Spec:
         failing=lambda names: [],
         upstream=lambda subject: [],
     ):
-        self.impl, self.expectations, self.device = impl, expectations, device
+        from .diagnosis.crashes import Probing
+
+        self.impl, self.expectations, self.device = Probing(impl, self._crashed), expectations, device
+        self._crashes: dict = {}  # (name, type, message) of a crash -> (probe lines, own frame)
         self.failing = failing  # names -> those of them whose own failures can explain a math check
         self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
         self.test_id, self.component, self.subjects = test_id, component, tuple(subjects)
@@ -206,7 +210,11 @@ class Spec:
         (``diagnosis/model_knobs.py``), for computations that run a model.
         """
         pristine = clone_tensors(args)
-        actual = compute(self.impl, *args)
+        try:
+            actual = compute(self.impl, *args)
+        except ImplementationError as exc:
+            self._explain_crash(exc, subject, compute, call, pristine)
+            raise
         changed = modified_inputs(pristine, args)
         if changed:
             self.require(
@@ -279,7 +287,7 @@ class Spec:
             return
         from .consequences import explain
 
-        roots = explain(compute, args64, actual, tol, reference, self.impl, candidates)
+        roots = explain(compute, args64, actual, tol, reference, self.impl._subject, candidates)
         if not roots:
             return
         names = ", ".join(roots)
@@ -290,6 +298,41 @@ class Spec:
         )
         result.causes, result.cause_codes = [], []  # the roots' own tests say what is wrong
         raise ConsequenceFailure(result, roots)
+
+    def _explain_crash(self, exc: ImplementationError, subject, compute, call, pristine) -> None:
+        """A check's computation raised: probe its inputs (``_crashed``) unless the protocol call that
+        raised was probed already."""
+        if call is not None:
+            name, kwargs = call
+            raw = self.impl._subject
+            self._crashed(name, lambda *a, **k: getattr(raw, name)(*a, **k), pristine, dict(kwargs), exc)
+        else:
+            self._crashed(subject or exc.name, lambda *a: compute(self.impl._subject, *a), pristine, {}, exc)
+
+    def _crashed(self, name: str, run, args, kwargs, exc: ImplementationError) -> None:
+        """The implementation raised in ``run(*args, **kwargs)``: probe which input property triggers it
+        (``diagnosis/crashes.py``), record it as a failed result, and add it to the exception's message."""
+        from .diagnosis.crashes import own_frame, probe
+
+        key = (exc.name, exc.type_name, exc.message)
+        if key not in self._crashes and len(self._crashes) < 2:  # Hypothesis examples crash alike: probe twice
+            self._crashes[key] = None  # a probe's own crash is not probed again
+            lines, codes = probe(name, run, args, kwargs)
+            where = own_frame(exc.original)
+            subject = exc.name if exc.name in PROTOCOL_NAMES else (self.subjects[0] if self.subjects else "")
+            result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")
+            result.outcome, result.found = "failed", f"{name} raised {exc.type_name}: {exc.message}"
+            if where and where != exc.where:
+                result.found += f" (in your code at {where})"
+            elif exc.where:
+                result.found += f" (at {exc.where})"
+            result.causes, result.cause_codes = list(lines), list(codes)
+            self._crashes[key] = (lines, where)
+        lines, where = self._crashes.get(key) or ([], "")
+        extra = [f"in your code at {where}"] if where and where != exc.where else []
+        text = str(exc)
+        if (lines or extra) and not text.endswith(tuple(lines or extra)):
+            exc.args = ("\n  ".join([text, *extra, *lines]),)
 
     def _rebase(self, result: CheckResult, rebase, actual, tol: Tolerance) -> None:
         names, own = rebase

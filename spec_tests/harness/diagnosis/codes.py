@@ -25,6 +25,7 @@ STRUCTURAL = {
     "dtype": "the output has the wrong dtype or device",
     "shape": "the output has the wrong shape",
     "overflow": "inf or NaN where the expected value is finite: an intermediate overflowed (exp, squares)",
+    "crash": "the call raises for an input the protocol allows, and runs with one property of it changed",
 }
 
 KNOBS = {
@@ -56,9 +57,11 @@ KNOBS = {
     "tying": "the tied LM head is a copy (or a detached use) of the embedding, not the same parameter",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
+    "optimizer_state": "the optimizer's state (moments, step count) does not carry over from step to step",
     "zero_grad": "gradients of the previous step are not cleared before the next backward pass",
     "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
     "mode": "the module's training mode is wrong during the call or not restored after it",
+    "log_of_softmax": "log-probabilities taken as log(softmax(x)): an underflowed probability gives -inf",
     "max_subtraction": "softmax or log-sum-exp without subtracting the max: inf/NaN for large inputs",
     "weight_layout": "a weight is used as [in, out] instead of [out, in] (not transposed, or transposed twice)",
     "bias": "a bias is missing, added twice, or added in the wrong place",

@@ -950,9 +950,20 @@ def _mha_family(args, kwargs, style):
 
 
 def _ce(
-    logits, targets, ignore_index=-100, *, count_ignored=False, reduction="mean", dim=-1, naive=None, row_means=False
+    logits,
+    targets,
+    ignore_index=-100,
+    *,
+    count_ignored=False,
+    reduction="mean",
+    dim=-1,
+    naive=None,
+    row_means=False,
+    log_of=None,
 ):
-    if naive is not None:
+    if log_of is not None:  # log(softmax(x)): the max is subtracted, but a probability that underflows gives -inf
+        lp = torch.log(torch.softmax(logits.to(log_of), dim)).to(F64)
+    elif naive is not None:
         x = logits.to(naive)
         lp = (x - torch.log(torch.exp(x).sum(dim, keepdim=True))).to(F64)
     else:
@@ -1014,6 +1025,16 @@ def _cross_entropy(args, kwargs, style):
                 "the log-softmax / log-sum-exp",
                 "use torch.logsumexp or subtract the row max first",
                 c(naive=dtype),
+            )
+        )
+        out.append(
+            Variant(
+                "knob:log_of_softmax",
+                f"the log-probabilities are log(softmax(logits)) ({label}): the max is subtracted, but a "
+                "probability that underflows to 0 gives log(0) = -inf",
+                "the log-softmax",
+                "use torch.log_softmax (x - max - log(sum(exp(x - max)))), never log of a softmax",
+                c(log_of=dtype),
             )
         )
     if ig != -100:
