@@ -142,6 +142,9 @@ def protocol_call(name: str, args: tuple, kwargs: dict):
     kwargs = dict(kwargs)
     for option in ("style", "table_size", "fused", "rope_style", "rope_table_size", "attention"):
         kwargs.pop(option, None)
+    for option in ("scaling", "rope_scaling"):  # protocol v2 keywords: passed only when in use
+        if kwargs.get(option, 0) is None:
+            del kwargs[option]
     post = None
     if isinstance(kwargs.get("device"), torch.device):
         kwargs["device"] = str(kwargs["device"])  # plain data, as the wire carries it
