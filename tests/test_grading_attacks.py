@@ -292,9 +292,12 @@ def test_a_killed_judge_still_gives_a_report_with_every_test(attacks, slow_submi
     out = tmp_path / "results.json"
     grader = _start_grader(slow_submission, attacks["tmp"], out)
     judge = _judge_of(grader)
-    time.sleep(3.0)
-    sandbox_processes = _descendants(judge)  # bubblewrap and the worker
+    stop = time.monotonic() + 300  # the judge starts its sandbox after collecting: poll, never a fixed wait
+    while not (sandbox_processes := _descendants(judge)) and time.monotonic() < stop:  # bubblewrap, the worker
+        time.sleep(0.2)
     assert sandbox_processes
+    time.sleep(1.0)  # the worker's own children (if any) too
+    sandbox_processes = _descendants(judge)
     os.kill(judge, signal.SIGKILL)
     stdout, stderr = grader.communicate(timeout=60)
     assert grader.returncode == 0, stderr
