@@ -123,7 +123,8 @@ def test_unknown_impl_lists_the_accepted_forms(suite):
     """An --impl naming nothing is a usage error listing every accepted form."""
     proc = suite("--impl=no_such_package_here")
     assert proc.returncode == 4
-    assert "Accepted forms: reference | student | bug:<name> | cs336:<checkout> | pkg.mod | pkg.mod:object" in proc.stderr
+    forms = "reference | student | bug:<name> | cs336:<checkout> | pkg.mod | pkg.mod:object"
+    assert f"Accepted forms: {forms}" in proc.stderr
 
 
 def test_object_form_and_families(pytester, suite):
