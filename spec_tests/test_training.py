@@ -680,8 +680,9 @@ def with_vocabulary_edges(ids, vocab: int):
 @pytest.mark.bug_class("training")
 def test_train_step_reaches_the_first_and_last_token_ids(spec, family):
     """train_step's losses and weights equal the reference's when the batch holds token 0 and token vocab_size - 1
-    as inputs and as targets (protocol: ids are in [0, vocab_size); train_step): the embedding and head rows at the
-    vocabulary's edges get their gradients (no padding row, no row cut off), and these ids are losses like any."""
+    as inputs and as targets (protocol: embedding; train_step): ids are in [0, vocab_size), so the embedding and head
+    rows at the vocabulary's edges get their gradients (no padding row, no row cut off), and these ids are losses
+    like any."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=75, device=spec.device)
     ids = with_vocabulary_edges(spec.inputs.token_ids(3, 9, vocab=config["vocab_size"], seed=76), config["vocab_size"])
