@@ -96,11 +96,21 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
     for name, tests in sorted((registry_failing or {}).items()):
         for t in dict.fromkeys(tests):
             charged.setdefault(t, []).append(name)
+    missing: dict[str, int] = {}
+    for v in verdicts:
+        if category(v) == NOT_IMPLEMENTED:
+            name = v.message.removeprefix("not implemented: ").strip() or "?"
+            missing[name] = missing.get(name, 0) + 1
     own_failures: dict[str, list[str]] = {}
     maybe: dict[str, set[str]] = {}  # name -> upstream names its failures may be consequences of
     confident: set[str] = set()  # names with a failure no failing upstream name could explain
+    consequences: dict[str, list[str]] = {}
     for v in verdicts:
         if settled[v.test].status not in ("failed", "error") or category(v) == NOT_IMPLEMENTED:
+            continue
+        if v.status == "consequence" and v.root_cause and all(r in missing for r in v.root_cause):
+            for root in v.root_cause:  # it earns nothing (settle), but it is the unwritten root that stops it
+                consequences.setdefault(root, []).append(v.test)
             continue
         for name in charged.get(v.test) or v.subjects:
             own_failures.setdefault(name, []).append(v.test)
@@ -108,17 +118,11 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
                 maybe.setdefault(name, set()).update(v.maybe_roots)
             else:
                 confident.add(name)
-    consequences: dict[str, list[str]] = {}
     for v in verdicts:
         for root in settled[v.test].roots:
             consequences.setdefault(root, []).append(v.test)
     roots = [n for n in own_failures if n in confident or not (maybe.get(n, set()) & set(own_failures))]
     roots += [n for n in consequences if n not in roots]
-    missing: dict[str, int] = {}
-    for v in verdicts:
-        if category(v) == NOT_IMPLEMENTED:
-            name = v.message.removeprefix("not implemented: ").strip() or "?"
-            missing[name] = missing.get(name, 0) + 1
     if roots:
         lines.append("")
         lines.append("root causes, fix these first:")
