@@ -6,6 +6,8 @@ Every check here relates the cached path to the implementation's own uncached fo
 ``test_model.py`` compares with the reference), so a mistake in the model costs in the model only.
 """
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -125,6 +127,28 @@ def test_cache_equals_no_cache_for_any_chunking(spec, config, chunks):
     check_chunks(spec, config, chunks, seed=23)
 
 
+def _layout_causes(shape, want) -> tuple[str, ...]:
+    """The wrong-axis cause only where the evidence pins it: the right sizes in another order, or the
+    right number of elements in another shape (a concatenation on another axis)."""
+    shape = tuple(shape)
+    if shape == want or len(shape) != len(want):
+        return ()
+    if sorted(shape) == sorted(want) or math.prod(shape) == math.prod(want):
+        return (
+            "likely cause: the cache is laid out or appended along the wrong axis. Fix: [B, n_kv_heads, "
+            "T_cached, d_head], new keys and values concatenated on the time axis (dim -2)",
+        )
+    return ()
+
+
+def _time_steps_held(shape, want) -> str:
+    """A plain description when only the time axis differs: how many steps the cache holds."""
+    shape = tuple(shape)
+    if len(shape) == 4 and shape[:2] == want[:2] and shape[3] == want[3] and shape[2] != want[2]:
+        return f": it holds {shape[2]} time steps, {want[2]} expected after chunks of 5 and 4 tokens"
+    return ""
+
+
 @judges("cache_kv", uses=("build_model", "forward", "new_cache"))
 @pytest.mark.bug_class("kv_cache", "rope_on_values")
 def test_cache_layout_rotated_keys_plain_values(spec, config):
@@ -155,11 +179,8 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
         spec.require(
             tuple(k.shape) == want and tuple(v.shape) == want,
             behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want}",
-            found=f"k {tuple(k.shape)}, v {tuple(v.shape)}",
-            causes=(
-                "likely cause: the cache is laid out or appended along the wrong axis. Fix: [B, n_kv_heads, "
-                "T_cached, d_head], new keys and values concatenated on the time axis (dim -2)",
-            ),
+            found=f"k {tuple(k.shape)}, v {tuple(v.shape)}{_time_steps_held(k.shape, want)}",
+            causes=_layout_causes(k.shape, want) or _layout_causes(v.shape, want),
             codes=("shape",),
         )
     spec.close(
