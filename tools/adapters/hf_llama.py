@@ -145,6 +145,11 @@ def build_model(config: dict, state_dict: dict | None = None) -> LlamaForCausalL
     Without weights, transformers' own initialisation (``post_init``) stands.
     """
     model = LlamaForCausalLM(hf_config(config))
+    return load_canonical(model, state_dict)
+
+
+def load_canonical(model: LlamaForCausalLM, state_dict: dict | None) -> LlamaForCausalLM:
+    """Copy ``state_dict`` (canonical names, exact shapes) into ``model``'s parameters; ``None`` keeps them."""
     if state_dict is not None:
         names = name_map(model.config.num_hidden_layers, model.config.tie_word_embeddings)
         unknown, missing = sorted(set(state_dict) - set(names)), sorted(set(names) - set(state_dict))

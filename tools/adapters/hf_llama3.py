@@ -19,7 +19,6 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import torch
 from spec_adapters import hf_common, hf_llama
 from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this adapter shares with hf_llama
     ATTN_IMPLEMENTATION,
@@ -40,7 +39,6 @@ from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this ada
     silu,
     swiglu,
 )
-from spec_adapters.hf_names import llama_name_map as name_map
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -127,18 +125,4 @@ def hf_config(config: dict) -> LlamaConfig:
 def build_model(config: dict, state_dict: dict | None = None) -> LlamaForCausalLM:
     """``LlamaForCausalLM`` of ``hf_config(config)`` (with its rope scaling); weights as in ``hf_llama.build_model``."""
     model = LlamaForCausalLM(hf_config(config))
-    if state_dict is not None:
-        names = name_map(model.config.num_hidden_layers, model.config.tie_word_embeddings)
-        unknown, missing = sorted(set(state_dict) - set(names)), sorted(set(names) - set(state_dict))
-        if unknown or missing:
-            raise ValueError(f"state_dict does not match the canonical names: missing {missing}, unexpected {unknown}")
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in state_dict.items():
-                target = params[names[name]]
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
-                    )
-                target.copy_(value)
-    return model
+    return hf_llama.load_canonical(model, state_dict)
