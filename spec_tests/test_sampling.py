@@ -6,7 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import filters
+from .harness.compare import mismatch
 from .harness.markers import judges
+from .harness.tolerances import tolerance
 from .inputs import S
 from .strategies import seeds
 
@@ -370,6 +372,30 @@ def test_sample_leaves_its_logits_unchanged(spec):
 N_DRAWS = 40_000
 
 
+def _within(counts: torch.Tensor, p: torch.Tensor) -> bool:
+    """Draw frequencies ``counts`` follow ``p``: nothing drawn where p is 0, each within 5.5 standard errors."""
+    bound = 5.5 * (p * (1 - p) / N_DRAWS).sqrt() + 1e-3
+    return not bool(((counts > 0) & (p == 0)).any()) and bool(((counts - p).abs() <= bound).all())
+
+
+def follows_own_sampling_probs(spec, logits, kw, counts, probs) -> None:
+    """Where the draws miss the protocol's distribution but follow the implementation's own
+    ``sampling_probs`` (which differs from the protocol's), sample does what the protocol says of it (it
+    draws from sampling_probs): the failure is the sampling_probs tests' to report (observed draws, not a
+    rerun), so one sampling_probs bug costs once."""
+    if _within(counts, probs.cpu()) or not spec.impl.provides("sampling_probs"):
+        return
+    own = spec.impl.sampling_probs(logits, **kw).double().cpu()
+    if mismatch(own, probs.cpu(), tolerance("pointwise", own.dtype)) is None or not _within(counts, own):
+        return
+    raise spec.defer(
+        ["sampling_probs"],
+        f"sample({kw}) draws from the protocol's sampling_probs",
+        "the draws follow this implementation's own sampling_probs, which differs from the protocol's "
+        "(the sampling_probs tests report how)",
+    )
+
+
 @judges("sample")
 @pytest.mark.bug_class("sampling_order", "top_k", "top_p")
 @pytest.mark.parametrize(
@@ -390,6 +416,7 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     draws = spec.impl.sample(logits.expand(N_DRAWS, -1), generator=spec.inputs.generator(0), **kw)
     counts = torch.bincount(draws.flatten().cpu(), minlength=S.V).double() / N_DRAWS
     outside = [t for t in torch.nonzero(counts > 0).flatten().tolist() if probs[t] == 0]
+    follows_own_sampling_probs(spec, logits, kw, counts, probs)
     spec.require(
         not outside,
         behaviour=f"sample({kw}) draws only tokens sampling_probs keeps",

@@ -164,7 +164,8 @@ SEEDED: tuple[SeededBug, ...] = (
         old='            scores = scores.masked_fill(~mask, float("-inf"))',
         new='            scores = scores.masked_fill(mask, float("-inf"))',
         mistake="takes True in a boolean mask as 'masked' instead of 'may attend'",
-        accepted=("knob:mask_polarity", "mask"),
+        # nan_rows by its description: the inverted causal mask leaves the last row with every entry masked
+        accepted=("knob:mask_polarity", "mask", "nan_rows"),
     ),
     SeededBug(
         name="softmax_without_max_subtraction",
@@ -730,7 +731,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="    starts = torch.randint(0, n_starts, (batch_size,), generator=generator)",
         new="    starts = torch.randint(0, n_starts - 1, (batch_size,), generator=generator)",
         mistake="get_batch never draws the last window start (and fails with exactly context_length + 1 tokens)",
-        accepted=("boundary",),
+        accepted=("boundary", "crash"),  # crash (a code added later) names the exactly-enough-data failure
     ),
     SeededBug(
         name="get_batch_targets_not_shifted",
