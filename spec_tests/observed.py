@@ -19,10 +19,16 @@ def observable(spec) -> bool:
     return "dropout" in spec.impl.capabilities
 
 
-def eval_output(spec, model, ids) -> torch.Tensor:
-    """The eval-mode forward pass of ``model`` on ``ids`` (the model is left in eval mode)."""
+def eval_output(spec, model, ids) -> torch.Tensor | None:
+    """The eval-mode forward pass of ``model`` on ``ids``, or None where training mode does not show in this
+    model's outputs (it declares dropout but a training-mode pass equals the eval one): then the mode cannot be
+    observed, and the flags alone judge it. The model is left in eval mode."""
     spec.impl.set_training(model, False)
-    return spec.impl.forward(model, ids).detach()
+    clean = spec.impl.forward(model, ids).detach()
+    spec.impl.set_training(model, True)
+    visible = shows_training(spec, model, ids, clean)
+    spec.impl.set_training(model, False)
+    return clean if visible else None
 
 
 def shows_training(spec, model, ids, clean: torch.Tensor) -> bool:

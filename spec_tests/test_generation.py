@@ -188,7 +188,7 @@ def test_generate_restores_the_mode(spec, family, mode):
         "likely cause: generate calls model.eval() (or model.train()) without restoring the "
         "modes it found. Fix: remember each module's mode and put it back in a finally block",
     )
-    if seen:
+    if clean is not None:
         observed.require_mode(spec, model, prompt, clean, mode == "train", after="generate", causes=causes)
     flags = set(spec.impl.training_flags(model))
     spec.require(
