@@ -137,9 +137,7 @@ def attacks(tmp_path_factory):
     saved = {path: path.read_bytes() for path in grader_files().values()}
     digest_before = tree_digest(*watched)
     try:
-        started = time.monotonic()
         during = grade_batch(cheaters, out2, cache, rubric)
-        batch_s = time.monotonic() - started
         written = {name: (out2 / name / "results.json").read_bytes() for name in ATTACKS}
         time.sleep(2.0)  # a detached process would rewrite the reports now
         rewritten = [name for name in ATTACKS if (out2 / name / "results.json").read_bytes() != written[name]]
@@ -154,7 +152,6 @@ def attacks(tmp_path_factory):
         "before": before,
         "during": during,
         "after": after,
-        "batch_s": batch_s,
         "rewritten": rewritten,
         "changed": sorted(
             k for k in digest_before.keys() | digest_after.keys() if digest_before.get(k) != digest_after.get(k)
@@ -227,7 +224,12 @@ def test_specific_outcomes(attacks):
     slow = load_results(out, "alarm_thread")
     [hung] = [t for t in slow["tests"] if "rmsnorm" in t["name"] and t["name"].endswith("[f64-small]")]
     assert "did not finish within the test's limit of 20 s" in hung["output"]
-    assert attacks["batch_s"] < 240, attacks["batch_s"]
+    # the hang costs the cases that hang, nothing more; and the lingering thread does not keep the
+    # judge alive until the whole-run limit (judged from the reports, not from this machine's speed)
+    timed_out = [t["name"] for t in slow["tests"] if "did not finish within the test's limit" in t.get("output", "")]
+    assert timed_out and all("rmsnorm" in name for name in timed_out), timed_out
+    for attack in ATTACKS:
+        assert "whole-run limit" not in (out / attack / "results.json").read_text(encoding="utf-8"), attack
 
 
 # ----------------------------------------------------------------------------------------------
