@@ -4,6 +4,9 @@ The math tests judge formulas at a tolerance a float32-internal computation meet
 one per computing function, hold float64 inputs to float64 rounding (1e-10). Code that upcasts to
 float32 inside (``x.float()`` in RMSNorm, float32 RoPE tables, a float32 softmax, as Meta's and
 Hugging Face's Llama do for bf16 safety) fails exactly these, and nothing else for it.
+
+The functions judged, their float64 inputs and their math tolerances are their protocol entries'
+(``spec_tests/protocol/entries.py``: ``precision_sample``, ``tolerance``), as ``@ops(op_db)`` reads OpInfos.
 """
 
 import pytest
@@ -14,79 +17,12 @@ from .harness.compare import mismatch
 from .harness.markers import judges
 from .harness.tolerances import EXACT, tolerance
 from .inputs import S
-from .protocol import COMPONENT_OF
+from .protocol import COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
 
 
 def inputs_for(spec, name):
-    """Positional and keyword arguments exercising ``name`` in float64."""
-    i = spec.inputs
-    x = i.randn(S.B, S.T, S.d_model, seed=91)
-    per_head = [i.per_head(S.B, S.H, S.T, S.D_HEAD, seed=92 + k) for k in range(3)]
-    causal = (i.positions(S.T, start=0)[None, :] <= i.positions(S.T, start=0)[:, None]).to(spec.device)
-    mha = [i.fan_in_weight(S.d_model, S.d_model, seed=95 + k) for k in range(4)]
-    table = {
-        "linear": ((x, i.weight(S.D_FF, S.d_model, seed=96)), {}),
-        "softmax": ((i.randn(S.B, S.T, S.V, seed=97, scale=3.0),), {"dim": -1}),
-        "silu": ((i.randn(S.B, S.T, S.D_FF, seed=98, scale=4.0),), {}),
-        "rmsnorm": ((x, i.norm_weight(S.d_model, seed=99)), {}),
-        "layernorm": ((x, i.norm_weight(S.d_model, seed=99), i.randn(S.d_model, seed=100)), {}),
-        "swiglu": (
-            (
-                x,
-                i.fan_in_weight(S.D_FF, S.d_model, seed=101),
-                i.fan_in_weight(S.D_FF, S.d_model, seed=102),
-                i.fan_in_weight(S.d_model, S.D_FF, seed=103),
-            ),
-            {},
-        ),
-        "gelu_mlp": (
-            (
-                x,
-                i.fan_in_weight(S.D_FF, S.d_model, seed=104),
-                i.randn(S.D_FF, seed=105),
-                i.fan_in_weight(S.d_model, S.D_FF, seed=106),
-                i.randn(S.d_model, seed=107),
-            ),
-            {},
-        ),
-        "rope": ((per_head[0], i.scattered_positions(S.T, seed=108)), {}),
-        "scaled_dot_product_attention": ((*per_head, causal), {}),
-        "flash_attention": (tuple(per_head), {"causal": True, "block_size": 4}),
-        "multihead_self_attention": ((x, *mha, S.H, S.H), {"theta": 10000.0}),
-        "cross_entropy": ((i.randn(S.B * S.T, S.V, seed=109, scale=3.0), i.token_ids(S.B * S.T, seed=110)), {}),
-        "lm_loss": ((i.randn(S.B, S.T, S.V, seed=111, scale=3.0), i.token_ids(S.B, S.T, seed=112)), {}),
-        "sampling_probs": ((i.randn(4, S.V, seed=113, scale=2.0),), {"temperature": 0.8, "top_k": 9}),
-    }
-    return table[name]
-
-
-# the math tolerance each function's own tests use
-KIND = {
-    **dict.fromkeys(("softmax", "silu", "sampling_probs"), "pointwise"),
-    **dict.fromkeys(("linear", "rmsnorm", "layernorm", "swiglu", "gelu_mlp"), "matmul"),
-    "rope": "positions",
-    **dict.fromkeys(("scaled_dot_product_attention", "flash_attention", "multihead_self_attention"), "attention"),
-    **dict.fromkeys(("cross_entropy", "lm_loss"), "loss"),
-    "forward": "model",
-    "new_cache": "model",
-}
-
-FUNCTIONS = (
-    "linear",
-    "softmax",
-    "silu",
-    "rmsnorm",
-    "layernorm",
-    "swiglu",
-    "gelu_mlp",
-    "rope",
-    "scaled_dot_product_attention",
-    "flash_attention",
-    "multihead_self_attention",
-    "cross_entropy",
-    "lm_loss",
-    "sampling_probs",
-)
+    """Positional and keyword arguments exercising ``name`` in float64 (its entry's ``precision_sample``)."""
+    return ENTRY[name].precision_sample(spec.inputs, S, spec.device)
 
 
 def _param(name: str, uses=()):
@@ -94,7 +30,7 @@ def _param(name: str, uses=()):
     return pytest.param(name, marks=marks, id=name)
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in FUNCTIONS])
+@pytest.mark.parametrize("name", [_param(n) for n in PRECISION_FUNCTIONS])
 def test_float64_computed_in_float64(spec, name):
     """A float64 input is computed in float64: equal to the reference to float64 rounding (protocol: Conventions,
     ground truth in float64; amendment 11)."""
@@ -116,7 +52,7 @@ def math_first(spec, name, compute, args):
     """Precision is judged only where the math is right: a math error is the math tests' to report."""
     actual = compute(spec.impl, *args)
     expected = spec.expected(compute, *args, label="math")
-    if mismatch(actual, expected, tolerance(KIND[name], device=spec.device)) is not None:
+    if mismatch(actual, expected, tolerance(ENTRY[name].tolerance, device=spec.device)) is not None:
         raise spec.defer(
             [name],
             f"{name}: precision is judged once the math is right",

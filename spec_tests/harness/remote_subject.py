@@ -13,7 +13,7 @@ import contextlib
 import sys
 import time
 
-from ..protocol import effective_capabilities
+from ..protocol import REFERENCE_ONLY, effective_capabilities
 from .model_ops import OP_USES
 from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
 from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
@@ -27,17 +27,7 @@ ORACLE_MAX_ELEMENTS = 1 << 22
 # "Reference-only options"). A replaced function answers protocol calls only: these select the
 # reference's fast paths, and some build and keep state in the judge (``rope(table_size=N)`` fills a
 # table of N positions kept between calls), so a call passing one is refused by name.
-REFERENCE_ONLY = {
-    "silu": frozenset({"fused"}),
-    "swiglu": frozenset({"fused"}),
-    "cross_entropy": frozenset({"fused"}),
-    "scaled_dot_product_attention": frozenset({"fused", "causal"}),
-    "rope": frozenset({"style", "table_size"}),
-    "multihead_self_attention": frozenset(
-        {"bq", "bk", "bv", "bo", "cache", "layer", "rope_style", "rope_table_size", "attention"}
-    ),
-    "build_model": frozenset({"rope_style"}),
-}
+# REFERENCE_ONLY (imported): each protocol entry's ``reference_only``.
 
 
 def check_oracle_arguments(name: str, args, kwargs) -> None:

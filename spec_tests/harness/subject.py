@@ -28,6 +28,7 @@ from ..protocol import (
     KNOWN_CAPABILITIES,
     PROTOCOL_NAMES,
     ROPE_STYLES,
+    STYLE_KEYWORD,
     effective_capabilities,
 )
 from . import model_ops
@@ -175,8 +176,8 @@ def protocol_version(obj) -> int:
     return getattr(obj, "PROTOCOL_VERSION", 1)
 
 
-# The reference's options that select the RoPE pairing (see docs/protocol.md, amendment 6).
-STYLE_KEYWORD = {"rope": "style", "multihead_self_attention": "rope_style", "build_model": "rope_style"}
+# STYLE_KEYWORD (imported): the reference's options that select the RoPE pairing (see docs/protocol.md,
+# amendment 6), each protocol entry's ``style_keyword``.
 
 
 class _Calls:

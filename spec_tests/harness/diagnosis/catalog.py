@@ -8,28 +8,14 @@ handouts ship without it, and use the bug outputs recorded with the expected val
 
 from __future__ import annotations
 
+from ...protocol import CATALOG_GROUPS
 from ..compare import mismatch
 from ..tolerances import Tolerance
 
 ONLY: set[str] | None = None  # --spec-diagnosis-bugs: the bugs diagnosis may name (None: all)
 
 # The catalog tags bugs by the checks they change; model-level checks judge these protocol names.
-CATALOG_GROUPS = {
-    "forward": ("model",),
-    "canonical_state_dict": ("model",),
-    "count_parameters": ("model",),
-    "build_model": ("model", "init"),
-    "kv_cache_bytes": ("model",),
-    "new_cache": ("kv_cache",),
-    "cache_kv": ("kv_cache",),
-    "generate": ("generation",),
-    "sampling_probs": ("sampling",),
-    "sample": ("sampling",),
-    "train_step": ("train_step", "training"),
-    "train": ("training",),
-    "get_batch": ("training",),
-    "evaluate": ("evaluate",),
-}
+# CATALOG_GROUPS (imported): each protocol entry's ``catalog_groups`` (spec_tests/protocol/entries.py)
 
 
 # The cause code a catalogued bug's class stands for (diagnosis lines name the bug; codes let a

@@ -27,19 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-# functions whose protocol shapes are ``[..., d]``: any number of leading dims
-ANY_LEADING = {
-    "linear",
-    "embedding",
-    "softmax",
-    "silu",
-    "rmsnorm",
-    "layernorm",
-    "swiglu",
-    "gelu_mlp",
-    "rope",
-    "scaled_dot_product_attention",
-}
+from ...protocol import ANY_LEADING
+
+# ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
 MAX_TRIES = 6
 
 

@@ -24,6 +24,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from ...protocol import KNOB_FAMILIES, NAN_UNSPECIFIED
 from . import cause as cause_module
 from .cause import AMBIGUOUS, EXACT, EXACT_SHARED, Cause, as_array, as_float, fits
 
@@ -1245,27 +1246,10 @@ def _sampling_probs(args, kwargs, style):
 
 
 # attention: "rows with no allowed key are unspecified" (NaN in these computations)
-NAN_UNSPECIFIED = {"scaled_dot_product_attention", "flash_attention", "multihead_self_attention"}
+# NAN_UNSPECIFIED (imported): the entries with ``nan_rows_unspecified``
 
-FAMILIES: dict[str, Callable] = {
-    "rmsnorm": _rmsnorm,
-    "layernorm": _layernorm,
-    "softmax": _softmax,
-    "linear": _linear,
-    "silu": _silu_family,
-    "swiglu": _swiglu,
-    "gelu_mlp": _gelu_mlp,
-    "rope": _rope_family,
-    "sinusoidal_positions": _sinusoidal,
-    "causal_mask": _causal_mask,
-    "repeat_kv": _repeat_kv,
-    "scaled_dot_product_attention": _sdpa,
-    "flash_attention": _flash,
-    "multihead_self_attention": _mha_family,
-    "cross_entropy": _cross_entropy,
-    "lm_loss": _lm_loss,
-    "sampling_probs": _sampling_probs,
-}
+# name -> its knob family: each entry's ``knob_family`` names a function of this module
+FAMILIES: dict[str, Callable] = {name: globals()[fn] for name, fn in KNOB_FAMILIES.items()}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Implementation protocol v1 as data (see docs/protocol.md): the names, the module attributes, the
-capabilities an implementation may lack, which component each name belongs to, and which names
-each one may call."""
+capabilities an implementation may lack, and the components in build order. What the suite knows
+about each name (its component, what it may call, ...) is its entry in ``entries.py``."""
 
 from __future__ import annotations
 
@@ -99,23 +99,6 @@ def effective_capabilities(declared, version=None) -> frozenset[str]:
     return names
 
 
-# Which component (test module, rubric entry) each protocol name belongs to.
-COMPONENT_OF = {
-    **dict.fromkeys(("linear", "embedding", "softmax", "silu"), "primitives"),
-    **dict.fromkeys(("rmsnorm", "layernorm"), "norms"),
-    **dict.fromkeys(("swiglu", "gelu_mlp"), "mlp"),
-    **dict.fromkeys(("rope", "sinusoidal_positions"), "positions"),
-    **dict.fromkeys(
-        ("causal_mask", "repeat_kv", "scaled_dot_product_attention", "flash_attention", "multihead_self_attention"),
-        "attention",
-    ),
-    **dict.fromkeys(("cross_entropy", "lm_loss"), "losses"),
-    **dict.fromkeys(("sampling_probs", "sample"), "sampling"),
-    **dict.fromkeys(("build_model", "canonical_state_dict", "forward", "count_parameters", "kv_cache_bytes"), "model"),
-    **dict.fromkeys(("new_cache", "cache_kv"), "kv_cache"),
-    "generate": "generation",
-    **dict.fromkeys(TRAINING_NAMES, "training"),
-}
 # Components in the order a student builds them (and the suite runs them: upstream first).
 COMPONENT_ORDER = (
     "primitives",
@@ -130,55 +113,3 @@ COMPONENT_ORDER = (
     "generation",
     "training",
 )
-
-_MODEL_PARTS = (
-    "linear",
-    "embedding",
-    "softmax",
-    "silu",
-    "rmsnorm",
-    "layernorm",
-    "swiglu",
-    "gelu_mlp",
-    "rope",
-    "sinusoidal_positions",
-    "causal_mask",
-    "repeat_kv",
-    "scaled_dot_product_attention",
-    "flash_attention",
-    "multihead_self_attention",
-)
-# name -> the protocol names an implementation of it may call (directly or not): where a failing
-# test may trace back to.
-MAY_CALL = {
-    "swiglu": ("linear", "silu"),
-    "gelu_mlp": ("linear",),
-    "scaled_dot_product_attention": ("softmax", "repeat_kv", "causal_mask"),
-    "flash_attention": ("repeat_kv", "causal_mask"),
-    "multihead_self_attention": (
-        "linear",
-        "rope",
-        "repeat_kv",
-        "scaled_dot_product_attention",
-        "flash_attention",
-        "softmax",
-        "causal_mask",
-    ),
-    "cross_entropy": ("softmax",),
-    "lm_loss": ("cross_entropy", "softmax"),
-    "sampling_probs": ("softmax",),
-    "sample": ("sampling_probs", "softmax"),
-    "forward": _MODEL_PARTS,
-    # building a model and bookkeeping over its parameters compute nothing with the components (a
-    # table made at build time matters only through forward, whose closure holds them); so a
-    # component's failure never excuses these, and a rerun with it replaced is never tried
-    **dict.fromkeys(("build_model", "canonical_state_dict", "count_parameters"), ()),
-    **dict.fromkeys(("new_cache", "cache_kv"), ("forward", *_MODEL_PARTS)),
-    "generate": ("forward", "new_cache", "sample", "sampling_probs", *_MODEL_PARTS),
-    "train_step": ("forward", "cross_entropy", "lm_loss", *_MODEL_PARTS),
-    "train": ("get_batch", "train_step", "forward", "cross_entropy", "lm_loss", *_MODEL_PARTS),
-    "evaluate": ("forward", "cross_entropy", "lm_loss", *_MODEL_PARTS),
-}
-# Names a correct version can stand in for inside an implementation: functions of tensors and
-# numbers. Model-bound names (built models, caches, optimizers) cannot be swapped one at a time.
-SUBSTITUTABLE = frozenset(COMPONENT_NAMES + SAMPLING_NAMES + ("get_batch", "kv_cache_bytes"))

@@ -1,0 +1,395 @@
+"""One entry per protocol name: every fact the suite holds about a name, in one place (PyTorch's OpInfo).
+
+A table keyed by protocol names elsewhere is a view of these entries (``COMPONENT_OF``, ``MAY_CALL``,
+``SUBSTITUTABLE`` below; ``KNOB_FAMILIES``, ``CATALOG_GROUPS``, ``REFERENCE_ONLY``, ...), computed here or
+by its consumer, and ``test_precision.py`` reads its inputs from them as ``@ops(op_db)`` reads OpInfos.
+``tests/test_protocol_entries.py`` checks that every name has exactly one entry and that no other module
+of ``spec_tests/`` keys a dict literal by protocol names.
+
+This package imports nothing of the suite: an entry names what lives in the harness by string (a knob
+family is the name of its function in ``spec_tests/harness/diagnosis/knobs.py``, resolved there; a catalog
+group is a tag of ``spec_tests/bugs``). A precision sample is a function of the suite's input helpers
+(``spec_tests.inputs``, bound to a device), its sizes ``S`` and the device, passed in by the test.
+
+Tables keyed by protocol names that stay where they are, and why:
+
+- ``BUG_CLASSES`` (``spec_tests/bug_classes.py``) and ``CLASS_CODES`` (``harness/diagnosis/catalog.py``)
+  are keyed by bug class; some classes share a protocol name's spelling (``rmsnorm``, ``causal_mask``),
+  but a class is not a name (``rope_frequency``, ``top_k``, ``precision``).
+- ``model_knobs.PARTS`` is the order in which diagnosis searches the model's components (the first knob
+  that fits is reported), not a property of each name; ``consequences.COMPOSABLE`` and ``UNFUSE`` belong
+  to the consequence logic, which issue 22 gives one home of its own.
+- ``tools/protocol_map.py``'s clauses and ``tools/adapters/cs336.py``'s name map are data of a tool
+  and of an adapter, outside the suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Precision sample: (inputs helper bound to the device, sizes S, device) -> (args, kwargs) in float64.
+Sample = Callable[..., tuple[tuple, dict]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the suite knows about one protocol name.
+
+    - ``component``: the test module and rubric entry the name belongs to (``test_<component>.py``).
+    - ``calls``: the protocol names an implementation of it may call (directly or not), where a failing test
+      may trace back to; ``None``: the name is absent from ``MAY_CALL`` (it calls no protocol name).
+      ``calls_model_parts``: it may also call every model part (``may_call`` is the union).
+    - ``model_part``: a component the model is built from (``MODEL_PARTS``).
+    - ``substitutable``: a correct version can stand in for it inside an implementation (a function of
+      tensors and numbers; model-bound names, built models, caches and optimizers cannot be swapped).
+    - ``tolerance``: the math tolerance kind its own tests use (``harness/tolerances.py``), where
+      ``test_precision.py`` judges the math before the precision.
+    - ``precision_sample``: float64 inputs for ``test_float64_computed_in_float64`` (see ``Sample``); the
+      names that have one are that test's parameters, in protocol order.
+    - ``reference_only``: the reference's keyword-only options that the protocol does not have: a replaced
+      (substituted) function refuses a call that passes one.
+    - ``style_keyword``: the reference's option that selects the RoPE pairing (amendment 6).
+    - ``catalog_groups``: the bug-catalog tags of the checks that judge it, besides its own name.
+    - ``knob_family``: the name of its knob-family function in ``harness/diagnosis/knobs.py``.
+    - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so).
+    - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
+    """
+
+    name: str
+    component: str
+    calls: tuple[str, ...] | None = None
+    calls_model_parts: bool = False
+    model_part: bool = False
+    substitutable: bool = False
+    tolerance: str | None = None
+    precision_sample: Sample | None = None
+    reference_only: frozenset[str] = frozenset()
+    style_keyword: str | None = None
+    catalog_groups: tuple[str, ...] = ()
+    knob_family: str | None = None
+    any_leading_dims: bool = False
+    nan_rows_unspecified: bool = False
+
+    @property
+    def may_call(self) -> tuple[str, ...] | None:
+        """``calls``, then every model part where ``calls_model_parts``; None where it calls no protocol name."""
+        if self.calls is None:
+            return None
+        return self.calls + (MODEL_PARTS if self.calls_model_parts else ())
+
+
+# ---------------------------------------------------------------------------------------------
+# precision samples (seeds fixed: each tensor is the same whichever sample asks for it)
+
+
+def _x(i, S):
+    """[B, T, d_model]"""
+    return i.randn(S.B, S.T, S.d_model, seed=91)
+
+
+def _per_head(i, S):
+    """q, k, v: [B, H, T, D_HEAD] each"""
+    return [i.per_head(S.B, S.H, S.T, S.D_HEAD, seed=92 + k) for k in range(3)]
+
+
+def _causal(i, S, device):
+    """[T, T] boolean, True where a query may see a key"""
+    return (i.positions(S.T, start=0)[None, :] <= i.positions(S.T, start=0)[:, None]).to(device)
+
+
+def _mha_weights(i, S):
+    """wq, wk, wv, wo: [d_model, d_model] each"""
+    return [i.fan_in_weight(S.d_model, S.d_model, seed=95 + k) for k in range(4)]
+
+
+def _swiglu_sample(i, S, device):
+    w1 = i.fan_in_weight(S.D_FF, S.d_model, seed=101)
+    w3 = i.fan_in_weight(S.D_FF, S.d_model, seed=102)
+    return (_x(i, S), w1, w3, i.fan_in_weight(S.d_model, S.D_FF, seed=103)), {}
+
+
+def _gelu_mlp_sample(i, S, device):
+    w_in, b_in = i.fan_in_weight(S.D_FF, S.d_model, seed=104), i.randn(S.D_FF, seed=105)
+    w_out, b_out = i.fan_in_weight(S.d_model, S.D_FF, seed=106), i.randn(S.d_model, seed=107)
+    return (_x(i, S), w_in, b_in, w_out, b_out), {}
+
+
+# ---------------------------------------------------------------------------------------------
+# the entries, in protocol order (components, sampling, model, training)
+
+_FUSED = frozenset({"fused"})
+
+ENTRIES: tuple[Entry, ...] = (
+    # ------------------------------------------------------------------ primitives
+    Entry(
+        "linear",
+        "primitives",
+        model_part=True,
+        substitutable=True,
+        tolerance="matmul",
+        precision_sample=lambda i, S, device: ((_x(i, S), i.weight(S.D_FF, S.d_model, seed=96)), {}),
+        knob_family="_linear",
+        any_leading_dims=True,
+    ),
+    Entry("embedding", "primitives", model_part=True, substitutable=True, any_leading_dims=True),
+    Entry(
+        "softmax",
+        "primitives",
+        model_part=True,
+        substitutable=True,
+        tolerance="pointwise",
+        precision_sample=lambda i, S, device: ((i.randn(S.B, S.T, S.V, seed=97, scale=3.0),), {"dim": -1}),
+        knob_family="_softmax",
+        any_leading_dims=True,
+    ),
+    Entry(
+        "silu",
+        "primitives",
+        model_part=True,
+        substitutable=True,
+        tolerance="pointwise",
+        precision_sample=lambda i, S, device: ((i.randn(S.B, S.T, S.D_FF, seed=98, scale=4.0),), {}),
+        reference_only=_FUSED,
+        knob_family="_silu_family",
+        any_leading_dims=True,
+    ),
+    # ------------------------------------------------------------------ norms
+    Entry(
+        "rmsnorm",
+        "norms",
+        model_part=True,
+        substitutable=True,
+        tolerance="matmul",
+        precision_sample=lambda i, S, device: ((_x(i, S), i.norm_weight(S.d_model, seed=99)), {}),
+        knob_family="_rmsnorm",
+        any_leading_dims=True,
+    ),
+    Entry(
+        "layernorm",
+        "norms",
+        model_part=True,
+        substitutable=True,
+        tolerance="matmul",
+        precision_sample=lambda i, S, device: (
+            (_x(i, S), i.norm_weight(S.d_model, seed=99), i.randn(S.d_model, seed=100)),
+            {},
+        ),
+        knob_family="_layernorm",
+        any_leading_dims=True,
+    ),
+    # ------------------------------------------------------------------ mlp
+    Entry(
+        "swiglu",
+        "mlp",
+        calls=("linear", "silu"),
+        model_part=True,
+        substitutable=True,
+        tolerance="matmul",
+        precision_sample=_swiglu_sample,
+        reference_only=_FUSED,
+        knob_family="_swiglu",
+        any_leading_dims=True,
+    ),
+    Entry(
+        "gelu_mlp",
+        "mlp",
+        calls=("linear",),
+        model_part=True,
+        substitutable=True,
+        tolerance="matmul",
+        precision_sample=_gelu_mlp_sample,
+        knob_family="_gelu_mlp",
+        any_leading_dims=True,
+    ),
+    # ------------------------------------------------------------------ positions
+    Entry(
+        "rope",
+        "positions",
+        model_part=True,
+        substitutable=True,
+        tolerance="positions",
+        precision_sample=lambda i, S, device: ((_per_head(i, S)[0], i.scattered_positions(S.T, seed=108)), {}),
+        reference_only=frozenset({"style", "table_size"}),
+        style_keyword="style",
+        knob_family="_rope_family",
+        any_leading_dims=True,
+    ),
+    Entry("sinusoidal_positions", "positions", model_part=True, substitutable=True, knob_family="_sinusoidal"),
+    # ------------------------------------------------------------------ attention
+    Entry("causal_mask", "attention", model_part=True, substitutable=True, knob_family="_causal_mask"),
+    Entry("repeat_kv", "attention", model_part=True, substitutable=True, knob_family="_repeat_kv"),
+    Entry(
+        "scaled_dot_product_attention",
+        "attention",
+        calls=("softmax", "repeat_kv", "causal_mask"),
+        model_part=True,
+        substitutable=True,
+        tolerance="attention",
+        precision_sample=lambda i, S, device: ((*_per_head(i, S), _causal(i, S, device)), {}),
+        reference_only=frozenset({"fused", "causal"}),
+        knob_family="_sdpa",
+        any_leading_dims=True,
+        nan_rows_unspecified=True,
+    ),
+    Entry(
+        "flash_attention",
+        "attention",
+        calls=("repeat_kv", "causal_mask"),
+        model_part=True,
+        substitutable=True,
+        tolerance="attention",
+        precision_sample=lambda i, S, device: (tuple(_per_head(i, S)), {"causal": True, "block_size": 4}),
+        knob_family="_flash",
+        nan_rows_unspecified=True,
+    ),
+    Entry(
+        "multihead_self_attention",
+        "attention",
+        calls=(
+            "linear",
+            "rope",
+            "repeat_kv",
+            "scaled_dot_product_attention",
+            "flash_attention",
+            "softmax",
+            "causal_mask",
+        ),
+        model_part=True,
+        substitutable=True,
+        tolerance="attention",
+        precision_sample=lambda i, S, device: ((_x(i, S), *_mha_weights(i, S), S.H, S.H), {"theta": 10000.0}),
+        reference_only=frozenset(
+            {"bq", "bk", "bv", "bo", "cache", "layer", "rope_style", "rope_table_size", "attention"}
+        ),
+        style_keyword="rope_style",
+        knob_family="_mha_family",
+        nan_rows_unspecified=True,
+    ),
+    # ------------------------------------------------------------------ losses
+    Entry(
+        "cross_entropy",
+        "losses",
+        calls=("softmax",),
+        substitutable=True,
+        tolerance="loss",
+        precision_sample=lambda i, S, device: (
+            (i.randn(S.B * S.T, S.V, seed=109, scale=3.0), i.token_ids(S.B * S.T, seed=110)),
+            {},
+        ),
+        reference_only=_FUSED,
+        knob_family="_cross_entropy",
+    ),
+    Entry(
+        "lm_loss",
+        "losses",
+        calls=("cross_entropy", "softmax"),
+        substitutable=True,
+        tolerance="loss",
+        precision_sample=lambda i, S, device: (
+            (i.randn(S.B, S.T, S.V, seed=111, scale=3.0), i.token_ids(S.B, S.T, seed=112)),
+            {},
+        ),
+        knob_family="_lm_loss",
+    ),
+    # ------------------------------------------------------------------ sampling
+    Entry(
+        "sampling_probs",
+        "sampling",
+        calls=("softmax",),
+        substitutable=True,
+        tolerance="pointwise",
+        precision_sample=lambda i, S, device: (
+            (i.randn(4, S.V, seed=113, scale=2.0),),
+            {"temperature": 0.8, "top_k": 9},
+        ),
+        catalog_groups=("sampling",),
+        knob_family="_sampling_probs",
+    ),
+    Entry("sample", "sampling", calls=("sampling_probs", "softmax"), substitutable=True, catalog_groups=("sampling",)),
+    # ------------------------------------------------------------------ model
+    # building a model and bookkeeping over its parameters compute nothing with the components (a
+    # table made at build time matters only through forward, whose closure holds them); so a
+    # component's failure never excuses these, and a rerun with it replaced is never tried
+    Entry(
+        "build_model",
+        "model",
+        calls=(),
+        reference_only=frozenset({"rope_style"}),
+        style_keyword="rope_style",
+        catalog_groups=("model", "init"),
+    ),
+    Entry("canonical_state_dict", "model", calls=(), catalog_groups=("model",)),
+    Entry("forward", "model", calls=(), calls_model_parts=True, tolerance="model", catalog_groups=("model",)),
+    Entry(
+        "new_cache",
+        "kv_cache",
+        calls=("forward",),
+        calls_model_parts=True,
+        tolerance="model",
+        catalog_groups=("kv_cache",),
+    ),
+    Entry("cache_kv", "kv_cache", calls=("forward",), calls_model_parts=True, catalog_groups=("kv_cache",)),
+    Entry(
+        "generate",
+        "generation",
+        calls=("forward", "new_cache", "sample", "sampling_probs"),
+        calls_model_parts=True,
+        catalog_groups=("generation",),
+    ),
+    Entry("count_parameters", "model", calls=(), catalog_groups=("model",)),
+    Entry("kv_cache_bytes", "model", substitutable=True, catalog_groups=("model",)),
+    # ------------------------------------------------------------------ training
+    Entry("get_batch", "training", substitutable=True, catalog_groups=("training",)),
+    Entry(
+        "train_step",
+        "training",
+        calls=("forward", "cross_entropy", "lm_loss"),
+        calls_model_parts=True,
+        catalog_groups=("train_step", "training"),
+    ),
+    Entry(
+        "train",
+        "training",
+        calls=("get_batch", "train_step", "forward", "cross_entropy", "lm_loss"),
+        calls_model_parts=True,
+        catalog_groups=("training",),
+    ),
+    Entry(
+        "evaluate",
+        "training",
+        calls=("forward", "cross_entropy", "lm_loss"),
+        calls_model_parts=True,
+        catalog_groups=("evaluate",),
+    ),
+)
+
+ENTRY: dict[str, Entry] = {e.name: e for e in ENTRIES}
+
+# ---------------------------------------------------------------------------------------------
+# views: the tables the suite reads, each computed from the entries
+
+# the components a model is built from, in protocol order
+MODEL_PARTS = tuple(e.name for e in ENTRIES if e.model_part)
+# Which component (test module, rubric entry) each protocol name belongs to.
+COMPONENT_OF = {e.name: e.component for e in ENTRIES}
+# name -> the protocol names an implementation of it may call (directly or not): where a failing
+# test may trace back to.
+MAY_CALL = {e.name: e.may_call for e in ENTRIES if e.calls is not None}
+# Names a correct version can stand in for inside an implementation: functions of tensors and
+# numbers. Model-bound names (built models, caches, optimizers) cannot be swapped one at a time.
+SUBSTITUTABLE = frozenset(e.name for e in ENTRIES if e.substitutable)
+# the reference's keyword-only options protocol v1 does not have, per name that has some
+REFERENCE_ONLY = {e.name: e.reference_only for e in ENTRIES if e.reference_only}
+# the reference's option selecting the RoPE pairing, per name that has one
+STYLE_KEYWORD = {e.name: e.style_keyword for e in ENTRIES if e.style_keyword}
+# the catalog tags of the checks judging each name, besides the name itself
+CATALOG_GROUPS = {e.name: e.catalog_groups for e in ENTRIES if e.catalog_groups}
+# name -> its knob family's function name in harness/diagnosis/knobs.py
+KNOB_FAMILIES = {e.name: e.knob_family for e in ENTRIES if e.knob_family}
+# the math tolerance kind each name's own tests use, per name that test_precision judges
+TOLERANCE_KIND = {e.name: e.tolerance for e in ENTRIES if e.tolerance}
+# the names test_float64_computed_in_float64 judges, in protocol order
+PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not None)
+ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
+NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
