@@ -72,7 +72,7 @@ def test_cannot_read_the_reference_the_grader_or_recordings(sandboxed, tmp_path)
     ):
         assert probe(sandboxed, "read", str(path)) in ("FileNotFoundError", "PermissionError"), path
     assert probe(sandboxed, "listdir", "/harness/spec_tests/bugs") == []
-    assert probe(sandboxed, "read", "/harness/spec_tests/protocol.py").startswith("read ")  # the harness is there
+    assert probe(sandboxed, "read", "/harness/spec_tests/protocol/names.py").startswith("read ")  # the harness is there
     assert probe(sandboxed, "import", "reference") == "ModuleNotFoundError"
     assert probe(sandboxed, "import", "spec_tests.bugs.bug") == "ModuleNotFoundError"
     assert probe(sandboxed, "import", "tools.grading") == "ModuleNotFoundError"

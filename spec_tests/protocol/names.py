@@ -4,37 +4,15 @@ about each name (its component, what it may call, ...) is its entry in ``entries
 
 from __future__ import annotations
 
-COMPONENT_NAMES = (
-    "linear",
-    "embedding",
-    "softmax",
-    "silu",
-    "rmsnorm",
-    "layernorm",
-    "swiglu",
-    "gelu_mlp",
-    "rope",
-    "sinusoidal_positions",
-    "causal_mask",
-    "repeat_kv",
-    "scaled_dot_product_attention",
-    "flash_attention",
-    "multihead_self_attention",
-    "cross_entropy",
-    "lm_loss",
-)
-SAMPLING_NAMES = ("sampling_probs", "sample")
-MODEL_NAMES = (
-    "build_model",
-    "canonical_state_dict",
-    "forward",
-    "new_cache",
-    "cache_kv",
-    "generate",
-    "count_parameters",
-    "kv_cache_bytes",
-)
-TRAINING_NAMES = ("get_batch", "train_step", "train", "evaluate")
+from .entries import ENTRIES
+
+_MODEL_COMPONENTS = ("model", "kv_cache", "generation")
+_NOT_COMPONENTS = ("sampling", *_MODEL_COMPONENTS, "training")
+# The names in four groups, in protocol order: each name's component (its entry, ``entries.py``) says which.
+COMPONENT_NAMES = tuple(e.name for e in ENTRIES if e.component not in _NOT_COMPONENTS)
+SAMPLING_NAMES = tuple(e.name for e in ENTRIES if e.component == "sampling")
+MODEL_NAMES = tuple(e.name for e in ENTRIES if e.component in _MODEL_COMPONENTS)
+TRAINING_NAMES = tuple(e.name for e in ENTRIES if e.component == "training")
 PROTOCOL_NAMES = COMPONENT_NAMES + SAMPLING_NAMES + MODEL_NAMES + TRAINING_NAMES
 
 ALL_FAMILIES = ("llama", "gpt2")
