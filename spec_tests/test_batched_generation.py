@@ -158,6 +158,44 @@ def test_padded_cache_holds_each_row_alone(spec, config):
     )
 
 
+@judges("forward", uses=("build_model", "new_cache"))
+@pytest.mark.bug_class("padding")
+def test_padded_cached_forward_equals_uncached(spec, config):
+    """A left-padded prompt fed through the cache, then two tokens one at a time, each call passing the whole mask
+    (cached + new), gives the logits of one uncached forward with that mask at every real token (protocol: amendment
+    25; forward with cache)."""
+    spec.impl.require_capability("attention_mask")
+    sd = models.random_state_dict(config, seed=262, device=spec.device)
+    model = models.build(spec.impl, config, sd)
+    ids, mask = left_padded(spec, config, PADS, T + 2, seed=263)
+    full = spec.impl.forward(model, ids, attention_mask=mask)
+    cache = spec.impl.new_cache(model, ids.shape[0])
+    steps = [spec.impl.forward(model, ids[:, :T], cache, attention_mask=mask[:, :T])]
+    for t in (T, T + 1):
+        steps.append(spec.impl.forward(model, ids[:, t : t + 1], cache, attention_mask=mask[:, : t + 1]))
+    cached = torch.cat(steps, dim=1)
+    prefill_right = torch.allclose(real_parts(cached[:, :T], PADS), real_parts(full[:, :T], PADS), atol=1e-6)
+    hint = None
+    if prefill_right:
+        hint = (
+            "likely cause: the padded prefill is right and the tokens fed after it through the cache are not: a "
+            "cached forward drops the mask for the cached keys, or counts its positions from the cache length "
+            "(padding included). Fix: mask the cached padding keys as given by the whole mask, and continue each "
+            "row's positions from its real-token count"
+        )
+    spec.close(
+        real_parts(cached, PADS),
+        real_parts(full, PADS),
+        kind="model",
+        axes="t v",
+        hint=hint,
+        hint_code="~knob:cache_contents",
+        structural=False,
+        behaviour=f"forward through the cache (prefill, then 1 + 1 tokens) with left padding {PADS} and the whole "
+        "mask at each call equals one uncached forward, at every real token",
+    )
+
+
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("padding")
 def test_padding_token_ids_do_not_matter(spec, config):
