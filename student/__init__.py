@@ -60,7 +60,8 @@ FAMILIES = ("llama", "gpt2")
 # What it supports (docs/protocol.md, amendments 10 and 18). The skeleton lists everything, so everything
 # is tested; remove what you choose not to build, e.g. "rope_scaling" (long-context RoPE, optional) or,
 # for a sampler without nucleus sampling, "top_p". Under PROTOCOL_VERSION = 2 the list holds exactly
-# what it names.
+# what it names. Not listed: "attention_mask" (left-padded batched generation, amendment 25, optional):
+# add it once forward and generate take attention_mask.
 PROTOCOL_VERSION = 2
 CAPABILITIES = (
     "gqa",
