@@ -214,8 +214,10 @@ def multihead_self_attention(
         k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
     if cache is not None:
         k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
-    if attention == "flash" and mask is None:
+    if mask is not None:  # protocol v2 (attention_mask): padding masked with the causal mask; flash written out
+        out = scaled_dot_product_attention(q, k, v, mask, causal=True, fused=attention == "sdpa")
+    elif attention == "flash":
         out = flash_attention(q, k, v, causal=True)
     else:
-        out = scaled_dot_product_attention(q, k, v, mask, causal=True, fused=attention == "sdpa")
+        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")
     return linear(merge_heads(out), wo, bo)
