@@ -138,7 +138,7 @@ def forward(model: nn.Module, ids: torch.Tensor, cache=None, *, attention_mask=N
     - a 0 after a 1 (right padding), an all-zero row or a wrong shape -> ``ValueError``.
 
     Judged only when ``"attention_mask"`` is in ``CAPABILITIES`` (``__init__.py``; the skeleton
-    leaves it out).
+    lists it: remove it there if you do not build it).
     """
     raise NotImplementedError("forward")
 
