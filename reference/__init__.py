@@ -37,6 +37,7 @@ CAPABILITIES = (
     "top_k",
     "top_p",
     "rope_scaling",
+    "attention_mask",
 )
 
 PROTOCOL_NAMES = (

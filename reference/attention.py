@@ -175,6 +175,7 @@ def multihead_self_attention(
     rope_table_size: int | None = None,
     rope_scaling: dict | None = None,
     attention: str = "naive",
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of ``x [B, T, d_model]`` -> ``[B, T, d_model]``.
 
@@ -190,6 +191,8 @@ def multihead_self_attention(
     ``rope_scaling`` (protocol v2): passed to ``rope`` as ``scaling``, a Hugging Face ``rope_scaling`` dict.
     ``attention``: ``"naive"`` (the math written out), ``"sdpa"`` (``scaled_dot_product_attention``
     with ``fused=True``) or ``"flash"`` (``flash_attention``); the same result to rounding.
+    ``mask`` (protocol v2, ``attention_mask``): bool, broadcastable to ``[B, H, T, T_k]``, the keys each query
+    may attend besides the causal mask (padding masked); ``"flash"`` then computes the math written out.
     """
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     if wq.shape[0] % n_heads:
@@ -211,7 +214,9 @@ def multihead_self_attention(
         k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
     if cache is not None:
         k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
-    if attention == "flash":
+    if mask is not None:  # protocol v2 (attention_mask): padding masked with the causal mask; flash written out
+        out = scaled_dot_product_attention(q, k, v, mask, causal=True, fused=attention == "sdpa")
+    elif attention == "flash":
         out = flash_attention(q, k, v, causal=True)
     else:
         out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")

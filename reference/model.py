@@ -25,6 +25,7 @@ from .config import ModelConfig, parse_config
 from .kv_cache import KVCache
 from .mlp import gelu_mlp, swiglu
 from .norms import layernorm, rmsnorm
+from .padding import check_attention_mask, key_mask, padded_positions
 from .positions import check_rope_style
 from .primitives import embedding, linear
 
@@ -65,9 +66,11 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=not llama)
         self.wo = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=not llama)
 
-    def forward(self, x, positions: torch.Tensor, cache: KVCache | None, layer: int):
-        """x ``[B, T, d_model]`` at positions ``[T]`` -> ``[B, T, d_model]``; keys and values go to the cache."""
+    def forward(self, x, positions: torch.Tensor, cache: KVCache | None, layer: int, mask=None):
+        """x ``[B, T, d_model]`` at positions ``[T]`` (or ``[B, T]``) -> ``[B, T, d_model]``; keys and values go
+        to the cache. ``mask`` (protocol v2, ``attention_mask``): bool ``[B, 1, T, T_k]`` of keys that may be seen."""
         cfg = self.config
+        padded = {} if mask is None else {"mask": mask}  # a v1 multihead_self_attention is asked as v1
         return multihead_self_attention(
             x,
             self.wq.weight,
@@ -88,6 +91,7 @@ class Attention(nn.Module):
             rope_table_size=cfg.context_length,  # cos/sin looked up, not recomputed
             rope_scaling=cfg.rope_scaling,
             attention=cfg.attention,  # "sdpa" by default: PyTorch's fused kernel
+            **padded,
         )
 
 
@@ -125,9 +129,9 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg) if llama else GeluMLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, positions, cache, layer):
+    def forward(self, x, positions, cache, layer, mask=None):
         """``[B, T, d_model] -> [B, T, d_model]``, pre-norm residual."""
-        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer))
+        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer, mask))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
@@ -146,8 +150,15 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight  # one parameter, two uses
 
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """ids ``[B, T]`` long -> logits ``[B, T, V]``; with a cache, positions continue from it."""
+    def forward(
+        self, ids: torch.Tensor, cache: KVCache | None = None, *, attention_mask=None, positions=None
+    ) -> torch.Tensor:
+        """ids ``[B, T]`` long -> logits ``[B, T, V]``; with a cache, positions continue from it.
+
+        ``attention_mask`` (protocol v2, amendment 25): ``[B, T_cached + T]`` of 0/1, left padding; positions
+        count each row's real tokens from 0 and no query attends padding. ``positions`` (reference-only):
+        ``[T]`` or ``[B, T]`` positions instead of those.
+        """
         check_ids(ids, self.config.vocab_size)
         start = 0 if cache is None else cache.length
         if cache is not None and cache.batch_size != ids.shape[0]:
@@ -157,13 +168,19 @@ class Transformer(nn.Module):
                 f"forward: {start} cached + {ids.shape[1]} new tokens exceed context_length="
                 f"{self.config.context_length}"
             )
-        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        mask = None
+        if attention_mask is not None:
+            real = check_attention_mask(attention_mask.to(ids.device), ids.shape[0], start + ids.shape[1])
+            mask = key_mask(real, ids.shape[1])  # [B, 1, T, T_cached + T]
+            positions = padded_positions(real)[:, start:] if positions is None else positions
+        if positions is None:
+            positions = torch.arange(start, start + ids.shape[1], device=ids.device)
         x = embedding(ids, self.tok_embeddings.weight)  # [B, T, d_model]
         if self.pos_embeddings is not None:
             x = x + embedding(positions, self.pos_embeddings.weight)
         x = self.drop(x)
         for layer, block in enumerate(self.layers):
-            x = block(x, positions, cache, layer)
+            x = block(x, positions, cache, layer, mask)
         return linear(self.final_norm(x), self.lm_head.weight)
 
 
@@ -228,9 +245,16 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def forward(model: Transformer, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-    """logits ``[B, T, V]`` for ids ``[B, T]``; with ``cache``, ids follow the cached tokens."""
-    return model(ids, cache)
+def forward(
+    model: Transformer, ids: torch.Tensor, cache: KVCache | None = None, *, attention_mask=None, positions=None
+) -> torch.Tensor:
+    """logits ``[B, T, V]`` for ids ``[B, T]``; with ``cache``, ids follow the cached tokens.
+
+    ``attention_mask`` (protocol v2): ``[B, T_cached + T]``, see ``Transformer.forward``; ``positions``: reference-only.
+    """
+    if attention_mask is None and positions is None:
+        return model(ids, cache)
+    return model(ids, cache, attention_mask=attention_mask, positions=positions)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -55,6 +55,10 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "get_batch": ("batch sampling windows", (TRAINING,)),
     "memory": ("KV cache memory accounting", (CACHE, MODEL)),
     "batch_mixing": ("a sequence's output depends on the other sequences of the batch", (ATTENTION, MODEL)),
+    "padding": (
+        "left-padded batches (protocol v2, attention_mask): positions, padding masks, the cached path",
+        ("test_batched_generation",),
+    ),
 }
 
 

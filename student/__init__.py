@@ -59,8 +59,8 @@ FAMILIES = ("llama", "gpt2")
 
 # What it supports (docs/protocol.md, amendments 10 and 18). The skeleton lists everything, so everything
 # is tested; remove what you choose not to build, e.g. "rope_scaling" (long-context RoPE, optional) or,
-# for a sampler without nucleus sampling, "top_p". Under PROTOCOL_VERSION = 2 the list holds exactly
-# what it names.
+# for a sampler without nucleus sampling, "top_p", or "attention_mask" (left-padded batched generation,
+# amendment 25). Under PROTOCOL_VERSION = 2 the list holds exactly what it names.
 PROTOCOL_VERSION = 2
 CAPABILITIES = (
     "gqa",
@@ -73,6 +73,7 @@ CAPABILITIES = (
     "top_k",
     "top_p",
     "rope_scaling",
+    "attention_mask",
 )
 
 __all__ = [

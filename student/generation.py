@@ -15,6 +15,8 @@ def generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    *,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Extend ``prompt`` by ``max_new_tokens`` sampled tokens.
 
@@ -42,5 +44,11 @@ def generate(
       (or drop the cache) rather than feeding past ``context_length`` cached tokens;
     - apply temperature and top-p before sampling (use ``sample``, not ``argmax`` of raw logits
       unless temperature is 0).
+
+    Optional, protocol v2 (docs/protocol.md, amendment 25): a keyword-only ``attention_mask``,
+    ``[B, T]`` of 0/1 for a left-padded prompt. Return the prompt as given (padding kept), then
+    the new tokens; grow the mask by a 1 per new token and pass it whole (cached + new) to every
+    ``forward``, cached steps included. Greedy decoding gives each row exactly the tokens it gets
+    generated alone. Judged only with ``"attention_mask"`` in ``CAPABILITIES``.
     """
     raise NotImplementedError("generate")

@@ -103,7 +103,7 @@ def canonical_state_dict(model: nn.Module) -> dict:
     raise NotImplementedError("canonical_state_dict")
 
 
-def forward(model: nn.Module, ids: torch.Tensor, cache=None) -> torch.Tensor:
+def forward(model: nn.Module, ids: torch.Tensor, cache=None, *, attention_mask=None) -> torch.Tensor:
     """Logits for every position: ``ids long [B, T] -> logits [B, T, V]``.
 
     Without a cache positions are ``0 .. T-1``. With ``cache`` (from ``new_cache``), ``ids`` are
@@ -123,6 +123,22 @@ def forward(model: nn.Module, ids: torch.Tensor, cache=None) -> torch.Tensor:
       head or batch axis;
     - with a cache, ``t_q != t_k``: the causal mask must be bottom-right aligned (``is_causal``
       of ``F.scaled_dot_product_attention`` is top-left aligned).
+
+    Optional, protocol v2 (docs/protocol.md, amendment 25): a keyword-only ``attention_mask``,
+    ``[B, T_cached + T]`` of 0/1 over every token in view (cached, then new), left padding only
+    (each row zeros, then ones). Each row then computes exactly what it computes alone:
+
+    - positions: a row's first real token is at 0 (``cumsum(mask, -1) - 1``); with a cache they
+      continue from the row's real-token count, not from the cache length;
+    - no query attends a key whose mask is 0: the mask is over keys, ``mask[:, None, None, :]``
+      against scores ``[B, H, T_q, T_k]``, combined with the causal mask (not over queries);
+    - logits at padded positions are unspecified; keep them finite (let a padded query attend
+      itself), or a NaN there reaches real tokens through the next layer (``0 * NaN``);
+    - the cache holds padding too (v1 layout) and not the mask: pass the whole mask every call;
+    - a 0 after a 1 (right padding), an all-zero row or a wrong shape -> ``ValueError``.
+
+    Judged only when ``"attention_mask"`` is in ``CAPABILITIES`` (``__init__.py``; the skeleton
+    lists it: remove it there if you do not build it).
     """
     raise NotImplementedError("forward")
 

@@ -85,6 +85,7 @@ PRE = "test_precision.py::"
 PLUGIN = "tests/test_plugin.py::"
 V2 = "tests/test_protocol_v2.py::"
 RSC = "test_rope_scaling.py::"
+BAT = "test_batched_generation.py::"
 
 CLAUSES: list[Clause] = [
     # ------------------------------------------------------------------------------------ Loading and absence
@@ -1113,6 +1114,32 @@ CLAUSES: list[Clause] = [
             PRE + "test_float64_attention_without_rope_computed_in_float64": "float64, without theta",
         },
         extremes={ATT + "test_multihead_attention_is_causal": "with theta: skipped where FAMILIES lacks llama"},
+    ),
+    C(
+        "amendment.25",
+        "amendment",
+        "25",
+        sizes={
+            BAT + "test_padded_greedy_generation_equals_each_row_alone": "1 to 3 rows, real lengths 1..6, padding "
+            "0..7 (an unpadded row beside padded ones, one real token)"
+        },
+        ties="n/a: greedy ties between logits are as unlikely as in v1's greedy tests; nothing else is ranked",
+        padding={
+            BAT + "test_padded_forward_rows_equal_each_row_alone": "rows padded 0, 2 and 5 in one batch",
+            BAT + "test_padding_token_ids_do_not_matter": "padding ids 0, V - 1 and random",
+        },
+        state={
+            BAT + "test_padded_cache_holds_each_row_alone": "the cache after a padded prefill, layers 0 and last",
+            BAT + "test_padded_cached_forward_equals_uncached": "a filled cache, the whole mask passed at each call",
+        },
+        paths={
+            BAT + "test_padded_forward_rows_equal_each_row_alone": "forward, llama and gpt2",
+            BAT + "test_padded_cached_generation_equals_uncached": "generate with and without the cache",
+        },
+        extremes={
+            BAT + "test_attention_mask_rejects_what_is_not_left_padding": "right padding, a hole, an all-zero row, "
+            "a wrong shape, in forward and generate"
+        },
     ),
 ]
 

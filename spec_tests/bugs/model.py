@@ -12,9 +12,9 @@ BUGS = (
         "norm_placement",
         MODEL,
         "model.py",
-        old="""        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer))
+        old="""        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer, mask))
         return x + self.drop(self.mlp(self.mlp_norm(x)))""",
-        new="""        x = self.attn_norm(x + self.drop(self.attn(x, positions, cache, layer)))
+        new="""        x = self.attn_norm(x + self.drop(self.attn(x, positions, cache, layer, mask)))
         return self.mlp_norm(x + self.drop(self.mlp(x)))""",
         explanation="the block is post-LN, norm(x + f(x)), instead of pre-LN, x + f(norm(x))",
         fix="x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x)): normalise the sublayer input, not the residual",
@@ -173,8 +173,8 @@ BUGS = (
         "prompt_cropping",
         GENERATION,
         "generation.py",
-        old="                logits = model(ids[:, -ctx:], cache)",
-        new="                logits = model(ids, cache)",
+        old="                logits = model(ids[:, -ctx:], cache, **padded(mask, ctx))",
+        new="                logits = model(ids, cache, **padded(mask))",
         explanation="generate feeds the whole sequence, so prompts longer "
         "than context_length (or generation past it) fail",
         fix="condition on the last context_length tokens: model(ids[:, -context_length:])",

@@ -40,6 +40,7 @@ V2_CAPABILITIES = {
     "rope_scaling": "config rope_scaling and rope(..., scaling=) for every type; "
     "'rope_scaling:<type>' for one of " + ", ".join(ROPE_SCALING_TYPES),
     **{f"rope_scaling:{t}": f"rope_scaling of type {t!r} only" for t in ROPE_SCALING_TYPES},
+    "attention_mask": "forward and generate take attention_mask=[B, T] of 0/1 (left padding): each row as if alone",
 }
 KNOWN_CAPABILITIES = {**CAPABILITIES, **V2_CAPABILITIES}
 # v1's sampling_probs has both filters: a v1 capability list (and the default) implies them
