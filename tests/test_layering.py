@@ -1,0 +1,142 @@
+"""The documented layering (docs/architecture.md), enforced from the import graph.
+
+protocol <- harness <- spec tests <- tools: each layer imports only the layers above it. The reference and
+the student skeleton import nothing of the suite (the reference is the ground truth the harness calls; a
+skeleton handed to students must run alone). The spec tests never import the bug catalog (handouts ship
+without it). Every import counts, those inside functions too. The edges that cross the rule today are
+listed in ``ALLOWED`` with the reason each one stays; a new one fails here until it is justified there.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {  # folder -> the import name it is installed as (pyproject.toml)
+    "spec_tests": "spec_tests",
+    "tools/grading": "spec_grading",
+    "tools/adapters": "spec_adapters",
+    "reference": "reference",
+    "student": "student",
+}
+
+# (importing module, imported module) -> why the edge stays
+ALLOWED = {
+    **{
+        (f"spec_tests.harness.{m}", "spec_tests.inputs"): "the seeded input helpers the harness binds to a device "
+        "and a grading seed (--spec-seed) and hands to the tests; they ship beside the tests in the handout"
+        for m in ("checks", "expectations.recording", "expectations.replay", "hypothesis_profiles", "plugin")
+    },
+    ("spec_tests.harness.diagnosis.catalog", "spec_tests.bugs"): "known-bug matching reads the catalog where it is "
+    "installed (imported lazily: handouts and the sandbox hide it)",
+    ("spec_tests.harness.loading", "spec_tests.bugs"): "--impl=bug:NAME loads a catalogued bug",
+    ("spec_tests.harness.loading", "spec_adapters.cs336"): "--impl=cs336:PATH goes through the CS336 bridge",
+    ("spec_tests.harness.markers", "spec_tests.bug_classes"): "the bug_class marker checks its names against the "
+    "vocabulary of classes (data, shipped in handouts)",
+    ("spec_tests.harness.sandbox", "spec_tests"): "locates the package's folder to mount it read-only",
+    ("spec_tests.harness.subject", "reference"): "the reference is a Subject: the ground truth",
+}
+
+
+def layer(module: str) -> str | None:
+    if module.startswith("spec_tests.protocol"):
+        return "protocol"
+    if module.startswith("spec_tests.harness"):
+        return "harness"
+    if module == "spec_tests.bugs" or module.startswith("spec_tests.bugs."):
+        return "bugs"
+    if module == "spec_tests" or module.startswith("spec_tests."):
+        return "tests"
+    for name in ("spec_grading", "spec_adapters"):
+        if module == name or module.startswith(name + "."):
+            return "tools"
+    for name in ("reference", "student"):
+        if module == name or module.startswith(name + "."):
+            return name
+    return None
+
+
+# layer -> the layers it may import besides its own
+MAY_IMPORT = {
+    "protocol": set(),
+    "reference": set(),
+    "student": set(),
+    "harness": {"protocol"},
+    "tests": {"protocol", "harness"},
+    "bugs": {"protocol", "harness", "tests", "reference"},
+    "tools": {"protocol", "harness", "tests", "bugs", "reference", "student"},
+}
+
+
+def module_name(path: Path, folder: Path, package: str) -> str:
+    parts = [package, *path.relative_to(folder).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
+    """Every module ``path`` imports: ``from pkg import name`` is ``pkg.name`` where that is a module, else ``pkg``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target)
+    return found
+
+
+def cross_layer_edges(root: Path) -> list[tuple[str, str]]:
+    """(importer, imported) pairs against ``MAY_IMPORT``, over every module of the suite's packages under root."""
+    modules: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            modules[module_name(path, root / folder, package)] = path
+    edges = set()
+    for module, path in modules.items():
+        for target in imports_of(path, module, set(modules)):
+            a, b = layer(module), layer(target)
+            if a and b and a != b and b not in MAY_IMPORT[a]:
+                edges.add((module, target))
+    return sorted(edges)
+
+
+def test_no_import_crosses_the_documented_layering():
+    edges = cross_layer_edges(ROOT)
+    new = [f"{a} imports {b} ({layer(a)} -> {layer(b)})" for a, b in edges if (a, b) not in ALLOWED]
+    assert not new, "imports against the layering of docs/architecture.md:\n" + "\n".join(new)
+
+
+def test_every_allowed_edge_still_exists():
+    """An allowance that no import needs any more is removed, so the list says what is true."""
+    stale = sorted(set(ALLOWED) - set(cross_layer_edges(ROOT)))
+    assert not stale, f"ALLOWED lists edges that no longer exist: {stale}"
+
+
+@pytest.mark.parametrize(
+    "where, source",
+    [
+        ("spec_tests/protocol/names.py", "from ..harness import checks\n"),
+        ("reference/model.py", "def f():\n    import spec_tests.inputs\n"),  # inside a function too
+        ("spec_tests/test_norms.py", "from spec_tests.bugs import CATALOG\n"),
+        ("spec_tests/harness/terminal.py", "import spec_grading.grade\n"),
+    ],
+)
+def test_an_edge_against_the_layering_is_caught(tmp_path, where, source):
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    for init in ("spec_tests", "spec_tests/protocol", "spec_tests/harness", "spec_tests/bugs", "tools/grading"):
+        (tmp_path / init).mkdir(parents=True, exist_ok=True)
+        (tmp_path / init / "__init__.py").write_text("")
+    for module in ("spec_tests/harness/checks.py", "spec_tests/inputs.py", "tools/grading/grade.py"):
+        (tmp_path / module).write_text("")
+    (tmp_path / where).write_text(source)
+    assert cross_layer_edges(tmp_path), (where, source)
