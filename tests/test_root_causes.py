@@ -133,3 +133,60 @@ def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path):
     roots = proc.stdout.split("root causes, fix these first:", 1)[1].split("=====", 1)[0]
     assert "  sampling_probs: " in roots, proc.stdout[-3000:]
     assert "  sample: " not in roots, roots
+
+
+def _rope_table_crash(folder: Path) -> None:
+    """The RoPE frequencies raise: rope crashes, and so does the model, through its own table helper."""
+    path = folder / "positions.py"
+    source = path.read_text()
+    old = "    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head\n"
+    assert source.count(old) == 1
+    path.write_text(source.replace(old, '    raise IndexError("no frequencies for this head size")\n' + old))
+
+
+def _forward_crash_of_its_own(folder: Path) -> None:
+    """forward raises the very same exception on a line of its own, before it reaches RoPE."""
+    _rope_table_crash(folder)
+    path = folder / "model.py"
+    source = path.read_text()
+    old = "    if attention_mask is None and positions is None:\n        return model(ids, cache)\n"
+    assert source.count(old) == 1
+    path.write_text(source.replace(old, '    raise IndexError("no frequencies for this head size")\n' + old))
+
+
+def test_a_crash_in_a_component_that_the_model_reaches_its_own_way_is_a_consequence(tmp_path):
+    """The correct model composed with the implementation's rope raises the same exception: one charge."""
+    folder = implementation(tmp_path, edit=_rope_table_crash)
+    found = statuses(folder, tmp_path, "test_rope or logits_match or multihead_attention_with_rope")
+    assert found["test_positions.py::test_rope[f64]"] == "FAILED"
+    assert found[LOGITS] == "CONSEQUENCE" and found[MHA] == "CONSEQUENCE", found
+
+
+def test_a_crash_of_its_own_that_looks_like_the_upstream_one_is_charged(tmp_path):
+    """forward raises rope's exception (type and message) on a line of its own: the correct forward composed
+    with this rope raises it too, but at rope's line, not forward's, so the test is charged."""
+    folder = implementation(tmp_path, edit=_forward_crash_of_its_own)
+    found = statuses(folder, tmp_path, "test_rope or logits_match")
+    assert found["test_positions.py::test_rope[f64]"] == "FAILED"
+    assert found[LOGITS] == "FAILED", found
+
+
+def test_in_grading_a_crash_is_never_credited_as_a_consequence():
+    """Grading (--spec-remote) keeps every crash charged: nothing after the upstream's raise was judged."""
+    from spec_tests.harness import rootcause
+    from spec_tests.harness.subject import ImplementationError
+
+    exc = ImplementationError("forward", ("IndexError",), "no frequencies", "model.py:3 in forward")
+    asked = []
+
+    def rerun(names):
+        asked.append(names)
+        raise AssertionError("not reached")
+
+    for credit in (True, False):
+        registry = rootcause.FailureRegistry(crash_consequences=credit)
+        registry.mark(["rope"], "test_rope", "error")
+        run = rootcause.ItemRun("test_logits", "model", ("forward",), ("build_model",))
+        raised = rootcause.judge_failure(None, run, exc, object(), object(), registry, rerun)
+        assert raised is exc and run.verdict.status == "error"
+    assert asked == [["rope"]]  # tried in pytest's run, not in grading's

@@ -111,6 +111,7 @@ class Spec:
         sink=None,
         failing=lambda names: [],
         upstream=lambda subject: [],
+        crash_consequences: bool = True,
     ):
         from .diagnosis.crashes import Probing
 
@@ -118,6 +119,7 @@ class Spec:
         self._crashes: dict = {}  # (name, type, message) of a crash -> (probe lines, own frame)
         self.failing = failing  # names -> those of them whose own failures can explain a math check
         self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
+        self.crash_consequences = crash_consequences  # not in grading (rootcause.FailureRegistry)
         self.test_id, self.component, self.subjects = test_id, component, tuple(subjects)
         self.results: list[CheckResult] = sink if sink is not None else []
         self._labels: dict[str, int] = {}
@@ -214,6 +216,7 @@ class Spec:
             actual = compute(self.impl, *args)
         except ImplementationError as exc:
             self._explain_crash(exc, subject, compute, call, pristine)
+            self._crash_composed(exc, subject, compute, pristine)
             raise
         changed = modified_inputs(pristine, args)
         if changed:
@@ -298,6 +301,31 @@ class Spec:
         )
         result.causes, result.cause_codes = [], []  # the roots' own tests say what is wrong
         raise ConsequenceFailure(result, roots)
+
+    def _crash_composed(self, exc: ImplementationError, subject, compute, pristine) -> None:
+        """Raise ``ConsequenceFailure`` when the reference composed with one of the implementation's own failing
+        upstream functions raises the same exception (consequences.explain_crash); otherwise the crash stays
+        charged here."""
+        reference = getattr(self.expectations, "reference", None)
+        subject = subject or (self.subjects[0] if self.subjects else "")
+        if reference is None or not self.crash_consequences or getattr(self, "composing", False):
+            return
+        candidates = self.upstream(subject)
+        if not candidates:
+            return
+        from .consequences import explain_crash
+
+        roots = explain_crash(compute, to_float64(pristine), exc, reference, self.impl._subject, candidates)
+        if not roots:
+            return
+        names = ", ".join(roots)
+        result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")
+        result.outcome = "failed"
+        result.found = (
+            f"consequence of failing {names}: your code raises what a correct {subject} raises when it calls your "
+            f"own {names} on the correct intermediate values ({exc.type_name}: {exc.message}). Fix {names} first."
+        )
+        raise ConsequenceFailure(result, roots) from exc
 
     def _explain_crash(self, exc: ImplementationError, subject, compute, call, pristine) -> None:
         """A check's computation raised: probe its inputs (``_crashed``) unless the protocol call that

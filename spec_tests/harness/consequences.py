@@ -192,12 +192,17 @@ class Composition:
     impl: object
     names: tuple[str, ...]
     calls: list[tuple[str, tuple, dict, object]] = field(default_factory=list)
+    raised: str | None = None  # the name whose implementation raised inside a bridge
 
     def bridge(self, name: str):
         def call(*args, **kwargs):
             a, k, post = protocol_call(name, args, kwargs)
             with torch.no_grad():
-                out = getattr(self.impl, name)(*a, **k)
+                try:
+                    out = getattr(self.impl, name)(*a, **k)
+                except _REFUSALS:
+                    self.raised = name  # the implementation's own function raised, not the reference around it
+                    raise
             self.calls.append((name, a, k, out))
             out = out if post is None else post(out)
             return _cast_like(out, args[0] if args else None)
@@ -278,6 +283,39 @@ def explain(compute, args64, actual, tol, reference, impl, candidates) -> list[s
     if not needed or not comp.consistent(tol):
         return []
     return needed
+
+
+def explain_crash(compute, args64, exc, reference, impl, candidates) -> list[str]:
+    """The failing upstream name whose own function, called by the reference composed with it, raises what
+    the implementation's computation raised (``exc``: same exception type and message, at the same place in
+    the implementation's code); ``[]`` when none does.
+
+    One name at a time, upstream first: a crash has one place, and the first name that reproduces it is it.
+    The composition runs on the float64 inputs; a crash that only the implementation's own routing or dtype
+    triggers is not reproduced, and stays charged."""
+    names = dependency_order(n for n in candidates if n in COMPOSABLE and impl.provides(n))
+    if reference is None:
+        return []
+    for name in names:
+        comp = Composition(impl, (name,))
+        try:
+            with composed(reference, impl, [name]) as comp:
+                compute(reference, *args64)
+        except _REFUSALS as raised:
+            if same_crash(raised, exc) and comp.raised == name:
+                return [name]
+    return []
+
+
+def same_crash(raised, exc) -> bool:
+    """The same exception (type and message) raised at the same place in the implementation's code."""
+    if isinstance(raised, BaseExceptionGroup) and raised.exceptions:
+        raised = raised.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    fields = ("type_names", "message", "where")
+    mine, theirs = (tuple(getattr(e, f, None) for f in fields) for e in (raised, exc))
+    return None not in mine and bool(mine[2]) and mine == theirs
 
 
 # ------------------------------------------------------------------------------------------------

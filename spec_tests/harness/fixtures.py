@@ -38,6 +38,7 @@ def spec(request, impl, device):
         sink=run.results if run is not None else None,
         failing=state.registry.explaining,
         upstream=state.registry.upstream_of,
+        crash_consequences=state.registry.crash_consequences,
     )
 
 

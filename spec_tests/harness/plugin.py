@@ -300,7 +300,7 @@ class Session:
         self.config = config
         self.impl = make_subject(config)
         self.device = config.getoption("spec_device")
-        self.registry = rootcause.FailureRegistry()
+        self.registry = rootcause.FailureRegistry(crash_consequences=not config.getoption("spec_remote"))
         self._expectations = None
         self.torch_threads = None
         self.verdicts: dict[str, object] = {}

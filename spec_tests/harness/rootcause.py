@@ -7,7 +7,9 @@ Decided from behaviour (``consequences.py``), never by changing anything inside 
   actual output (decided in the check itself);
 - any other failing check (a relation, a requirement) is a consequence when the whole test, run on
   the reference composed with those functions instead of the implementation, fails at the same check
-  (``judge_failure``'s composed rerun); a crash is always charged.
+  (``judge_failure``'s composed rerun); a crash is a consequence when that rerun raises the same
+  exception (type, message, place in the implementation's code) from one of those functions, called
+  by the correct code; only in pytest's summary, never in grading (``FailureRegistry``).
 
 A test whose failure is not explained is charged: a broken upstream never excuses a broken
 downstream. Only upstream failures that can explain a math check count (``failure_kind``: not a
@@ -38,6 +40,10 @@ class FailureRegistry:
 
     failing: dict[str, list[str]] = field(default_factory=dict)
     kinds: dict[str, set[str]] = field(default_factory=dict)
+    # a crash downstream of a crashing upstream name may be its consequence (pytest's summary: one charge).
+    # Not in grading: a crash stops the computation where the upstream raised, so nothing after it was
+    # judged, and crediting it would pay for downstream code that may not exist.
+    crash_consequences: bool = True
 
     def mark(self, names, test: str, kind: str = "math") -> None:
         for name in names:
@@ -103,7 +109,9 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
         return exc
     status, name = classify(exc, run.subjects)
     used = set(run.subjects) | set(run.uses) | set(getattr(impl, "calls", ()))
-    upstream = registry.upstream_failing(run.subjects, used) if status == "failed" else []
+    # a crash (in a judged name, or in one the test uses: "setup") may be an upstream function's crash
+    crashed = registry.crash_consequences and status in ("error", "setup") and isinstance(exc, ImplementationError)
+    upstream = registry.upstream_failing(run.subjects, used) if status == "failed" or crashed else []
     if upstream and reference is not None and not _compared(exc):
         roots = composed_rerun(exc, upstream, rerun)
         if roots:
@@ -167,9 +175,10 @@ def _same_check(again: BaseException, exc: BaseException) -> bool:
 
 
 def composed_rerun(exc: BaseException, upstream, rerun) -> list[str]:
-    """The roots (dependency order) when the test fails at the same check on the reference composed
-    with the implementation's ``upstream``; ``[]`` when it passes there, fails differently, or the
-    implementation's answers to the composition are not those of a function of its inputs."""
+    """The roots (dependency order) when the test fails at the same check (or raises the same exception,
+    from the implementation's own upstream function) on the reference composed with the implementation's
+    ``upstream``; ``[]`` when it passes there, fails differently, or the implementation's answers to the
+    composition are not those of a function of its inputs."""
     from .tolerances import tolerance
 
     try:
@@ -179,9 +188,10 @@ def composed_rerun(exc: BaseException, upstream, rerun) -> list[str]:
         raise
     except BaseException as again:  # noqa: BLE001 - any other outcome explains nothing
         comp = getattr(again, "composition", None)
-        if comp is None or not _same_check(again, exc):
+        crash = getattr(comp, "raised", None) is not None and consequences.same_crash(again, exc)
+        if comp is None or not (_same_check(again, exc) or crash):
             return []
-    roots = [n for n in comp.called if n in upstream]
+    roots = dependency_order(n for n in {*comp.called, comp.raised} if n in upstream)
     if not roots or not comp.consistent(tolerance("model")):
         return []
     return roots
