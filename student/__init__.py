@@ -74,6 +74,7 @@ CAPABILITIES = (
     "top_p",
     "rope_scaling",
     "attention_mask",
+    "qkv_bias",
 )
 
 __all__ = [
