@@ -46,6 +46,15 @@ Canonical weight names (``build_model`` takes them, ``canonical_state_dict`` ret
     gpt2:  layers.{i}.mlp.w_fc.weight [d_ff, d] + .bias, layers.{i}.mlp.w_proj.weight [d, d_ff] + .bias
     final_norm.weight                  [d]         (+ .bias gpt2)
     lm_head.weight                     [V, d]      only when tie_embeddings is False
+
+Protocol v2, capability ``qkv_bias`` (docs/protocol.md, amendment 22; Qwen2-style): config key ``qkv_bias``
+(default False; llama only, on gpt2 raise ``ValueError`` naming it) gives wq, wk and wv a bias, and nothing
+else (no ``attn.wo.bias``, no MLP bias)::
+
+    layers.{i}.attn.wq.bias [n_heads*d_head], layers.{i}.attn.wk.bias, .wv.bias [n_kv_heads*d_head]
+
+added to the projections before splitting heads and before RoPE, with the cache as without it. The skeleton
+declares ``"qkv_bias"`` in ``CAPABILITIES`` (``__init__.py``); remove it to skip these tests.
 """
 
 from __future__ import annotations
