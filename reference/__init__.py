@@ -38,6 +38,7 @@ CAPABILITIES = (
     "top_p",
     "rope_scaling",
     "attention_mask",
+    "qkv_bias",
 )
 
 PROTOCOL_NAMES = (

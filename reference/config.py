@@ -27,6 +27,7 @@ class ModelConfig:
     dropout: float = 0.0
     family: str = "llama"
     rope_scaling: dict | None = None  # protocol v2: a Hugging Face rope_scaling dict (checked: rope_type set)
+    qkv_bias: bool = False  # protocol v2 (amendment 22): biases on the q, k, v projections only (llama family)
     attention: str = "sdpa"  # reference only: multihead_self_attention's attention, "sdpa" (fastest), "flash", "naive"
 
     @property
@@ -71,4 +72,8 @@ def parse_config(config: dict) -> ModelConfig:
         if cfg.family != "llama":
             raise ValueError(f"config rope_scaling needs RoPE (family 'llama'), got family {cfg.family!r}")
         cfg = replace(cfg, rope_scaling=check_rope_scaling(cfg.rope_scaling, cfg.context_length))
+    if not isinstance(cfg.qkv_bias, bool):
+        raise ValueError(f"config qkv_bias must be True or False, got {cfg.qkv_bias!r}")
+    if cfg.qkv_bias and cfg.family != "llama":
+        raise ValueError(f"config qkv_bias is for family 'llama' (gpt2 has every bias already), got {cfg.family!r}")
     return cfg

@@ -30,7 +30,7 @@ def generate(
     sequence fits; once it slides past the context every position shifts, so the window is
     re-encoded from scratch, exactly as without the cache.
 
-    ``attention_mask`` (protocol v2, amendment 25): ``[B, T]`` of 0/1, left padding: the prompt is returned as
+    ``attention_mask`` (protocol v2, amendment 23): ``[B, T]`` of 0/1, left padding: the prompt is returned as
     given (padding kept), each row's new tokens are those it would get alone, and the mask grows by a 1 per step.
     """
     if prompt.dim() != 2 or prompt.shape[1] < 1:

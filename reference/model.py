@@ -54,16 +54,17 @@ class LayerNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped-query heads; RoPE on q and k (llama), biases (gpt2)."""
+    """Causal self-attention with grouped-query heads; RoPE on q and k (llama), biases (gpt2; q, k, v with qkv_bias)."""
 
     def __init__(self, cfg: ModelConfig, rope_style: str):
         super().__init__()
         llama = cfg.family == "llama"
         self.config, self.rope_style = cfg, rope_style
         self.theta = cfg.rope_theta if llama else None  # gpt2 adds learned positions instead
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=not llama)
-        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=not llama)
-        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=not llama)
+        qkv_bias = not llama or cfg.qkv_bias  # protocol v2 (amendment 22): Qwen2-style biases on q, k, v only
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=not llama)
 
     def forward(self, x, positions: torch.Tensor, cache: KVCache | None, layer: int, mask=None):
@@ -155,7 +156,7 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """ids ``[B, T]`` long -> logits ``[B, T, V]``; with a cache, positions continue from it.
 
-        ``attention_mask`` (protocol v2, amendment 25): ``[B, T_cached + T]`` of 0/1, left padding; positions
+        ``attention_mask`` (protocol v2, amendment 23): ``[B, T_cached + T]`` of 0/1, left padding; positions
         count each row's real tokens from 0 and no query attends padding. ``positions`` (reference-only):
         ``[T]`` or ``[B, T]`` positions instead of those.
         """

@@ -1,4 +1,4 @@
-"""Left-padded batches (protocol v2, capability ``attention_mask``, amendment 25).
+"""Left-padded batches (protocol v2, capability ``attention_mask``, amendment 23).
 
 ``attention_mask`` is ``[B, T]`` of 0/1 over every token in view (cached and new): each row is zeros
 (padding) and then ones (its tokens). A row's first real token is at position 0, and no query attends

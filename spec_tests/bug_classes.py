@@ -28,6 +28,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rope_on_values": ("RoPE applied to values", (ATTENTION, MODEL, CACHE)),
     "rope_q_only": ("RoPE applied to queries only", (ATTENTION, MODEL, CACHE)),
     "rope_scaling": ("RoPE scaling for long context (linear, dynamic, llama3, yarn)", ("test_rope_scaling",)),
+    "qkv_bias": ("Qwen2-style biases on the q, k, v projections only", ("test_qkv_bias",)),
     "sinusoidal": ("sinusoidal position table", (POSITIONS,)),
     "rmsnorm": ("RMSNorm formula (eps placement)", (NORMS, MODEL)),
     "layernorm": ("LayerNorm formula (variance)", (NORMS, MODEL)),

@@ -163,6 +163,8 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             )
         else:
             layer.update({"mlp.w_gate.weight": (f, d), "mlp.w_up.weight": (f, d), "mlp.w_down.weight": (d, f)})
+            if cfg.get("qkv_bias"):  # protocol v2 (amendment 22): q, k, v only, not wo nor the MLP
+                layer.update({"attn.wq.bias": (hq,), "attn.wk.bias": (hkv,), "attn.wv.bias": (hkv,)})
         shapes.update({f"layers.{i}.{k}": s for k, s in layer.items()})
     shapes["final_norm.weight"] = (d,)
     if gpt2:

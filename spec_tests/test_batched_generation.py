@@ -1,4 +1,4 @@
-"""Batched generation with left padding (protocol v2, capability ``attention_mask``, amendment 25).
+"""Batched generation with left padding (protocol v2, capability ``attention_mask``, amendment 23).
 
 ``forward`` and ``generate`` take ``attention_mask=[B, T]`` of 0/1, zeros before each row's prompt. Every check
 relates the batch to the implementation's own unpadded calls, row by row: a left-padded row computes exactly
@@ -94,7 +94,7 @@ def reference_variants(spec, cfg, sd, ids, mask, pads, pick):
 @pytest.mark.bug_class("padding")
 def test_padded_forward_rows_equal_each_row_alone(spec, config):
     """Each row of a left-padded batched forward equals that row alone at its real tokens: positions count from the
-    row's first real token and no query attends a padding key (protocol: amendment 25)."""
+    row's first real token and no query attends a padding key (protocol: amendment 23)."""
     spec.impl.require_capability("attention_mask")
     sd = models.random_state_dict(config, seed=251, device=spec.device)
     model = models.build(spec.impl, config, sd)
@@ -123,7 +123,7 @@ def test_padded_forward_rows_equal_each_row_alone(spec, config):
 def test_padded_cache_holds_each_row_alone(spec, config):
     """The cache of a left-padded prefill holds, at each row's real tokens, the keys and values of the row alone: keys
     rotated at positions counted from the row's first real token (RoPE is relative, so logits alone cannot see a
-    shifted start; the cached keys can) (protocol: amendment 25; KV cache)."""
+    shifted start; the cached keys can) (protocol: amendment 23; KV cache)."""
     spec.impl.require_capability("attention_mask")
     sd = models.random_state_dict(config, seed=253, device=spec.device)
     model = models.build(spec.impl, config, sd)
@@ -200,7 +200,7 @@ def test_padded_cached_forward_equals_uncached(spec, config):
 @pytest.mark.bug_class("padding")
 def test_padding_token_ids_do_not_matter(spec, config):
     """What fills the padding changes nothing at the real tokens: padding ids 0, V - 1 and random give the same logits
-    (protocol: amendment 25)."""
+    (protocol: amendment 23)."""
     spec.impl.require_capability("attention_mask")
     sd = models.random_state_dict(config, seed=255, device=spec.device)
     model = models.build(spec.impl, config, sd)
@@ -274,7 +274,7 @@ def paddings(draw):
 @given(padding=paddings(), seed=st.integers(0, 2**16))
 def test_padded_greedy_generation_equals_each_row_alone(spec, config, padding, seed):
     """Greedy generate(attention_mask) of a left-padded batch returns the prompt as given, then for every row the
-    tokens that row gets generated alone, for any padding (protocol: amendment 25; generate)."""
+    tokens that row gets generated alone, for any padding (protocol: amendment 23; generate)."""
     spec.impl.require_capability("attention_mask")
     t, pads = padding
     sd = models.random_state_dict(config, seed=257, device=spec.device)
@@ -300,7 +300,7 @@ def test_padded_greedy_generation_equals_each_row_alone(spec, config, padding, s
 def test_padded_cached_generation_equals_uncached(spec, config):
     """With left padding, greedy generation through the cache equals generation without it, and each row equals its
     generation alone: the mask (grown by a 1 per new token) and the per-row positions hold in the cached steps too
-    (protocol: amendment 25; generate)."""
+    (protocol: amendment 23; generate)."""
     spec.impl.require_capability("attention_mask")
     sd = models.random_state_dict(config, seed=258, device=spec.device)
     model = models.build(spec.impl, config, sd)
@@ -348,7 +348,7 @@ def test_padded_cached_generation_equals_uncached(spec, config):
 )
 def test_attention_mask_rejects_what_is_not_left_padding(spec, family, kind, row, value):
     """A row with a 0 after a 1 (right padding, a hole) or with no real token, and a mask of the wrong shape, raise
-    ValueError in forward and generate (protocol: amendment 25)."""
+    ValueError in forward and generate (protocol: amendment 23)."""
     spec.impl.require_capability("attention_mask")
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=260, device=spec.device))

@@ -60,7 +60,7 @@ FAMILIES = ("llama", "gpt2")
 # What it supports (docs/protocol.md, amendments 10 and 18). The skeleton lists everything, so everything
 # is tested; remove what you choose not to build, e.g. "rope_scaling" (long-context RoPE, optional) or,
 # for a sampler without nucleus sampling, "top_p", or "attention_mask" (left-padded batched generation,
-# amendment 25). Under PROTOCOL_VERSION = 2 the list holds exactly what it names.
+# amendment 23). Under PROTOCOL_VERSION = 2 the list holds exactly what it names.
 PROTOCOL_VERSION = 2
 CAPABILITIES = (
     "gqa",
@@ -74,6 +74,7 @@ CAPABILITIES = (
     "top_p",
     "rope_scaling",
     "attention_mask",
+    "qkv_bias",
 )
 
 __all__ = [

@@ -45,7 +45,7 @@ def generate(
     - apply temperature and top-p before sampling (use ``sample``, not ``argmax`` of raw logits
       unless temperature is 0).
 
-    Optional, protocol v2 (docs/protocol.md, amendment 25): a keyword-only ``attention_mask``,
+    Optional, protocol v2 (docs/protocol.md, amendment 23): a keyword-only ``attention_mask``,
     ``[B, T]`` of 0/1 for a left-padded prompt. Return the prompt as given (padding kept), then
     the new tokens; grow the mask by a 1 per new token and pass it whole (cached + new) to every
     ``forward``, cached steps included. Greedy decoding gives each row exactly the tokens it gets

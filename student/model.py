@@ -46,6 +46,15 @@ Canonical weight names (``build_model`` takes them, ``canonical_state_dict`` ret
     gpt2:  layers.{i}.mlp.w_fc.weight [d_ff, d] + .bias, layers.{i}.mlp.w_proj.weight [d, d_ff] + .bias
     final_norm.weight                  [d]         (+ .bias gpt2)
     lm_head.weight                     [V, d]      only when tie_embeddings is False
+
+Protocol v2, capability ``qkv_bias`` (docs/protocol.md, amendment 22; Qwen2-style): config key ``qkv_bias``
+(default False; llama only, on gpt2 raise ``ValueError`` naming it) gives wq, wk and wv a bias, and nothing
+else (no ``attn.wo.bias``, no MLP bias)::
+
+    layers.{i}.attn.wq.bias [n_heads*d_head], layers.{i}.attn.wk.bias, .wv.bias [n_kv_heads*d_head]
+
+added to the projections before splitting heads and before RoPE, with the cache as without it. The skeleton
+declares ``"qkv_bias"`` in ``CAPABILITIES`` (``__init__.py``); remove it to skip these tests.
 """
 
 from __future__ import annotations
@@ -124,7 +133,7 @@ def forward(model: nn.Module, ids: torch.Tensor, cache=None, *, attention_mask=N
     - with a cache, ``t_q != t_k``: the causal mask must be bottom-right aligned (``is_causal``
       of ``F.scaled_dot_product_attention`` is top-left aligned).
 
-    Optional, protocol v2 (docs/protocol.md, amendment 25): a keyword-only ``attention_mask``,
+    Optional, protocol v2 (docs/protocol.md, amendment 23): a keyword-only ``attention_mask``,
     ``[B, T_cached + T]`` of 0/1 over every token in view (cached, then new), left padding only
     (each row zeros, then ones). Each row then computes exactly what it computes alone:
 

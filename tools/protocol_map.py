@@ -85,6 +85,7 @@ PRE = "test_precision.py::"
 PLUGIN = "tests/test_plugin.py::"
 V2 = "tests/test_protocol_v2.py::"
 RSC = "test_rope_scaling.py::"
+QKB = "test_qkv_bias.py::"
 BAT = "test_batched_generation.py::"
 
 CLAUSES: list[Clause] = [
@@ -1116,9 +1117,23 @@ CLAUSES: list[Clause] = [
         extremes={ATT + "test_multihead_attention_is_causal": "with theta: skipped where FAMILIES lacks llama"},
     ),
     C(
-        "amendment.25",
+        "amendment.22",
         "amendment",
-        "25",
+        "22",
+        sizes={QKB + "test_logits_match_reference_with_qkv_bias": "llama GQA config, ids [2, 11]"},
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={QKB + "test_cache_equals_no_cache_with_qkv_bias": "chunks 6, 1, 1, 9 through the cache"},
+        paths={
+            QKB + "test_logits_match_reference_with_qkv_bias": "forward with non-zero biases on q, k, v",
+            QKB + "test_qkv_bias_canonical_names": "exactly attn.w{q,k,v}.bias added; no wo or MLP bias",
+        },
+        extremes={QKB + "test_qkv_bias_needs_the_llama_family": "qkv_bias on a gpt2 config raises"},
+    ),
+    C(
+        "amendment.23",
+        "amendment",
+        "23",
         sizes={
             BAT + "test_padded_greedy_generation_equals_each_row_alone": "1 to 3 rows, real lengths 1..6, padding "
             "0..7 (an unpadded row beside padded ones, one real token)"

@@ -41,6 +41,7 @@ V2_CAPABILITIES = {
     "'rope_scaling:<type>' for one of " + ", ".join(ROPE_SCALING_TYPES),
     **{f"rope_scaling:{t}": f"rope_scaling of type {t!r} only" for t in ROPE_SCALING_TYPES},
     "attention_mask": "forward and generate take attention_mask=[B, T] of 0/1 (left padding): each row as if alone",
+    "qkv_bias": "config qkv_bias: biases on the q, k, v projections only (llama family, Qwen2-style)",
 }
 KNOWN_CAPABILITIES = {**CAPABILITIES, **V2_CAPABILITIES}
 # v1's sampling_probs has both filters: a v1 capability list (and the default) implies them

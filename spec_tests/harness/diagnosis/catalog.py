@@ -56,6 +56,7 @@ CLASS_CODES = {
     "norm_placement": "knob:norm_placement",
     "tied_weights": "knob:tying",
     "kv_cache": "knob:cache_contents",
+    "qkv_bias": "knob:qkv_bias",
 }
 
 

@@ -33,6 +33,7 @@ KNOBS = {
     "rope_theta": "RoPE uses another theta than the one given",
     "rope_style": "RoPE pairs channels in the other style (interleaved vs half)",
     "rope_scaling": "RoPE scaling (linear, dynamic, llama3, yarn) applied wrongly, twice, or not at all",
+    "qkv_bias": "the q, k, v projection biases are missing, misplaced (after RoPE, wrong head split) or on wo too",
     "position_offset": "positions start at the wrong offset (do not continue, restart at 0, off by one)",
     "eps_placement": "eps sits outside the square root, or is missing",
     "eps_value": "eps has the wrong value (the argument is ignored)",
