@@ -221,3 +221,26 @@ def test_text_from_the_submission_cannot_forge_report_headings():
     outside = text.split("```")[0::2]  # the parts outside code blocks
     assert sum(part.count("# Grade") for part in outside) == 1
     assert sum(part.count("points**") for part in outside) == 1
+
+
+def test_the_worker_started_early_is_the_one_that_serves_the_tests(tmp_path):
+    """The judge starts the worker on a thread while it collects. The worker dies with the *thread*
+    that spawned it (``PR_SET_PDEATHSIG``, in the worker and in bwrap's ``--die-with-parent``), so that
+    thread must outlive it: otherwise every grading imports torch and the submission twice, and the
+    first test's restart is charged to the submission's restart budget."""
+    import reference
+
+    code = tmp_path / "code"
+    shutil.copytree(Path(reference.__file__).parent, code / "submission", ignore=shutil.ignore_patterns("__pycache__"))
+    run = judge.JudgeRun(
+        code / "submission",
+        tmp_path / "sub",
+        None,
+        capabilities=[],
+        limits=judge.Limits(test_timeout_s=60, run_timeout_s=300),
+        select="test_rmsnorm",
+    )
+    wait(run, limit=300)
+    result = run.result()
+    assert result.verdicts and all(v.status == "passed" for v in result.verdicts.values()), result.staff_notes
+    assert result.subject.get("worker_restarts") == 0, (tmp_path / "sub" / "worker" / "worker.log").read_text()

@@ -239,10 +239,16 @@ class Collector:
 class EarlyStart:
     """The suite's session (and so the worker, which imports torch and the submission) started on a
     thread at configure time, so that the worker's start overlaps the judge's own imports and
-    collection; ``result()`` hands it over (or raises what starting it raised)."""
+    collection; ``result()`` hands it over (or raises what starting it raised).
+
+    The thread stays alive until ``discard()`` or the judge's exit: the sandbox's ``--die-with-parent``
+    (``PR_SET_PDEATHSIG``) kills the worker when the *thread* that spawned it ends, so a thread that
+    returned after starting the worker would have it killed, and the first test would start it again
+    (an extra import of torch and the submission, charged as a restart)."""
 
     def __init__(self, config):
         self.config, self.state, self.error = config, None, None
+        self._ready, self._release = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="spec-grading-early-worker", daemon=True)
         self.thread.start()
 
@@ -253,18 +259,22 @@ class EarlyStart:
             self.state = Session(self.config)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread by result()
             self.error = exc
+        self._ready.set()
+        self._release.wait()  # the spawning thread outlives the worker it started (see the class docstring)
 
     def result(self):
-        self.thread.join()
+        self._ready.wait()
         if self.error is not None:
             raise self.error
         return self.state
 
     def discard(self) -> None:
-        self.thread.join()
+        self._ready.wait()
         worker = getattr(getattr(self.state, "impl", None), "worker", None)
         if worker is not None:
             worker.close()
+        self._release.set()
+        self.thread.join()
 
 
 def _summary_line(report) -> str:
