@@ -42,9 +42,9 @@ def test_hello_describes_the_implementation(worker):
     assert worker.label.endswith("remote_toy_impl.py")
     assert {"softmax", "cross_entropy", "build_model", "sample", "generate"} <= worker.names
     assert "lm_loss" not in worker.names and "rope" not in worker.names
-    assert worker.rope_style == "half" and worker.families == ("llama",)
-    assert worker.capabilities == ["gqa", "tied_head"]  # a set arrives sorted
-    assert worker.has_xfails is False
+    attributes = worker.attributes
+    assert attributes["ROPE_STYLE"] == "half" and attributes["FAMILIES"] == ("llama",)
+    assert attributes["CAPABILITIES"] == ["gqa", "tied_head"]  # a set arrives sorted
     assert worker.provides("softmax") and not worker.provides("rope")
 
 

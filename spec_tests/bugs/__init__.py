@@ -1,8 +1,8 @@
 """The bug catalog: the reference with exactly one plausible mistake each.
 
 ``--impl=bug:<name>`` runs the suite against one of them (``load_bug``); a failing comparison
-tries the bugs of its component on the same inputs (``candidates_for``, used by
-``spec_tests.diagnosis``) and names the one whose output the implementation reproduces.
+tries the bugs of its component on the same inputs (``spec_tests/harness/diagnosis/catalog.py``)
+and names the one whose output the implementation reproduces.
 ``python tools/bugcheck.py`` checks that the suite kills every entry, with margin.
 
 - ``bug.py``: what a bug is (``Bug``: a source patch on one reference file);
@@ -55,23 +55,12 @@ def load_bug(name: str):
     return import_patched(get_bug(name))
 
 
-@functools.cache
-def _candidates(component: str) -> tuple:
-    return tuple((bug, load_bug(bug.name)) for bug in CATALOG.values() if component in bug.components)
-
-
-def candidates_for(component: str) -> list[tuple[Bug, object]]:
-    """``[(bug, module), ...]`` for the catalogued bugs that change ``component``'s output."""
-    return list(_candidates(component))
-
-
 __all__ = [
     "BUG_CLASSES",
     "CATALOG",
     "Bug",
     "apply_patch",
     "bug_names",
-    "candidates_for",
     "get_bug",
     "load_bug",
     "reference_sources",

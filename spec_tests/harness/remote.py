@@ -3,7 +3,7 @@
 data (``wire.py``). The judge never imports submission code.
 
     with Worker("/staged/submission.py", ops="spec_tests.harness.model_ops") as worker:
-        worker.names, worker.rope_style              # from the worker's hello
+        worker.names, worker.attributes              # from the worker's hello
         y = worker.call("rmsnorm", (x, w), {"eps": 1e-5}, deadline=time.monotonic() + 60)
         model = worker.op("build", (config, state_dict, torch.float64, "cpu"))   # a RemoteHandle
         worker.substitute(["softmax"], oracle=lambda name, args, kwargs: ...)  # root-cause reruns
@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from spec_tests.harness import cgroup as cgroup_mod
 from spec_tests.harness import sandbox as sandbox_mod
 from spec_tests.harness import wire
-from spec_tests.protocol import DEFAULT_ROPE_STYLE
 
 # Each restart (after a timeout or crash) starts a fresh sandbox and imports the submission again.
 # After this many, the worker is not started again: a submission that crashes or stalls in every
@@ -340,23 +339,6 @@ class Worker:
     @property
     def attributes(self) -> dict:
         return self._hello()["attributes"]
-
-    @property
-    def rope_style(self):
-        return self.attributes.get("ROPE_STYLE", DEFAULT_ROPE_STYLE)
-
-    @property
-    def families(self):
-        return self.attributes.get("FAMILIES")
-
-    @property
-    def capabilities(self):
-        """As declared (``None`` when the implementation does not declare ``CAPABILITIES``)."""
-        return self.attributes.get("CAPABILITIES")
-
-    @property
-    def has_xfails(self) -> bool:
-        return self._hello()["has_xfails"]
 
     def provides(self, name: str) -> bool:
         return name in self.names

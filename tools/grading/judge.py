@@ -158,6 +158,8 @@ def judge_command(
         "-p",
         "no:cacheprovider",
         "-p",
+        "no:benchmark",  # the suite has no benchmarks; the plugin would probe the machine (git, file) at start
+        "-p",
         "spec_grading.collector",
         f"--rootdir={suite.parent}",
         f"--spec-remote={staged}",
