@@ -7,6 +7,7 @@ rubric (path and SHA-256)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -50,10 +51,13 @@ def results(graded, name) -> dict:
 
 
 def test_a_correct_llama_only_solution_scores_100(graded):
+    """An honest independent solution scores 100 and raises no staff flag (issue 19)."""
+    rows = {r["submission"]: r for r in csv.DictReader((graded["tmp"] / "gradebook.csv").open())}
     for name in ("correct", "float32_norm"):
         res = results(graded, name)
         failing = [t["name"] for t in res["tests"] if t["status"] != "passed"]
         assert res["score"] == 100.0, (name, failing[:10])
+        assert rows[name]["flags"] == "", rows[name]
 
 
 def test_what_the_assignment_lacks_is_not_graded(graded):
