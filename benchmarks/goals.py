@@ -31,7 +31,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
-from . import configs, contenders, timing  # noqa: E402
+from . import configs, contenders, timing
 
 CONTEXTS = (64, 896)
 GROWTH_LIMIT = 1.5
@@ -130,7 +130,7 @@ def format_goals(result: dict) -> str:
     for label, goals in result["goals"].items():
         lines.append(f"{label} (vs {result['hf_label']}), median [min] over interleaved rounds:")
         med, mn = goals["median"], goals["min"]
-        verdict = lambda key, med=med: "met" if med[key] else "not met"  # noqa: E731
+        verdict = lambda key, med=med: "met" if med[key] else "not met"
         lines.append(
             f"  training step / HF          {med['train_step_vs_hf']:.2f} [{mn['train_step_vs_hf']:.2f}]"
             f"   goal <= 1: {verdict('train_step_goal_met')}"

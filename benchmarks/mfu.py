@@ -22,7 +22,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
-from . import configs, contenders, timing  # noqa: E402
+from . import configs, contenders, timing
 
 
 def measure_mfu(
@@ -43,7 +43,7 @@ def measure_mfu(
     ids = torch.randint(0, config["vocab_size"], (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
     x, y = ids[:, :-1].to(device), ids[:, 1:].to(device)
     optimizer = contender.optimizer()
-    step = lambda: contender.train_step(optimizer, x, y)  # noqa: E731
+    step = lambda: contender.train_step(optimizer, x, y)
     seconds = timing.median_seconds(step, device, warmup=3, repeats=repeats, max_seconds=60)
     flops = configs.train_flops_per_token(config, seq_len) * batch * seq_len
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"

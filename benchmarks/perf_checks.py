@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # python benchmarks/perf_checks.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
-from . import configs, contenders, timing  # noqa: E402
+from . import configs, contenders, timing
 
 DECODE_CONTEXT = 512
 TRAIN_BATCH, TRAIN_T = 4, 128
@@ -148,7 +148,7 @@ def check_train_step_vs_reference(impl, device: str, dtype: torch.dtype, config:
 def check_flash_vs_naive(impl, device: str) -> PerfCheck:
     a = ATTENTION[device]
     g = torch.Generator().manual_seed(0)
-    make = lambda h: torch.randn(a["batch"], h, a["T"], a["d_head"], generator=g).to(device=device, dtype=a["dtype"])  # noqa: E731
+    make = lambda h: torch.randn(a["batch"], h, a["T"], a["d_head"], generator=g).to(device=device, dtype=a["dtype"])
     q, k, v = make(a["heads"]), make(a["kv_heads"]), make(a["kv_heads"])
     mask = torch.ones(a["T"], a["T"], dtype=torch.bool, device=device).tril()
     medians = interleaved_medians(

@@ -12,7 +12,7 @@ def qkv(sizes, heads: str, length: int, device: str):
     n_heads, n_kv_heads = sizes.attention_heads[heads]
     b, d = sizes.attention_batch, sizes.attention_d_head
     g = torch.Generator().manual_seed(length)
-    make = lambda h: torch.randn(b, h, length, d, generator=g).to(device=device, dtype=sizes.dtype)  # noqa: E731
+    make = lambda h: torch.randn(b, h, length, d, generator=g).to(device=device, dtype=sizes.dtype)
     return make(n_heads), make(n_kv_heads), make(n_kv_heads)
 
 
@@ -21,11 +21,11 @@ def test_attention(impl, measure, sizes, device, heads, attention_length, kernel
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
     if kernel == "naive":
         mask = torch.ones(attention_length, attention_length, dtype=torch.bool, device=device).tril()
-        fn = lambda: impl.scaled_dot_product_attention(q, k, v, mask)  # noqa: E731
+        fn = lambda: impl.scaled_dot_product_attention(q, k, v, mask)
     elif kernel == "flash":
-        fn = lambda: impl.flash_attention(q, k, v, causal=True, block_size=sizes.flash_block_size)  # noqa: E731
+        fn = lambda: impl.flash_attention(q, k, v, causal=True, block_size=sizes.flash_block_size)
     else:
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_heads != n_kv_heads)  # noqa: E731
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_heads != n_kv_heads)
     out = measure(
         fn,
         group=f"attention {heads} T={attention_length:05d}",

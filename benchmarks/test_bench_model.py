@@ -147,9 +147,9 @@ def test_decode(make_contender, measure, sizes, token_ids, contender_name, decod
     token = ids[:, decode_context:]
     try:
         copy.deepcopy(prefilled)
-        fresh_cache = lambda: (copy.deepcopy(prefilled), token)  # noqa: E731
+        fresh_cache = lambda: (copy.deepcopy(prefilled), token)
     except Exception:  # noqa: BLE001 - any cache type that cannot be copied
-        fresh_cache = lambda: (contender.prefill(ids[:, :decode_context]), token)  # noqa: E731
+        fresh_cache = lambda: (contender.prefill(ids[:, :decode_context]), token)
     logits = measure(lambda cache, tok: contender.decode(cache, tok)[0], setup=fresh_cache, group=group, **extra)
     assert logits.shape == (sizes.decode_batch, 1, sizes.model["vocab_size"])
 

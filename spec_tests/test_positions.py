@@ -124,7 +124,7 @@ def test_rope_preserves_norms(spec, seed):
     pos = spec.inputs.scattered_positions(S.T, seed=seed + 1)
     out = spec.impl.rope(x, pos)
     style = spec.impl.rope_style
-    pair_norm = lambda t: torch.hypot(*rope_pairs(t, style))  # noqa: E731
+    pair_norm = lambda t: torch.hypot(*rope_pairs(t, style))
     spec.close(pair_norm(out), pair_norm(x), kind="positions", behaviour=f"each {style} pair keeps its length")
 
 

@@ -42,9 +42,9 @@ def test_causality_probe_with_per_input_axes():
     """sdpa(q, k, v) with time on axis 2 of every input; keys longer than queries are aligned at the end."""
     q, k, v = randn(B, H, 6, D, seed=5), randn(B, H, T, D, seed=6), randn(B, H, T, D, seed=7)
     inputs = {"q": q, "k": k, "v": v}
-    top_left = lambda i: sdpa(i["q"], i["k"], i["v"], torch.ones(6, T, dtype=torch.bool).tril())  # noqa: E731
-    bottom_right = lambda i: sdpa(i["q"], i["k"], i["v"], causal(6, T))  # noqa: E731
-    no_mask = lambda i: sdpa(i["q"], i["k"], i["v"])  # noqa: E731
+    top_left = lambda i: sdpa(i["q"], i["k"], i["v"], torch.ones(6, T, dtype=torch.bool).tril())
+    bottom_right = lambda i: sdpa(i["q"], i["k"], i["v"], causal(6, T))
+    no_mask = lambda i: sdpa(i["q"], i["k"], i["v"])
     axes = {"q": 2, "k": 2, "v": 2}
     assert causality_probe(bottom_right, inputs, axes, output_time_axis=2) == []
     assert causality_probe(top_left, inputs, axes, output_time_axis=2) == []  # top-left sees less, not more

@@ -12,7 +12,7 @@ H, HKV, D_HEAD, D = 4, 2, 6, 24
 
 def weights(seed=0):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     return r(2, 7, D), r(H * D_HEAD, D), r(HKV * D_HEAD, D), r(HKV * D_HEAD, D), r(D, H * D_HEAD), r(HKV * D_HEAD)
 
 

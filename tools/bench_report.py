@@ -315,7 +315,7 @@ def interleaved_goals_section(goals: dict) -> str:
     lines = []
     for label, g in goals.get("goals", {}).items():
         med, mn = g["median"], g["min"]
-        verdict = lambda key, med=med: "met" if med[key] else "not met"  # noqa: E731
+        verdict = lambda key, med=med: "met" if med[key] else "not met"
         ctx = sorted(med["decode_vs_hf"], key=int)
         lines += [
             f"- {label}: training step / HF {med['train_step_vs_hf']:.2f} (min {mn['train_step_vs_hf']:.2f}) -> "

@@ -67,7 +67,7 @@ def reference_texts(base: str | None = None) -> dict[str, str]:
         subprocess.run(
             ["git", "show", f"{base}:reference/{stem}.py"],
             cwd=ROOT,
-            check=True,  # noqa: E731
+            check=True,
             capture_output=True,
             text=True,
         ).stdout
@@ -317,7 +317,7 @@ def run_mutant(task: tuple[int, dict, int, str | None]) -> dict:
 
 def _head() -> str | None:
     """The commit the suite was run at (``git rev-parse --short HEAD``), plus ``+dirty`` for local changes."""
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     head = git("rev-parse", "--short", "HEAD")
     return head + ("+dirty" if git("status", "--porcelain", "--", "spec_tests", "reference") else "") if head else None
 

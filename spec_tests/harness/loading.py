@@ -49,7 +49,7 @@ def _import_module(name: str):
                 f"--impl={name}: no module named {exc.name!r}. Accepted forms: {ACCEPTED_FORMS}"
             ) from None
         raise _import_failure(name, exc) from exc
-    except Exception as exc:  # noqa: BLE001 - any error in the implementation's own import
+    except Exception as exc:  # any error in the implementation's own import
         raise _import_failure(name, exc) from exc
 
 
@@ -69,7 +69,7 @@ def _import_path(path: Path):
         sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # the student's own import error
         del sys.modules[name]
         raise _import_failure(str(location), exc) from exc
     return module
@@ -88,7 +88,7 @@ def _load_cs336(spec: str):
         return cs336.load(checkout)
     except cs336.BridgeError as exc:
         raise ImplUsageError(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - the student's own import error
+    except Exception as exc:
         raise _import_failure(f"{checkout}/tests/adapters.py", exc) from exc
 
 

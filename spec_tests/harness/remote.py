@@ -174,7 +174,7 @@ class CappedLog:
         self.tail_size = 0
         self.dropped = 0
         self.lock = threading.Lock()
-        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.file = open(path, "wb")  # closed in close()
 
     def feed(self, data: bytes) -> None:
         with self.lock:

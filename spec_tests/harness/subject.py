@@ -242,7 +242,7 @@ class LocalSubject(Subject):
                 raise
             except NotImplementedError as exc:
                 raise NotImplementedInImpl(name, safe_text(exc)) from None
-            except Exception as exc:  # noqa: BLE001 - whatever the implementation raised is reported, not re-raised raw
+            except Exception as exc:  # whatever the implementation raised is reported, not re-raised raw
                 raise self.describe(exc, name) from exc
 
         return call

@@ -459,7 +459,7 @@ def main(argv=None) -> int:
     die_with_parent()
     sock = socket.socket(fileno=args.fd)
     sock.set_inheritable(False)
-    sys.stdin = open(os.devnull)  # noqa: SIM115 - for the lifetime of the process
+    sys.stdin = open(os.devnull)  # for the lifetime of the process
 
     def fail(error: dict) -> int:
         wire.send(sock, {"type": "hello", "error": error})

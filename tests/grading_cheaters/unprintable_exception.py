@@ -12,7 +12,7 @@ class _Evil(Exception):
 
 class _NotText(Exception):
     def __str__(self):
-        return ["not", "a", "string"]  # noqa: PLE0307
+        return ["not", "a", "string"]
 
 
 def rmsnorm(x, weight, eps=1e-5):

@@ -104,7 +104,7 @@ class Collector:
         self.config = config
         self.out = os.path.abspath(out)
         os.makedirs(self.out, exist_ok=True)
-        self.progress = open(os.path.join(self.out, PROGRESS_NAME), "a", encoding="utf-8")  # noqa: SIM115
+        self.progress = open(os.path.join(self.out, PROGRESS_NAME), "a", encoding="utf-8")
         wanted = config.getoption("grading_tests")
         self.wanted = None
         if wanted:

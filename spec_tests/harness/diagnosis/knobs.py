@@ -56,7 +56,7 @@ def _f64(x):
 def _bind(signature: str, args, kwargs) -> _Args:
     """Bind ``args``/``kwargs`` to a protocol signature such as ``"x, weight, eps=1e-5"``."""
     ns: dict = {}
-    exec(f"def f({signature}): pass", {}, ns)  # noqa: S102 - a fixed signature string from this module
+    exec(f"def f({signature}): pass", {}, ns)  # a fixed signature string from this module
     bound = inspect.signature(ns["f"]).bind(*args, **kwargs)
     bound.apply_defaults()
     return _Args({k: _f64(v) for k, v in bound.arguments.items()})
@@ -302,7 +302,7 @@ def _silu_family(args, kwargs, style):
 def _swiglu(args, kwargs, style):
     p = _bind("x, w_gate, w_up, w_down", args, kwargs)
     g, u = p.x @ p.w_gate.T, p.x @ p.w_up.T
-    down = lambda h: h @ p.w_down.T  # noqa: E731
+    down = lambda h: h @ p.w_down.T
     where = "the gating line of swiglu: silu(x @ w_gate.T) * (x @ w_up.T)"
     out = [
         Variant(
@@ -343,7 +343,7 @@ def _swiglu(args, kwargs, style):
 def _gelu_mlp(args, kwargs, style):
     p = _bind("x, w_fc, b_fc, w_proj, b_proj", args, kwargs)
     h = p.x @ p.w_fc.T + p.b_fc
-    proj = lambda a: a @ p.w_proj.T + p.b_proj  # noqa: E731
+    proj = lambda a: a @ p.w_proj.T + p.b_proj
     where = "the activation of gelu_mlp"
     out = [
         Variant(
@@ -413,7 +413,7 @@ def _rope_family(args, kwargs, style):
     p = _bind("x, positions, theta=10000.0", args, kwargs)
     x, pos, theta = p.x, p.positions, float(p.theta)
     other = "half" if style == "interleaved" else "interleaved"
-    r = lambda **kw: lambda: _rope(x, pos, kw.pop("theta", theta), kw.pop("style", style), **kw)  # noqa: E731
+    r = lambda **kw: lambda: _rope(x, pos, kw.pop("theta", theta), kw.pop("style", style), **kw)
     freq = "the RoPE frequencies theta ** (-2i / d_head)"
     out = [
         Variant(
@@ -528,7 +528,7 @@ def _sinusoidal(args, kwargs, style):
     p = _bind("n_positions, d_model", args, kwargs)
     n, d = int(p.n_positions), int(p.d_model)
     where = "the sinusoidal table: pe[p, 2i] = sin(p / 10000**(2i/d)), pe[p, 2i+1] = cos(...)"
-    s = lambda **kw: lambda: _sinusoid(n, d, **kw)  # noqa: E731
+    s = lambda **kw: lambda: _sinusoid(n, d, **kw)
     out = [
         Variant(
             "knob:sinusoid_layout",
@@ -657,7 +657,7 @@ def _attend(q, k, v, mask, *, scale=None, tiled=False, dim=-1, mask_mode="apply"
 
 def _attention_variants(q, k, v, mask, *, scale_where: str):
     d, h = q.shape[-1], q.shape[-3]
-    a = lambda **kw: lambda: _attend(q, k, v, mask, **kw)  # noqa: E731
+    a = lambda **kw: lambda: _attend(q, k, v, mask, **kw)
     fix_scale = "multiply q k^T by 1/sqrt(d_head)"
     out = [
         Variant(
@@ -826,7 +826,7 @@ def _mha_family(args, kwargs, style):
         lambda: _mha(
             *base,
             kw.pop("theta", theta),
-            kw.pop("positions", p.positions),  # noqa: E731
+            kw.pop("positions", p.positions),
             kw.pop("style", style),
             **kw,
         )
@@ -986,7 +986,7 @@ def _ce(
 def _cross_entropy(args, kwargs, style):
     p = _bind("logits, targets, ignore_index=-100", args, kwargs)
     lg, tg, ig = p.logits, p.targets, int(p.ignore_index)
-    c = lambda **kw: lambda: _ce(lg, tg, kw.pop("ignore_index", ig), **kw)  # noqa: E731
+    c = lambda **kw: lambda: _ce(lg, tg, kw.pop("ignore_index", ig), **kw)
     where = "the reduction of cross_entropy"
     out = [
         Variant(
@@ -1162,7 +1162,7 @@ def _sampling_probs(args, kwargs, style):
     p = _bind("logits, temperature=1.0, top_k=None, top_p=None", args, kwargs)
     lg, t, k, tp = p.logits, float(p.temperature), p.top_k, p.top_p
     tp = None if tp is None else float(tp)
-    s = lambda **kw: lambda: _sampling(lg, t, k, tp, **kw)  # noqa: E731
+    s = lambda **kw: lambda: _sampling(lg, t, k, tp, **kw)
     order_where = "the order of sampling_probs: divide by temperature, top-k, top-p on the scaled distribution"
     out = [
         Variant(

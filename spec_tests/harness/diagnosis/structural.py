@@ -244,7 +244,7 @@ def _reductions(x: np.ndarray, axis: int):
 def _shape_causes(e, a, atol, rtol, axes) -> list[Cause]:
     names, _, named = axes
     es, as_ = e.shape, a.shape
-    name = lambda k: names[k] if named else f"dim {k}"  # noqa: E731
+    name = lambda k: names[k] if named else f"dim {k}"
     where = "the reshape/transpose/reduction that produces the output"
 
     def cause(code, summary, fix, evidence, conf):
@@ -1007,7 +1007,7 @@ def _mask_grid(c: _Case, qa: int, ka: int) -> list[Cause]:
     diag = j - i - off  # 0 on the bottom-right diagonal, > 0 in the future
     top_left = np.broadcast_to(j - i, diag.shape)
     other = tuple(k for k in range(c.e.ndim) if k not in (qa, ka))
-    grid = lambda x: (x.any(axis=other) if other else x) if qa < ka else (x.any(axis=other) if other else x).T  # noqa: E731
+    grid = lambda x: (x.any(axis=other) if other else x) if qa < ka else (x.any(axis=other) if other else x).T
     bad = grid(c.bad)
     qn, kn = c.axis_name(qa), c.axis_name(ka)
     where = "the causal mask: its alignment (bottom-right: j <= i + t_k - t_q), the diagonal, its polarity"
