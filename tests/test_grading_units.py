@@ -223,6 +223,7 @@ def test_text_from_the_submission_cannot_forge_report_headings():
     assert sum(part.count("points**") for part in outside) == 1
 
 
+@pytest.mark.slow  # a real judge and sandboxed worker (tests/conftest.py: the slow tier)
 def test_the_worker_started_early_is_the_one_that_serves_the_tests(tmp_path):
     """The judge starts the worker on a thread while it collects. The worker dies with the *thread*
     that spawned it (``PR_SET_PDEATHSIG``, in the worker and in bwrap's ``--die-with-parent``), so that
