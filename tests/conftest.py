@@ -9,6 +9,7 @@ import sys
 import types
 from pathlib import Path
 
+import ahead  # tests/ahead.py: tests/ is on sys.path while pytest imports this file
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,3 +165,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent:
             item.add_marker(pytest.mark.slow)
+    # the tests of fixtures built ahead run last, so that the other tests run while runners build them
+    items.sort(key=lambda item: bool(ahead.BUILDERS.get(Path(item.path).resolve())))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _build_ahead(request, tmp_path_factory):
+    """Start the runners that build this session's ``@built_ahead`` fixtures (tests/ahead.py)."""
+    order, count = ahead.wanted(request.session.items), ahead.runner_count()
+    if not order or not count:
+        yield
+        return
+    plan = ahead.Plan(tmp_path_factory.mktemp("ahead"), order)
+    request.config.stash[ahead.PLAN] = plan
+    plan.start(min(count, len(order)))
+    yield
+    plan.stop()
+    del request.config.stash[ahead.PLAN]

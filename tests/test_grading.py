@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 
 from spec_tests.harness import sandbox
 
@@ -122,7 +123,7 @@ def report_args(out: Path) -> list[str]:
     return ["--out-dir", str(out), "--gradescope", "results.json", "--markdown", "report.md", "--junit", "report.xml"]
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def batch(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grading")
     cache, rubric = tmp / "cache", tmp / "rubric.toml"

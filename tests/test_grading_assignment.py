@@ -14,14 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "docs" / "rubrics" / "llama-only-course.toml"
 STUDENT = ROOT / "tests" / "independent" / "student_mha_tied"
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("assignment")
     subs = tmp / "subs"

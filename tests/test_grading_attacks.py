@@ -30,6 +30,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 
 from spec_tests.harness import sandbox
 
@@ -104,7 +105,7 @@ def load_results(out: Path, name: str) -> dict:
     return json.loads((out / name / "results.json").read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def attacks(tmp_path_factory):
     if not AVAILABLE:
         pytest.skip(f"the attacks need the sandbox: {REASON}")

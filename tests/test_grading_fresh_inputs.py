@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 
 from spec_tests import inputs, models
 from spec_tests.harness import compare
@@ -243,7 +244,7 @@ def grade(subs: list[Path], out: Path, cache: Path, rubric: Path, *extra) -> sub
 NAMES = ("reference_copy", "honest", "recording_replay", "feedback_table")
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def gradings(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fresh")
     rubric = tmp / "rubric.toml"

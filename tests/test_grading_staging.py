@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 from spec_grading import batch as batch_mod
 from spec_grading.submission import Submission, discover, stage, static_flags
 
@@ -332,7 +333,7 @@ def make_attacks(subs: Path) -> dict[str, str]:
     return expect
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def grading_dir(tmp_path_factory) -> Path:
     """A rubric and a manifest cache shared by this file's gradings (the first one prepares it)."""
     tmp = tmp_path_factory.mktemp("staging")
@@ -340,7 +341,7 @@ def grading_dir(tmp_path_factory) -> Path:
     return tmp
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def attack_batch(grading_dir):
     tmp = grading_dir
     cache, rubric = tmp / "cache", tmp / "rubric.toml"

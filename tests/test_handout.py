@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDOUT = [sys.executable, "-m", "spec_grading.handout"]
@@ -47,7 +48,7 @@ def reference_dir() -> Path:
     return Path(reference.__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def handout(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("handout") / "handout"
     proc = subprocess.run(
@@ -93,7 +94,7 @@ def junit_cases(path: Path) -> list[tuple[str, str, str]]:
     return cases
 
 
-@pytest.fixture(scope="module")
+@built_ahead
 def handout_runs(handout, tmp_path_factory):
     """The skeleton, the reference's code as a student, and a half-style student, run in parallel."""
     work = tmp_path_factory.mktemp("runs")
