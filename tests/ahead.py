@@ -1,24 +1,31 @@
-"""Module fixtures that grade end to end, built ahead in runner processes while other tests run.
+"""Slow work of the project's tests done ahead, by runner processes, while the other tests run.
 
-A grading mostly waits: judge and worker take turns (docs/grading.md, Speed), so while pytest runs one
-test at a time a core sits idle for most of the slow tier. A module fixture declared with
-``@built_ahead`` is built by a runner process (``python tests/ahead.py``) instead: ``tests/conftest.py``
-moves the tests that use such fixtures to the end of the run, and when the session's first test starts,
-``SPEC_TESTS_AHEAD`` runners (default 2) start claiming those fixtures, in the order the tests will ask
-for them, and build them while the other tests run. A test that reaches a fixture nobody has claimed yet
-builds it itself, in the test process, as a plain module fixture would.
+Most of the slow tier waits: a grading's judge and worker take turns (docs/grading.md, Speed), a suite
+run in a subprocess is mostly interpreter start-up, so while pytest runs one test at a time a core sits
+idle. Two kinds of work can be done ahead:
+
+- ``@built_ahead`` on a module fixture builder (it takes ``tmp_path_factory`` and other ``@built_ahead``
+  fixtures of its module, by name, and returns a picklable value);
+- ``@run_ahead`` on a test that takes only ``tmp_path`` and its parametrized arguments (picklable).
+
+``tests/conftest.py`` moves the tests that use such work to the end of the run, and when the session's
+first test starts, ``SPEC_TESTS_AHEAD`` runner processes (default 2; ``python tests/ahead.py``) claim
+the jobs one by one, in the order the tests will need them, and do them while the other tests run. A
+test that reaches a job nobody has claimed yet does it itself, in the test process. Each job is done
+once, and its outcome reaches the tests that need it: a value, a skip (``pytest.skip``), or a failure
+with the job's traceback (a test run ahead fails with its own). Assertions in a runner are plain
+Python ones (no pytest rewriting): give them a message.
 
 A runner starts with the session's environment and working folder, so what a test changes in its own
-process (``monkeypatch.setenv``, ``monkeypatch.chdir``) never reaches a grading built beside it.
-
-A builder takes ``tmp_path_factory`` and other ``@built_ahead`` fixtures of its module, by name, and
-returns a picklable value. ``pytest.skip`` in a builder skips the tests that use it; any other error fails
-them, with the builder's traceback. ``SPEC_TESTS_AHEAD=0`` starts no runner: every fixture is built in
-the test process when first used (for a debugger).
+process (``monkeypatch.setenv``, ``monkeypatch.chdir``) never reaches work done beside it.
+``SPEC_TESTS_AHEAD=0`` starts no runner: every job is done in the test process (for a debugger).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -35,13 +42,29 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 ENV_RUNNERS = "SPEC_TESTS_AHEAD"
 DEFAULT_RUNNERS = 2
 POLL_S = 0.2
-ROOT = HERE.parent
 
-# module file -> fixture name -> builder, in the order the module declares them
+# module file -> name -> the fixture builder or test function, in the order the module declares them
 BUILDERS: dict[Path, dict[str, Callable]] = {}
+TESTS: dict[Path, dict[str, Callable]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One piece of work: a fixture (``params`` is None) or one test case (its parametrized arguments)."""
+
+    module_file: Path
+    name: str
+    label: str  # the fixture's name, or the test's id inside its module
+    params: dict | None = None
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256(f"{self.module_file}::{self.label}".encode()).hexdigest()[:16]
+        return f"{self.module_file.stem}.{self.name}.{digest}"
 
 
 def built_ahead(builder: Callable) -> Callable:
@@ -56,10 +79,34 @@ def built_ahead(builder: Callable) -> Callable:
         if plan is None:  # no runners this session: a plain module fixture
             deps = {p: request.getfixturevalue(p) for p in _dependencies(builder)}
             return builder(**deps, **_factory_arg(builder, tmp_path_factory))
-        return plan.obtain(module_file, name, tmp_path_factory)
+        return plan.obtain(Job(module_file, name, name), tmp_path_factory)
 
     fixture.__doc__ = builder.__doc__
     return fixture
+
+
+def run_ahead(test: Callable) -> Callable:
+    """Declare a test (``tmp_path`` and parametrized arguments only) to be run ahead by a runner process."""
+    module_file = Path(inspect.getfile(test)).resolve()
+    TESTS.setdefault(module_file, {})[test.__name__] = test
+    signature = inspect.signature(test)
+    takes_tmp = "tmp_path" in signature.parameters
+    kept = [p for name, p in signature.parameters.items() if name != "tmp_path"]
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+    @functools.wraps(test)
+    def wrapper(request, **params):
+        plan = request.config.stash.get(PLAN, None)
+        if plan is None:
+            return test(**params, **({"tmp_path": request.getfixturevalue("tmp_path")} if takes_tmp else {}))
+        label = request.node.name
+        plan.obtain(Job(module_file, test.__name__, label, params), request.getfixturevalue("tmp_path_factory"))
+        return None
+
+    del wrapper.__wrapped__  # pytest reads the signature below, not the test's
+    wrapper.__signature__ = signature.replace(parameters=[request, *kept])
+    wrapper.run_ahead = True
+    return wrapper
 
 
 def _dependencies(builder: Callable) -> list[str]:
@@ -70,14 +117,23 @@ def _factory_arg(builder: Callable, factory) -> dict:
     return {"tmp_path_factory": factory} if "tmp_path_factory" in inspect.signature(builder).parameters else {}
 
 
-def wanted(items: list[pytest.Item]) -> list[tuple[Path, str]]:
-    """The ahead fixtures these tests use, in the order the tests first use them."""
-    out: list[tuple[Path, str]] = []
+def runs_last(item: pytest.Item) -> bool:
+    """Whether an item waits on work done ahead: it is run ahead, or its module builds fixtures ahead."""
+    return bool(BUILDERS.get(Path(item.path).resolve())) or getattr(getattr(item, "function", None), "run_ahead", 0)
+
+
+def wanted(items: list[pytest.Item]) -> list[Job]:
+    """The jobs these tests need, in the order they first need them."""
+    out: list[Job] = []
     for item in items:
-        names = BUILDERS.get(Path(item.path).resolve(), {})
-        for name in names:
-            if name in getattr(item, "fixturenames", ()) and (Path(item.path).resolve(), name) not in out:
-                out.append((Path(item.path).resolve(), name))
+        module_file = Path(item.path).resolve()
+        for name in BUILDERS.get(module_file, {}):
+            job = Job(module_file, name, name)
+            if name in getattr(item, "fixturenames", ()) and job not in out:
+                out.append(job)
+        if getattr(getattr(item, "function", None), "run_ahead", False):
+            params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+            out.append(Job(module_file, item.originalname, item.name, params))
     return out
 
 
@@ -103,36 +159,32 @@ class _TmpFactory:
 
 
 class Plan:
-    """The fixtures to build ahead in one session: claims and results are files in one folder.
+    """The jobs of one session: claims and outcomes are files in one folder.
 
     Whoever creates ``claims/<key>`` first (a runner, or the test process when a test gets there
-    first) builds that fixture and writes ``results/<key>.pickle``; everyone else waits for that file.
+    first) does that job and writes ``results/<key>.pickle``; everyone else waits for that file.
     """
 
-    def __init__(self, folder: Path, order: list[tuple[Path, str]]):
-        self.folder, self.order = folder, order
+    def __init__(self, folder: Path, jobs: list[Job]):
+        self.folder, self.jobs = folder, jobs
         for sub in ("claims", "results", "tmp", "logs"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         self.runners: list[subprocess.Popen] = []
 
-    @staticmethod
-    def key(module_file: Path, name: str) -> str:
-        return f"{module_file.stem}.{name}"
-
     def start(self, count: int) -> None:
-        args = [str(self.folder), *(f"{m}::{n}" for m, n in self.order)]
+        jobs_file = self.folder / "jobs.pickle"
+        jobs_file.write_bytes(pickle.dumps(self.jobs))
         for i in range(count):
-            log = open(self.folder / "logs" / f"runner{i}.log", "w")
-            self.runners.append(
-                subprocess.Popen(
-                    [sys.executable, str(HERE / "ahead.py"), *args],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # stop() ends the runner's gradings with it
+            with open(self.folder / "logs" / f"runner{i}.log", "w") as log:
+                self.runners.append(
+                    subprocess.Popen(
+                        [sys.executable, str(HERE / "ahead.py"), str(self.folder)],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,  # stop() ends the runner's own processes with it
+                    )
                 )
-            )
-            log.close()
 
     def stop(self) -> None:
         for proc in self.runners:
@@ -145,81 +197,95 @@ class Plan:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-    def obtain(self, module_file: Path, name: str, factory) -> object:
-        """The fixture's value: built here if nobody claimed it, else waited for."""
-        key = self.key(module_file, name)
-        result = self.folder / "results" / f"{key}.pickle"
-        if self._claim(key):
-            self._build(module_file, name, factory)
+    def obtain(self, job: Job, factory) -> object:
+        """The job's outcome: done here if nobody claimed it, else waited for."""
+        result = self.folder / "results" / f"{job.key}.pickle"
+        if self.claim(job):
+            self.do(job, factory)
         while not result.exists():
             if self.runners and all(p.poll() is not None for p in self.runners) and not result.exists():
                 logs = "".join(p.read_text() for p in sorted((self.folder / "logs").glob("*.log")))
-                pytest.fail(f"the runners building {key} ended without its value; their output:\n{logs[-4000:]}")
+                pytest.fail(f"the runners doing {job.label} ended without its outcome; their output:\n{logs[-4000:]}")
             time.sleep(POLL_S)
         outcome, payload = pickle.loads(result.read_bytes())
         if outcome == "skip":
             pytest.skip(payload)
         if outcome == "error":
-            pytest.fail(f"the module fixture {name!r} failed while it was built ahead:\n{payload}", pytrace=False)
+            what = "test, run ahead," if job.params is not None else f"module fixture {job.name!r}, built ahead,"
+            pytest.fail(f"the {what} failed:\n{payload}", pytrace=False)
         return payload
 
-    def _claim(self, key: str) -> bool:
+    def claim(self, job: Job) -> bool:
         try:
-            (self.folder / "claims" / key).mkdir()
+            (self.folder / "claims" / job.key).mkdir()
         except FileExistsError:
             return False
         return True
 
-    def _build(self, module_file: Path, name: str, factory) -> None:
-        builder = BUILDERS[module_file][name]
+    def do(self, job: Job, factory) -> None:
         try:
-            deps = {p: self.obtain(module_file, p, factory) for p in _dependencies(builder)}
-            outcome = ("value", builder(**deps, **_factory_arg(builder, factory)))
+            if job.params is None:
+                builder = BUILDERS[job.module_file][job.name]
+                deps = {p: self.obtain(Job(job.module_file, p, p), factory) for p in _dependencies(builder)}
+                outcome = ("value", builder(**deps, **_factory_arg(builder, factory)))
+            else:
+                test = TESTS[job.module_file][job.name]
+                tmp = (
+                    {"tmp_path": factory.mktemp(job.name[:30])}
+                    if "tmp_path" in inspect.signature(test).parameters
+                    else {}
+                )
+                outcome = ("value", test(**job.params, **tmp))
         except pytest.skip.Exception as skipped:
             outcome = ("skip", str(skipped.msg))
-        except BaseException as exc:  # every failure reaches the tests that use the fixture
+        except BaseException as exc:  # every failure reaches the tests that need the job
             if isinstance(exc, pytest.fail.Exception) and exc.msg.startswith("the module fixture"):
-                outcome = ("error", exc.msg)  # a dependency's failure, already formatted
+                outcome = ("error", exc.msg)  # a dependency's failure, already told
             else:
                 outcome = ("error", "".join(traceback.format_exception(exc)))
             if isinstance(exc, KeyboardInterrupt):
-                self._write(module_file, name, outcome)
+                self._write(job, pickle.dumps(outcome))
                 raise
         try:
             data = pickle.dumps(outcome)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             data = pickle.dumps(("error", f"its value cannot be pickled: {exc!r}"))
-        self._write_bytes(self.key(module_file, name), data)
+        self._write(job, data)
 
-    def _write(self, module_file: Path, name: str, outcome: tuple) -> None:
-        self._write_bytes(self.key(module_file, name), pickle.dumps(outcome))
-
-    def _write_bytes(self, key: str, data: bytes) -> None:
-        partial = self.folder / "results" / f".{key}.{os.getpid()}"
+    def _write(self, job: Job, data: bytes) -> None:
+        partial = self.folder / "results" / f".{job.key}.{os.getpid()}"
         partial.write_bytes(data)
-        os.replace(partial, self.folder / "results" / f"{key}.pickle")
+        os.replace(partial, self.folder / "results" / f"{job.key}.pickle")
 
 
-def run(argv: list[str]) -> None:
-    """A runner: claim and build, in order, every fixture named ``MODULE_FILE::NAME`` after the folder."""
-    folder = Path(argv[0])
-    order = []
-    for arg in argv[1:]:
-        module_file, _, name = arg.partition("::")
-        order.append((Path(module_file), name))
-    plan = Plan(folder, order)
+def run(folder: Path) -> None:
+    """A runner: claim and do, in order, every job of the plan in ``folder`` that nobody claimed yet."""
+    jobs = pickle.loads((folder / "jobs.pickle").read_bytes())
+    plan = Plan(folder, jobs)
     factory = _TmpFactory(folder / "tmp")
-    for module_file, name in order:
-        if module_file not in BUILDERS:
-            spec = importlib.util.spec_from_file_location(module_file.stem, module_file)
+    try:
+        import torch
+
+        torch.set_num_threads(1)  # as tests/conftest.py does in the test process
+    except ImportError:
+        pass
+    for job in jobs:
+        if job.module_file not in BUILDERS and job.module_file not in TESTS:
+            spec = importlib.util.spec_from_file_location(job.module_file.stem, job.module_file)
             module = importlib.util.module_from_spec(spec)
-            sys.modules[module_file.stem] = module
+            sys.modules[job.module_file.stem] = module
             spec.loader.exec_module(module)
-        key = plan.key(module_file, name)
-        if plan._claim(key):
-            started = time.monotonic()
-            plan._build(module_file, name, factory)
-            print(f"built {key} in {time.monotonic() - started:.1f} s", flush=True)
+        if plan.claim(job):
+            started, cpu = time.monotonic(), _children_cpu()
+            plan.do(job, factory)
+            print(f"{job.label}: {time.monotonic() - started:.1f} s, {_children_cpu() - cpu:.1f} s CPU", flush=True)
+
+
+def _children_cpu() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 PLAN = pytest.StashKey[Plan]()
@@ -227,6 +293,6 @@ PLAN = pytest.StashKey[Plan]()
 
 if __name__ == "__main__":
     sys.path[:0] = [str(HERE), str(ROOT)]  # the test modules import their helpers (and this module) from tests/
-    import ahead  # the registry the test modules fill, not this script's copy of it
+    import ahead  # the registries the test modules fill, not this script's copy of them
 
-    ahead.run(sys.argv[1:])
+    ahead.run(Path(sys.argv[1]))

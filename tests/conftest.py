@@ -147,17 +147,29 @@ def _restore_default_dtype():
 # the sandboxed worker): the slow tier. `python -m pytest tests spec_tests -m "not slow"` is the quick
 # tier (the README says how long each takes).
 SLOW_FILES = {
+    "test_ahead.py",
     "test_bug_catalog.py",
+    "test_consequences.py",
+    "test_cs336_bridge.py",
+    "test_diagnosis_crashes.py",
     "test_grading.py",
+    "test_grading_assignment.py",
     "test_grading_attacks.py",
+    "test_grading_consequences.py",
+    "test_grading_fresh_inputs.py",
     "test_grading_gradescope.py",
+    "test_grading_reports.py",
+    "test_grading_staging.py",
     "test_handout.py",
     "test_observation.py",
+    "test_observed_modes.py",
     "test_plugin.py",
     "test_protocol_map.py",
+    "test_protocol_v2.py",
     "test_remote.py",
     "test_root_causes.py",
     "test_sandbox.py",
+    "test_worker_limits.py",
 }
 
 
@@ -165,20 +177,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent:
             item.add_marker(pytest.mark.slow)
-    # the tests of fixtures built ahead run last, so that the other tests run while runners build them
-    items.sort(key=lambda item: bool(ahead.BUILDERS.get(Path(item.path).resolve())))
+    # what waits on work done ahead runs last, so that the other tests run while runners do it
+    items.sort(key=ahead.runs_last)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _build_ahead(request, tmp_path_factory):
-    """Start the runners that build this session's ``@built_ahead`` fixtures (tests/ahead.py)."""
-    order, count = ahead.wanted(request.session.items), ahead.runner_count()
-    if not order or not count:
+    """Start the runners that do this session's work ahead (tests/ahead.py)."""
+    jobs, count = ahead.wanted(request.session.items), ahead.runner_count()
+    if not jobs or not count:
         yield
         return
-    plan = ahead.Plan(tmp_path_factory.mktemp("ahead"), order)
+    plan = ahead.Plan(tmp_path_factory.mktemp("ahead"), jobs)
     request.config.stash[ahead.PLAN] = plan
-    plan.start(min(count, len(order)))
+    plan.start(min(count, len(jobs)))
     yield
     plan.stop()
     del request.config.stash[ahead.PLAN]

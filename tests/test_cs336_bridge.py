@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 
 GOOD = Path(__file__).resolve().parent / "fixtures_cs336" / "good"
 
@@ -39,6 +40,7 @@ def counts(output: str) -> dict[str, int]:
     return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|not implemented|error)", tail)}
 
 
+@run_ahead
 def test_a_correct_checkout_passes_what_the_assignment_has():
     proc = suite(f"cs336:{GOOD}", "-rf")
     found = counts(proc.stdout)
@@ -49,6 +51,7 @@ def test_a_correct_checkout_passes_what_the_assignment_has():
     assert "the course's table has no initialisation" in proc.stdout
 
 
+@run_ahead
 def test_a_buggy_checkout_fails_at_the_students_own_line(tmp_path):
     bad = shutil.copytree(GOOD, tmp_path / "student_checkout", ignore=shutil.ignore_patterns("__pycache__"))
     model = (bad / "cs336_basics" / "model.py").read_text()
@@ -67,6 +70,7 @@ def test_a_buggy_checkout_fails_at_the_students_own_line(tmp_path):
     assert "cs336.py" not in out  # the bridge's frames are never shown as the place
 
 
+@run_ahead
 def test_a_folder_without_the_table_is_a_clear_usage_error(tmp_path):
     proc = suite(f"cs336:{tmp_path}")
     assert proc.returncode != 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 from test_grading import copy_package, reference_dir, spec_grade, student_dir
 
 RUBRIC = """
@@ -19,6 +20,7 @@ memory_mb = 2048
 """
 
 
+@run_ahead
 def test_the_skeleton_scores_zero_and_the_reference_full_marks(tmp_path):
     subs = tmp_path / "subs"
     copy_package(reference_dir(), subs / "good")

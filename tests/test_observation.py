@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 from suite_subprocess import implementation, statuses
 
 SELECT = "tied_head or train_step or train_defaults or cache_holds"
@@ -25,17 +26,20 @@ def _copies(folder: Path) -> None:
     path.write_text(source.replace(old, "return {name: p.detach().clone() for name, p in model.named_parameters()}"))
 
 
+@run_ahead
 def test_canonical_copies_are_judged_like_the_parameters(tmp_path):
     found = statuses(implementation(tmp_path, edit=_copies), tmp_path, SELECT)
     assert found[TIED] == "PASSED"
     assert set(found.values()) <= {"PASSED", "SKIPPED"}, {k: v for k, v in found.items() if v != "PASSED"}
 
 
+@run_ahead
 def test_canonical_copies_still_catch_a_copied_head(tmp_path):
     found = statuses(implementation(tmp_path, "tied_weights_copied", edit=_copies), tmp_path, "tied_head")
     assert found[TIED] == "FAILED", found
 
 
+@run_ahead
 def test_canonical_copies_keep_a_model_bug_out_of_train_step(tmp_path):
     """The own-model expectation of train_step reads gradients under canonical names: with copies,
     train_step is still judged relative to the failing model, not charged for it."""

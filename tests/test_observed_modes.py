@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 
 HERE = Path(__file__).resolve().parent
 CHEATERS = HERE / "grading_cheaters"
@@ -51,6 +52,7 @@ def judge(pkg: Path, tmp_path: Path) -> dict[str, str]:
     return outcomes
 
 
+@run_ahead
 @pytest.mark.parametrize("family", ["llama"])
 def test_forged_flags_do_not_hide_a_mode_restore_bug(tmp_path, family):
     honest = judge(build(tmp_path, None), tmp_path)

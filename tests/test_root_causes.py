@@ -13,17 +13,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 from suite_subprocess import implementation, run_suite, statuses
 
 LOGITS = "test_model.py::test_logits_match_reference[llama_gqa-f64]"
 
 
+@run_ahead
 def test_control_a_component_bug_alone_makes_the_model_a_consequence(tmp_path):
     found = statuses(implementation(tmp_path, "rmsnorm_eps_outside_root"), tmp_path, "rmsnorm or logits_match")
     assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
     assert found[LOGITS] == "CONSEQUENCE", found
 
 
+@run_ahead
 def test_a_broken_cheap_component_does_not_exempt_a_broken_model(tmp_path):
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root", "post_ln")
     found = statuses(folder, tmp_path, "rmsnorm or logits_match")
@@ -34,6 +37,7 @@ def test_a_broken_cheap_component_does_not_exempt_a_broken_model(tmp_path):
 MHA = "test_attention.py::test_multihead_attention_with_rope[mha]"
 
 
+@run_ahead
 def test_control_attention_calling_a_broken_rope_is_a_consequence(tmp_path):
     found = statuses(implementation(tmp_path, "rope_frequency_exponent"), tmp_path, "rope")
     assert found["test_positions.py::test_rope[f64]"] == "FAILED"
@@ -56,6 +60,7 @@ def _inline_rope(folder: Path) -> None:
     )
 
 
+@run_ahead
 def test_a_component_inlined_by_its_caller_with_its_bug_is_a_consequence(tmp_path):
     folder = implementation(tmp_path, "rope_frequency_exponent", edit=_inline_rope)
     found = statuses(folder, tmp_path, "rope")
@@ -79,6 +84,7 @@ def _private_norm_class(folder: Path) -> None:
     path.write_text(source)
 
 
+@run_ahead
 def test_a_cascade_in_code_that_never_calls_protocol_names_is_reported_once(tmp_path):
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root", edit=_private_norm_class)
     found = statuses(folder, tmp_path, "rmsnorm or logits_match")
@@ -117,6 +123,7 @@ def _recognise_composition(folder: Path) -> None:
     path.write_text(path.read_text() + RECOGNISES)
 
 
+@run_ahead
 def test_a_submission_that_recognises_the_composition_calls_gains_nothing(tmp_path):
     """A broken model (post-LN) with a broken rmsnorm that answers correctly when the reference's
     code calls it: the composition then is the reference, which the broken model does not match."""
@@ -126,6 +133,7 @@ def test_a_submission_that_recognises_the_composition_calls_gains_nothing(tmp_pa
     assert found[LOGITS] == "FAILED", found
 
 
+@run_ahead
 def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path):
     """test_sampling_probs_any_leading_shape judges sampling_probs and sample; with only
     sampling_probs wrong, the summary charges sampling_probs and never sample."""
@@ -154,6 +162,7 @@ def _forward_crash_of_its_own(folder: Path) -> None:
     path.write_text(source.replace(old, '    raise IndexError("no frequencies for this head size")\n' + old))
 
 
+@run_ahead
 def test_a_crash_in_a_component_that_the_model_reaches_its_own_way_is_a_consequence(tmp_path):
     """The correct model composed with the implementation's rope raises the same exception: one charge."""
     folder = implementation(tmp_path, edit=_rope_table_crash)
@@ -162,6 +171,7 @@ def test_a_crash_in_a_component_that_the_model_reaches_its_own_way_is_a_conseque
     assert found[LOGITS] == "CONSEQUENCE" and found[MHA] == "CONSEQUENCE", found
 
 
+@run_ahead
 def test_a_crash_of_its_own_that_looks_like_the_upstream_one_is_charged(tmp_path):
     """forward raises rope's exception (type and message) on a line of its own: the correct forward composed
     with this rope raises it too, but at rope's line, not forward's, so the test is charged."""
