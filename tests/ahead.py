@@ -6,7 +6,8 @@ idle. Two kinds of work can be done ahead:
 
 - ``@built_ahead`` on a module fixture builder (it takes ``tmp_path_factory`` and other ``@built_ahead``
   fixtures of its module, by name, and returns a picklable value);
-- ``@run_ahead`` on a test that takes only ``tmp_path`` and its parametrized arguments (picklable).
+- ``@run_ahead`` on a test that takes only ``tmp_path``, its parametrized arguments (picklable) and
+  ``@built_ahead`` fixtures of its module (declared above it).
 
 ``tests/conftest.py`` moves the tests that use such work to the end of the run, and when the session's
 first test starts, ``SPEC_TESTS_AHEAD`` runner processes (default 2; ``python tests/ahead.py``) claim
@@ -86,19 +87,22 @@ def built_ahead(builder: Callable) -> Callable:
 
 
 def run_ahead(test: Callable) -> Callable:
-    """Declare a test (``tmp_path`` and parametrized arguments only) to be run ahead by a runner process."""
+    """Declare a test to be run ahead by a runner process: it takes ``tmp_path``, its parametrized
+    arguments and ``@built_ahead`` fixtures of its module (declared above it), nothing else."""
     module_file = Path(inspect.getfile(test)).resolve()
     TESTS.setdefault(module_file, {})[test.__name__] = test
     signature = inspect.signature(test)
     takes_tmp = "tmp_path" in signature.parameters
-    kept = [p for name, p in signature.parameters.items() if name != "tmp_path"]
+    fixtures = [name for name in signature.parameters if name in BUILDERS.get(module_file, {})]
+    kept = [p for name, p in signature.parameters.items() if name != "tmp_path" and name not in fixtures]
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
     @functools.wraps(test)
     def wrapper(request, **params):
         plan = request.config.stash.get(PLAN, None)
         if plan is None:
-            return test(**params, **({"tmp_path": request.getfixturevalue("tmp_path")} if takes_tmp else {}))
+            given = {name: request.getfixturevalue(name) for name in fixtures + (["tmp_path"] if takes_tmp else [])}
+            return test(**params, **given)
         label = request.node.name
         plan.obtain(Job(module_file, test.__name__, label, params), request.getfixturevalue("tmp_path_factory"))
         return None
@@ -230,12 +234,17 @@ class Plan:
                 outcome = ("value", builder(**deps, **_factory_arg(builder, factory)))
             else:
                 test = TESTS[job.module_file][job.name]
+                given = {
+                    name: self.obtain(Job(job.module_file, name, name), factory)
+                    for name in inspect.signature(test).parameters
+                    if name in BUILDERS.get(job.module_file, {})
+                }
                 tmp = (
                     {"tmp_path": factory.mktemp(job.name[:30])}
                     if "tmp_path" in inspect.signature(test).parameters
                     else {}
                 )
-                outcome = ("value", test(**job.params, **tmp))
+                outcome = ("value", test(**job.params, **given, **tmp))
         except pytest.skip.Exception as skipped:
             outcome = ("skip", str(skipped.msg))
         except BaseException as exc:  # every failure reaches the tests that need the job
@@ -278,7 +287,8 @@ def run(folder: Path) -> None:
         if plan.claim(job):
             started, cpu = time.monotonic(), _children_cpu()
             plan.do(job, factory)
-            print(f"{job.label}: {time.monotonic() - started:.1f} s, {_children_cpu() - cpu:.1f} s CPU", flush=True)
+            cpu = _children_cpu() - cpu  # this runner's and that of the processes it waited for
+            print(f"{job.label}: {time.monotonic() - started:.1f} s, {cpu:.1f} s CPU", flush=True)
 
 
 def _children_cpu() -> float:

@@ -48,6 +48,12 @@ def downstream(broken):
 def test_even(tmp_path, n):
     assert tmp_path.is_dir()
     assert n % 2 == 0, f"{n} is odd"
+
+
+@run_ahead
+def test_reads_a_fixture(value):
+    assert value["folder"].is_dir(), value
+    assert value["pid"] == os.getpid(), "the fixture was built by another process than its test"
 """
 
 
@@ -66,7 +72,7 @@ def probe(tmp_path):
 def jobs(module_file: Path) -> list[ahead.Job]:
     fixtures = [ahead.Job(module_file, name, name) for name in ("value", "skipped", "broken", "downstream")]
     tests = [ahead.Job(module_file, "test_even", f"test_even[{n}]", {"n": n}) for n in (1, 2)]
-    return fixtures + tests
+    return [*fixtures, *tests, ahead.Job(module_file, "test_reads_a_fixture", "test_reads_a_fixture", {})]
 
 
 def test_a_runner_does_the_work_with_the_sessions_environment(probe, tmp_path, tmp_path_factory, monkeypatch):
@@ -91,6 +97,7 @@ def test_unclaimed_work_is_done_by_the_test_that_needs_it_once(probe, tmp_path, 
     first = plan.obtain(ahead.Job(probe, "value", "value"), tmp_path_factory)
     again = plan.obtain(ahead.Job(probe, "value", "value"), tmp_path_factory)
     assert first["pid"] == os.getpid() and first == again
+    assert plan.obtain(jobs(probe)[6], tmp_path_factory) is None  # a test given its module's fixture
 
 
 def test_skips_and_failures_reach_the_tests(probe, tmp_path, tmp_path_factory):

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 
 from spec_tests.harness import sandbox
 
@@ -258,6 +258,7 @@ def test_grading_is_deterministic(batch):
         assert (batch["tmp"] / "out1" / "chaos" / f).read_text() == (batch["tmp"] / "out2" / "chaos" / f).read_text()
 
 
+@run_ahead
 def test_the_submissions_declarations_are_ignored(batch, tmp_path):
     """CAPABILITIES = () and SPEC_XFAILS do not change what is graded: the rubric decides."""
     sub = copy_package(reference_dir(), tmp_path / "declares_nothing")
@@ -271,6 +272,7 @@ def test_the_submissions_declarations_are_ignored(batch, tmp_path):
     assert res["score"] == 100.0 and len(res["tests"]) == 16  # the GQA tests were judged and passed
 
 
+@run_ahead
 def test_rubric_capabilities_decide_what_is_graded(batch, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text(RUBRIC + '\n[capabilities]\nrequired = ["tied_head", "untied_head"]\n')
@@ -284,6 +286,7 @@ def test_rubric_capabilities_decide_what_is_graded(batch, tmp_path):
     assert not [t for t in res["tests"] if "gqa" in t["name"]]
 
 
+@run_ahead
 def test_the_fallback_says_so_everywhere(batch, tmp_path):
     out = tmp_path / "out"
     args = ["--impl", str(batch["tmp"] / "subs" / "good"), "--sandbox", "off", *batch["common"], *report_args(out)]
@@ -295,12 +298,14 @@ def test_the_fallback_says_so_everywhere(batch, tmp_path):
         assert "graded WITHOUT the sandbox" in text and "does not stop" in text
 
 
+@run_ahead
 def test_a_required_sandbox_that_is_missing_gives_no_grade(batch, tmp_path):
     env = {**__import__("os").environ, "SPEC_SANDBOX": "off"}
     proc = spec_grade("--impl", str(batch["tmp"] / "subs" / "good"), "--sandbox", "require", *batch["common"], env=env)
     assert proc.returncode == 1 and "--sandbox require" in proc.stderr
 
 
+@run_ahead
 def test_a_modified_manifest_is_prepared_again(batch, tmp_path):
     cache = tmp_path / "cache"
     shutil.copytree(batch["tmp"] / "cache", cache)

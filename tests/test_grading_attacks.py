@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 
 from spec_tests.harness import sandbox
 
@@ -349,6 +349,7 @@ def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, slow_s
         assert not (tmp_path / "results.json").exists()
 
 
+@run_ahead
 def test_without_the_sandbox_a_changed_suite_is_noticed(tmp_path):
     """--sandbox off, in a copy of the project: a submission disarms the in-process guard and rewrites
     the copy's suite. The grader notices, and grades nothing judged with the changed code."""

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 from suite_subprocess import ROOT, run_suite
 
 pytest_plugins = ["pytester"]
@@ -213,6 +214,7 @@ def test_header_names_the_implementation_and_warns_about_the_default(suite):
     assert "spec suite: checking student" in student.stdout and "ground truth itself" not in student.stdout
 
 
+@run_ahead
 def test_the_plugin_leaves_other_projects_alone(tmp_path):
     """An unrelated project in the same environment: its own --device and --impl options, its
     Hypothesis settings and torch's thread count are untouched by the installed suite."""
@@ -274,6 +276,7 @@ def test_the_plugin_leaves_other_projects_alone(tmp_path):
     assert "spec suite" not in proc.stdout
 
 
+@run_ahead
 def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
     """`spec-check --impl=module` (and `pytest --pyargs spec_tests --spec-impl=...`) work outside the checkout."""
     write(

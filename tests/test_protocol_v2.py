@@ -4,6 +4,7 @@ without top_p, or a v1 implementation, keeps every verdict that has nothing to d
 import textwrap
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
 from suite_subprocess import run_suite
 
 from spec_tests.protocol import ALL_CAPABILITIES, ROPE_SCALING_TYPES, effective_capabilities
@@ -44,6 +45,7 @@ def write(path, source: str):
     return path
 
 
+@run_ahead
 def test_a_sampler_without_top_p_is_judged_on_everything_else(tmp_path):
     """No top_p parameter at all: the filter's tests are skipped as not provided, shapes, temperature,
     reproducibility and generation are judged and pass; nothing is "not implemented" or failed."""
@@ -80,6 +82,7 @@ def test_a_sampler_without_top_p_is_judged_on_everything_else(tmp_path):
     assert skipped and all("capability top_p" in line for line in skipped), skipped
 
 
+@run_ahead
 def test_a_v1_implementation_skips_only_the_v2_tests(tmp_path):
     """A star import of the reference (v1: no PROTOCOL_VERSION) keeps the filters and has no rope_scaling."""
     write(tmp_path / "v1_copy.py", "from reference import *  # noqa: F403\n")
