@@ -80,7 +80,7 @@ def built_ahead(builder: Callable) -> Callable:
         if plan is None:  # no runners this session: a plain module fixture
             deps = {p: request.getfixturevalue(p) for p in _dependencies(builder)}
             return builder(**deps, **_factory_arg(builder, tmp_path_factory))
-        return plan.obtain(Job(module_file, name, name), tmp_path_factory)
+        return plan.obtain(Job(module_file, name, name), tmp_path_factory, steal=True)
 
     fixture.__doc__ = builder.__doc__
     return fixture
@@ -103,8 +103,8 @@ def run_ahead(test: Callable) -> Callable:
         if plan is None:
             given = {name: request.getfixturevalue(name) for name in fixtures + (["tmp_path"] if takes_tmp else [])}
             return test(**params, **given)
-        label = request.node.name
-        plan.obtain(Job(module_file, test.__name__, label, params), request.getfixturevalue("tmp_path_factory"))
+        job = Job(module_file, test.__name__, request.node.name, params)
+        plan.obtain(job, request.getfixturevalue("tmp_path_factory"), steal=True)
         return None
 
     del wrapper.__wrapped__  # pytest reads the signature below, not the test's
@@ -127,7 +127,8 @@ def runs_last(item: pytest.Item) -> bool:
 
 
 def wanted(items: list[pytest.Item]) -> list[Job]:
-    """The jobs these tests need, in the order they first need them."""
+    """The jobs these tests need: the fixtures (whole batches, the longest work) first, then the tests,
+    each kind in the order the tests first need them."""
     out: list[Job] = []
     for item in items:
         module_file = Path(item.path).resolve()
@@ -138,7 +139,7 @@ def wanted(items: list[pytest.Item]) -> list[Job]:
         if getattr(getattr(item, "function", None), "run_ahead", False):
             params = dict(getattr(getattr(item, "callspec", None), "params", {}))
             out.append(Job(module_file, item.originalname, item.name, params))
-    return out
+    return sorted(out, key=lambda job: job.params is not None)
 
 
 def runner_count() -> int:
@@ -201,8 +202,9 @@ class Plan:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
-    def obtain(self, job: Job, factory) -> object:
-        """The job's outcome: done here if nobody claimed it, else waited for."""
+    def obtain(self, job: Job, factory, steal: bool = False) -> object:
+        """The job's outcome: done here if nobody claimed it, else waited for (with ``steal``, doing
+        tests nobody claimed yet meanwhile)."""
         result = self.folder / "results" / f"{job.key}.pickle"
         if self.claim(job):
             self.do(job, factory)
@@ -210,7 +212,11 @@ class Plan:
             if self.runners and all(p.poll() is not None for p in self.runners) and not result.exists():
                 logs = "".join(p.read_text() for p in sorted((self.folder / "logs").glob("*.log")))
                 pytest.fail(f"the runners doing {job.label} ended without its outcome; their output:\n{logs[-4000:]}")
-            time.sleep(POLL_S)
+            other = self.next_job(tests_only=True) if steal else None
+            if other is not None:
+                self.do(other, factory)
+            else:
+                time.sleep(POLL_S)
         outcome, payload = pickle.loads(result.read_bytes())
         if outcome == "skip":
             pytest.skip(payload)
@@ -218,6 +224,32 @@ class Plan:
             what = "test, run ahead," if job.params is not None else f"module fixture {job.name!r}, built ahead,"
             pytest.fail(f"the {what} failed:\n{payload}", pytrace=False)
         return payload
+
+    def dependencies(self, job: Job) -> list[Job]:
+        """The fixtures of its module that the job needs (its module is imported)."""
+        if job.params is None:
+            names = _dependencies(BUILDERS[job.module_file][job.name])
+        else:
+            names = [n for n in inspect.signature(TESTS[job.module_file][job.name]).parameters]
+        return [Job(job.module_file, n, n) for n in names if n in BUILDERS.get(job.module_file, {})]
+
+    def next_job(self, tests_only: bool = False) -> Job | None:
+        """Claim the first job nobody claimed whose dependencies nobody else is still building
+        (``tests_only``: the first test whose fixtures are all built, for a test waiting meanwhile)."""
+        for job in self.jobs:
+            if (tests_only and job.params is None) or self.claimed(job):
+                continue
+            deps = self.dependencies(job)
+            waits = [d for d in deps if not self.done(d)] if tests_only else [d for d in deps if self.claimed(d)]
+            if not [d for d in waits if not self.done(d)] and self.claim(job):
+                return job
+        return None
+
+    def claimed(self, job: Job) -> bool:
+        return (self.folder / "claims" / job.key).exists()
+
+    def done(self, job: Job) -> bool:
+        return (self.folder / "results" / f"{job.key}.pickle").exists()
 
     def claim(self, job: Job) -> bool:
         try:
@@ -284,11 +316,15 @@ def run(folder: Path) -> None:
             module = importlib.util.module_from_spec(spec)
             sys.modules[job.module_file.stem] = module
             spec.loader.exec_module(module)
-        if plan.claim(job):
-            started, cpu = time.monotonic(), _children_cpu()
-            plan.do(job, factory)
-            cpu = _children_cpu() - cpu  # this runner's and that of the processes it waited for
-            print(f"{job.label}: {time.monotonic() - started:.1f} s, {cpu:.1f} s CPU", flush=True)
+    while not all(plan.claimed(job) for job in jobs):
+        job = plan.next_job()
+        if job is None:  # what is left waits on fixtures others are building
+            time.sleep(POLL_S)
+            continue
+        started, cpu = time.monotonic(), _children_cpu()
+        plan.do(job, factory)
+        cpu = _children_cpu() - cpu  # this runner's and that of the processes it waited for
+        print(f"{job.label}: {time.monotonic() - started:.1f} s, {cpu:.1f} s CPU", flush=True)
 
 
 def _children_cpu() -> float:

@@ -134,3 +134,14 @@ def test_the_slow_tier_holds_every_file_that_starts_processes():
     starting = {p.name for p in here.glob("test_*.py") if STARTS_PROCESSES.search(p.read_text())}
     assert starting <= SLOW_FILES, sorted(starting - SLOW_FILES)
     assert SLOW_FILES <= {p.name for p in here.glob("test_*.py")}, sorted(SLOW_FILES)  # no stale names
+
+
+def test_nobody_waits_on_a_fixture_another_process_is_building(probe, tmp_path, tmp_path_factory):
+    """A runner takes the next job instead; a waiting test only takes tests whose fixtures are built."""
+    plan = ahead.Plan(tmp_path / "plan", jobs(probe))
+    reads = jobs(probe)[6]
+    assert plan.claim(ahead.Job(probe, "value", "value"))  # as if a runner were building it
+    taken = [plan.next_job() for _ in range(6)]
+    assert reads not in taken and taken[-1] is None and plan.next_job(tests_only=True) is None, taken
+    plan.do(ahead.Job(probe, "value", "value"), tmp_path_factory)  # built: now its test can be taken
+    assert plan.next_job(tests_only=True) == reads
