@@ -123,7 +123,8 @@ def _factory_arg(builder: Callable, factory) -> dict:
 
 def runs_last(item: pytest.Item) -> bool:
     """Whether an item waits on work done ahead: it is run ahead, or its module builds fixtures ahead."""
-    return bool(BUILDERS.get(Path(item.path).resolve())) or getattr(getattr(item, "function", None), "run_ahead", 0)
+    function = getattr(item, "function", None)
+    return bool(BUILDERS.get(Path(item.path).resolve())) or getattr(function, "run_ahead", False)
 
 
 def wanted(items: list[pytest.Item]) -> list[Job]:
