@@ -173,6 +173,10 @@ SLOW_FILES = {
 }
 
 
+def pytest_configure(config):
+    ahead.runner_count()  # a bad SPEC_TESTS_AHEAD is a usage error before anything runs
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent:
