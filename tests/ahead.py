@@ -231,7 +231,7 @@ class Plan:
         if job.params is None:
             names = _dependencies(BUILDERS[job.module_file][job.name])
         else:
-            names = [n for n in inspect.signature(TESTS[job.module_file][job.name]).parameters]
+            names = list(inspect.signature(TESTS[job.module_file][job.name]).parameters)
         return [Job(job.module_file, n, n) for n in names if n in BUILDERS.get(job.module_file, {})]
 
     def next_job(self, tests_only: bool = False) -> Job | None:
@@ -240,9 +240,8 @@ class Plan:
         for job in self.jobs:
             if (tests_only and job.params is None) or self.claimed(job):
                 continue
-            deps = self.dependencies(job)
-            waits = [d for d in deps if not self.done(d)] if tests_only else [d for d in deps if self.claimed(d)]
-            if not [d for d in waits if not self.done(d)] and self.claim(job):
+            blocked = [d for d in self.dependencies(job) if not self.done(d) and (tests_only or self.claimed(d))]
+            if not blocked and self.claim(job):
                 return job
         return None
 
@@ -261,23 +260,15 @@ class Plan:
 
     def do(self, job: Job, factory) -> None:
         try:
+            given = {dep.name: self.obtain(dep, factory) for dep in self.dependencies(job)}
             if job.params is None:
                 builder = BUILDERS[job.module_file][job.name]
-                deps = {p: self.obtain(Job(job.module_file, p, p), factory) for p in _dependencies(builder)}
-                outcome = ("value", builder(**deps, **_factory_arg(builder, factory)))
+                outcome = ("value", builder(**given, **_factory_arg(builder, factory)))
             else:
                 test = TESTS[job.module_file][job.name]
-                given = {
-                    name: self.obtain(Job(job.module_file, name, name), factory)
-                    for name in inspect.signature(test).parameters
-                    if name in BUILDERS.get(job.module_file, {})
-                }
-                tmp = (
-                    {"tmp_path": factory.mktemp(job.name[:30])}
-                    if "tmp_path" in inspect.signature(test).parameters
-                    else {}
-                )
-                outcome = ("value", test(**job.params, **given, **tmp))
+                if "tmp_path" in inspect.signature(test).parameters:
+                    given["tmp_path"] = factory.mktemp(job.name[:30])
+                outcome = ("value", test(**job.params, **given))
         except pytest.skip.Exception as skipped:
             outcome = ("skip", str(skipped.msg))
         except BaseException as exc:  # every failure reaches the tests that need the job

@@ -145,3 +145,5 @@ def test_nobody_waits_on_a_fixture_another_process_is_building(probe, tmp_path, 
     assert reads not in taken and taken[-1] is None and plan.next_job(tests_only=True) is None, taken
     plan.do(ahead.Job(probe, "value", "value"), tmp_path_factory)  # built: now its test can be taken
     assert plan.next_job(tests_only=True) == reads
+    fresh = ahead.Plan(tmp_path / "fresh", [ahead.Job(probe, "value", "value"), reads])
+    assert fresh.next_job(tests_only=True) is None  # nobody built its fixture: a waiting test leaves it
