@@ -12,6 +12,7 @@ import inspect
 
 import torch
 from einops import rearrange
+
 from spec_adapters.hf_names import LLAMA_LAYER_NAMES
 
 

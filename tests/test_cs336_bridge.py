@@ -1,4 +1,4 @@
-"""The CS336 bridge (``--impl=cs336:<checkout>``, ``tools/adapters/cs336.py``) on checkouts written
+"""The CS336 bridge (``--impl=cs336:<checkout>``, ``spec_adapters/cs336.py``) on checkouts written
 here in the course's style: ``tests/fixtures_cs336/good`` (nn.Module classes loaded with
 ``load_state_dict`` in ``tests/adapters.py``, as the course's handout suggests) passes every test it
 is given, and a copy with two bugs fails them, naming the catalogued bug and the student's own file

@@ -368,7 +368,6 @@ def test_an_unusable_upload_still_gets_a_gradescope_result(tmp_path):
 
 def test_default_rubric_loads_and_sums_to_its_total():
     from spec_grading.rubric import assign, load_rubric
-
     from spec_tests.protocol import ALL_CAPABILITIES
 
     rubric = load_rubric(Path(__file__).resolve().parents[1] / "rubric.toml")

@@ -59,7 +59,6 @@ def reference_dir() -> Path:
 def grader_files() -> dict[str, Path]:
     """The grader's own modules an attacker would append to (in the checkout or installed copy)."""
     import spec_grading
-
     import spec_tests
 
     return {
@@ -131,7 +130,6 @@ def attacks(tmp_path_factory):
     }
     cheaters = [build(subs / "cheaters", name, baked) for name in ATTACKS]
     import spec_grading
-
     import spec_tests
 
     watched = [Path(spec_tests.__file__).parent, Path(spec_grading.__file__).parent, reference_dir(), cache]

@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from spec_grading import autograder, handout, report
 from spec_grading.grade import Grade, TestResult
 from spec_grading.manifest import Manifest

@@ -27,9 +27,9 @@ from types import SimpleNamespace
 
 import pytest
 from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+
 from spec_grading import batch as batch_mod
 from spec_grading.submission import Submission, discover, stage, static_flags
-
 from spec_tests.harness import sandbox
 from spec_tests.harness.upload_copy import UploadLimits, copy_upload
 

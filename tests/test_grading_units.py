@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from spec_grading import judge, textsafe, workspace
 from spec_grading.collector import FINAL_NAME, PROGRESS_NAME
 

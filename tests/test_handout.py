@@ -247,9 +247,8 @@ def test_make_handout_refuses_to_overwrite(tmp_path):
 
 
 def test_the_committed_skeleton_holds_no_solution_code():
-    from spec_grading.handout import implementations_in
-
     import student
+    from spec_grading.handout import implementations_in
 
     assert implementations_in(Path(student.__file__).resolve().parent) == []
     # the check sees solution code where there is some: every reference module holds it

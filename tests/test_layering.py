@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {  # folder -> the import name it is installed as (pyproject.toml)
     "spec_tests": "spec_tests",
-    "tools/grading": "spec_grading",
-    "tools/adapters": "spec_adapters",
+    "spec_grading": "spec_grading",
+    "spec_adapters": "spec_adapters",
     "reference": "reference",
     "student": "student",
 }
@@ -133,10 +133,10 @@ def test_every_allowed_edge_still_exists():
 def test_an_edge_against_the_layering_is_caught(tmp_path, where, source):
     for folder in FOLDERS:
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
-    for init in ("spec_tests", "spec_tests/protocol", "spec_tests/harness", "spec_tests/bugs", "tools/grading"):
+    for init in ("spec_tests", "spec_tests/protocol", "spec_tests/harness", "spec_tests/bugs", "spec_grading"):
         (tmp_path / init).mkdir(parents=True, exist_ok=True)
         (tmp_path / init / "__init__.py").write_text("")
-    for module in ("spec_tests/harness/checks.py", "spec_tests/inputs.py", "tools/grading/grade.py"):
+    for module in ("spec_tests/harness/checks.py", "spec_tests/inputs.py", "spec_grading/grade.py"):
         (tmp_path / module).write_text("")
     (tmp_path / where).write_text(source)
     assert cross_layer_edges(tmp_path), (where, source)

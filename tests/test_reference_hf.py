@@ -12,6 +12,7 @@ import inspect
 
 import pytest
 import torch
+
 from spec_adapters.hf_names import llama_name_map
 
 transformers = pytest.importorskip("transformers")

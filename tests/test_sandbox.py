@@ -64,7 +64,7 @@ def test_cannot_read_the_reference_the_grader_or_recordings(sandboxed, tmp_path)
     recording.write_bytes(b"recorded expected values")
     for path in (
         ROOT / "reference" / "__init__.py",
-        ROOT / "tools" / "grading" / "judge.py",
+        ROOT / "spec_grading" / "judge.py",
         ROOT / "spec_tests" / "bugs" / "__init__.py",
         recording,
         Path.home() / ".bash_history",
@@ -75,7 +75,6 @@ def test_cannot_read_the_reference_the_grader_or_recordings(sandboxed, tmp_path)
     assert probe(sandboxed, "read", "/harness/spec_tests/protocol/names.py").startswith("read ")  # the harness is there
     assert probe(sandboxed, "import", "reference") == "ModuleNotFoundError"
     assert probe(sandboxed, "import", "spec_tests.bugs.bug") == "ModuleNotFoundError"
-    assert probe(sandboxed, "import", "tools.grading") == "ModuleNotFoundError"
     assert probe(sandboxed, "import", "spec_grading") == "ModuleNotFoundError"
     visible = probe(sandboxed, "listdir", str(ROOT))
     assert visible == "FileNotFoundError" or set(visible) <= {".venv", "venv"}, visible

@@ -2,8 +2,8 @@
 or start processes.
 
 Installed in the worker (``spec_tests/harness/worker.py --guard``: the fallback when no sandbox is
-available, see ``sandbox.py``) after torch is imported and before the submission is; copied from
-``tools/grading/guard.py``, which it replaces. Two mechanisms, each with a message saying why:
+available, see ``sandbox.py``) after torch is imported and before the submission is. Two mechanisms,
+each with a message saying why:
 
 - a meta-path finder refuses ``reference`` and ``spec_tests.bugs`` (built from the reference's
   source) with ``BlockedImport`` (an ``ImportError``);

@@ -535,7 +535,7 @@ def _readable_copy(source: Path, workdir) -> Path:
 
 def protected_paths(extra=()) -> list[str]:
     """What the in-process guard refuses to open (fallback mode)."""
-    paths = [HARNESS_ROOT / "reference", HARNESS_ROOT / "tools"]
+    paths = [HARNESS_ROOT / "reference", HARNESS_ROOT / "tools", HARNESS_ROOT / "spec_grading"]
     paths += [HARNESS_PACKAGE / part for part in HIDDEN_HARNESS_PARTS]
     try:
         found = importlib.util.find_spec("reference")
@@ -546,7 +546,9 @@ def protected_paths(extra=()) -> list[str]:
     for name, module in list(sys.modules.items()):  # setuptools' editable install maps packages elsewhere
         mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
         if isinstance(mapping, dict):
-            paths += [Path(mapping[p]) for p in ("reference", "tools") if isinstance(mapping.get(p), str)]
+            paths += [
+                Path(mapping[p]) for p in ("reference", "tools", "spec_grading") if isinstance(mapping.get(p), str)
+            ]
             if isinstance(mapping.get("spec_tests"), str):
                 paths += [Path(mapping["spec_tests"]) / part for part in HIDDEN_HARNESS_PARTS]
     paths += [Path(p) for p in extra]

@@ -219,8 +219,10 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict) -> tuple[list[str
 
 def _foreign_roots() -> tuple[str, ...]:
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # spec_tests/
-    tools = os.path.join(os.path.dirname(here), "tools")
-    roots = [here + os.sep, tools + os.sep, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
+    siblings = [
+        os.path.join(os.path.dirname(here), name) + os.sep for name in ("tools", "spec_adapters", "spec_grading")
+    ]
+    roots = [here + os.sep, *siblings, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:

@@ -1,6 +1,6 @@
 """Protocol v1 adapter for Hugging Face transformers' ``LlamaForCausalLM`` (llama family).
 
-    python3 -m pytest spec_tests --impl=tools/adapters/hf_llama.py
+    python3 -m pytest spec_tests --impl=spec_adapters/hf_llama.py
 
 Models are built from a ``LlamaConfig`` made in code, with random or given weights (nothing is
 downloaded). Only what transformers implements is exposed: its ``LlamaRMSNorm``, ``LlamaMLP``
@@ -16,8 +16,6 @@ from __future__ import annotations
 import types
 
 import torch
-from spec_adapters import hf_common
-from spec_adapters.hf_names import llama_name_map as name_map
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import (
@@ -28,6 +26,9 @@ from transformers.models.llama.modeling_llama import (
     eager_attention_forward,
 )
 from transformers.models.llama.modeling_llama import repeat_kv as _hf_repeat_kv
+
+from spec_adapters import hf_common
+from spec_adapters.hf_names import llama_name_map as name_map
 
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)

@@ -19,6 +19,6 @@ def package_dir(name: str) -> Path:
 
 def import_root(name: str) -> Path | None:
     """The folder that makes ``name`` importable by putting it on ``sys.path``, where there is one
-    (an editable install that maps ``spec_grading`` to ``tools/grading`` has none)."""
+    (an editable install that maps a package to a folder of another name has none)."""
     folder = package_dir(name)
     return folder.parent if folder.name == name else None

@@ -1,6 +1,6 @@
 """Protocol v2 adapter for Hugging Face transformers' ``LlamaForCausalLM`` with RoPE scaling (Llama 3.1's llama3).
 
-    python3 -m pytest spec_tests --impl=tools/adapters/hf_llama3.py
+    python3 -m pytest spec_tests --impl=spec_adapters/hf_llama3.py
 
 ``hf_llama.py`` with the capability ``rope_scaling`` (amendment 20): a config's ``rope_scaling`` dict becomes
 ``LlamaConfig.rope_parameters`` (with ``rope_theta``), and ``rope(..., scaling=)`` builds a
@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from spec_adapters import hf_common, hf_llama
 from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this adapter shares with hf_llama
@@ -39,8 +42,6 @@ from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this ada
     silu,
     swiglu,
 )
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)

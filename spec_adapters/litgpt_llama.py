@@ -1,7 +1,7 @@
 """Protocol v1 adapter for Lightning AI's litgpt ``GPT`` model (llama family), an implementation
 written independently of transformers.
 
-    python3 -m pytest spec_tests --impl=tools/adapters/litgpt_llama.py
+    python3 -m pytest spec_tests --impl=spec_adapters/litgpt_llama.py
 
 Install (keeps torch and transformers as they are; litgpt's own pins would downgrade
 huggingface_hub under transformers 5):

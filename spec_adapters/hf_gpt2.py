@@ -1,6 +1,6 @@
 """Protocol v1 adapter for Hugging Face transformers' ``GPT2LMHeadModel`` (gpt2 family).
 
-    python3 -m pytest spec_tests --impl=tools/adapters/hf_gpt2.py
+    python3 -m pytest spec_tests --impl=spec_adapters/hf_gpt2.py
 
 Models are built from a ``GPT2Config`` made in code, with random or given weights (nothing is
 downloaded). Canonical ``[out, in]`` weights become GPT-2's ``Conv1D`` ``[in, out]`` weights, and
@@ -18,9 +18,10 @@ from __future__ import annotations
 import types
 
 import torch
-from spec_adapters import hf_common
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP, eager_attention_forward
+
+from spec_adapters import hf_common
 
 FAMILIES = ("gpt2",)
 # GPT-2's attention has one key/value head per query head: no grouped-query attention.

@@ -265,9 +265,9 @@ def _assignment(table, where: str) -> tuple[str, tuple[str, ...], tuple[str, ...
 
 def project_rubric() -> Path | None:
     """The project's own ``rubric.toml``: shipped inside the grader package, or at the root of the
-    checkout the grader lives in (``tools/grading/../../rubric.toml`` beside ``pyproject.toml``)."""
+    checkout the grader lives in (``spec_grading/../rubric.toml`` beside ``pyproject.toml``)."""
     here = Path(__file__).resolve().parent
-    for candidate, marker in ((here / "rubric.toml", None), (here.parent.parent / "rubric.toml", "pyproject.toml")):
+    for candidate, marker in ((here / "rubric.toml", None), (here.parent / "rubric.toml", "pyproject.toml")):
         if candidate.is_file() and (marker is None or (candidate.parent / marker).is_file()):
             return candidate
     return None
