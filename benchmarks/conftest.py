@@ -35,13 +35,13 @@ if str(ROOT) not in sys.path:  # the suite's plugin and the reference, uninstall
 
 from benchmarks import configs, contenders, hf_llama, timing  # noqa: E402
 
-pytest_plugins = ["spec_tests.harness.plugin"]  # the --spec-* options
+pytest_plugins = ["spec_tests.harness.plugin.hooks"]  # the --spec-* options
 
 MEASURE_OPTIONS = ("benchmark_only", "benchmark_enable", "benchmark_json", "benchmark_save", "benchmark_autosave")
 
 
 def pytest_addoption(parser):
-    from spec_tests.harness.plugin import add_short_impl_option
+    from spec_tests.harness.plugin.hooks import add_short_impl_option
 
     add_short_impl_option(parser)
     group = parser.getgroup("bench", "transformer spec benchmarks")
@@ -100,7 +100,7 @@ def device(request) -> str:
 @pytest.fixture(scope="session")
 def impl(request):
     """The implementation under test (``--impl``), as the suite's Subject."""
-    from spec_tests.harness.plugin import session_of
+    from spec_tests.harness.plugin.hooks import session_of
 
     return session_of(request.config).impl
 

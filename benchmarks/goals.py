@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from spec_tests.harness.loading import load_implementation
+    from spec_tests.harness.subject.loading import load_implementation
 
     torch.set_num_threads(args.threads)
     impls = {}

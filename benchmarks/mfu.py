@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    from spec_tests.harness.loading import load_implementation
+    from spec_tests.harness.subject.loading import load_implementation
 
     impl, _ = load_implementation(args.impl)
     result = measure_mfu(

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the checks here")
     parser.add_argument("--leaderboard", type=Path, help="write Gradescope leaderboard entries here")
     args = parser.parse_args(argv)
-    from spec_tests.harness.loading import ImplImportError, ImplUsageError, load_implementation
+    from spec_tests.harness.subject.loading import ImplImportError, ImplUsageError, load_implementation
 
     try:
         impl, _label = load_implementation(args.impl)

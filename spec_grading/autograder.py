@@ -51,7 +51,7 @@ requires-python = ">=3.11"
 dependencies = ["torch>=2.5", "numpy>=1.24", "einops>=0.7", "pytest>=8", "hypothesis>=6.100"]
 
 [project.entry-points.pytest11]
-"spec_tests.harness.plugin" = "spec_tests.harness.plugin"
+"spec_tests.harness.plugin.hooks" = "spec_tests.harness.plugin.hooks"
 
 [project.scripts]
 spec-grade = "spec_grading.cli:main"

@@ -141,7 +141,7 @@ def load_leaderboard(path) -> list:
 
 def sandbox_status(mode: str) -> tuple[bool, str]:
     """``(available, what)`` as the judges will find it (the harness's own probe)."""
-    from spec_tests.harness.sandbox import FALLBACK_LIMITS, sandbox_available
+    from spec_tests.harness.remote.sandbox import FALLBACK_LIMITS, sandbox_available
 
     if mode == "off":
         return False, f"sandbox off (--sandbox off): {FALLBACK_LIMITS}"

@@ -2,7 +2,7 @@
 
 The judge is ``pytest spec_tests --spec-remote=<staged submission> -p spec_grading.collector ...``
 (``judge.py`` builds the command). It never imports submission code: the suite's plugin runs the
-submission in a sandboxed worker and attaches a typed verdict (``spec_tests.harness.results``) to
+submission in a sandboxed worker and attaches a typed verdict (``spec_tests.harness.judging.results``) to
 each test's report. This plugin only keeps them:
 
 - ``--grading-tests FILE``: the test ids to run (one per line); other collected tests are deselected;
@@ -54,7 +54,7 @@ def pytest_configure(config):
         return
     parent = config.getoption("grading_parent_pid")
     if parent is not None:
-        from spec_tests.harness.worker import die_with_parent
+        from spec_tests.harness.remote.server import die_with_parent
 
         die_with_parent()
         if os.getppid() != parent:  # the grader is already gone
@@ -70,7 +70,7 @@ def describe_item(item) -> dict:
     """What the rubric and the reports need to know about a test (the manifest's entry)."""
     import inspect
 
-    from spec_tests.harness import markers
+    from spec_tests.harness.plugin import markers
 
     points = item.get_closest_marker("points")
     visibility = item.get_closest_marker("visibility")
@@ -130,7 +130,7 @@ class Collector:
             items[:] = keep
         if not items:
             return
-        from spec_tests.harness.plugin import session_of
+        from spec_tests.harness.plugin.hooks import session_of
 
         try:  # the worker (started early): the submission is imported there, never here
             if self.early is not None:
@@ -179,7 +179,7 @@ class Collector:
         self.progress.flush()
 
     def entry(self, tid: str, reports: list) -> dict:
-        from spec_tests.harness.results import results_of, verdict_of
+        from spec_tests.harness.judging.results import results_of, verdict_of
 
         verdict, checks, error = None, [], None
         for report in reports:
@@ -253,7 +253,7 @@ class EarlyStart:
         self.thread.start()
 
     def _run(self) -> None:
-        from spec_tests.harness.plugin import Session
+        from spec_tests.harness.plugin.hooks import Session
 
         try:
             self.state = Session(self.config)

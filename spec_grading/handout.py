@@ -11,7 +11,7 @@ OUT gets:
 - ``spec_tests/recorded/expected-<style>.pt`` (+ ``.sha256``): every expected value the suite
   needs, recorded from the reference by the suite itself (``pytest --spec-record``), with the
   outputs of catalogued bugs where they are small, so failures still name the bug they match. The
-  suite replays them (``spec_tests/harness/expectations/replay.py``) after checking each file's
+  suite replays them (``spec_tests/harness/judging/expectations/replay.py``) after checking each file's
   SHA-256 against its sidecar;
 - ``README.md`` for students, ``pytest.ini`` and ``requirements.txt``.
 
@@ -132,7 +132,7 @@ def record(styles, into: Path, *, test_files: list[str] | None, max_bug_bytes: i
               f"{what} on the reference, about a minute each", file=sys.stderr, flush=True)  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="handout-record-") as cwd:
             cmd = [sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider", "--tb=short"]
-            cmd += [f"--rootdir={suite.parent}", f"--impl=spec_tests.harness.subject:reference_{style}"]
+            cmd += [f"--rootdir={suite.parent}", f"--impl=spec_tests.harness.subject.subject:reference_{style}"]
             cmd += [f"--spec-record={into}"]
             done = subprocess.run(
                 cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S, check=False

@@ -258,7 +258,7 @@ class JudgeRun:
         command = self.command
         self.memory_limit = "none"
         if judge_limit:
-            from spec_tests.harness import cgroup
+            from spec_tests.harness.remote import cgroup
 
             self._cgroup = cgroup.create(f"spec-judge-{os.getpid()}-{id(self) % 1000003}", judge_limit)
             if self._cgroup is not None:

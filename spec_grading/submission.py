@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec_tests.harness.upload_copy import UploadLimits, copy_upload, quote
+from spec_tests.harness.remote.upload_copy import UploadLimits, copy_upload, quote
 
 from .packages import package_dir
 from .solution_scan import find_reference_code
@@ -162,7 +162,7 @@ def stage(submission: Submission, into: Path, limits: UploadLimits | None = None
     """A private copy of the submission under ``into``, readable by the sandbox's unprivileged user
     (files 0644, folders 0755: an upload may come with 0600 modes). The upload is data: no link in it
     is followed (links, devices, FIFOs and sockets are dropped and named), and ``UploadLimits`` bound
-    its entries, depth, bytes and time (``spec_tests/harness/upload_copy.py``)."""
+    its entries, depth, bytes and time (``spec_tests/harness/remote/upload_copy.py``)."""
     into.mkdir(parents=True, exist_ok=True)
     into.chmod(0o755)
     if submission.problem:

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .harness.markers import judges
-from .harness.tolerances import BIT_IDENTICAL
+from .harness.judging.tolerances import BIT_IDENTICAL
+from .harness.plugin.markers import judges
 from .inputs import S
 from .strategies import attention_shapes, seeds
 

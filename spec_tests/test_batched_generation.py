@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import models
-from .harness.checks import Variant
-from .harness.markers import judges
-from .harness.subject import reference_subject
+from .harness.judging.spec import Variant
+from .harness.plugin.markers import judges
+from .harness.subject.subject import reference_subject
 
 pytestmark = pytest.mark.component("generation")
 

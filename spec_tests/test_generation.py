@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from . import filters, models, observed, oracles
-from .harness.compare import mismatch
-from .harness.markers import judges
-from .harness.tolerances import tolerance
+from .harness.judging.compare import mismatch
+from .harness.judging.tolerances import tolerance
+from .harness.plugin.markers import judges
 
 pytestmark = pytest.mark.component("generation")
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given
 
 from . import models
-from .harness.checks import Variant
-from .harness.markers import judges
+from .harness.judging.spec import Variant
+from .harness.plugin.markers import judges
 from .models import CONFIGS
 from .strategies import chunkings
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from .harness.markers import judges
+from .harness.plugin.markers import judges
 from .inputs import S
 
 pytestmark = pytest.mark.component("losses")

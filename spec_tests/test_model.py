@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import models
-from .harness.checks import Variant
-from .harness.markers import judges
-from .harness.tolerances import BIT_IDENTICAL, EXACT, Tolerance
+from .harness.judging.spec import Variant
+from .harness.judging.tolerances import BIT_IDENTICAL, EXACT, Tolerance
+from .harness.plugin.markers import judges
 from .models import CONFIGS
 from .strategies import seeds
 
@@ -66,7 +66,7 @@ def model_variants(config):
     """The reference model with one configuration knob changed (for diagnosis)."""
     if config["family"] != "llama":
         return []
-    from .harness.subject import reference_subject
+    from .harness.subject.subject import reference_subject
 
     found = []
     if config.get("rope_theta", 10000.0) != 10000.0:

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from .harness.compare import mismatch
-from .harness.markers import judges
-from .harness.tolerances import tolerance
+from .harness.judging.compare import mismatch
+from .harness.judging.tolerances import tolerance
+from .harness.plugin.markers import judges
 from .inputs import S
 
 pytestmark = pytest.mark.component("norms")

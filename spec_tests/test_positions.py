@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .harness.markers import judges
+from .harness.plugin.markers import judges
 from .inputs import S
 from .strategies import seeds
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from . import filters, models, oracles
-from .harness.compare import mismatch
-from .harness.markers import judges
-from .harness.tolerances import EXACT, tolerance
+from .harness.judging.compare import mismatch
+from .harness.judging.tolerances import EXACT, tolerance
+from .harness.plugin.markers import judges
 from .inputs import S
 from .protocol import COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
 

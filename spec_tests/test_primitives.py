@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from .harness.markers import judges
+from .harness.plugin.markers import judges
 from .inputs import S
 
 pytestmark = pytest.mark.component("primitives")

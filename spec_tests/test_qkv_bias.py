@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from . import models
-from .harness.checks import Variant
-from .harness.markers import judges
+from .harness.judging.spec import Variant
+from .harness.plugin.markers import judges
 from .test_kv_cache import check_chunks
 
 pytestmark = pytest.mark.component("model")

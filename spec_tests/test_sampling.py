@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import filters
-from .harness.compare import mismatch
-from .harness.markers import judges
-from .harness.tolerances import tolerance
+from .harness.judging.compare import mismatch
+from .harness.judging.tolerances import tolerance
+from .harness.plugin.markers import judges
 from .inputs import S
 from .strategies import seeds
 

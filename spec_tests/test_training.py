@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from . import models, observed, oracles
-from .harness.checks import Variant
-from .harness.markers import judges
-from .harness.tolerances import EXACT, Tolerance
+from .harness.judging.spec import Variant
+from .harness.judging.tolerances import EXACT, Tolerance
+from .harness.plugin.markers import judges
 
 pytestmark = pytest.mark.component("training")
 

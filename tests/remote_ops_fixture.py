@@ -1,5 +1,5 @@
 """A small model-operation registry for tests/test_remote.py and tests/test_sandbox.py (the worker's
-``--ops``; the real one is ``spec_tests.harness.model_ops``). Each operation gets the implementation
+``--ops``; the real one is ``spec_tests.harness.subject.model_ops``). Each operation gets the implementation
 first."""
 
 import os

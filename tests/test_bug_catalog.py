@@ -18,7 +18,7 @@ from suite_subprocess import run_suite
 import reference
 from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, load_bug, reference_sources
 from spec_tests.harness.diagnosis.catalog import CATALOG_GROUPS, bug_subjects, known_bug_lines, matching_bugs
-from spec_tests.harness.tolerances import tolerance
+from spec_tests.harness.judging.tolerances import tolerance
 from spec_tests.protocol import PROTOCOL_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]

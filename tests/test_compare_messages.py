@@ -3,8 +3,8 @@ tolerance that allows no error is said in words (never "infx the tolerance")."""
 
 import torch
 
-from spec_tests.harness.compare import mismatch, tensor_mismatch
-from spec_tests.harness.tolerances import BIT_IDENTICAL, Tolerance
+from spec_tests.harness.judging.compare import mismatch, tensor_mismatch
+from spec_tests.harness.judging.tolerances import BIT_IDENTICAL, Tolerance
 
 LOOSE = Tolerance(1e-3, 1e-3, "test", "test")
 

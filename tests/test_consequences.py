@@ -1,4 +1,4 @@
-"""The consequence decision (spec_tests/harness/consequences.py) and the summary that reads it: one
+"""The consequence decision (spec_tests/harness/judging/consequences.py) and the summary that reads it: one
 decision, dependency order, only failures that can explain, offline wording, unimplemented roots."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from spec_tests.harness import consequences
-from spec_tests.harness.results import TestVerdict
-from spec_tests.harness.rootcause import FailureRegistry
-from spec_tests.harness.terminal import summary_lines
+from spec_tests.harness.judging import consequences
+from spec_tests.harness.judging.results import TestVerdict
+from spec_tests.harness.judging.rootcause import FailureRegistry
+from spec_tests.harness.plugin.terminal import summary_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,8 +31,8 @@ def test_dependency_order_is_upstream_first():
 
 
 SCRIPT = """
-from spec_tests.harness.results import TestVerdict
-from spec_tests.harness.terminal import summary_lines
+from spec_tests.harness.judging.results import TestVerdict
+from spec_tests.harness.plugin.terminal import summary_lines
 names = ["swiglu", "rope", "rmsnorm", "softmax", "linear", "layernorm", "gelu_mlp", "repeat_kv", "silu"]
 verdicts = [TestVerdict(f"t_{n}", "c", [n], "failed", [], "x") for n in names]
 verdicts += [TestVerdict("t_fwd", "model", ["forward"], "consequence", ["rope", "rmsnorm", "linear"], "x")]
@@ -67,10 +67,10 @@ def test_only_failures_that_can_explain_a_math_check_are_offered():
 
 
 def test_failure_kinds():
-    from spec_tests.harness.checks import SpecFailure
-    from spec_tests.harness.results import CheckResult
-    from spec_tests.harness.subject import ImplementationError, NotImplementedInImpl
-    from spec_tests.harness.tolerances import EXACT
+    from spec_tests.harness.judging.results import CheckResult
+    from spec_tests.harness.judging.spec import SpecFailure
+    from spec_tests.harness.judging.tolerances import EXACT
+    from spec_tests.harness.subject.subject import ImplementationError, NotImplementedInImpl
 
     def failure(kind, tolerance=""):
         return SpecFailure(CheckResult("t", "rmsnorm", "norms", "b", "failed", kind=kind, tolerance=tolerance))
@@ -128,7 +128,7 @@ def test_the_composition_asks_the_implementation_on_the_references_intermediate_
     """The reference's multihead attention composed with a rope that doubles its output: the bridge is
     called (with protocol arguments only) and its answers are used; biases fold into the weights."""
     import reference
-    from spec_tests.harness.subject import LocalSubject, reference_subject
+    from spec_tests.harness.subject.subject import LocalSubject, reference_subject
 
     ref, correct_rope = reference_subject("interleaved"), reference.rope
     seen = []

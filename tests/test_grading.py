@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 
-from spec_tests.harness import sandbox
+from spec_tests.harness.remote import sandbox
 
 SELECT = "test_norms or test_repeat_kv or test_sdpa_gqa_mapping"
 RUBRIC = """

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 
-from spec_tests.harness import sandbox
+from spec_tests.harness.remote import sandbox
 
 HERE = Path(__file__).resolve().parent
 CHEATERS = HERE / "grading_cheaters"

@@ -28,8 +28,8 @@ import torch
 from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 
 from spec_tests import inputs, models
-from spec_tests.harness import compare
-from spec_tests.harness.tolerances import EXACT
+from spec_tests.harness.judging import compare
+from spec_tests.harness.judging.tolerances import EXACT
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -126,7 +126,7 @@ def test_property_tests_draw_their_examples_from_the_spec_seed(seeded):
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from spec_tests.harness import hypothesis_profiles
+    from spec_tests.harness.plugin import hypothesis_profiles
 
     drawn: list[int] = []
 

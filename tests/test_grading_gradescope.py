@@ -114,7 +114,7 @@ def test_the_zips_project_builds_as_a_wheel(autograder):
     names = zipfile.ZipFile(wheel).namelist()
     for path in (
         "spec_grading/cli.py",
-        "spec_tests/harness/plugin.py",
+        "spec_tests/harness/plugin/hooks.py",
         "spec_tests/bugs/__init__.py",
         "reference/model.py",
     ):

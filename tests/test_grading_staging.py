@@ -30,8 +30,8 @@ from ahead import built_ahead  # tests/ahead.py: built in a runner while other t
 
 from spec_grading import batch as batch_mod
 from spec_grading.submission import Submission, discover, stage, static_flags
-from spec_tests.harness import sandbox
-from spec_tests.harness.upload_copy import UploadLimits, copy_upload
+from spec_tests.harness.remote import sandbox
+from spec_tests.harness.remote.upload_copy import UploadLimits, copy_upload
 
 SELECT = "test_norms"
 RUBRIC = """

@@ -199,7 +199,7 @@ def test_a_consequence_earns_only_while_its_root_is_charged():
 def test_a_replaced_function_refuses_oversized_arguments():
     import torch
 
-    from spec_tests.harness.remote_subject import ORACLE_MAX_ELEMENTS, check_oracle_arguments
+    from spec_tests.harness.remote.remote_subject import ORACLE_MAX_ELEMENTS, check_oracle_arguments
 
     check_oracle_arguments("rmsnorm", (torch.zeros(4, 8), torch.ones(8)), {})
     big = torch.zeros(ORACLE_MAX_ELEMENTS // 2 + 1)

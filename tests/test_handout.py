@@ -199,9 +199,9 @@ def test_suite_reaches_the_reference_only_through_expectations():
 
 
 def test_replay_refuses_inputs_it_did_not_record():
-    from spec_tests.harness.checks import SpecFailure
-    from spec_tests.harness.expectations.fingerprints import fingerprint
-    from spec_tests.harness.expectations.replay import ReplayExpectations
+    from spec_tests.harness.judging.expectations.fingerprints import fingerprint
+    from spec_tests.harness.judging.expectations.replay import ReplayExpectations
+    from spec_tests.harness.judging.spec import SpecFailure
 
     x = torch.arange(6.0)
     data = {

@@ -28,16 +28,24 @@ ALLOWED = {
     **{
         (f"spec_tests.harness.{m}", "spec_tests.inputs"): "the seeded input helpers the harness binds to a device "
         "and a grading seed (--spec-seed) and hands to the tests; they ship beside the tests in the handout"
-        for m in ("checks", "expectations.recording", "expectations.replay", "hypothesis_profiles", "plugin")
+        for m in (
+            "judging.spec",
+            "judging.expectations.recording",
+            "judging.expectations.replay",
+            "plugin.hypothesis_profiles",
+            "plugin.hooks",
+        )
     },
     ("spec_tests.harness.diagnosis.catalog", "spec_tests.bugs"): "known-bug matching reads the catalog where it is "
     "installed (imported lazily: handouts and the sandbox hide it)",
-    ("spec_tests.harness.loading", "spec_tests.bugs"): "--impl=bug:NAME loads a catalogued bug",
-    ("spec_tests.harness.loading", "spec_adapters.cs336"): "--impl=cs336:PATH goes through the CS336 bridge",
-    ("spec_tests.harness.markers", "spec_tests.bug_classes"): "the bug_class marker checks its names against the "
-    "vocabulary of classes (data, shipped in handouts)",
-    ("spec_tests.harness.sandbox", "spec_tests"): "locates the package's folder to mount it read-only",
-    ("spec_tests.harness.subject", "reference"): "the reference is a Subject: the ground truth",
+    ("spec_tests.harness.subject.loading", "spec_tests.bugs"): "--impl=bug:NAME loads a catalogued bug",
+    ("spec_tests.harness.subject.loading", "spec_adapters.cs336"): "--impl=cs336:PATH goes through the CS336 bridge",
+    (
+        "spec_tests.harness.plugin.markers",
+        "spec_tests.bug_classes",
+    ): "the bug_class marker checks its names against the vocabulary of classes (data, shipped in handouts)",
+    ("spec_tests.harness.remote.sandbox", "spec_tests"): "locates the package's folder to mount it read-only",
+    ("spec_tests.harness.subject.subject", "reference"): "the reference is a Subject: the ground truth",
 }
 
 
@@ -124,19 +132,21 @@ def test_every_allowed_edge_still_exists():
 @pytest.mark.parametrize(
     "where, source",
     [
-        ("spec_tests/protocol/names.py", "from ..harness import checks\n"),
+        ("spec_tests/protocol/names.py", "from ..harness.judging import spec\n"),
         ("reference/model.py", "def f():\n    import spec_tests.inputs\n"),  # inside a function too
         ("spec_tests/test_norms.py", "from spec_tests.bugs import CATALOG\n"),
-        ("spec_tests/harness/terminal.py", "import spec_grading.grade\n"),
+        ("spec_tests/harness/plugin/terminal.py", "import spec_grading.grade\n"),
     ],
 )
 def test_an_edge_against_the_layering_is_caught(tmp_path, where, source):
     for folder in FOLDERS:
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
-    for init in ("spec_tests", "spec_tests/protocol", "spec_tests/harness", "spec_tests/bugs", "spec_grading"):
+    packages = ("spec_tests", "spec_tests/protocol", "spec_tests/bugs", "spec_grading")
+    packages += tuple(f"spec_tests/harness{sub}" for sub in ("", "/judging", "/plugin"))
+    for init in packages:
         (tmp_path / init).mkdir(parents=True, exist_ok=True)
         (tmp_path / init / "__init__.py").write_text("")
-    for module in ("spec_tests/harness/checks.py", "spec_tests/inputs.py", "spec_grading/grade.py"):
+    for module in ("spec_tests/harness/judging/spec.py", "spec_tests/inputs.py", "spec_grading/grade.py"):
         (tmp_path / module).write_text("")
     (tmp_path / where).write_text(source)
     assert cross_layer_edges(tmp_path), (where, source)

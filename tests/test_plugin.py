@@ -287,7 +287,7 @@ def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
             return x * torch.sigmoid(x)
         """,
     )
-    cmd = [sys.executable, "-m", "spec_tests.harness.cli", "--impl=my_silu", "-q", "-k", "silu or causality"]
+    cmd = [sys.executable, "-m", "spec_tests.harness.plugin.cli", "--impl=my_silu", "-q", "-k", "silu or causality"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert str(ROOT) not in str(tmp_path)
@@ -301,8 +301,8 @@ def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
 
 
 def test_summary_traces_consequences_through_names_that_failed_only_as_consequences():
-    from spec_tests.harness.results import TestVerdict
-    from spec_tests.harness.terminal import summary_lines
+    from spec_tests.harness.judging.results import TestVerdict
+    from spec_tests.harness.plugin.terminal import summary_lines
 
     verdicts = [
         TestVerdict("t_rope", "positions", ["rope"], "failed", [], "wrong"),
@@ -336,8 +336,8 @@ def test_tests_downstream_of_an_expected_failure_are_judged_as_usual(pytester, s
 
 def test_summary_of_a_root_cause_with_no_failing_test_of_its_own():
     """A name that only others fail through (not implemented yet) is said so, never "0 failing test(s)"."""
-    from spec_tests.harness.results import TestVerdict
-    from spec_tests.harness.terminal import summary_lines
+    from spec_tests.harness.judging.results import TestVerdict
+    from spec_tests.harness.plugin.terminal import summary_lines
 
     verdicts = [
         TestVerdict("t_build", "model", ["build_model"], "not_implemented", [], "not implemented: build_model"),

@@ -13,9 +13,10 @@ import torch
 import reference
 import student
 from spec_tests import inputs, protocol
-from spec_tests.harness import remote_subject, subject
 from spec_tests.harness.diagnosis import catalog, crashes, knobs
-from spec_tests.harness.tolerances import KINDS
+from spec_tests.harness.judging.tolerances import KINDS
+from spec_tests.harness.remote import remote_subject
+from spec_tests.harness.subject import subject
 from spec_tests.protocol import ENTRIES, ENTRY, PROTOCOL_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent

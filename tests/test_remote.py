@@ -1,4 +1,4 @@
-"""spec_tests/harness/remote.py and worker.py: the judge's requests to a worker running a toy
+"""spec_tests/harness/remote/client.py and server.py: the judge's requests to a worker running a toy
 implementation (tests/remote_toy_impl.py), in the sandbox where one is available."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_tests.harness import wire
-from spec_tests.harness.remote import (
+from spec_tests.harness.remote import wire
+from spec_tests.harness.remote.client import (
     RemoteError,
     RemoteHandle,
     RemoteImportError,
@@ -277,7 +277,7 @@ def test_printing_does_not_disturb_the_channel(worker):
 
 
 def test_the_log_is_capped(tmp_path):
-    from spec_tests.harness.remote import CappedLog
+    from spec_tests.harness.remote.client import CappedLog
 
     log = CappedLog(str(tmp_path / "log"), cap=4096)
     for i in range(1000):

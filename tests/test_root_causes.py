@@ -3,7 +3,7 @@ reference with catalogued patches applied, judged in a subprocess as users run t
 
 - A deliberately broken cheap component does not exempt a broken model: the model's failing test
   is rerun with that component replaced by a correct one, still fails, and is charged.
-- Consequences are decided from behaviour (spec_tests/harness/consequences.py): a caller that keeps
+- Consequences are decided from behaviour (spec_tests/harness/judging/consequences.py): a caller that keeps
   its own copy of a component with the component's bug (it never calls the protocol function) is a
   consequence of it, reported once; a caller with a bug of its own is charged.
 - A submission that recognises the composition calls (by the call stack) gains nothing.
@@ -183,8 +183,8 @@ def test_a_crash_of_its_own_that_looks_like_the_upstream_one_is_charged(tmp_path
 
 def test_in_grading_a_crash_is_never_credited_as_a_consequence():
     """Grading (--spec-remote) keeps every crash charged: nothing after the upstream's raise was judged."""
-    from spec_tests.harness import rootcause
-    from spec_tests.harness.subject import ImplementationError
+    from spec_tests.harness.judging import rootcause
+    from spec_tests.harness.subject.subject import ImplementationError
 
     exc = ImplementationError("forward", ("IndexError",), "no frequencies", "model.py:3 in forward")
     asked = []

@@ -1,4 +1,4 @@
-"""spec_tests/harness/sandbox.py: what submission code in a sandboxed worker cannot do, and the
+"""spec_tests/harness/remote/sandbox.py: what submission code in a sandboxed worker cannot do, and the
 fallback when the sandbox is forced off. The probes are the toy submission's own ``_probe_*``
 functions (tests/remote_toy_impl.py), reached through the ``private`` operation."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_tests.harness import sandbox
-from spec_tests.harness.remote import RemoteError, Worker, WorkerCrashed
+from spec_tests.harness.remote import sandbox
+from spec_tests.harness.remote.client import RemoteError, Worker, WorkerCrashed
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -209,7 +209,7 @@ def test_requiring_the_sandbox_where_there_is_none_is_an_error(monkeypatch):
 def test_a_virtual_environment_under_tmp_stays_reachable():
     """A checkout (and its .venv) under /tmp is bound over the private /tmp: the folders above it are
     made there with mode 0755, or the unprivileged worker could not reach its own interpreter."""
-    from spec_tests.harness.sandbox import _with_parents
+    from spec_tests.harness.remote.sandbox import _with_parents
 
     args = _with_parents(["--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/src/.venv", "/tmp/ci/.venv"])
     for folder in ("/tmp/ci",):

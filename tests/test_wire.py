@@ -1,4 +1,4 @@
-"""spec_tests/harness/wire.py: plain data between judge and worker, strictly, without pickle."""
+"""spec_tests/harness/remote/wire.py: plain data between judge and worker, strictly, without pickle."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from spec_tests.harness import wire
+from spec_tests.harness.remote import wire
 
 HARNESS = Path(__file__).resolve().parents[1] / "spec_tests" / "harness"
 
@@ -400,8 +400,8 @@ def test_header_fields_pass_through_json():
 
 def test_no_pickle_eval_or_torch_load_in_the_harness_transport():
     forbidden_modules = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "copyreg"}
-    for name in ("wire.py", "worker.py", "remote.py", "sandbox.py", "guard.py"):
-        tree = ast.parse((HARNESS / name).read_text(), filename=name)
+    for name in ("wire.py", "server.py", "client.py", "sandbox.py", "guard.py"):
+        tree = ast.parse((HARNESS / "remote" / name).read_text(), filename=name)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 assert not {a.name.split(".")[0] for a in node.names} & forbidden_modules, name

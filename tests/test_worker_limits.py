@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from spec_tests.harness import cgroup, sandbox, seccomp, wire
-from spec_tests.harness.remote import Worker, WorkerCrashed, WorkerGaveUp, WorkerProtocolError, WorkerTimeout
-from spec_tests.harness.remote_subject import REFERENCE_ONLY, check_oracle_arguments
+from spec_tests.harness.remote import cgroup, sandbox, seccomp, wire
+from spec_tests.harness.remote.client import Worker, WorkerCrashed, WorkerGaveUp, WorkerProtocolError, WorkerTimeout
+from spec_tests.harness.remote.remote_subject import REFERENCE_ONLY, check_oracle_arguments
 
 AVAILABLE, REASON = sandbox.sandbox_available()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"no sandbox here: {REASON}")
@@ -152,7 +152,7 @@ def test_a_rerun_leaves_no_cache_it_grew(monkeypatch):
     """What the reference builds during a rerun (its RoPE tables) is dropped at the rerun's end."""
     import reference
     from reference import positions
-    from spec_tests.harness.remote_subject import RemoteSubject
+    from spec_tests.harness.remote.remote_subject import RemoteSubject
 
     class FakeWorker:
         def substitute(self, names, oracle=None, deadline=None):

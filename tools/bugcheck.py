@@ -89,7 +89,7 @@ class Recorder:
             self.collect_errors.append(f"{report.nodeid}: {(report.longreprtext or '')[:500]}")
 
     def pytest_runtest_logreport(self, report):
-        from spec_tests.harness.results import results_of, verdict_of
+        from spec_tests.harness.judging.results import results_of, verdict_of
 
         verdict = verdict_of(report)
         if verdict is None or (report.when != "call" and not report.skipped):

@@ -1,5 +1,5 @@
 """Measure the error of float32-internal computation on the suite's inputs and compare it with the
-math tolerance table (``spec_tests/harness/tolerances.py``).
+math tolerance table (``spec_tests/harness/judging/tolerances.py``).
 
     python tools/measure_tolerances.py           # print measured error vs tolerance per kind
     python tools/measure_tolerances.py --check   # also exit 1 if a tolerance is < 4x its measurement
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spec_tests.harness.tolerances import MATH  # noqa: E402
+from spec_tests.harness.judging.tolerances import MATH  # noqa: E402
 
 MIN_HEADROOM = 4.0
 FLOAT32_INTERNAL = ("reference", "tests/independent/half_f32_mha")

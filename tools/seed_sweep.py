@@ -69,7 +69,7 @@ def run_one(task: tuple) -> dict:
     """One suite run in this worker: ``(kind, impl, seed, files, measure)``."""
     import pytest
 
-    from spec_tests.harness import tolerance_measurement
+    from spec_tests.harness.judging import tolerance_measurement
 
     kind, impl, seed, files, measure = task
     import torch
@@ -140,7 +140,7 @@ def compare_runs(base: dict, other: dict) -> list[str]:
 
 
 def headroom(results: list[dict]) -> dict[str, tuple[float, str]]:
-    from spec_tests.harness.tolerances import MATH
+    from spec_tests.harness.judging.tolerances import MATH
 
     worst: dict[str, dict] = {}
     for r in results:

@@ -43,7 +43,7 @@ class Entry:
     - ``model_part``: a component the model is built from (``MODEL_PARTS``).
     - ``substitutable``: a correct version can stand in for it inside an implementation (a function of
       tensors and numbers; model-bound names, built models, caches and optimizers cannot be swapped).
-    - ``tolerance``: the math tolerance kind its own tests use (``harness/tolerances.py``), where
+    - ``tolerance``: the math tolerance kind its own tests use (``harness/judging/tolerances.py``), where
       ``test_precision.py`` judges the math before the precision.
     - ``precision_sample``: float64 inputs for ``test_float64_computed_in_float64`` (see ``Sample``); the
       names that have one are that test's parameters, in protocol order.

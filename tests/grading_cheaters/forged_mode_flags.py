@@ -11,7 +11,7 @@ def _forged_training_flags(impl, model):
 
 
 def _forge():
-    import spec_tests.harness.model_ops as ops
+    import spec_tests.harness.subject.model_ops as ops
 
     ops.training_flags.__code__ = _forged_training_flags.__code__  # every copy of OPS sees it
 

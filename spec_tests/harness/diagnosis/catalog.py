@@ -9,8 +9,8 @@ handouts ship without it, and use the bug outputs recorded with the expected val
 from __future__ import annotations
 
 from ...protocol import CATALOG_GROUPS
-from ..compare import mismatch
-from ..tolerances import Tolerance
+from ..judging.compare import mismatch
+from ..judging.tolerances import Tolerance
 
 ONLY: set[str] | None = None  # --spec-diagnosis-bugs: the bugs diagnosis may name (None: all)
 
@@ -66,7 +66,7 @@ def bug_subjects(subject: str, rope_style: str) -> list:
         from ...bugs import CATALOG, load_bug
     except ImportError:
         return []
-    from ..subject import reference_subject
+    from ..subject.subject import reference_subject
 
     tags = {subject, *CATALOG_GROUPS.get(subject, ())}
     return [

@@ -263,7 +263,7 @@ class Probing:
         value = getattr(self._subject, name)
         if name.startswith("_") or not callable(value) or name not in _protocol_names():
             return value
-        from ..subject import ImplementationError
+        from ..subject.subject import ImplementationError
 
         def call(*args, **kwargs):
             try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import Variant
+from ..judging.spec import Variant
 from .knobs import variants
 
 PARTS = ("rmsnorm", "layernorm", "rope", "scaled_dot_product_attention", "swiglu", "gelu_mlp")

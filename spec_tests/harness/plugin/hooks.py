@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from ..protocol import COMPONENT_ORDER
-from . import markers, rootcause
-from .loading import ACCEPTED_FORMS, ImplImportError, ImplUsageError, load_implementation
-from .results import RESULTS_KEY, VERDICT_KEY, verdict_of
+from ...protocol import COMPONENT_ORDER
+from ..judging import rootcause
+from ..judging.results import RESULTS_KEY, VERDICT_KEY, verdict_of
+from ..subject.loading import ACCEPTED_FORMS, ImplImportError, ImplUsageError, load_implementation
+from . import markers
 
-SUITE_DIR = Path(__file__).resolve().parents[1]
+SUITE_DIR = Path(__file__).resolve().parents[2]
 
 # Registered (never loaded) on import: Hypothesis's own plugin may load the profile named by
 # --hypothesis-profile before this plugin's hooks run. The names are prefixed "spec-", so another
@@ -206,12 +207,12 @@ def pytest_configure(config):
 
         writer = XfailsWriter(Path(config.getoption("spec_write_xfails")).resolve(), impl_spec(config), id_of_node)
         config.pluginmanager.register(writer, "spec-xfails-writer")
-    from .diagnosis import catalog
+    from ..diagnosis import catalog
 
     only = config.getoption("spec_diagnosis_bugs")
     catalog.ONLY = None if only is None else {n.strip() for n in only.split(",") if n.strip()}
-    from .. import inputs
-    from . import compare
+    from ... import inputs
+    from ..judging import compare
 
     inputs.set_seed(spec_seed_of(config))  # before any test module is collected (module-level configs)
     compare.CONCEAL_EXACT = bool(config.getoption("spec_conceal_exact", False))
@@ -219,7 +220,7 @@ def pytest_configure(config):
 
 def spec_seed_of(config) -> int:
     """``--spec-seed``: an integer, or ``@PATH`` of a file holding one (so that no process listing shows it)."""
-    from .. import inputs
+    from ... import inputs
 
     raw = config.getoption("spec_seed", None)
     if raw is None:
@@ -274,8 +275,8 @@ def _keep_the_folder_clean(config) -> None:
 
 
 def pytest_unconfigure(config):
-    from .. import inputs
-    from . import compare
+    from ... import inputs
+    from ..judging import compare
 
     inputs.set_seed(inputs.DEFAULT_SEED)  # a later in-process session starts from the suite's own inputs
     compare.CONCEAL_EXACT = False
@@ -308,7 +309,7 @@ class Session:
     @property
     def expectations(self):
         if self._expectations is None:
-            from .expectations import expectations_for
+            from ..judging.expectations import expectations_for
 
             self._expectations = expectations_for(self.config, self.impl.rope_style, self.device)
         return self._expectations
@@ -327,15 +328,15 @@ def impl_spec(config) -> str:
 
 
 def make_subject(config):
-    from .subject import LocalSubject
+    from ..subject.subject import LocalSubject
 
     spec = impl_spec(config)
     caps = config.getoption("spec_capabilities")
     capabilities = None if caps is None else [c.strip() for c in caps.split(",") if c.strip()]
     remote = config.getoption("spec_remote")
     if remote:
-        from .remote import RemoteError, Worker
-        from .remote_subject import RemoteSubject
+        from ..remote.client import RemoteError, Worker
+        from ..remote.remote_subject import RemoteSubject
 
         worker = Worker(
             remote,
@@ -447,7 +448,7 @@ def pytest_sessionfinish(session):
     state = session.config._spec
     if state is None:
         return
-    from . import tolerance_measurement
+    from ..judging import tolerance_measurement
 
     tolerance_measurement.dump()
     recording = getattr(session.config, "_spec_recording", None)
@@ -512,7 +513,7 @@ def pytest_runtest_call(item):
 
         def rerun(names):
             """The test on the reference composed with the implementation's ``names`` (consequences.py)."""
-            from .consequences import composed
+            from ..judging.consequences import composed
 
             if spec is None:
                 raise RuntimeError("no spec fixture")

@@ -1,13 +1,13 @@
 """The worker: runs next to a submission and executes protocol calls for the judge.
 
-    python -m spec_tests.harness.worker --impl SPEC --fd N [--ops MODULE_OR_FILE] [--memory-mb M]
+    python -m spec_tests.harness.remote.server --impl SPEC --fd N [--ops MODULE_OR_FILE] [--memory-mb M]
         [--max-procs P] [--guard] [--protect DIR ...]
 
 Started by ``remote.py`` (inside ``sandbox.py``'s sandbox when there is one). In order: resource
 limits (no core dumps, ``RLIMIT_AS`` when ``--memory-mb`` > 0, ``RLIMIT_NPROC`` when
 ``--max-procs`` > 0), the socket inherited as fd ``N``, torch with one thread, the model-operation
 registry (``--ops``: a module exposing ``OPS: dict[str, callable]``, default
-``spec_tests.harness.model_ops``, or a path to a ``.py`` file), the in-process guard (``--guard``),
+``spec_tests.harness.subject.model_ops``, or a path to a ``.py`` file), the in-process guard (``--guard``),
 a ``started`` message (no fields; the judge counts the time until it as the harness's own), and the
 implementation. Then a ``hello`` message: the label, the protocol names it defines, the
 module attributes ``ROPE_STYLE``, ``FAMILIES``, ``CAPABILITIES`` it declares, whether it declares
@@ -46,11 +46,11 @@ import sys
 import threading
 import traceback
 
-from spec_tests.harness import wire
-from spec_tests.harness.loading import load_implementation
+from spec_tests.harness.remote import wire
+from spec_tests.harness.subject.loading import load_implementation
 from spec_tests.protocol import PROTOCOL_NAMES
 
-DEFAULT_OPS = "spec_tests.harness.model_ops"
+DEFAULT_OPS = "spec_tests.harness.subject.model_ops"
 MESSAGE_CAP = 4000
 DECLARED_ATTRIBUTES = ("ROPE_STYLE", "FAMILIES", "CAPABILITIES", "PROTOCOL_VERSION")
 _MISSING = object()
@@ -445,7 +445,7 @@ def hello(impl, label: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.worker")
+    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.remote.server")
     parser.add_argument("--impl", required=True)
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--ops", default=None)
@@ -474,7 +474,7 @@ def main(argv=None) -> int:
     except BaseException as exc:  # noqa: BLE001
         return fail(error_data(exc, None, f"the worker could not start: {_text(exc)}"))
     if args.guard:
-        from spec_tests.harness.guard import Guard
+        from spec_tests.harness.remote.guard import Guard
 
         Guard(args.protect, args.impl if os.path.exists(args.impl) else None, on_block=_report_block).install()
     wire.send(sock, {"type": "started"})  # the harness is up; from here on the time is the submission's

@@ -1,7 +1,7 @@
 """What graded code may not do: import the reference, open its files or the recorded expected values,
 or start processes.
 
-Installed in the worker (``spec_tests/harness/worker.py --guard``: the fallback when no sandbox is
+Installed in the worker (``spec_tests/harness/remote/server.py --guard``: the fallback when no sandbox is
 available, see ``sandbox.py``) after torch is imported and before the submission is. Two mechanisms,
 each with a message saying why:
 

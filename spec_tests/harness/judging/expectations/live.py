@@ -19,6 +19,6 @@ class LiveExpectations:
 
     def known_bugs(self, key: str, subject: str, compute_on, actual, tol) -> list:
         """Catalogued bugs whose output, on this check's inputs, matches ``actual``."""
-        from ..diagnosis.catalog import matching_bugs
+        from ...diagnosis.catalog import matching_bugs
 
         return matching_bugs(subject, compute_on, actual, tol, self.reference.rope_style)

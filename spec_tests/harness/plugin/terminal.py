@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from .checks import SpecFailure
-from .subject import ImplementationError, NotImplementedInImpl
+from ..judging.spec import SpecFailure
+from ..subject.subject import ImplementationError, NotImplementedInImpl
 
 
 def _hypothesis_notes(exc: BaseException) -> str:
@@ -70,8 +70,8 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
     reference (a handout), charged failures that may be consequences of failing upstream names are
     listed under them ("fix X first and rerun"), never as roots of their own.
     """
-    from ..protocol import COMPONENT_ORDER
-    from .consequences import dependency_key, settle
+    from ...protocol import COMPONENT_ORDER
+    from ..judging.consequences import dependency_key, settle
 
     verdicts = sorted(verdicts, key=lambda v: v.test)
     settled = settle(verdicts)

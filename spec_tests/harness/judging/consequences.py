@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..protocol import MAY_CALL, PROTOCOL_NAMES, SUBSTITUTABLE
+from ...protocol import MAY_CALL, PROTOCOL_NAMES, SUBSTITUTABLE
 
 # Names the reference's computations call by module-level name and that can be asked of the
 # implementation as black boxes: deterministic functions of tensors (not sample's random draw).
@@ -92,8 +92,8 @@ def upstream_closure(names) -> set[str]:
 
 def failure_kind(exc: BaseException, bug_classes=()) -> str:
     """``math`` | ``precision`` | ``validation`` | ``convention`` | ``error`` | ``not_implemented``."""
-    from .checks import SpecFailure
-    from .subject import ImplementationError, NotImplementedInImpl
+    from ..subject.subject import ImplementationError, NotImplementedInImpl
+    from .spec import SpecFailure
     from .tolerances import EXACT
 
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -123,7 +123,7 @@ class NotComposable(Exception):
 
 
 def _refusals() -> tuple:
-    from .subject import NotImplementedInImpl
+    from ..subject.subject import NotImplementedInImpl
 
     return (Exception, NotImplementedInImpl)  # not KeyboardInterrupt, not pytest's outcomes
 

@@ -62,7 +62,7 @@ def apply(items, config) -> None:
 
     register()
     profile = settings.get_profile(current_profile(config))
-    from .. import inputs
+    from ... import inputs
 
     seeded = inputs.spec_seed() != inputs.DEFAULT_SEED
     done = set()

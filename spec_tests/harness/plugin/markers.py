@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from ..bug_classes import BUG_CLASSES
-from ..protocol import COMPONENT_ORDER, PROTOCOL_NAMES
+from ...bug_classes import BUG_CLASSES
+from ...protocol import COMPONENT_ORDER, PROTOCOL_NAMES
 
 MARKERS = (
     "component(name): the component a test file judges (spec_tests/protocol.py COMPONENT_ORDER)",

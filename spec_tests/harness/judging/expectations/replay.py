@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..checks import SpecFailure
 from ..compare import mismatch
+from ..spec import SpecFailure
 from .fingerprints import fingerprint, key_prefix, normalize_key
 from .recording import FORMAT, file_digest, recording_path
 
@@ -136,7 +136,7 @@ def replay_for(directory: Path, rope_style: str, device: str) -> ReplayExpectati
             f"no recorded expected values for ROPE_STYLE={rope_style!r}: {path} does not exist"
             f" (found: {', '.join(found) or 'none'})"
         )
-    from ... import inputs
+    from .... import inputs
 
     data = loaded(path)
     recorded_seed = data.get("seed", inputs.DEFAULT_SEED)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import consequences
-from .checks import ConsequenceFailure, SpecFailure
 from .consequences import EXPLAINING_KINDS, dependency_order, upstream_closure
 from .results import CheckResult, TestVerdict
-from .subject import ImplementationError, NotImplementedInImpl
+from .spec import ConsequenceFailure, SpecFailure
 
 PASS_THROUGH = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
 
@@ -151,7 +151,7 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
 def _bug_classes(item) -> list[str]:
     if item is None:
         return []
-    from .markers import bug_classes_of
+    from ..plugin.markers import bug_classes_of
 
     return bug_classes_of(item)
 
@@ -210,7 +210,7 @@ def failing_subjects(exc: BaseException, subjects) -> tuple[str, ...]:
 
 
 def first_line(exc: BaseException) -> str:
-    from .subject import safe_text
+    from ..subject.subject import safe_text
 
     text = safe_text(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import spec_tests
-from spec_tests.harness import seccomp
+from spec_tests.harness.remote import seccomp
 
 from .upload_copy import UploadLimits, copy_upload
 
@@ -67,7 +67,7 @@ SUBMISSION_MOUNT = "/submission"
 OPS_MOUNT = "/harness-ops"
 HIDDEN_HARNESS_PARTS = ("bugs", "recorded")
 PROJECT_PACKAGES = ("reference", "spec_tests", "student", "tools", "benchmarks", "spec_grading", "spec_adapters")
-WORKER_MODULE = "spec_tests.harness.worker"
+WORKER_MODULE = "spec_tests.harness.remote.server"
 
 FALLBACK_LIMITS = (
     "the worker runs as a plain process of the grader's user in its own session, with resource limits "

@@ -104,7 +104,7 @@ class RecordingExpectations(LiveExpectations):
         entry = self.entries.get(normalize_key(key))
         if entry is None:
             return
-        from ..diagnosis.catalog import bug_subjects
+        from ...diagnosis.catalog import bug_subjects
 
         limit = int(os.environ.get(MAX_BUG_BYTES_ENV, "-1"))
         for bug, bug_subject in bug_subjects(subject, self.rope_style):
@@ -125,7 +125,7 @@ class RecordingExpectations(LiveExpectations):
             }
 
     def save(self) -> Path:
-        from ... import inputs
+        from .... import inputs
 
         path = recording_path(self.directory, self.rope_style)
         write_verified(

@@ -98,7 +98,7 @@ def load_implementation(spec: str):
     if not spec:
         raise ImplUsageError(f"--impl is empty. Accepted forms: {ACCEPTED_FORMS}")
     if spec.startswith("bug:"):
-        from ..bugs import load_bug  # the catalog ships with the suite, not with handouts
+        from ...bugs import load_bug  # the catalog ships with the suite, not with handouts
 
         return load_bug(spec[4:]), spec
     if spec.startswith("cs336:"):

@@ -21,7 +21,7 @@ import traceback
 
 import pytest
 
-from ..protocol import (
+from ...protocol import (
     ALL_CAPABILITIES,
     ALL_FAMILIES,
     DEFAULT_ROPE_STYLE,
@@ -339,7 +339,7 @@ def reference_subject(rope_style: str, module=None, label: str = "reference") ->
 class ReferenceImplementation:
     """The reference bound to one RoPE style, usable as ``--impl`` (recording passes check it).
 
-    ``--impl=spec_tests.harness.subject:reference_half`` or ``...:reference_interleaved``.
+    ``--impl=spec_tests.harness.subject.subject:reference_half`` or ``...:reference_interleaved``.
     """
 
     FAMILIES = ALL_FAMILIES

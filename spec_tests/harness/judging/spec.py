@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..protocol import PROTOCOL_NAMES
+from ...protocol import PROTOCOL_NAMES
+from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import tolerance_measurement
 from .compare import mismatch, shape_note
 from .results import CheckResult
-from .subject import ImplementationError, NotImplementedInImpl
 from .tolerances import Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
 
@@ -113,7 +113,7 @@ class Spec:
         upstream=lambda subject: [],
         crash_consequences: bool = True,
     ):
-        from .diagnosis.crashes import Probing
+        from ..diagnosis.crashes import Probing
 
         self.impl, self.expectations, self.device = Probing(impl, self._crashed), expectations, device
         self._crashes: dict = {}  # (name, type, message) of a crash -> (probe lines, own frame)
@@ -123,7 +123,7 @@ class Spec:
         self.test_id, self.component, self.subjects = test_id, component, tuple(subjects)
         self.results: list[CheckResult] = sink if sink is not None else []
         self._labels: dict[str, int] = {}
-        from .. import inputs
+        from ... import inputs
 
         self.inputs = inputs.On(device)
 
@@ -249,18 +249,18 @@ class Spec:
             self._rebase(result, rebase, actual, tol)
 
         def diagnose():
-            from .diagnosis import diagnose as run
+            from ..diagnosis import diagnose as run
 
             tried = list(variants)
             memo = f"{self.impl.label}::{self.test_id.split('[')[0]}"
             if model_knobs and reference is not None:
-                from .diagnosis.model_knobs import model_variants
+                from ..diagnosis.model_knobs import model_variants
 
                 tried += model_variants(compute, reference, args64, memo=memo)
             fitting = fitting_variants(tried, actual, tol, reference, *args64) if reference else []
             lines, codes = variant_lines(fitting)
             if model_knobs and reference is not None:
-                from .diagnosis.model_knobs import remember
+                from ..diagnosis.model_knobs import remember
 
                 remember(memo, [v for v in fitting if v not in variants])
             more, more_codes = run(
@@ -340,7 +340,7 @@ class Spec:
     def _crashed(self, name: str, run, args, kwargs, exc: ImplementationError) -> None:
         """The implementation raised in ``run(*args, **kwargs)``: probe which input property triggers it
         (``diagnosis/crashes.py``), record it as a failed result, and add it to the exception's message."""
-        from .diagnosis.crashes import own_frame, probe
+        from ..diagnosis.crashes import own_frame, probe
 
         key = (exc.name, exc.type_name, exc.message)
         if key not in self._crashes and len(self._crashes) < 2:  # Hypothesis examples crash alike: probe twice
@@ -419,7 +419,7 @@ class Spec:
             result.cause_codes += [hint_code] if hint_code else []
 
         def diagnose():
-            from .diagnosis import diagnose as run
+            from ..diagnosis import diagnose as run
 
             lines, codes = variant_lines(fitting_variants(variants, actual, tol))
             more, more_codes = run(

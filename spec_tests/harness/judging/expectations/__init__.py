@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-BUNDLED_DIR = Path(__file__).resolve().parents[2] / "recorded"
+BUNDLED_DIR = Path(__file__).resolve().parents[3] / "recorded"
 
 
 def reference_available() -> bool:
@@ -61,12 +61,12 @@ def expectations_for(config, rope_style: str, device: str):
             "the reference implementation is not installed and no recorded expected values were found "
             f"(looked for {BUNDLED_DIR}); pass --spec-replay DIR"
         )
-    from ..subject import reference_subject
+    from ...subject.subject import reference_subject
 
     reference = reference_subject(rope_style)
     record_dir = config.getoption("spec_record", None)
     if record_dir:
-        from ..hypothesis_profiles import current_profile
+        from ...plugin.hypothesis_profiles import current_profile
         from .recording import RecordingExpectations
 
         provider = RecordingExpectations(reference, record_dir, profile=current_profile(config))

@@ -69,6 +69,8 @@ class TestVerdict:
     may be a consequence of; nothing could verify it.
     """
 
+    __test__ = False  # a record, not a test class pytest should collect
+
     test: str
     component: str
     subjects: list[str]

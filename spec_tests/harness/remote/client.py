@@ -2,7 +2,7 @@
 (``sandbox.py``), that runs the submission's protocol calls and model operations and returns plain
 data (``wire.py``). The judge never imports submission code.
 
-    with Worker("/staged/submission.py", ops="spec_tests.harness.model_ops") as worker:
+    with Worker("/staged/submission.py", ops="spec_tests.harness.subject.model_ops") as worker:
         worker.names, worker.attributes              # from the worker's hello
         y = worker.call("rmsnorm", (x, w), {"eps": 1e-5}, deadline=time.monotonic() + 60)
         model = worker.op("build", (config, state_dict, torch.float64, "cpu"))   # a RemoteHandle
@@ -32,9 +32,9 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from spec_tests.harness import cgroup as cgroup_mod
-from spec_tests.harness import sandbox as sandbox_mod
-from spec_tests.harness import wire
+from spec_tests.harness.remote import cgroup as cgroup_mod
+from spec_tests.harness.remote import sandbox as sandbox_mod
+from spec_tests.harness.remote import wire
 
 # Each restart (after a timeout or crash) starts a fresh sandbox and imports the submission again.
 # After this many, the worker is not started again: a submission that crashes or stalls in every

@@ -13,11 +13,11 @@ import contextlib
 import sys
 import time
 
-from ..protocol import REFERENCE_ONLY, effective_capabilities
-from .model_ops import OP_USES
-from .remote import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
-from .subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
-from .treemap import tree_leaves
+from ...protocol import REFERENCE_ONLY, effective_capabilities
+from ..judging.treemap import tree_leaves
+from ..subject.model_ops import OP_USES
+from ..subject.subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
+from .client import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
 
 # The most tensor elements one call to a replaced function may pass: the suite's own calls pass far
 # fewer, and this process (with the judge's memory limit) computes whatever a call asks.
@@ -102,7 +102,7 @@ class RemoteSubject(Subject):
             pass  # the next call starts a fresh worker
 
     def __getattr__(self, name: str):
-        from ..protocol import PROTOCOL_NAMES
+        from ...protocol import PROTOCOL_NAMES
 
         if name.startswith("_") or name not in PROTOCOL_NAMES:
             raise AttributeError(f"{name!r} is not a protocol v1 name")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .checks import Spec
-from .plugin import session_of, test_id
+from ..judging.spec import Spec
+from .hooks import session_of, test_id
 
 
 @pytest.fixture(scope="session")

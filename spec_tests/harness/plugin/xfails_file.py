@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .results import verdict_of
+from ..judging.results import verdict_of
 
 FAILING = ("failed", "consequence", "not_implemented", "setup", "error")
 
