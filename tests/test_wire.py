@@ -291,7 +291,10 @@ def test_objects_need_a_handle_policy():
 
 
 def decode_raw(header_value, blobs=()):
-    return wire.decode(header_value, [bytearray(b) for b in blobs])
+    decoder = wire.Decoder([bytearray(b) for b in blobs])
+    value = decoder(header_value)
+    decoder.finish()
+    return value
 
 
 @pytest.mark.parametrize(

@@ -37,11 +37,6 @@ def _catalog() -> dict[str, Bug]:
 CATALOG: dict[str, Bug] = _catalog()
 
 
-def bug_names() -> list[str]:
-    """Every catalogued bug's name, in catalog order."""
-    return list(CATALOG)
-
-
 def get_bug(name: str) -> Bug:
     try:
         return CATALOG[name]
@@ -60,7 +55,6 @@ __all__ = [
     "CATALOG",
     "Bug",
     "apply_patch",
-    "bug_names",
     "get_bug",
     "load_bug",
     "reference_sources",

@@ -3,11 +3,10 @@ function reproduces it, and what the output's structure shows.
 
 - ``structural_causes(expected, actual, axes=..., inputs=..., atol=..., rtol=...)``: detectors that
   relate the output to the expected one (layout, scale, shift, no-op, mask, boundary, precision, ...);
-- ``causality_probe`` / ``batch_probe``: reruns on modified inputs;
 - ``knob_causes(name, args, kwargs, actual, rope_style=..., atol=..., rtol=...)``: the specified
   function with one knob changed;
 - ``rank`` / ``describe``: order the causes and write the ``likely cause:`` lines;
-- ``diagnose(...)``: all of these for one failed check (``checks.Spec`` calls it on demand).
+- ``diagnose(...)``: all of these for one failed check (``judging.spec.Spec`` calls it on demand).
 
 Every line starts ``likely cause`` or ``matches known bug``; several fitting causes are ranked, and
 ambiguous evidence is said to be ambiguous rather than named with confidence.
@@ -22,12 +21,10 @@ from .cause import WEAK, Cause
 from .codes import PREFIX_KNOB
 from .knobs import knob_causes
 from .ranking import describe, is_ambiguous, rank
-from .structural import batch_probe, causality_probe, structural_causes
+from .structural import structural_causes
 
 __all__ = [
     "Cause",
-    "batch_probe",
-    "causality_probe",
     "describe",
     "diagnose",
     "knob_causes",

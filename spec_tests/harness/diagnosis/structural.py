@@ -6,9 +6,6 @@ factor, a shift, an input passed through, errors confined to masked positions or
 A detector states what it measured; one that does not fit returns nothing. Detectors that reproduce
 ``actual`` from ``expected`` by a transform, everywhere within tolerance, report confidence >= 0.9;
 those that only localise the error report at most 0.8.
-
-``causality_probe`` and ``batch_probe`` rerun the implementation (through a caller-supplied
-``recompute``) on modified inputs.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +26,6 @@ QUERY_NAMES = {"q", "tq", "t_q", "i", "query", "queries"}
 KEY_NAMES = {"k", "tk", "t_k", "j", "key", "keys", "s", "s_k"}
 CHANNEL_NAMES = {"d", "dh", "d_head", "c", "channel", "channels", "hd", "e"}
 HEAD_NAMES = {"h", "head", "heads", "hq", "h_q", "hkv", "h_kv"}
-BATCH_NAMES = {"b", "batch", "n"}
 LARGE = 250_000  # above this many entries, only the detectors linear in the size run
 
 
@@ -1218,168 +1214,3 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
     b = x.astype(np.float32).view(np.uint32)
     b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
     return b.astype(np.uint32).view(np.float32).astype(np.float64)
-
-
-# ---------------------------------------------------------------------------------------------
-# probes: rerun the implementation on modified inputs
-
-
-def _perturb(x, axis: int, sl: slice, seed: int):
-    """A copy of tensor ``x`` with the entries ``sl`` along ``axis`` replaced by other values."""
-    import torch
-
-    y = x.clone()
-    index = [slice(None)] * x.dim()
-    index[axis] = sl
-    part = y[tuple(index)]
-    g = torch.Generator().manual_seed(seed)
-    if x.dtype == torch.bool:
-        y[tuple(index)] = ~part
-    elif x.is_floating_point():
-        scale = float(x.abs().max()) if x.numel() else 1.0
-        noise = torch.randn(part.shape, generator=g, dtype=torch.float64) * max(scale, 1.0)
-        y[tuple(index)] = noise.to(dtype=x.dtype, device=x.device)
-    else:
-        high = int(x.max()) + 1 if x.numel() else 2
-        y[tuple(index)] = (part + torch.randint(1, max(high, 2), part.shape, generator=g).to(x.device)) % max(high, 2)
-    return y
-
-
-def _axis_for(name: str, axis) -> int | None:
-    if isinstance(axis, Mapping):
-        return axis.get(name)
-    return axis
-
-
-def _differ(a, b) -> tuple[bool, float]:
-    x, y = as_array(a), as_array(b)
-    if x is None or y is None or x.shape != y.shape:
-        return True, float("inf")
-    x, y = as_float(x), as_float(y)
-    same = (x == y) | (np.isnan(x) & np.isnan(y))
-    if same.all():
-        return False, 0.0
-    with np.errstate(invalid="ignore"):
-        diff = np.where(same, 0.0, np.abs(x - y))
-    return True, float(np.nanmax(diff)) if np.isfinite(diff).any() else float("inf")
-
-
-def causality_probe(
-    recompute: Callable[[dict], object],
-    inputs: Mapping,
-    time_axis: int | Mapping[str, int],
-    *,
-    output_time_axis: int | None = None,
-    cuts: Sequence[int] | None = None,
-) -> list[Cause]:
-    """Does the output at position t change when inputs after t change?
-
-    ``recompute(modified_inputs)`` reruns the implementation. ``time_axis`` is the time axis of every
-    tensor input (an int), or a mapping from input name to its time axis (inputs not named are not
-    modified). The output's time axis is ``output_time_axis`` (default: ``time_axis`` when an int).
-    Inputs longer than the output along time are aligned at the end (bottom-right).
-    """
-    import torch
-
-    base = recompute(dict(inputs))
-    again = recompute(dict(inputs))
-    if _differ(base, again)[0] or not isinstance(base, torch.Tensor):
-        return []  # not deterministic (or not a tensor): a rerun cannot tell
-    out_axis = output_time_axis if output_time_axis is not None else (time_axis if isinstance(time_axis, int) else None)
-    if out_axis is None:
-        raise ValueError("output_time_axis is needed when time_axis is a mapping")
-    t_out = base.shape[out_axis]
-    cuts = list(cuts) if cuts is not None else sorted({1, t_out // 2, t_out - 1} - {0})
-    worst = None
-    for seed, cut in enumerate(cuts):
-        changed = dict(inputs)
-        touched = []
-        for name, value in inputs.items():
-            axis = _axis_for(name, time_axis)
-            if axis is None or not isinstance(value, torch.Tensor) or value.dim() <= axis:
-                continue
-            start = cut + (value.shape[axis] - t_out)
-            if start <= 0 or start >= value.shape[axis]:
-                continue
-            changed[name] = _perturb(value, axis, slice(start, None), seed + 1)
-            touched.append(name)
-        if not touched:
-            continue
-        out = recompute(changed)
-        past = base.narrow(out_axis, 0, cut)
-        past_new = out.narrow(out_axis, 0, cut)
-        differs, amount = _differ(past_new, past)
-        if differs:
-            diff = (past_new.detach().double().cpu() - past.detach().double().cpu()).abs()
-            diff = torch.nan_to_num(diff, nan=float("inf"))
-            dims = [d for d in range(diff.dim()) if d != out_axis]
-            per_t = diff.amax(dim=dims) if dims else diff
-            positions = torch.nonzero(per_t > 0).flatten().tolist()
-            worst = (cut, positions, amount, touched)
-            break
-    if worst is None:
-        return []
-    cut, positions, amount, touched = worst
-    reach = cut - min(positions)
-    hint = " (only the position just before the cut: the mask lets each query see one step ahead)"
-    hint = hint if positions == [cut - 1] else ""
-    return [
-        Cause(
-            "causality",
-            f"outputs before position {cut} change when inputs from position {cut} on change: the computation sees "
-            f"the future{hint}",
-            "the causal mask (applied? aligned bottom-right? not off by one?) and any mixing along time "
-            "(a normalisation or mean over the time axis)",
-            "mask future keys (j > i + t_k - t_q) before the softmax; reduce only over allowed positions",
-            f"changed {', '.join(touched)} at positions >= {cut}; outputs at positions {fmt_indices(positions)} "
-            f"(up to {reach} step(s) earlier) moved by up to {amount:.3g}",
-            EXACT,
-            source="probe",
-        )
-    ]
-
-
-def batch_probe(recompute: Callable[[dict], object], inputs: Mapping, batch_axis: int | Mapping[str, int] = 0):
-    """Does one sequence's output change when the other sequences of the batch change?"""
-    import torch
-
-    base = recompute(dict(inputs))
-    again = recompute(dict(inputs))
-    if _differ(base, again)[0] or not isinstance(base, torch.Tensor):
-        return []
-    out_axis = batch_axis if isinstance(batch_axis, int) else 0
-    n = base.shape[out_axis]
-    if n < 2:
-        return []
-    for row in (0, n - 1):
-        changed, touched = dict(inputs), []
-        for name, value in inputs.items():
-            axis = _axis_for(name, batch_axis)
-            if axis is None or not isinstance(value, torch.Tensor) or value.dim() <= axis or value.shape[axis] != n:
-                continue
-            y = value
-            for other in range(n):
-                if other != row:
-                    y = _perturb(y, axis, slice(other, other + 1), 100 + other)
-            changed[name] = y
-            touched.append(name)
-        if not touched:
-            return []
-        out = recompute(changed)
-        differs, amount = _differ(out.narrow(out_axis, row, 1), base.narrow(out_axis, row, 1))
-        if differs:
-            return [
-                Cause(
-                    "batch_mixing",
-                    f"sequence {row}'s output changes when only the other sequences of the batch change: values mix "
-                    "across the batch",
-                    "reductions, reshapes and broadcasts that touch the batch axis (a mean/softmax over dim 0, a "
-                    "reshape that merges batch with time, a mask or cache shared across the batch)",
-                    "keep every operation per sequence: reduce over the intended axes only",
-                    f"changed {', '.join(touched)} in every batch row but {row}; row {row}'s output moved by up to "
-                    f"{amount:.3g}",
-                    EXACT,
-                    source="probe",
-                )
-            ]
-    return []

@@ -117,12 +117,6 @@ class Group:
             pass
         return 0
 
-    def peak_bytes(self) -> int | None:
-        try:
-            return int((self.path / "memory.peak").read_text())
-        except (OSError, ValueError):
-            return None
-
     def pids(self) -> list[int]:
         try:
             return [int(p) for p in self.procs.read_text().split()]

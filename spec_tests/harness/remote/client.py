@@ -463,7 +463,7 @@ class Worker:
         return self.info
 
     def _read_hello(self, header: dict, blobs) -> dict:
-        expected = {"type", "label", "names", "attributes", "has_xfails", "pid"}
+        expected = {"type", "label", "names", "attributes", "pid"}
         if set(header) != expected:
             self._protocol_error(f"a hello needs exactly {sorted(expected)}")
         try:
@@ -473,15 +473,14 @@ class Worker:
             names, label = header["names"], header["label"]
             if type(names) is not list or not all(type(n) is str for n in names) or type(label) is not str:
                 raise wire.WireError("hello: names must be a list of strings, label a string")
-            if type(attributes) is not dict or type(header["has_xfails"]) is not bool or type(header["pid"]) is not int:
-                raise wire.WireError("hello: malformed attributes, has_xfails or pid")
+            if type(attributes) is not dict or type(header["pid"]) is not int:
+                raise wire.WireError("hello: malformed attributes or pid")
         except wire.WireError as exc:
             self._protocol_error(exc)
         return {
             "label": wire.sanitize_str(label, 500),
             "names": frozenset(wire.sanitize_str(n, 100) for n in names),
             "attributes": attributes,
-            "has_xfails": header["has_xfails"],
             "pid": header["pid"],
         }
 

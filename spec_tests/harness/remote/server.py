@@ -430,16 +430,11 @@ def hello(impl, label: str) -> dict:
         if isinstance(value, (set, frozenset)):
             value = sorted(value, key=str)
         attributes[attr] = value
-    try:
-        has_xfails = getattr(impl, "SPEC_XFAILS", None) is not None
-    except Exception:  # noqa: BLE001
-        has_xfails = False
     return {
         "type": "hello",
         "label": label,
         "names": names,
         "attributes": attributes,
-        "has_xfails": has_xfails,
         "pid": os.getpid(),
     }
 

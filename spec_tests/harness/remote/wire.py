@@ -362,12 +362,6 @@ def _itemsize(dtype_name: str) -> int:
     }[dtype_name]
 
 
-def encode(value, on_object=None, *, limits: Limits | None = None):
-    """``(encoded tree, blobs)`` for one value (see ``Encoder`` for several values in one message)."""
-    encoder = Encoder(on_object, limits=limits)
-    return encoder(value), encoder.blobs
-
-
 # ---------------------------------------------------------------------------------------------
 # decoding
 
@@ -597,14 +591,6 @@ def _available(torch, device):
     if device.type not in ("cpu", "cuda"):
         raise WireError(f"values on {device.type} devices are not supported")
     return device
-
-
-def decode(obj, blobs, on_handle=None, *, device=None, limits: Limits | None = None):
-    """The value of one encoded tree whose message carried ``blobs`` (all of which it must use)."""
-    decoder = Decoder(blobs, on_handle, device=device, limits=limits)
-    value = decoder(obj)
-    decoder.finish()
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
