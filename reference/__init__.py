@@ -39,6 +39,14 @@ CAPABILITIES = (
     "rope_scaling",
     "attention_mask",
     "qkv_bias",
+    "sliding_window",
+    "layer_types",
+    "qk_norm",
+    "logit_softcap",
+    "norm_offset",
+    "embed_scale",
+    "geglu",
+    "post_norms",
 )
 
 PROTOCOL_NAMES = (

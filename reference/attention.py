@@ -18,22 +18,31 @@ import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 
+from .norms import rmsnorm
 from .positions import rope
 from .primitives import linear, softmax
 
 ATTENTION_KERNELS = ("naive", "sdpa", "flash")
 
 
-def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    t_q: int, t_k: int, device: torch.device | str | None = None, *, window: int | None = None
+) -> torch.Tensor:
     """Bool ``[t_q, t_k]``, True = may attend; bottom-right aligned.
 
     Query ``i`` may attend key ``j`` iff ``j <= i + (t_k - t_q)``: the last query is the newest
     token and sees every key, as when new queries follow ``t_k - t_q`` cached keys.
+    ``window`` (protocol v2, ``sliding_window``): also ``i + (t_k - t_q) - j < window``, the last ``window``
+    keys up to the query, itself included.
     """
     if t_q < 0 or t_k < 0:
         raise ValueError(f"causal_mask: sizes must be non-negative, got t_q={t_q}, t_k={t_k}")
+    if window is not None and window < 1:
+        raise ValueError(f"causal_mask: window must be >= 1, got {window}")
     q_pos = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)
     k_pos = torch.arange(t_k, device=device)[None, :]
+    if window is not None:  # distance from the query's own position: W keys, the query's included
+        return (k_pos <= q_pos) & (q_pos - k_pos < window)
     return k_pos <= q_pos
 
 
@@ -65,6 +74,7 @@ def scaled_dot_product_attention(
     *,
     causal: bool = False,
     fused: bool = False,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d_head) masked, over keys) @ v``.
 
@@ -73,10 +83,14 @@ def scaled_dot_product_attention(
     Rows with no allowed key are unspecified (NaN here).
     ``causal``: also mask the future, ``causal_mask(Tq, Tk)`` (bottom-right aligned).
     ``fused`` (the model's fast path): PyTorch's ``F.scaled_dot_product_attention``, equal to rounding.
+    ``softcap`` (protocol v2, ``logit_softcap``): the scaled scores become ``softcap * tanh(scores / softcap)``
+    before the mask (Gemma 2); PyTorch's kernel has no soft-cap, so ``fused`` then computes the math written out.
     """
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"scaled_dot_product_attention: softcap must be > 0 (or None), got {softcap!r}")
     n_rep = _group_size(q, k)
     t_q, t_k = q.shape[-2], k.shape[-2]
-    if fused:
+    if fused and softcap is None:
         if causal and mask is None and t_q == 1 and n_rep > 1:
             # one new query sees every key; each kv head's query heads become its rows, so a
             # decoding step never repeats the cached keys to n_heads
@@ -92,6 +106,8 @@ def scaled_dot_product_attention(
         mask = with_causal(mask, t_q, t_k, q.device)
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])
+    if softcap is not None:  # protocol v2 (logit_softcap, amendment 25): after the scaling, before the mask
+        scores = softcap * torch.tanh(scores / softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))
     weights = softmax(scores, dim=-1)
@@ -176,6 +192,11 @@ def multihead_self_attention(
     rope_scaling: dict | None = None,
     attention: str = "naive",
     mask: torch.Tensor | None = None,
+    window: int | None = None,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-5,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of ``x [B, T, d_model]`` -> ``[B, T, d_model]``.
 
@@ -193,6 +214,13 @@ def multihead_self_attention(
     with ``fused=True``) or ``"flash"`` (``flash_attention``); the same result to rounding.
     ``mask`` (protocol v2, ``attention_mask``): bool, broadcastable to ``[B, H, T, T_k]``, the keys each query
     may attend besides the causal mask (padding masked); ``"flash"`` then computes the math written out.
+    ``window`` (protocol v2, ``sliding_window``): each query attends only the last ``window`` keys up to itself
+    (``causal_mask(..., window=)``, bottom-right aligned over the cached and new keys); ``"flash"`` written out.
+    ``q_norm``, ``k_norm`` ``[d_head]`` (protocol v2, ``qk_norm``): per-head RMSNorm (``rmsnorm(., w, norm_eps)``
+    over each head's ``d_head`` channels, one weight shared by every head) on the queries, the keys, after the
+    head split and before RoPE; the cache holds the normalised, rotated keys. Values are never normalised.
+    ``softcap`` (protocol v2, ``logit_softcap``): passed to ``scaled_dot_product_attention`` (scores soft-capped
+    after the scaling, before the causal and padding masks); ``"sdpa"`` and ``"flash"`` then compute it written out.
     """
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     if wq.shape[0] % n_heads:
@@ -204,6 +232,10 @@ def multihead_self_attention(
     q = split_heads(linear(x, wq, bq), n_heads)  # [B, H, T, d_head]
     k = split_heads(linear(x, wk, bk), n_kv_heads)  # [B, Hkv, T, d_head]
     v = split_heads(linear(x, wv, bv), n_kv_heads)
+    if q_norm is not None:  # protocol v2 (qk_norm, amendment 24): per head, over d_head, before RoPE
+        q = rmsnorm(q, q_norm, norm_eps)
+    if k_norm is not None:
+        k = rmsnorm(k, k_norm, norm_eps)
     if theta is not None:
         if positions is None:
             start = 0 if cache is None else cache.length
@@ -214,7 +246,12 @@ def multihead_self_attention(
         k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
     if cache is not None:
         k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
-    if mask is not None:  # protocol v2 (attention_mask): padding masked with the causal mask; flash written out
+    if window is not None:  # protocol v2 (sliding_window): the causal mask narrowed to the last `window` keys
+        local = causal_mask(q.shape[-2], k.shape[-2], device=x.device, window=window)
+        mask = local if mask is None else mask.to(torch.bool) & local
+    if softcap is not None:  # protocol v2 (logit_softcap): the soft-cap written out, with the masks as below
+        out = scaled_dot_product_attention(q, k, v, mask, causal=True, softcap=softcap)
+    elif mask is not None:  # protocol v2 (attention_mask): padding masked with the causal mask; flash written out
         out = scaled_dot_product_attention(q, k, v, mask, causal=True, fused=attention == "sdpa")
     elif attention == "flash":
         out = flash_attention(q, k, v, causal=True)

@@ -28,7 +28,22 @@ class ModelConfig:
     family: str = "llama"
     rope_scaling: dict | None = None  # protocol v2: a Hugging Face rope_scaling dict (checked: rope_type set)
     qkv_bias: bool = False  # protocol v2 (amendment 22): biases on the q, k, v projections only (llama family)
+    qk_norm: bool = False  # protocol v2 (amendment 24): per-head RMSNorm on q and k before RoPE (llama family)
+    sliding_window: int | None = None  # protocol v2 (amendment 27): window W, query i sees keys i - W < j <= i
+    layer_types: tuple | None = None  # protocol v2 (amendment 27): "sliding_attention" | "full_attention" per layer
+    attn_logit_softcap: float | None = None  # protocol v2 (amendment 25): scores -> cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # protocol v2 (amendment 25): logits -> cap * tanh(logits / cap)
+    norm_offset: bool = False  # protocol v2 (amendment 26): RMSNorm gains are 1 + weight (Gemma; llama family)
+    embed_scale: bool = False  # protocol v2 (amendment 26): input embeddings times sqrt(d_model) (llama family)
+    geglu: bool = False  # protocol v2 (amendment 26): the gated MLP with tanh-GELU instead of SiLU (llama family)
+    post_norms: bool = False  # protocol v2 (amendment 26): an RMSNorm on each sublayer's output (llama family)
     attention: str = "sdpa"  # reference only: multihead_self_attention's attention, "sdpa" (fastest), "flash", "naive"
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (amendment 27): ``sliding_window`` in a sliding layer, else None."""
+        if self.layer_types is None or self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def kv_heads(self) -> int:
@@ -76,4 +91,61 @@ def parse_config(config: dict) -> ModelConfig:
         raise ValueError(f"config qkv_bias must be True or False, got {cfg.qkv_bias!r}")
     if cfg.qkv_bias and cfg.family != "llama":
         raise ValueError(f"config qkv_bias is for family 'llama' (gpt2 has every bias already), got {cfg.family!r}")
+    if not isinstance(cfg.qk_norm, bool):
+        raise ValueError(f"config qk_norm must be True or False, got {cfg.qk_norm!r}")
+    if cfg.qk_norm and cfg.family != "llama":
+        raise ValueError(
+            f"config qk_norm is for family 'llama' (it normalises q and k before RoPE), got {cfg.family!r}"
+        )
+    if cfg.sliding_window is not None or cfg.layer_types is not None:
+        cfg = replace(cfg, layer_types=check_layer_types(cfg.sliding_window, cfg.layer_types, cfg.n_layers))
+    check_gemma_options(cfg)
     return cfg
+
+
+GEMMA_OPTIONS = ("norm_offset", "embed_scale", "geglu", "post_norms")  # protocol v2, amendment 26
+
+
+def check_gemma_options(cfg: ModelConfig) -> None:
+    """Protocol v2: the soft-caps (amendment 25) are None or a number > 0; the Gemma-style options (amendment 26)
+    are True or False, and llama-family only (gpt2 has LayerNorm, learned positions and a biased GELU MLP)."""
+    for key in ("attn_logit_softcap", "final_logit_softcap"):
+        cap = getattr(cfg, key)
+        if cap is None:
+            continue
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0 or cap == float("inf"):
+            raise ValueError(f"config {key} must be a finite number > 0 (or None), got {cap!r}")
+    for key in GEMMA_OPTIONS:
+        value = getattr(cfg, key)
+        if not isinstance(value, bool):
+            raise ValueError(f"config {key} must be True or False, got {value!r}")
+        if value and cfg.family != "llama":
+            raise ValueError(f"config {key} is for family 'llama' (Gemma-style options), got family {cfg.family!r}")
+
+
+LAYER_TYPES = ("sliding_attention", "full_attention")  # Hugging Face's layer_types values (amendment 27)
+
+
+def check_layer_types(window, layer_types, n_layers: int) -> tuple[str, ...]:
+    """Protocol v2 (amendment 27): ``sliding_window`` and ``layer_types`` checked; the per-layer types as a tuple.
+
+    ``layer_types`` None: every layer sliding when there is a window (Mistral), else every layer full.
+    """
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"config sliding_window must be an int >= 1 (or None), got {window!r}")
+    if layer_types is None:
+        return ("sliding_attention" if window is not None else "full_attention",) * n_layers
+    if not isinstance(layer_types, (list, tuple)) or len(layer_types) != n_layers:
+        raise ValueError(
+            f"config layer_types must be a list of n_layers={n_layers} entries, got {layer_types!r}"
+            + (f" ({len(layer_types)} entries)" if isinstance(layer_types, (list, tuple)) else "")
+        )
+    unknown = [t for t in layer_types if t not in LAYER_TYPES]
+    if unknown:
+        raise ValueError(f"config layer_types entries must be one of {LAYER_TYPES}, got {unknown[0]!r}")
+    if window is None and "sliding_attention" in layer_types:
+        raise ValueError(
+            f"config layer_types has 'sliding_attention' layers ({list(layer_types)}) but sliding_window is None: "
+            "give the window W"
+        )
+    return tuple(layer_types)

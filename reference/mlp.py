@@ -25,6 +25,15 @@ def swiglu(
     return linear(silu(linear(x, w_gate), fused=fused) * linear(x, w_up), w_down)
 
 
+def geglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Protocol v2 (``geglu``, amendment 26; Gemma): ``(gelu_tanh(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T``.
+
+    SwiGLU with the tanh-approximate GELU (Hugging Face's ``gelu_pytorch_tanh``) in place of SiLU, on the gate
+    only. Shapes as ``swiglu``. Not a protocol name: the model's MLP under ``geglu``.
+    """
+    return linear(gelu_tanh(linear(x, w_gate)) * linear(x, w_up), w_down)
+
+
 def gelu_mlp(
     x: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor, b_proj: torch.Tensor
 ) -> torch.Tensor:

@@ -15,6 +15,7 @@ module that calls it (as the suite's root-cause reruns do) changes what the mode
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -23,7 +24,7 @@ import torch.nn as nn
 from .attention import multihead_self_attention
 from .config import ModelConfig, parse_config
 from .kv_cache import KVCache
-from .mlp import gelu_mlp, swiglu
+from .mlp import geglu, gelu_mlp, swiglu
 from .norms import layernorm, rmsnorm
 from .padding import check_attention_mask, key_mask, padded_positions
 from .positions import check_rope_style
@@ -31,13 +32,15 @@ from .primitives import embedding, linear
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float):
+    def __init__(self, d: int, eps: float, offset: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.offset = eps, offset  # offset (protocol v2, norm_offset): the gain is 1 + weight
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
         """``[..., d] -> [..., d]``."""
+        if self.offset:  # amendment 26 (Gemma): 1 + weight taken in the statistics' dtype (>= float32), as Gemma
+            return rmsnorm(x, 1.0 + self.weight.to(torch.promote_types(x.dtype, torch.float32)), self.eps)
         return rmsnorm(x, self.weight, self.eps)
 
 
@@ -66,12 +69,22 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=qkv_bias)
         self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.d_head, bias=qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=not llama)
+        if cfg.qk_norm:  # protocol v2 (amendment 24): per-head RMSNorm weights [d_head], shared by the heads
+            self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps)
 
     def forward(self, x, positions: torch.Tensor, cache: KVCache | None, layer: int, mask=None):
         """x ``[B, T, d_model]`` at positions ``[T]`` (or ``[B, T]``) -> ``[B, T, d_model]``; keys and values go
         to the cache. ``mask`` (protocol v2, ``attention_mask``): bool ``[B, 1, T, T_k]`` of keys that may be seen."""
         cfg = self.config
         padded = {} if mask is None else {"mask": mask}  # a v1 multihead_self_attention is asked as v1
+        window = cfg.layer_window(layer)  # protocol v2 (sliding_window, amendment 27): this layer's window
+        windowed = {} if window is None else {"window": window}  # likewise: only in a sliding layer
+        normed = {}  # likewise the qk_norm keywords (amendment 24): only when the config has them
+        if cfg.qk_norm:
+            normed = {"q_norm": self.q_norm.weight, "k_norm": self.k_norm.weight, "norm_eps": cfg.norm_eps}
+        cap = cfg.attn_logit_softcap  # protocol v2 (logit_softcap, amendment 25): passed only when set
+        capped = {} if cap is None else {"softcap": cap}
         return multihead_self_attention(
             x,
             self.wq.weight,
@@ -93,6 +106,9 @@ class Attention(nn.Module):
             rope_scaling=cfg.rope_scaling,
             attention=cfg.attention,  # "sdpa" by default: PyTorch's fused kernel
             **padded,
+            **windowed,
+            **normed,
+            **capped,
         )
 
 
@@ -106,6 +122,14 @@ class SwiGLU(nn.Module):
     def forward(self, x):
         """``[B, T, d_model] -> [B, T, d_model]``."""
         return swiglu(x, self.w_gate.weight, self.w_up.weight, self.w_down.weight, fused=True)  # F.silu
+
+
+class GeGLU(SwiGLU):
+    """Protocol v2 (``geglu``, amendment 26; Gemma): SwiGLU's weights, tanh-approximate GELU on the gate."""
+
+    def forward(self, x):
+        """``[B, T, d_model] -> [B, T, d_model]``."""
+        return geglu(x, self.w_gate.weight, self.w_up.weight, self.w_down.weight)
 
 
 class GeluMLP(nn.Module):
@@ -123,17 +147,30 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, rope_style: str):
         super().__init__()
         llama = cfg.family == "llama"
-        Norm = RMSNorm if llama else LayerNorm
+        Norm = functools.partial(RMSNorm, offset=cfg.norm_offset) if llama else LayerNorm
         self.attn_norm = Norm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, rope_style)
         self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg) if llama else GeluMLP(cfg)
+        self.mlp = (GeGLU(cfg) if cfg.geglu else SwiGLU(cfg)) if llama else GeluMLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        self.post_norms = cfg.post_norms  # protocol v2 (amendment 26; Gemma 2): a norm on each sublayer's output
+        if cfg.post_norms:
+            self.attn_post_norm = Norm(cfg.d_model, cfg.norm_eps)
+            self.mlp_post_norm = Norm(cfg.d_model, cfg.norm_eps)
 
     def forward(self, x, positions, cache, layer, mask=None):
         """``[B, T, d_model] -> [B, T, d_model]``, pre-norm residual."""
+        if self.post_norms:
+            return self.forward_post_norms(x, positions, cache, layer, mask)
         x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer, mask))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+    def forward_post_norms(self, x, positions, cache, layer, mask=None):
+        """Protocol v2 (``post_norms``, amendment 26; Gemma 2): each sublayer's output normalised before the add."""
+        h = self.attn(self.attn_norm(x), positions, cache, layer, mask)
+        x = x + self.drop(self.attn_post_norm(h))
+        h = self.mlp(self.mlp_norm(x))
+        return x + self.drop(self.mlp_post_norm(h))
 
 
 class Transformer(nn.Module):
@@ -146,7 +183,8 @@ class Transformer(nn.Module):
         self.pos_embeddings = None if llama else nn.Embedding(cfg.context_length, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg, rope_style) for _ in range(cfg.n_layers))
-        self.final_norm = (RMSNorm if llama else LayerNorm)(cfg.d_model, cfg.norm_eps)
+        Norm = functools.partial(RMSNorm, offset=cfg.norm_offset) if llama else LayerNorm
+        self.final_norm = Norm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight  # one parameter, two uses
@@ -177,11 +215,16 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + ids.shape[1], device=ids.device)
         x = embedding(ids, self.tok_embeddings.weight)  # [B, T, d_model]
+        if self.config.embed_scale:  # protocol v2 (amendment 26; Gemma): sqrt(d_model), rounded to x's dtype first
+            x = x * torch.tensor(self.config.d_model**0.5, dtype=x.dtype, device=x.device)
         if self.pos_embeddings is not None:
             x = x + embedding(positions, self.pos_embeddings.weight)
         x = self.drop(x)
         for layer, block in enumerate(self.layers):
             x = block(x, positions, cache, layer, mask)
+        cap = self.config.final_logit_softcap
+        if cap is not None:  # protocol v2 (amendment 25; Gemma 2): the logits soft-capped, cap * tanh(logits / cap)
+            return cap * torch.tanh(linear(self.final_norm(x), self.lm_head.weight) / cap)
         return linear(self.final_norm(x), self.lm_head.weight)
 
 
@@ -199,7 +242,7 @@ RESIDUAL_PROJECTIONS = ("attn.wo.weight", "mlp.w_down.weight", "mlp.w_proj.weigh
 @torch.no_grad()
 def init_weights(model: Transformer) -> None:
     """Linear/Embedding weights ~ N(0, 0.02); residual projections ~ N(0, 0.02/sqrt(2 n_layers));
-    biases 0; norm weights 1."""
+    biases 0; norm weights 1 (0 for the offsets of ``norm_offset``, amendment 26: a gain of 1 either way)."""
     residual_std = 0.02 / math.sqrt(2 * model.config.n_layers)
     for name, p in model.named_parameters():
         if name.endswith(RESIDUAL_PROJECTIONS):
@@ -210,6 +253,9 @@ def init_weights(model: Transformer) -> None:
             p.zero_()
         else:
             p.normal_(0.0, 0.02)
+    for module in model.modules():
+        if isinstance(module, RMSNorm) and module.offset:
+            module.weight.zero_()
 
 
 def build_model(config: dict, state_dict: dict | None = None, *, rope_style: str = "interleaved") -> Transformer:

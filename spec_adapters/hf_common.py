@@ -26,15 +26,17 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def eager_attention(attention_forward, q, k, v, mask=None, **module_attributes) -> torch.Tensor:
+def eager_attention(attention_forward, q, k, v, mask=None, softcap=None, **module_attributes) -> torch.Tensor:
     """A model's own ``eager_attention_forward`` on per-head tensors: ``[B, H, Tq, d]`` out.
 
     transformers' function reads ``training`` (and, for GQA, ``num_key_value_groups``) from the
     attention module passed in, and returns ``[B, Tq, H, d]`` ready for the output projection,
-    which is transposed back here.
+    which is transposed back here. ``softcap`` (protocol v2, ``logit_softcap``) is passed on only when set:
+    Gemma 2's function takes it, Llama's would swallow it in ``**kwargs`` and ignore it.
     """
     module = types.SimpleNamespace(training=False, **module_attributes)
-    out, _ = attention_forward(module, q, k, v, additive_mask(mask, q.dtype), scaling=q.shape[-1] ** -0.5)
+    capped = {} if softcap is None else {"softcap": softcap}
+    out, _ = attention_forward(module, q, k, v, additive_mask(mask, q.dtype), scaling=q.shape[-1] ** -0.5, **capped)
     return out.transpose(1, 2)
 
 
@@ -50,6 +52,30 @@ def make_config(config_class, **kwargs):
         return config_class(**kwargs)
     except StrictDataclassError as exc:
         raise ValueError(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------------- canonical names
+
+
+def load_named(model, state_dict: dict, names: dict[str, str]) -> None:
+    """Copy ``state_dict`` (canonical names, exact shapes) into ``model``'s parameters; ``names`` maps each canonical
+    name to the model's parameter name (``hf_names``)."""
+    unknown, missing = sorted(set(state_dict) - set(names)), sorted(set(names) - set(state_dict))
+    if unknown or missing:
+        raise ValueError(f"state_dict does not match the canonical names: missing {missing}, unexpected {unknown}")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state_dict.items():
+            target = params[names[name]]
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(target.shape)}")
+            target.copy_(value)
+
+
+def named_state_dict(model, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` under canonical names (``names``: canonical -> parameter name; a tied head once)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return {canonical: params[hf].detach() for canonical, hf in names.items()}
 
 
 # ----------------------------------------------------------------------------------------- cache
@@ -88,12 +114,21 @@ def cache_kv(cache: HFCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return empty, empty
 
 
-def forward(model, ids: torch.Tensor, cache: HFCache | None = None) -> torch.Tensor:
+def forward(model, ids: torch.Tensor, cache: HFCache | None = None, *, attention_mask=None) -> torch.Tensor:
     """logits ``[B, T, V]``: the model's own forward; with a cache, positions continue from its length
-    (transformers' rule)."""
+    (transformers' rule).
+
+    ``attention_mask`` (protocol v2, amendment 23; used by the adapters that declare it): transformers' own 2-D mask
+    over the cached and new tokens, with the ``position_ids`` its ``generate`` derives from it
+    (``_prepare_position_ids_for_generation``: ``cumsum(mask) - 1``), since the forward alone does not.
+    """
+    kwargs = {}
+    if attention_mask is not None:
+        positions = model._prepare_position_ids_for_generation(ids, {"attention_mask": attention_mask})
+        kwargs = {"attention_mask": attention_mask, "position_ids": positions[:, -ids.shape[1] :]}
     if cache is None:
-        return model(input_ids=ids, use_cache=False).logits
-    return model(input_ids=ids, cache=cache.dynamic, use_cache=True).logits
+        return model(input_ids=ids, use_cache=False, **kwargs).logits
+    return model(input_ids=ids, cache=cache.dynamic, use_cache=True, **kwargs).logits
 
 
 def count_parameters(model) -> int:
@@ -148,14 +183,28 @@ def sample(logits, temperature: float = 1.0, top_k=None, top_p=None, generator: 
 # ------------------------------------------------------------------------------------ generation
 
 
-def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True):
+def generate(
+    model,
+    prompt,
+    max_new_tokens,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    generator=None,
+    use_cache=True,
+    *,
+    attention_mask=None,
+):
     """``model.generate`` itself: no cropping, no sliding window, no mode switch (see the xfails file).
+    ``attention_mask`` (protocol v2, amendment 23) is passed on as it is: ``generate`` derives the positions.
 
     Argument forms only: ``temperature == 0`` is ``do_sample=False``; transformers draws from the
     global RNG, so it is seeded from ``generator`` inside ``torch.random.fork_rng`` (the same
     generator state gives the same tokens, and the caller's global RNG is left untouched).
     """
     kwargs = dict(max_new_tokens=max_new_tokens, use_cache=use_cache, do_sample=temperature != 0)
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
     if temperature != 0:
         kwargs.update(temperature=float(temperature), top_k=top_k, top_p=top_p)
     devices = [prompt.device] if prompt.device.type == "cuda" else []

@@ -152,25 +152,25 @@ def build_model(config: dict, state_dict: dict | None = None) -> LlamaForCausalL
 def load_canonical(model: LlamaForCausalLM, state_dict: dict | None) -> LlamaForCausalLM:
     """Copy ``state_dict`` (canonical names, exact shapes) into ``model``'s parameters; ``None`` keeps them."""
     if state_dict is not None:
-        names = name_map(model.config.num_hidden_layers, model.config.tie_word_embeddings)
-        unknown, missing = sorted(set(state_dict) - set(names)), sorted(set(names) - set(state_dict))
-        if unknown or missing:
-            raise ValueError(f"state_dict does not match the canonical names: missing {missing}, unexpected {unknown}")
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in state_dict.items():
-                target = params[names[name]]
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"state_dict[{name!r}] has shape {tuple(value.shape)}, expected {tuple(target.shape)}"
-                    )
-                target.copy_(value)
+        hf_common.load_named(model, state_dict, canonical_names(model))
     return model
+
+
+def canonical_names(model) -> dict[str, str]:
+    """Canonical name -> parameter name of ``model``: Llama's, and (protocol v2) the q, k, v biases of Qwen2 and the
+    per-head q/k norms of Qwen3 where the model has them (their other parameters are named as Llama's)."""
+    params, first = dict(model.named_parameters()), "model.layers.0.self_attn."
+    return name_map(
+        model.config.num_hidden_layers,
+        model.config.tie_word_embeddings,
+        qkv_bias=first + "q_proj.bias" in params,
+        qk_norm=first + "q_norm.weight" in params,
+    )
 
 
 def canonical_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     params = dict(model.named_parameters(remove_duplicate=False))
-    names = name_map(model.config.num_hidden_layers, model.config.tie_word_embeddings)
+    names = canonical_names(model)
     return {canonical: params[hf].detach() for canonical, hf in names.items()}
 
 

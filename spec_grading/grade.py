@@ -12,6 +12,9 @@ stopped).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from spec_tests.harness.judging.settling import settle
 
 from .judge import JudgeResult, Verdict
 from .rubric import GradedTest, Rubric
@@ -214,28 +217,21 @@ def build_grade(
     )
 
 
-CHARGED = ("failed", "not_implemented", "error")
-
-
 def charge_unsupported_consequences(results: list[TestResult]) -> None:
-    """A consequence earns only while its root causes are charged: every root name is a subject of
-    a graded test that failed (or of a consequence that holds, for a chain). Otherwise nothing pays
-    for it (a root whose own tests all pass, one outside the selection), and it is charged as failed."""
-    failing = {name for r in results if r.status in CHARGED for name in r.test.subjects}
-    pending = [r for r in results if r.status == "consequence"]
-    settled = True
-    while settled:
-        settled = False
-        for r in list(pending):
-            if r.root_cause and all(name in failing for name in r.root_cause):
-                failing.update(r.test.subjects)
-                pending.remove(r)
-                settled = True
-    for r in pending:
-        names = ", ".join(r.root_cause) or "an upstream function"
-        r.message = clean(
-            f"charged: this test failed and named {names} as the cause, but no graded test of {names} "
-            f"fails, so nothing else pays for it.\n{r.message}",
-            MESSAGE_CAP,
-        )
-        r.status, r.root_cause = "failed", []
+    """A consequence earns only while its roots are charged, as ``settle`` decides (the function pytest's
+    summary reads too, so the two agree by construction): every root name is a subject of a graded test that
+    really failed (failed or error: a root that is only not implemented or not provided pays for nothing), or
+    of a consequence that holds (a chain: its roots replace it). Otherwise nothing pays for it (a root whose
+    own tests all pass, one outside the selection, one not written), and it is charged as failed."""
+    records = [SimpleNamespace(test=r.test.id, subjects=r.test.subjects, status=r.status, root_cause=r.root_cause)
+               for r in results]  # fmt: skip
+    settled = settle(records)
+    for r in results:
+        if r.status != "consequence":
+            continue
+        decision = settled[r.test.id]
+        if decision.status == "consequence":
+            r.root_cause = list(decision.roots)
+        else:
+            r.message = clean(f"{decision.reason}.\n{r.message}", MESSAGE_CAP)
+            r.status, r.root_cause = "failed", []

@@ -32,6 +32,11 @@ def _bodies(source: str, filename: str):
         tree = ast.parse(source, filename)
     except SyntaxError:
         return
+    yield from _tree_bodies(tree)
+
+
+def _tree_bodies(tree: ast.AST):
+    """``(name, digest)`` of every substantial function body in a parsed module."""
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             body = node.body
@@ -82,3 +87,9 @@ def find_reference_code(paths, bodies: dict[str, str] | None = None) -> list[str
             if digest in bodies:
                 found.append(f"{path}:{name} is {bodies[digest]}")
     return found
+
+
+def reference_code_in(tree: ast.AST, label: str, bodies: dict[str, str] | None = None) -> list[str]:
+    """``find_reference_code`` for a module already parsed (the static flags parse each file once)."""
+    bodies = _installed_reference_bodies() if bodies is None else bodies
+    return [f"{label}:{name} is {bodies[digest]}" for name, digest in _tree_bodies(tree) if digest in bodies]

@@ -16,13 +16,15 @@ import ast
 import os
 import re
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from spec_tests.harness.remote.upload_copy import UploadLimits, copy_upload, quote
 
 from .packages import package_dir
-from .solution_scan import find_reference_code
+from .solution_scan import reference_code_in
 
 
 class SubmissionError(ValueError):
@@ -179,6 +181,8 @@ def rope_style(source: Path) -> str | None:
     """The ``ROPE_STYLE = "..."`` a submission declares, read without running it (None: not found)."""
     init = source if source.is_file() else source / "__init__.py"
     try:
+        if init.lstat().st_size > SCAN_FILE_BYTES:  # not parsed in the grader (see the static flags)
+            return None
         tree = ast.parse(init.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, *UNSCANNABLE):
         return None
@@ -196,10 +200,15 @@ def rope_style(source: Path) -> str | None:
 
 SUSPICIOUS = [
     (
-        re.compile(r"^\s*(from|import)\s+reference\b|import_module\(\s*['\"]reference|['\"]reference['\"]", re.M),
+        re.compile(
+            r"^[ \t]*(from|import)[ \t]+reference\b|import_module\([ \t]*['\"]reference|['\"]reference['\"]", re.M
+        ),
         "mentions the reference package",
     ),
-    (re.compile(r"^\s*(from|import)\s+spec_tests\b|import_module\(\s*['\"]spec_tests", re.M), "imports the test suite"),
+    (
+        re.compile(r"^[ \t]*(from|import)[ \t]+spec_tests\b|import_module\([ \t]*['\"]spec_tests", re.M),
+        "imports the test suite",
+    ),
     (re.compile(r"\bsys\.modules\b"), "reads sys.modules"),
     (re.compile(r"\bgc\.get_(objects|referrers|referents)\b"), "walks the garbage collector's objects"),
     (
@@ -245,63 +254,115 @@ def _rel(source: Path, path: Path) -> str:
     return quote(path.name if source.is_file() else str(path.relative_to(source)))
 
 
+# The static flags run in the grader, outside the sandbox, on whatever the upload holds: what they read is
+# bounded. A file over SCAN_FILE_BYTES is neither parsed nor searched (``ast.parse`` of a 4.8 MB list literal
+# took 8.7 s and 2.3 GB; it is flagged as large data anyway); all files together at most SCAN_TOTAL_BYTES
+# (parsing takes about 1.3 s per MB of literals) and SCAN_SECONDS of wall time. A file left out is named
+# "not scanned (why)", the first UNSCANNED_NAMED of them, the rest counted.
+SCAN_FILE_BYTES = LARGE_DATA_BYTES
+SCAN_TOTAL_BYTES = 1_000_000
+SCAN_SECONDS = 10.0
+UNSCANNED_NAMED = 20
+LARGE_LITERAL_CHARS = 20_000
+
+
+@dataclass
+class ScanBudget:
+    """What the static flags may still read: bytes of all files together, and wall time (``clock``)."""
+
+    total_bytes: int = SCAN_TOTAL_BYTES
+    seconds: float = SCAN_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    spent_bytes: int = 0
+    started: float | None = None
+
+    def __post_init__(self):
+        for name in ("total_bytes", "seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(f"ScanBudget.{name} must be a number >= 0, got {value!r}")
+
+    def read(self, path: Path) -> tuple[str | None, str]:
+        """``(text, "")`` of a file to scan, or ``(None, why it is not scanned)``."""
+        if self.started is None:
+            self.started = self.clock()
+        size = path.lstat().st_size
+        if size > SCAN_FILE_BYTES:
+            return None, f"over {SCAN_FILE_BYTES // 1000} kB: not parsed or searched"
+        if self.spent_bytes + size > self.total_bytes:
+            return None, f"the static scan's {self.total_bytes // 1000} kB for all files were spent"
+        if self.clock() - self.started > self.seconds:
+            return None, f"the static scan's {self.seconds:g} s were spent"
+        with path.open("rb") as f:
+            data = f.read(SCAN_FILE_BYTES + 1)
+        if len(data) > SCAN_FILE_BYTES:  # grew since lstat
+            return None, f"over {SCAN_FILE_BYTES // 1000} kB: not parsed or searched"
+        self.spent_bytes += len(data)
+        return data.decode("utf-8"), ""
+
+
 def large_data(source: Path, unscanned: dict[str, str] | None = None) -> list[str]:
-    """Files or string literals large enough to hold copied expected values (the handout ships a
-    recording of the suite's inputs and answers; grading uses the same inputs)."""
+    """Files large enough to hold copied expected values (the handout ships a recording of the suite's
+    inputs and answers; grading uses the same inputs), from their sizes alone; large string literals are
+    found while the files are scanned (``static_flags``)."""
     unscanned = {} if unscanned is None else unscanned
     found = []
     for path in _files(source):
-        rel = _rel(source, path)
         try:
             size = path.lstat().st_size
-            if size > LARGE_DATA_BYTES:
-                found.append(f"{rel} is {size // 1000} kB")
+        except OSError as exc:
+            unscanned.setdefault(str(path), type(exc).__name__)
+            continue
+        if size > LARGE_DATA_BYTES:
+            found.append(f"{_rel(source, path)} is {size // 1000} kB")
+    return found
+
+
+def static_flags(source: Path, budget: ScanBudget | None = None) -> list[str]:
+    """Things in a submission's source that staff may want to look at (never affects the score).
+    Each file is read once, within ``budget`` (above), and scanned on its own: one the scanners cannot
+    take (a deeply nested expression makes ``ast.parse`` raise RecursionError or MemoryError) or the
+    budget leaves out is named "not scanned", and the others are still scanned."""
+    budget = ScanBudget() if budget is None else budget
+    unscanned: dict[str, str] = {}
+    large = large_data(source, unscanned)
+    files = [p for p in _files(source) if p.suffix == ".py" and "__pycache__" not in p.parts]
+    found: list[str] = []
+    copies: list[str] = []
+    for path in files:
+        rel = _rel(source, path)
+        try:
+            text, why = budget.read(path)
+            if text is None:
+                unscanned.setdefault(str(path), why)
                 continue
-            if path.suffix != ".py":
-                continue
-            tree = _parse(path, path.read_text(encoding="utf-8"), unscanned)
+            for pattern, what in SUSPICIOUS:
+                match = pattern.search(text)
+                if match:
+                    line = text.count("\n", 0, match.start()) + 1
+                    found.append(f"{rel}:{line} {what}")
+            tree = _parse(path, text, unscanned)
             if tree is None:
                 continue
             big = [
                 n
                 for n in ast.walk(tree)
-                if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes) and len(n.value) > 20_000
+                if isinstance(n, ast.Constant)
+                and isinstance(n.value, str | bytes)
+                and len(n.value) > LARGE_LITERAL_CHARS
             ]
             if big:
-                found.append(f"{rel}:{big[0].lineno} holds a {len(big[0].value) // 1000} kB literal")
-        except (OSError, UnicodeDecodeError, *UNSCANNABLE) as exc:
-            unscanned.setdefault(str(path), f"{type(exc).__name__}")
-    return found
-
-
-def static_flags(source: Path) -> list[str]:
-    """Things in a submission's source that staff may want to look at (never affects the score).
-    Each file is scanned on its own: one the scanners cannot take (a deeply nested expression makes
-    ``ast.parse`` raise RecursionError or MemoryError) is named, and the others are still scanned."""
-    unscanned: dict[str, str] = {}
-    flags = [f"large data ({what}): copied expected values?" for what in large_data(source, unscanned)]
-    files = [p for p in _files(source) if p.suffix == ".py" and "__pycache__" not in p.parts]
-    copies: list[str] = []
-    for path in files:
-        rel = _rel(source, path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        try:
-            for pattern, what in SUSPICIOUS:
-                match = pattern.search(text)
-                if match:
-                    line = text.count("\n", 0, match.start()) + 1
-                    flags.append(f"{rel}:{line} {what}")
-            if str(path) not in unscanned:
-                shown = quote(str(path.relative_to(source.parent)))
-                copies += [shown + c[len(str(path)) :] for c in find_reference_code([path])]
-        except (*UNSCANNABLE, UnicodeError) as exc:
+                large.append(f"{rel}:{big[0].lineno} holds a {len(big[0].value) // 1000} kB literal")
+            copies += reference_code_in(tree, quote(str(path.relative_to(source.parent))))
+        except (OSError, UnicodeError, *UNSCANNABLE) as exc:
             unscanned.setdefault(str(path), type(exc).__name__)
+    flags = [f"large data ({what}): copied expected values?" for what in large] + found
     if copies:
         more = f" and {len(copies) - 3} more" if len(copies) > 3 else ""
         flags.append(f"contains {len(copies)} functions of the reference: {'; '.join(copies[:3])}{more}")
-    for path, why in unscanned.items():
+    named = list(unscanned.items())
+    for path, why in named[:UNSCANNED_NAMED]:
         flags.append(f"{_rel(source, Path(path))} not scanned ({why})")
+    if len(named) > UNSCANNED_NAMED:
+        flags.append(f"{len(named) - UNSCANNED_NAMED} more files not scanned")
     return flags

@@ -103,6 +103,8 @@ def supported(impl, cfg: dict, *, need=()) -> dict:
     impl.require_family(cfg.get("family", "llama"))
     caps = impl.capabilities
     cfg = dict(cfg)
+    if cfg.get("family", "llama") == "llama":  # protocol v2 (amendment 26): what every model of it has
+        cfg.update(impl.fixed_config)
     grouped = n_kv(cfg) < cfg["n_heads"]
     if grouped and "gqa" not in caps:
         if "gqa" in need:
@@ -165,6 +167,10 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             layer.update({"mlp.w_gate.weight": (f, d), "mlp.w_up.weight": (f, d), "mlp.w_down.weight": (d, f)})
             if cfg.get("qkv_bias"):  # protocol v2 (amendment 22): q, k, v only, not wo nor the MLP
                 layer.update({"attn.wq.bias": (hq,), "attn.wk.bias": (hkv,), "attn.wv.bias": (hkv,)})
+            if cfg.get("qk_norm"):  # protocol v2 (amendment 24): one [d_head] gain each, shared by the heads
+                layer.update({"attn.q_norm.weight": (dh,), "attn.k_norm.weight": (dh,)})
+            if cfg.get("post_norms"):  # protocol v2 (amendment 26): Gemma 2's norms on the sublayers' outputs
+                layer.update({"attn_post_norm.weight": (d,), "mlp_post_norm.weight": (d,)})
         shapes.update({f"layers.{i}.{k}": s for k, s in layer.items()})
     shapes["final_norm.weight"] = (d,)
     if gpt2:
@@ -174,10 +180,19 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def offset_norm_names(cfg: dict) -> set[str]:
+    """The canonical norm weights that ``norm_offset`` stores as offsets (amendment 26): the model's RMSNorms of
+    v1 (``attn_norm``, ``mlp_norm``, ``final_norm``) and ``post_norms``' two per layer."""
+    per_layer = ("attn_norm.weight", "mlp_norm.weight", "attn_post_norm.weight", "mlp_post_norm.weight")
+    names = {f"layers.{i}.{n}" for i in range(cfg["n_layers"]) for n in per_layer}
+    return names | {"final_norm.weight"}
+
+
 def random_state_dict(cfg: dict, *, seed: int, dtype="float64", device="cpu"):
     """Canonical weights at a scale that keeps activations O(1) and every component visible.
 
-    Matrices ~ N(0, 1/fan_in), norm gains in [0.5, 1.5], biases ~ N(0, 0.3²), embeddings
+    Matrices ~ N(0, 1/fan_in), norm gains in [0.5, 1.5] (with ``norm_offset`` the weights are the offsets
+    gain - 1, in [-0.5, 0.5]: ``1 + weight`` gives the same gains), biases ~ N(0, 0.3²), embeddings
     ~ N(0, 0.1²): small embeddings leave the residual stream to attention and the MLP, so logits
     (and greedy tokens) depend on the whole context. With N(0, 1) embeddings (tied) a model mostly
     echoes its last token, and cropping or sliding mistakes in generation go unseen.
@@ -185,11 +200,14 @@ def random_state_dict(cfg: dict, *, seed: int, dtype="float64", device="cpu"):
     import torch
 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    offset_norms = offset_norm_names(cfg)
     sd = {}
     for i, (name, shape) in enumerate(canonical_shapes(cfg).items()):
         s = seed * 1000 + i
         if name.endswith("norm.weight"):
             sd[name] = inputs.norm_weight(*shape, seed=s, dtype=dtype, device=device)
+            if cfg.get("norm_offset") and name in offset_norms:  # amendment 26: the gain is 1 + weight
+                sd[name] = sd[name] - 1
         elif name.endswith(".bias"):
             sd[name] = inputs.randn(*shape, seed=s, scale=0.3, dtype=dtype, device=device)
         elif "embeddings" in name:
@@ -199,13 +217,35 @@ def random_state_dict(cfg: dict, *, seed: int, dtype="float64", device="cpu"):
     return sd
 
 
+# The global seed a model built from a state dict is built under: whatever an implementation initialises and
+# does not load (a head copied from the embedding before loading, say) is then the same in every build, so a
+# relation between two builds of the same weights judges what it is meant to. Whether the weights alone determine
+# the model is build_model's own test (test_model.py::test_model_is_determined_by_its_weights).
+BUILD_SEED = 0
+
+
 def build(m, cfg: dict, state_dict: dict | None = None, **kw):
-    """``m.build_model(cfg, state_dict)`` in the weights' dtype and device, in eval mode (``m``: a subject)."""
+    """``m.build_model(cfg, state_dict)`` in the weights' dtype and device, in eval mode (``m``: a subject),
+    under the global seed ``BUILD_SEED`` unless ``seed`` is given."""
     if state_dict is not None:
         first = next(iter(state_dict.values()))
         kw.setdefault("dtype", str(first.dtype).removeprefix("torch."))
         kw.setdefault("device", first.device.type)
+        kw.setdefault("seed", BUILD_SEED)
     return m.build(cfg, state_dict, **kw)
+
+
+def determined(m, cfg: dict, state_dict: dict, ids, tol) -> bool:
+    """Whether the model built from ``state_dict`` computes the same logits for ``ids`` built under two other
+    global seeds: whether its weights alone determine it. True where one model's logits already vary from call to
+    call (the forward pass itself then says nothing about the weights)."""
+    from .harness.judging.compare import mismatch
+
+    model = build(m, cfg, state_dict, seed=BUILD_SEED + 1)
+    first = m.forward(model, ids)
+    if mismatch(m.forward(model, ids), first, tol) is not None:
+        return True
+    return mismatch(m.forward(build(m, cfg, state_dict, seed=BUILD_SEED + 2), ids), first, tol) is None
 
 
 def logits(m, cfg: dict, state_dict: dict, ids):

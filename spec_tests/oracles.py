@@ -58,13 +58,20 @@ def evaluate_teacher(
     usual mistakes, for diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"``
     (mean of per-batch means, ``batch_size`` full windows to a batch and the short last window on its
     own, as code that cannot stack windows of two lengths does), ``"drop_last"`` (the short last window
-    left out), ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1).
+    left out), ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1), ``"chunks"``
+    (windows ``context_length + 1`` apart: the data cut into chunks of inputs and targets, so the token after
+    each chunk is never predicted; divided by the tokens predicted), ``"unshifted"`` (each window's tokens
+    scored as their own targets).
     """
     nll = []
     spans = windows(len(data), context_length)
+    if reduction == "chunks":
+        step = context_length + 1
+        spans = [(s, min(context_length, len(data) - 1 - s)) for s in range(0, len(data) - 1, step)]
+    shift = 0 if reduction == "unshifted" else 1
     for start, length in spans:
         x = data[start : start + length][None].long().to(device)
-        y = data[start + 1 : start + length + 1].long()
+        y = data[start + shift : start + length + shift].long()
         logits = impl.forward(model, x)[0].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0])
     if reduction == "window_means":
@@ -79,6 +86,8 @@ def evaluate_teacher(
         loss = float(torch.cat(kept).mean())
     elif reduction == "all_tokens":
         loss = float(torch.cat(nll).sum() / len(data))
+    elif reduction == "chunks":
+        loss = float(torch.cat(nll).mean())
     else:
         loss = float(torch.cat(nll).sum() / (len(data) - 1))
     return {"loss": loss, "perplexity": float(torch.tensor(loss, dtype=torch.float64).exp())}

@@ -62,7 +62,8 @@ def padded_rows_hint(actual, expected, pads, t=T) -> tuple[str | None, str]:
     if not wrong or any(pads[b] == 0 for b in wrong):
         return None, ""
     return (
-        f"likely cause: only the padded rows ({wrong}) differ from the row alone; the unpadded row is right, so the "
+        f"likely cause (weak evidence): only the padded rows ({wrong}) differ from the row alone; the unpadded row is "
+        "right, so the "
         "model is right and the padding is not handled: positions counted from the padded start, or padding keys "
         "not masked. Fix: positions = cumsum(attention_mask) - 1 per row; mask every key whose attention_mask is 0"
     ), "~knob:position_offset"
@@ -178,7 +179,8 @@ def test_padded_cached_forward_equals_uncached(spec, config):
     hint = None
     if prefill_right:
         hint = (
-            "likely cause: the padded prefill is right and the tokens fed after it through the cache are not: a "
+            "likely cause (weak evidence): the padded prefill is right and the tokens fed after it through the cache "
+            "are not: a "
             "cached forward drops the mask for the cached keys, or counts its positions from the cache length "
             "(padding included). Fix: mask the cached padding keys as given by the whole mask, and continue each "
             "row's positions from its real-token count"
@@ -226,7 +228,8 @@ def generation_causes(out, alone, pads) -> tuple[tuple[str, ...], tuple[str, ...
     wrong = [b for b, a in enumerate(alone) if not torch.equal(out[b, pads[b] :].cpu(), a.cpu())]
     if wrong and all(pads[b] > 0 for b in wrong) and any(p == 0 for p in pads):
         return (
-            f"likely cause: only the padded rows ({wrong}) differ from their generation alone, the unpadded row is "
+            f"likely cause (weak evidence): only the padded rows ({wrong}) differ from their generation alone, the "
+            "unpadded row is "
             "right: padding changes what a row sees, through positions counted from the padded start or padding "
             "keys left unmasked (test_padded_forward_rows_equal_each_row_alone tells which), in the prefill or in "
             "the cached steps. Fix: positions = cumsum(mask) - 1, mask padding keys, and extend the mask by a 1 "
@@ -312,12 +315,13 @@ def test_padded_cached_generation_equals_uncached(spec, config):
     causes, codes = (), ()
     if uncached_right and not torch.equal(cached.cpu(), uncached.cpu()):
         causes = (
-            "likely cause: without the cache every row equals its generation alone, through the cache the padded "
+            "likely cause (weak evidence): without the cache every row equals its generation alone, through the cache "
+            "the padded "
             "rows do not: the cached steps drop the mask (the new token attends the cached padding keys) or count "
             "positions from the cache length. Fix: pass the whole mask (cached + new, grown by a 1 per step) to "
             "every cached forward, and continue each row's positions from its real-token count",
         )
-        codes = ("knob:cache_contents",)
+        codes = ("~knob:cache_contents",)  # two mechanisms fit (the mask dropped, positions from the cache length)
     check_rows(
         spec,
         cached,

@@ -13,8 +13,11 @@ import torch
 from hypothesis import given
 
 from . import models
+from .harness.judging.compare import mismatch
 from .harness.judging.spec import Variant
+from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
+from .harness.subject.subject import NotImplementedInImpl
 from .models import CONFIGS
 from .strategies import chunkings
 
@@ -155,10 +158,12 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
     """cache_kv(cache, layer) is [B, n_kv_heads, T_cached, d_head], appended in time order; keys are stored after RoPE
     and values as projected (course notes: KV cache concatenated along the wrong axis; protocol: KV cache).
 
-    The same token at positions 1 and 6 of a llama model: at layer 0 its value is the same at both
-    positions (values carry no rotation), and its key differs between them while keeping its length
-    (keys are stored rotated). Lengths, not angles, are compared, so a wrong RoPE frequency is left to
-    the RoPE and model tests.
+    What cache_kv returns is judged on a cache filled by one prefill of 9 tokens: the same token at positions 1 and 6
+    of a llama model: at layer 0 its value is the same at both positions (values carry no rotation), and its key
+    differs between them while keeping its length (keys are stored rotated). Lengths, not angles, are compared, so a
+    wrong RoPE frequency is left to the RoPE and model tests. Then the cache after chunks [5, 4] holds what one
+    prefill holds. cache_kv reads both caches alike, so a difference there is in how forward appends to a cache,
+    which the logits relations above judge (new_cache): where those fail, this part is left to them.
     """
     sd = models.random_state_dict(config, seed=25, device=spec.device)
     ids = spec.inputs.token_ids(2, 9, vocab=config["vocab_size"], seed=26)
@@ -174,24 +179,17 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
         return [tuple(spec.impl.cache_kv(cache, layer)) for layer in range(config["n_layers"])]
 
     want = (2, models.n_kv(config), 9, models.d_head(config))
-    chunked = contents([5, 4])
-    for layer, (k, v) in enumerate(chunked):
+    prefill = contents([9])
+    for layer, (k, v) in enumerate(prefill):
         spec.require(
             tuple(k.shape) == want and tuple(v.shape) == want,
-            behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want}",
-            found=f"k {tuple(k.shape)}, v {tuple(v.shape)}{_time_steps_held(k.shape, want)}",
+            behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want} after a prefill of 9 tokens",
+            found=f"k {tuple(k.shape)}, v {tuple(v.shape)}",
             causes=_layout_causes(k.shape, want) or _layout_causes(v.shape, want),
             codes=("shape",),
         )
-    spec.close(
-        chunked,
-        contents([9]),
-        kind="model",
-        axes="b h t d",
-        behaviour="the cache after chunks [5, 4] equals the cache after one prefill of 9 tokens (time order)",
-    )
     if config["family"] == "llama":
-        k, v = chunked[0]
+        k, v = prefill[0]
         spec.close(
             v[:, :, 6],
             v[:, :, 1],
@@ -217,6 +215,28 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
             ),
             codes=("knob:cache_contents",),
         )
+    chunked = contents([5, 4])
+    appended = "the cache after chunks [5, 4] equals the cache after one prefill of 9 tokens (time order)"
+    failing = spec.failing(("new_cache",))
+    if failing and (
+        any(tuple(k.shape) != want or tuple(v.shape) != want for k, v in chunked)
+        or mismatch(chunked, prefill, tolerance("model", device=spec.device)) is not None
+    ):
+        raise spec.defer(
+            failing,
+            appended,
+            f"not judged here: it differs, and {', '.join(failing)} fails its own tests (forward appends to a cache "
+            "wrongly: cache_kv reads both caches alike)",
+        )
+    for layer, (k, v) in enumerate(chunked):
+        spec.require(
+            tuple(k.shape) == want and tuple(v.shape) == want,
+            behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want} after chunks [5, 4]",
+            found=f"k {tuple(k.shape)}, v {tuple(v.shape)}{_time_steps_held(k.shape, want)}",
+            causes=_layout_causes(k.shape, want) or _layout_causes(v.shape, want),
+            codes=("shape",),
+        )
+    spec.close(chunked, prefill, kind="model", axes="b h t d", behaviour=appended)
 
 
 @judges("cache_kv", uses=("build_model", "forward", "new_cache"))
@@ -226,8 +246,11 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
     layer by layer (protocol: KV cache).
 
     RoPE is relative: keys rotated at shifted positions leave every logit unchanged, so only the cache's
-    contents show it. Judged where the model's logits are right; with a failing model this test defers
-    to it (the relations above still judge the cache).
+    contents show it. Judged after one prefill of 9 tokens (that chunks append to it as one prefill fills it is
+    test_cache_layout_rotated_keys_plain_values's relation), where the model's logits are right; with a failing
+    model this test defers to it (the relations above still judge the cache). These configs have no attention
+    window, so every position is held; only a sliding layer's cache may drop old keys (amendment 27, judged in
+    test_sliding_window.py::test_sliding_cache_holds_the_last_keys_and_values).
     """
     failing = spec.failing(("forward", "build_model"))
     if failing:
@@ -242,8 +265,7 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
     def contents(m, sd, ids):
         model = models.build(m, config, sd)
         cache = m.new_cache(model, 2)
-        m.forward(model, ids[:, :5], cache)
-        m.forward(model, ids[:, 5:], cache)
+        m.forward(model, ids, cache)
         return [tuple(m.cache_kv(cache, layer)) for layer in range(config["n_layers"])]
 
     spec.check(
@@ -252,7 +274,7 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
         ids,
         kind="model",
         axes="b h t d",
-        behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after chunks [5, 4]; "
+        behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after one prefill of 9 tokens; "
         "[i] is layer i, [i][0] keys, [i][1] values",
     )
 
@@ -276,13 +298,35 @@ def test_cache_overflow_raises(spec, family):
     )
     cache = spec.impl.new_cache(model, 1)
     spec.impl.forward(model, ids[:, : ctx - 2], cache)
+    held = _steps_held(spec, cache)
+    causes, codes = (
+        (
+            "likely cause: the context check ignores the cached tokens (or is off by one). Fix: raise ValueError "
+            "when cached + new tokens exceed context_length",
+        ),
+        ("boundary",),
+    )
+    if held != ctx - 2:  # the check may count right: the cache itself did not take the tokens
+        causes = (f"note: after {ctx - 2} tokens the cache holds {held} time steps (cache_kv), so what it counts "
+                  "is not what was fed: test_cached_logits_equal_full_forward tells more",)  # fmt: skip
+        codes = ()
     spec.raises(
         ValueError,
         lambda: spec.impl.forward(model, ids[:, ctx - 2 :], cache),
         behaviour=f"{ctx - 2} cached + 3 new tokens with context_length={ctx} raise ValueError",
-        causes=(
-            "likely cause: the context check ignores the cached tokens (or is off by one). Fix: raise ValueError "
-            "when cached + new tokens exceed context_length",
-        ),
-        codes=("boundary",),
+        causes=causes,
+        codes=codes,
     )
+
+
+def _steps_held(spec, cache):
+    """The time steps layer 0 of ``cache`` holds (``cache_kv``), or ``"an unknown number of"`` where cache_kv is
+    not provided or fails (its own tests report that)."""
+    raw = spec.impl._subject  # unprobed: a failing cache_kv is not this test's crash
+    if not raw.provides("cache_kv"):
+        return "an unknown number of"
+    try:
+        k = raw.cache_kv(cache, 0)[0]
+        return int(k.shape[-2])
+    except (Exception, NotImplementedInImpl):  # noqa: BLE001 - any failure of cache_kv leaves the count unknown
+        return "an unknown number of"

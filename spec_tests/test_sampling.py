@@ -1,5 +1,7 @@
 """From logits to tokens: temperature, top-k, top-p (in that order), and drawing samples."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -77,15 +79,8 @@ def test_sampling_probs_any_leading_shape(spec, shape):
             subject="sample",
             behaviour=f"sample({kw}) of logits {list(shape)} is the argmax, shaped {list(shape[:-1])}",
             found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}",
-            causes=(
-                (
-                    "likely cause: the leading axes of logits are flattened and not restored. Fix: reshape the ids to "
-                    "logits.shape[:-1]",
-                )
-                if tuple(ids.shape) != shape[:-1]
-                else ()
-            ),
-            codes=("shape",) if tuple(ids.shape) != shape[:-1] else (),
+            causes=ids_shape_causes(ids.shape, shape[:-1]),
+            codes=("shape",) if ids_shape_causes(ids.shape, shape[:-1]) else (),
         )
 
 
@@ -325,15 +320,13 @@ def test_sample_is_reproducible_per_generator(spec, kw):
         return spec.impl.sample(logits, generator=gen, **kw)
 
     first, again = draw(7, global_seed=100), draw(7, global_seed=200)
+    causes = ids_shape_causes(first.shape, logits.shape[:-1])
     spec.require(
         tuple(first.shape) == (logits.shape[0],),
         behaviour="sample returns ids shaped logits.shape[:-1]",
         found=f"shape {tuple(first.shape)}",
-        causes=(
-            "likely cause: the leading axes of logits are flattened and not restored. Fix: reshape the ids to "
-            "logits.shape[:-1]",
-        ),
-        codes=("shape",),
+        causes=causes,
+        codes=("shape",) if causes else (),
     )
     spec.require(
         torch.equal(first, again),
@@ -370,6 +363,42 @@ def test_sample_leaves_its_logits_unchanged(spec):
 
 
 N_DRAWS = 40_000
+
+
+def ids_shape_causes(got, want) -> tuple[str, ...]:
+    """A cause for ids of the wrong shape only where the shape pins it: the right number of ids in one flat axis
+    (leading axes flattened), or a trailing axis of 1 (multinomial's [N, 1] not squeezed)."""
+    got, want = tuple(got), tuple(want)
+    if got == want:
+        return ()
+    if len(got) == 1 and len(want) > 1 and got[0] == math.prod(want):
+        return ("likely cause: the leading axes of logits are flattened and not restored. Fix: reshape the ids to "
+                "logits.shape[:-1]",)  # fmt: skip
+    if got == (*want, 1):
+        return ("likely cause: the ids keep a trailing axis of 1 (torch.multinomial returns [N, 1]). Fix: squeeze it, "
+                "ids shaped logits.shape[:-1]",)  # fmt: skip
+    return ()
+
+
+def unfiltered_draw_causes(counts, logits, kw) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Why filtered-out tokens were drawn, named only where the draw frequencies pin it: they follow the unfiltered
+    distribution (softmax of logits / temperature, or of the raw logits). Drawing outside the kept set has other
+    causes too (a filter keeping one token too many, a nucleus cut at the wrong place), which the sampling_probs
+    tests name: then the difference is described, weakly."""
+    t = kw.get("temperature", 1.0)
+    for label, p in (("temperature-scaled", (logits.double() / t).softmax(-1)), ("raw", logits.double().softmax(-1))):
+        if _within(counts, p.cpu()):
+            return (
+                f"likely cause: sample draws from the unfiltered {label} distribution (no top-k/top-p): its "
+                "frequencies follow softmax(logits"
+                + (" / temperature" if label != "raw" else "")
+                + ") within 5.5 standard errors. Fix: draw from sampling_probs(logits, temperature, top_k, top_p)",
+            ), ("knob:sampling_order",)
+    return (
+        "likely cause (weak evidence): the filter lets tokens through that it should remove (a filter skipped, "
+        "applied in another order, or keeping too many); the sampling_probs tests tell which. Fix: draw from "
+        "sampling_probs(logits, temperature, top_k, top_p)",
+    ), ("~knob:sampling_order",)
 
 
 def _within(counts: torch.Tensor, p: torch.Tensor) -> bool:
@@ -417,15 +446,13 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     counts = torch.bincount(draws.flatten().cpu(), minlength=S.V).double() / N_DRAWS
     outside = [t for t in torch.nonzero(counts > 0).flatten().tolist() if probs[t] == 0]
     follows_own_sampling_probs(spec, logits, kw, counts, probs)
+    causes, codes = unfiltered_draw_causes(counts, logits, kw) if outside else ((), ())
     spec.require(
         not outside,
         behaviour=f"sample({kw}) draws only tokens sampling_probs keeps",
-        causes=(
-            "likely cause: sample draws from the raw (or only partly filtered) logits. Fix: draw from "
-            "sampling_probs(logits, temperature, top_k, top_p)",
-        ),
-        codes=("knob:sampling_order",),
-        found=f"drew filtered-out tokens {outside[:10]}",
+        causes=causes,
+        codes=codes,
+        found=f"drew filtered-out tokens {outside[:10]} ({len(outside)} of the {int((probs == 0).sum())} filtered out)",
     )
     p = probs.cpu()
     bound = 5.5 * (p * (1 - p) / N_DRAWS).sqrt() + 1e-3

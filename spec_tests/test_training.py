@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from . import models, observed, oracles
+from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, start_range, target_shift
 from .harness.judging.spec import Variant
 from .harness.judging.tolerances import EXACT, Tolerance
 from .harness.plugin.markers import judges
@@ -41,15 +42,13 @@ def test_get_batch_windows_and_shift(spec, as_numpy):
         behaviour="each row of x is a contiguous window of the data",
         found=f"x[0] = {x[0].tolist()}",
     )
+    shift, causes, codes = target_shift(x, y)  # on data arange, y - x is the shift (bookkeeping.py)
     spec.require(
         torch.equal(y, x + 1),
         behaviour="y is x shifted one token ahead",
-        causes=(
-            "likely cause: the targets are not the inputs shifted one token ahead. Fix: y = data[start + 1 : "
-            "start + 1 + context_length]",
-        ),
-        codes=("knob:label_shift",),
-        found=f"x[0] = {x[0].tolist()}, y[0] = {y[0].tolist()}",
+        causes=causes,
+        codes=codes,
+        found=f"x[0] = {x[0].tolist()}, y[0] = {y[0].tolist()}: {shift}",
     )
 
 
@@ -64,16 +63,9 @@ def test_get_batch_reaches_every_start(spec):
         x, _ = spec.impl.get_batch(data, 10, ctx, generator=gen)
         starts.update(x[:, 0].tolist())
     want = set(range(len(data) - ctx))
-    spec.require(
-        starts == want,
-        behaviour=f"starts cover exactly 0..{len(data) - ctx - 1}",
-        found=f"never drawn {sorted(want - starts)}, out of range {sorted(starts - want)}",
-        causes=(
-            "likely cause: the range of start positions is off by one (randint's upper bound is exclusive). "
-            "Fix: torch.randint(0, len(data) - context_length, ...)",
-        ),
-        codes=("boundary",),
-    )
+    found, causes, codes = start_range(starts, want, ctx)  # names one mechanism only where one alone fits
+    spec.require(starts == want, behaviour=f"starts cover exactly 0..{len(data) - ctx - 1}", found=found,
+                 causes=causes, codes=codes)  # fmt: skip
 
 
 @judges("get_batch")
@@ -153,23 +145,26 @@ def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm, stale=None):
 
 
 def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
-    """Two correct optimisation steps on the implementation's own model: its own loss and gradients
-    (``cross_entropy(forward(model, x), y)``), the optimizer and clipping applied here."""
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
-    params = list(leaves.values())
+    """Two correct optimisation steps on the implementation's own model, as ``two_steps`` takes them with a correct
+    ``train_step``: its own forward, loss and gradients, on its own parameters however they are laid out or shared
+    (a head copied from the embedding is its own parameter there too), the optimizer and clipping as specified
+    (``model_ops.correct_steps``)."""
+    model = models.build(m, cfg, sd)
     kw = OPTIMIZERS[optimizer]
-    opt = torch.optim.SGD(params, lr=kw["lr"]) if optimizer == "sgd" else torch.optim.AdamW(params, **kw)
-    losses = []
-    for _ in range(2):
-        facts = m.cross_entropy_grads(models.build(m, cfg, {k: v.detach() for k, v in leaves.items()}), x, y)
-        losses.append(facts["loss"])
-        for name, p in leaves.items():
-            p.grad = facts["grads"][name]
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return {"losses": losses, "weights": {k: v.detach() for k, v in leaves.items()}}
+    kind = "sgd" if optimizer == "sgd" else "adamw"
+    losses = m.correct_steps(model, kind, kw["lr"], kw.get("eps", 1e-8), x, y, max_grad_norm, 2)
+    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+
+
+def losses_with_own_train_step(m, cfg, sd, batches, kind: str, lr: float, max_grad_norm=None) -> list[float]:
+    """The losses of a correct training loop around the implementation's own ``train_step``: the model built from
+    ``sd`` in training mode, one ``make_optimizer(kind, lr)`` over it, ``train_step`` on each ``(x, y)`` of
+    ``batches`` in turn. What ``train`` computes when ``train_step`` (which it may call) is its only mistake: a
+    train test rebased on it leaves a failing ``train_step``'s mistake to ``train_step``'s own tests."""
+    model = models.build(m, cfg, sd, training=True)
+    opt = m.make_optimizer(model, kind, lr)
+    clip = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
+    return [float(m.train_step(model, opt, x, y, **clip)) for x, y in batches]
 
 
 def variant_steps(
@@ -439,6 +434,11 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
         tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 1e-3"),
         behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
         "AdamW(lr=1e-3) steps",
+        variants=adamw_variants(lambda rule: adamw_losses(spec.impl, config, sd, x, 2, rule=rule)),
+        rebase=(
+            ("train_step",),
+            lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", 1e-3, 1.0),
+        ),
     )
 
 
@@ -458,10 +458,11 @@ def test_train_draws_fresh_windows_every_step(spec, family):
         behaviour="train(..., steps=4, lr=0.0) on 400 random tokens: each step's batch is new, so no loss repeats",
         found=f"losses {losses}",
         causes=(
-            "likely cause: the batch generator is seeded again (or a new one made from the seed) at every step, so "
-            "every step trains on the same windows. Fix: make one generator from the seed before the loop",
+            "likely cause (weak evidence): every step trains on the same windows: the batch generator is seeded "
+            "again (or a new one made from the seed) at every step, or the batch is drawn once before the loop. "
+            "Fix: make one generator from the seed before the loop and draw a batch from it at every step",
         ),
-        codes=("knob:generator",),
+        codes=("~knob:generator",),
     )
 
 
@@ -482,19 +483,46 @@ def test_train_losses_are_next_token_losses(spec, family):
     model = models.build(spec.impl, config, sd, training=True)
     first = float(spec.impl.train(model, data, steps=1, batch_size=4, context_length=10)[0])
     fresh = models.build(spec.impl, config, sd)
-    rotations = []
-    for r in range(3):
-        x, y = data[r : r + 10][None].to(spec.device), data[r + 1 : r + 11].to(spec.device)
-        logits = spec.impl.forward(fresh, x)[0].detach().double()
-        rotations.append(float(F.cross_entropy(logits, y)))
-    means = sorted({sum(c) / 4 for c in itertools.combinations_with_replacement(rotations, 4)})
-    nearest = min(means, key=lambda m: abs(m - first))
+
+    def nearest_mean(shift: int) -> float:
+        """The mean of four rotations' losses nearest ``first``, with targets ``shift`` tokens ahead of the inputs."""
+        losses = []
+        for r in range(3):
+            x, y = data[r : r + 10][None].to(spec.device), data[r + shift : r + shift + 10].to(spec.device)
+            logits = spec.impl.forward(fresh, x)[0].detach().double()
+            losses.append(float(F.cross_entropy(logits, y)))
+        means = {sum(c) / 4 for c in itertools.combinations_with_replacement(losses, 4)}
+        return min(means, key=lambda m: abs(m - first))
+
+    nearest = nearest_mean(1)
+    # on the 3-cycle, targets two ahead are those one behind (x and y swapped): one variant says both
+    shifts = {0: "the inputs themselves (not shifted)", 2: "the tokens one behind, or two ahead (shifted twice)"}
+
+    def own_step_mean() -> float:
+        """The mean nearest ``first`` of four windows' losses as the implementation's own train_step reports them (lr
+        0: the weights stay as built)."""
+        windows = [
+            (data[r : r + 10][None].to(spec.device), data[r + 1 : r + 11][None].to(spec.device)) for r in range(3)
+        ]
+        losses = losses_with_own_train_step(spec.impl, config, sd, windows, "sgd", 0.0)
+        means = {sum(c) / 4 for c in itertools.combinations_with_replacement(losses, 4)}
+        return min(means, key=lambda m: abs(m - first))
+
     spec.close(
         first,
         nearest,
         kind="model",
-        behaviour="train's first loss on the 3-cycle is the mean of four next-token window losses "
-        f"(rotation losses {[round(v, 4) for v in rotations]})",
+        rebase=(("train_step",), own_step_mean),
+        behaviour="train's first loss on the 3-cycle is the mean of four next-token window losses",
+        variants=[
+            Variant(
+                "knob:label_shift",
+                f"train's batches score each window against {said}",
+                "targets one token ahead: y = data[start + 1 : start + 1 + context_length] (get_batch)",
+                lambda k=k: nearest_mean(k),
+            )
+            for k, said in shifts.items()
+        ],
     )
 
 
@@ -551,6 +579,19 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "the total NLL is divided by len(data) instead of the len(data) - 1 predicted tokens",
             "divide by the number of predicted tokens",
             teacher("all_tokens"),
+        ),
+        Variant(
+            "knob:data_windows",
+            "the windows are context_length + 1 tokens apart (the data cut into chunks of inputs and targets), so "
+            "the token after each chunk is never predicted",
+            "windows start context_length apart (0, C, 2C, ...), each predicting the C tokens after its start",
+            teacher("chunks"),
+        ),
+        Variant(
+            "knob:label_shift",
+            "each window's tokens are scored as their own targets (not shifted one ahead)",
+            "the targets of the window data[s : s + C] are data[s + 1 : s + C + 1]",
+            teacher("unshifted"),
         ),
     ]
     spec.close(
@@ -616,14 +657,27 @@ def test_evaluate_ignores_dropout(spec, family):
     )
 
 
-def adamw_losses(m, cfg, sd, x, steps, *, weight_decay=0.01, betas=(0.9, 0.999)):
+def adamw_losses(m, cfg, sd, x, steps, *, weight_decay=0.01, betas=(0.9, 0.999), rule=None, fresh=False):
     """The losses of ``steps`` AdamW(lr=1e-3) steps with clipping at 1.0 on the implementation's own model and
-    gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here."""
+    gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here.
+
+    For diagnosis: ``rule``, AdamW with one slip in its update (``bookkeeping.ADAMW_RULES``); ``fresh``, a new
+    optimizer at every step (its moments and step count lost)."""
+    if rule is None and not fresh:  # the specified AdamW, on the model itself however its parameters are shared
+        model = models.build(m, cfg, sd)
+        return m.correct_steps(model, "adamw", 1e-3, 1e-8, x, x, 1.0, steps, weight_decay=weight_decay, betas=betas)
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
     params = list(leaves.values())
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=weight_decay, betas=betas)
+
+    def optimizer():
+        if rule is None:
+            return torch.optim.AdamW(params, lr=1e-3, weight_decay=weight_decay, betas=betas)
+        return AdamWRule(params, lr=1e-3, weight_decay=weight_decay, betas=betas, rule=rule)
+
+    opt = optimizer()
     losses = []
     for _ in range(steps):
+        opt = optimizer() if fresh else opt
         facts = m.cross_entropy_grads(models.build(m, cfg, {k: v.detach() for k, v in leaves.items()}), x, x)
         losses.append(float(facts["loss"]))
         for name, p in leaves.items():
@@ -661,11 +715,24 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
         tol=Tolerance(1.5 * spread + 1e-5, 0.0, "AdamW's weight decay (0 to 0.1) and beta2 (0.95 to 0.999)", "lr 1e-3"),
         behaviour="train(model, 40 copies of one token, steps=3, batch_size=4, context_length=10): the losses of three "
         "steps of one AdamW(lr=1e-3)",
+        variants=[
+            *adamw_variants(lambda rule: adamw_losses(spec.impl, config, sd, x, 3, rule=rule)),
+            Variant(
+                "knob:optimizer_state",
+                "a new AdamW is made at every step, so its moments and step count never carry over",
+                "make one AdamW before the loop and step it every iteration",
+                lambda: adamw_losses(spec.impl, config, sd, x, 3, fresh=True),
+            ),
+        ],
         hint="likely cause (weak evidence): the optimizer's state (its moments and step count) does not carry over "
         "from step to step (the optimizer is made, or reset, inside the loop). Fix: make one AdamW before the loop"
         if len(losses) == 3 and abs(losses[1] - want[1]) <= 1.5 * spread + 1e-5
         else None,
         hint_code="~knob:optimizer_state",
+        rebase=(
+            ("train_step",),
+            lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 3, "adamw", 1e-3, 1.0),
+        ),
     )
 
 

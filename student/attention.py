@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 
 
-def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    t_q: int, t_k: int, device: torch.device | str | None = None, *, window: int | None = None
+) -> torch.Tensor:
     """Bool causal mask ``[t_q, t_k]``, ``True`` = may attend, bottom-right aligned.
 
     Query ``i`` (of ``t_q``) may attend key ``j`` (of ``t_k``) iff ``j <= i + (t_k - t_q)``.
@@ -34,6 +36,17 @@ def causal_mask(t_q: int, t_k: int, device: torch.device | str | None = None) ->
     - top-left alignment (``torch.tril(ones(t_q, t_k))``, or PyTorch's ``is_causal=True``)
       is only right when ``t_q == t_k``; a single cached-decoding query would see one key;
     - an inverted mask: here True means *allowed*; masked_fill the positions where it is False.
+
+    Optional, protocol v2 (docs/protocol.md, amendment 27; Mistral-style sliding windows): a keyword-only
+    ``window=None``. With ``window = W`` query ``i`` also needs ``i + (t_k - t_q) - j < W``: it sees the last
+    ``W`` keys up to itself, *itself included* (``W = 1`` sees only itself). With ``t_q=2, t_k=4, window=2``::
+
+        [[False, True, True, False],
+         [False, False, True, True ]]
+
+    Classic bugs: ``<= W`` (W + 1 keys); measuring the distance from ``i`` (the query's row) instead of its
+    position ``i + (t_k - t_q)`` after the cached keys (right only when ``t_q == t_k``).
+    The skeleton declares ``"sliding_window"`` in ``CAPABILITIES`` (``__init__.py``); remove it to skip these tests.
     """
     raise NotImplementedError("causal_mask")
 
@@ -53,7 +66,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def scaled_dot_product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *, softcap: float | None = None
 ) -> torch.Tensor:
     """Attention: ``softmax(q @ k^T / sqrt(d_head), masked, over the key axis) @ v``.
 
@@ -77,6 +90,12 @@ def scaled_dot_product_attention(
       no longer sum to 1), and get the mask broadcast shape right (``[Tq, Tk]`` broadcasts over
       batch and heads; a ``[Tk, Tq]`` mask only "works" when Tq == Tk);
     - ``k.transpose(-2, -1)``, not ``k.T`` (which reverses every axis of a 4-D tensor).
+
+    Optional, protocol v2 (amendment 25, capability ``logit_softcap``; Gemma 2): keyword-only ``softcap=None``.
+    With ``softcap = c`` the scaled scores become ``c * tanh(scores / c)`` *before* the mask: capping after the
+    ``-inf`` fill turns masked scores into ``-c`` and gives future keys weight. Classic bugs: ``c * tanh(scores)``
+    (no division), capping ``q @ k^T`` before dividing by sqrt(d_head). The skeleton declares
+    ``"logit_softcap"`` in ``CAPABILITIES`` (``__init__.py``); remove it to skip these tests.
     """
     raise NotImplementedError("scaled_dot_product_attention")
 
@@ -120,6 +139,12 @@ def multihead_self_attention(
     n_kv_heads: int | None = None,
     theta: float | None = None,
     positions: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-5,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal (multi-head / grouped-query) self-attention of a sequence, no biases.
 
@@ -147,5 +172,23 @@ def multihead_self_attention(
     - ``[B, T]`` positions must broadcast over the head axis (``[B, 1, T]``);
     - without ``theta`` (GPT-2 style, no RoPE) the mask is still causal, and float64 stays float64:
       the suite judges that path on its own (amendment 21).
+
+    Optional, protocol v2 (amendment 27, capability ``sliding_window``): keyword-only ``window=None``; with
+    ``window = W`` each query attends only the last ``W`` keys up to itself (``causal_mask(T, T, window=W)``).
+
+    Optional, protocol v2 (amendment 24, capability ``qk_norm``; Qwen3-style): keyword-only ``q_norm=None,
+    k_norm=None`` (each ``[d_head]``) and ``norm_eps=1e-5``. Right after splitting heads, before RoPE::
+
+        q = rmsnorm(q, q_norm, norm_eps)    # q: [B, H, T, d_head]: the statistic of each head's d_head
+        k = rmsnorm(k, k_norm, norm_eps)    # k: [B, Hkv, T, d_head]; v stays as projected
+
+    One gain shared by every head. Classic bugs: normalising ``[B, T, H*d_head]`` before the split (one
+    statistic over all heads: OLMo 2's norm, not this one); normalising after RoPE (RoPE keeps the norm, so
+    this shows only through the gains); normalising v too; using ``q_norm``'s weight for the keys.
+    The skeleton declares ``"qk_norm"`` in ``CAPABILITIES`` (``__init__.py``); remove it to skip these tests.
+
+    Optional, protocol v2 (amendment 25, capability ``logit_softcap``): keyword-only ``softcap=None``, passed to
+    ``scaled_dot_product_attention(..., softcap=)``: every head's scaled scores capped before the causal mask, on
+    the cached path too.
     """
     raise NotImplementedError("multihead_self_attention")

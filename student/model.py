@@ -55,6 +55,48 @@ else (no ``attn.wo.bias``, no MLP bias)::
 
 added to the projections before splitting heads and before RoPE, with the cache as without it. The skeleton
 declares ``"qkv_bias"`` in ``CAPABILITIES`` (``__init__.py``); remove it to skip these tests.
+
+Protocol v2, capabilities ``sliding_window`` and ``layer_types`` (amendment 27; Mistral, Gemma 2, Qwen2): config
+keys ``sliding_window`` (an int ``W >= 1``, default None) and ``layer_types`` (default None: every layer
+``"sliding_attention"`` when ``sliding_window`` is set, as Mistral; else a list of ``n_layers`` entries, each
+``"sliding_attention"`` or ``"full_attention"``, as Hugging Face's configs). In a sliding layer the query at
+position ``i`` attends the keys ``j`` with ``i - W < j <= i`` (W keys, itself included); a full layer is
+plain causal attention. The cache of a sliding layer may keep only its last ``W - 1`` (or more) entries, but
+positions keep counting every token, and cached logits must equal the uncached ones past the window.
+``W < 1``, a ``layer_types`` of the wrong length, an unknown entry, or sliding layers without a window ->
+``ValueError`` naming the value. The skeleton declares ``"sliding_window"`` and ``"layer_types"``; remove
+``"layer_types"`` to have every layer windowed (Mistral), both to skip these tests.
+
+Protocol v2, capability ``qk_norm`` (amendment 24; Qwen3-style): config key ``qk_norm`` (default False; llama
+only, on gpt2 raise ``ValueError`` naming it) gives each attention layer two norm weights, ones when fresh::
+
+    layers.{i}.attn.q_norm.weight [d_head], layers.{i}.attn.k_norm.weight [d_head]
+
+(e.g. ``Block.attn.q_norm = RMSNorm(d_head)``), passed to ``multihead_self_attention(..., q_norm=, k_norm=,
+norm_eps=config norm_eps)``: each query and key head is RMS-normalised over its own d_head channels before RoPE,
+on the cached path too. The skeleton declares ``"qk_norm"``; remove it to skip these tests.
+
+Protocol v2, capability ``logit_softcap`` (amendment 25; Gemma 2): config keys ``attn_logit_softcap`` and
+``final_logit_softcap`` (default None; a number > 0, else ``ValueError`` naming the key). ``softcap(x) = cap *
+tanh(x / cap)``: pass ``softcap=attn_logit_softcap`` to ``multihead_self_attention`` (scores capped before the
+mask), and cap the logits after the LM head *inside the model*, so that ``train_step`` and ``evaluate``, which
+run the model, see capped logits too. The skeleton declares ``"logit_softcap"``; remove it to skip these tests.
+
+Protocol v2, the Gemma-style options (amendment 26), each its own capability and config key (default False; llama
+only, on gpt2 raise ``ValueError`` naming it), declared by the skeleton; remove one to skip its tests:
+
+- ``norm_offset``: every RMSNorm of the model multiplies by ``1 + weight``; the stored (canonical) weights are the
+  offsets, ones that start at 0 (a gain of 1). Compute ``rmsnorm(x, 1 + weight)``, ``1 + weight`` in at least
+  float32. Classic bug: ``rmsnorm(x, weight)``, which zeroes everything at initialisation.
+- ``embed_scale``: multiply the looked-up token embeddings by ``sqrt(d_model)`` (as a tensor of the embeddings'
+  dtype). The tied LM head uses the stored matrix: scale the lookup's output, never the shared weight.
+- ``geglu``: the llama MLP with GELU instead of SiLU, ``(gelu_tanh(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T``,
+  the tanh approximation (``F.gelu(x, approximate="tanh")``, as ``gelu_mlp``), on the gate only.
+- ``post_norms`` (Gemma 2): two more norms per layer, ``layers.{i}.attn_post_norm.weight`` and
+  ``layers.{i}.mlp_post_norm.weight`` ``[d]``, applied to each sublayer's output before the residual add::
+
+      x = x + attn_post_norm(attn(attn_norm(x)))
+      x = x + mlp_post_norm(mlp(mlp_norm(x)))
 """
 
 from __future__ import annotations

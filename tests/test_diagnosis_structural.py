@@ -382,8 +382,11 @@ def test_softmax_overflow():
     expected = torch.softmax(x, -1)
     with torch.no_grad():
         wrong = (x.float().exp() / x.float().exp().sum(-1, keepdim=True)).double()  # no max subtraction
-    cause = assert_names(diagnose(expected, wrong, tol=F32_MATMUL, inputs={"x": x}), "overflow", 0.8)
+    cause = assert_names(diagnose(expected, wrong, tol=F32_MATMUL, inputs={"x": x}), "overflow", 0.7)
     assert "the inputs reach |x| =" in cause.evidence
+    # inf where the expected value is finite has several causes (no max subtracted, the log of an underflowed
+    # softmax, float16 squares): a symptom, shown as weak evidence; the knob search names the mechanism
+    assert cause.confidence < 0.8
 
 
 @pytest.mark.parametrize("kind", ["noise", "nan_rows"])

@@ -2,12 +2,13 @@
 
 Every cheater (tests/grading_cheaters/*.py, one attack each) is the same honest-but-wrong
 submission (the reference's code with ``rmsnorm``, ``rope`` and ``count_parameters`` wrong) plus an
-attack. The honest one is graded first, with the reference; then every cheater in one batch; then
-the honest one and the reference again. For each cheater: its score is at most the honest score,
-its reports are valid (parseable, bounded, every graded test present), and the later honest
-grading gives the same results as the first. The grader's checkout and its cached manifest are
-unchanged. One manifest, prepared by the first grading, is shared (``--cache-dir``); the tests are
-restricted to three concepts (``--select``) to keep this file near two minutes on two cores.
+attack. The honest one is graded first, with the reference; then every cheater in one batch, with
+the honest one beside them; then the honest one and the reference again. For each cheater: its score
+is at most the honest score, its reports are valid (parseable, bounded, every graded test present),
+and the honest submission's results beside the cheaters and in the later grading equal the first.
+The grader's checkout and its cached manifest are unchanged. One manifest, prepared by the first
+grading, is shared (``--cache-dir``); the tests are restricted to three concepts (``--select``) to
+keep this file near two minutes on two cores.
 
 The attacks run only where the bubblewrap sandbox is available (CI installs it): some of them
 succeed against the no-sandbox fallback, which docs/grading.md says. The last test shows what the
@@ -62,7 +63,7 @@ def grader_files() -> dict[str, Path]:
     import spec_tests
 
     return {
-        "compare": Path(spec_tests.__file__).parent / "harness" / "compare.py",
+        "compare": Path(spec_tests.__file__).parent / "harness" / "judging" / "compare.py",
         "grade": Path(spec_grading.__file__).parent / "grade.py",
     }
 
@@ -129,6 +130,7 @@ def attacks(tmp_path_factory):
         "test_ids": test_ids,
     }
     cheaters = [build(subs / "cheaters", name, baked) for name in ATTACKS]
+    cheaters.append(build(subs / "cheaters", "honest", {}))  # beside them: graded exactly as alone (out1)?
     import spec_grading
     import spec_tests
 
@@ -139,7 +141,8 @@ def attacks(tmp_path_factory):
         during = grade_batch(cheaters, out2, cache, rubric)
         written = {name: (out2 / name / "results.json").read_bytes() for name in ATTACKS}
         time.sleep(2.0)  # a detached process would rewrite the reports now
-        rewritten = [name for name in ATTACKS if (out2 / name / "results.json").read_bytes() != written[name]]
+        written["honest"] = (out2 / "honest" / "results.json").read_bytes()
+        rewritten = [name for name in written if (out2 / name / "results.json").read_bytes() != written[name]]
         digest_after = tree_digest(*watched)
         after = grade_batch([honest, reference_copy], tmp / "out3", cache, rubric)
     finally:
@@ -201,6 +204,14 @@ def test_reports_are_not_rewritten_after_grading(attacks):
 
 def test_checkout_and_cache_are_unchanged(attacks):
     assert attacks["changed"] == []
+
+
+def test_the_honest_submission_beside_the_cheaters_is_graded_exactly_as_alone(attacks):
+    """The honest submission, graded in the cheaters' batch with the same seed, gets exactly the results of
+    its grading alone (with the reference, before them)."""
+    alone, beside = (load_results(attacks["tmp"] / out, "honest") for out in ("out1", "out2"))
+    alone.pop("execution_time"), beside.pop("execution_time")
+    assert beside == alone
 
 
 def test_a_later_honest_grading_is_unaffected(attacks):
@@ -358,7 +369,7 @@ def test_without_the_sandbox_a_changed_suite_is_noticed(tmp_path):
         source = Path(importlib.import_module(name).__file__).resolve().parent
         shutil.copytree(source, project / name, ignore=shutil.ignore_patterns("__pycache__", "recorded"))
     targets = {
-        "compare": project / "spec_tests" / "harness" / "compare.py",
+        "compare": project / "spec_tests" / "harness" / "judging" / "compare.py",
         "grade": project / "spec_grading" / "grade.py",
     }
     baked = {"results": [], "cache_dir": str(tmp_path / "cache"), "test_ids": []}

@@ -116,6 +116,16 @@ def test_integer_answers_can_conceal_the_expected_number():
         assert "64640" not in low + high and "fewer than expected" in low and "more than expected" in high
         assert compare.mismatch(64640, 64640, EXACT) is None
         assert "expected True" in compare.mismatch(False, True, EXACT).found  # a yes/no answer is no secret
+        # whatever the answer's type: a float, None, a string, a tensor, inside a mapping or a sequence
+        for answer in (0.0, 64640.0, 1e9, float("nan"), None, "x", [64640], torch.tensor([1, 2])):
+            for got, want in ((answer, 64640), ({"n": answer}, {"n": 64640}), ([1, answer], [1, 64640])):
+                found = compare.mismatch(got, want, EXACT).found
+                assert "64640" not in found.replace(repr(answer), "") and "expected number is not shown" in found, found
+        assert (
+            "got 0.0: a float where an integer is expected; less than expected"
+            in compare.mismatch(0.0, 64640, EXACT).found
+        )
+        assert "got None: NoneType where an integer is expected" in compare.mismatch(None, 64640, EXACT).found
     finally:
         compare.CONCEAL_EXACT = False
 

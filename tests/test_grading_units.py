@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -157,6 +158,72 @@ def test_reference_copy_scan_flags_copies_and_not_independent_code(tmp_path):
     assert find_reference_code(sorted(independent.rglob("*.py"))) == []
 
 
+def test_static_flags_neither_parse_nor_search_a_large_file(tmp_path, monkeypatch):
+    """The static flags run in the grader, outside the sandbox: a file over 100 kB (a list literal, which
+    ``ast.parse`` takes seconds and gigabytes for) is named "not scanned" and never read by the parser or
+    the regular expressions; the other files are still scanned, and a copied reference function found."""
+    from spec_grading import submission
+    from spec_grading.manifest import reference_dir
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import ctypes\n")
+    (pkg / "big.py").write_text("import ctypes\nx = [" + "1, " * 50_000 + "]\n")  # 150 kB
+    shutil.copy(reference_dir() / "attention.py", pkg / "copied.py")
+    parsed = []
+    real_parse = submission._parse
+    monkeypatch.setattr(submission, "_parse", lambda path, *a: parsed.append(path.name) or real_parse(path, *a))
+    flags = submission.static_flags(pkg)
+    assert "big.py not scanned (over 100 kB: not parsed or searched)" in flags, flags
+    assert "large data (big.py is 150 kB): copied expected values?" in flags
+    assert not any(f.startswith("big.py:") for f in flags), flags  # not searched: its ctypes is not seen
+    assert sorted(parsed) == ["__init__.py", "copied.py"]
+    assert "__init__.py:1 uses ctypes" in flags
+    assert any(re.match(r"contains \d+ functions of the reference: pkg/copied\.py:", f) for f in flags), flags
+
+
+def test_static_flags_stop_at_their_byte_and_time_budget(tmp_path):
+    """All files together are read up to a byte budget and a wall-time budget (a fake clock here); what is
+    left out is named, the first 20 files, and the rest counted."""
+    from spec_grading.submission import UNSCANNED_NAMED, ScanBudget, static_flags
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for i in range(4):
+        (pkg / f"m{i}.py").write_text("import ctypes\n" + "# padding\n" * 100)  # 1,014 bytes each
+    flags = static_flags(pkg, ScanBudget(total_bytes=2_500))
+    assert [f for f in flags if "ctypes" in f] == ["m0.py:1 uses ctypes", "m1.py:1 uses ctypes"]
+    assert "m2.py not scanned (the static scan's 2 kB for all files were spent)" in flags
+    assert "m3.py not scanned (the static scan's 2 kB for all files were spent)" in flags
+    ticks = iter(range(0, 1000, 4))  # each read of the clock 4 s later
+    flags = static_flags(pkg, ScanBudget(seconds=10, clock=lambda: next(ticks)))
+    assert [f for f in flags if "ctypes" in f] == ["m0.py:1 uses ctypes", "m1.py:1 uses ctypes"]
+    assert "m2.py not scanned (the static scan's 10 s were spent)" in flags and "m3.py not scanned" in str(flags)
+    for i in range(4, UNSCANNED_NAMED + 7):
+        (pkg / f"m{i:02d}.py").write_text("x = 1\n")
+    flags = static_flags(pkg, ScanBudget(total_bytes=0))
+    assert sum("not scanned (the static scan's 0 kB" in f for f in flags) == UNSCANNED_NAMED
+    assert flags[-1] == "7 more files not scanned", flags[-3:]
+    for bad in (-1, "5", True, float("nan")):
+        with pytest.raises(
+            ValueError, match=f"ScanBudget.total_bytes must be a number >= 0, got {re.escape(repr(bad))}"
+        ):
+            ScanBudget(total_bytes=bad)
+
+
+def test_suspicious_patterns_stay_on_one_line():
+    """The flags' regular expressions search every scanned file in the grader. Under ``re.M`` a pattern
+    starting ``^\\s*`` can run from each line start over every following newline: quadratic (a file of
+    40,000 newlines took 20 s). Their whitespace is ``[ \\t]``, and indented imports are still found."""
+    from spec_grading.submission import SUSPICIOUS
+
+    for pattern, what in SUSPICIOUS:
+        assert "\\s" not in pattern.pattern, (what, pattern.pattern)
+    text = "\n" * 5 + "    from reference import model\n  import spec_tests.inputs\n"
+    found = {what: text.count("\n", 0, m.start()) + 1 for p, what in SUSPICIOUS if (m := p.search(text))}
+    assert found == {"mentions the reference package": 6, "imports the test suite": 7}, found
+
+
 def _graded(tid: str, subjects: tuple[str, ...]):
     from spec_grading.rubric import GradedTest
 
@@ -194,6 +261,52 @@ def test_a_consequence_earns_only_while_its_root_is_charged():
     assert status["precision_via_layernorm"] == status["via_missing"] == "failed"
     charged = next(r for r in grade.results if r.test.id == "precision_via_layernorm")
     assert "no graded test of layernorm fails" in charged.message and charged.root_cause == []
+
+
+def test_a_consequence_of_a_root_only_not_implemented_earns_nothing():
+    """A root that is only not implemented (or not provided, or a setup failure) pays for nothing: its
+    consequences are charged, in the grade as in pytest's summary (both read ``settle``); a root that
+    really fails (failed or error) still pays for its own."""
+    from types import SimpleNamespace
+
+    from spec_grading import grade as grade_module
+    from spec_grading.grade import build_grade
+    from spec_grading.judge import JudgeResult, Verdict
+    from spec_grading.rubric import Rubric
+    from spec_tests.harness.judging import settling
+
+    graded = [
+        _graded("build_missing", ("build_model",)),
+        _graded("cache_via_build", ("new_cache",)),
+        _graded("sample_not_provided", ("sample",)),
+        _graded("generate_via_sample", ("generate",)),
+        _graded("softmax_setup", ("softmax",)),
+        _graded("attention_via_softmax", ("scaled_dot_product_attention",)),
+        _graded("rope_crashes", ("rope",)),
+        _graded("forward_via_rope", ("forward",)),
+    ]
+    verdicts = {
+        "build_missing": Verdict("not_implemented", "not implemented: build_model"),
+        "cache_via_build": Verdict("consequence", "c", ["build_model"]),
+        "sample_not_provided": Verdict("skipped", "not provided: sample"),
+        "generate_via_sample": Verdict("consequence", "c", ["sample"]),
+        "softmax_setup": Verdict("setup", "needs linear"),
+        "attention_via_softmax": Verdict("consequence", "c", ["softmax"]),
+        "rope_crashes": Verdict("error", "ValueError"),
+        "forward_via_rope": Verdict("consequence", "c", ["rope"]),
+    }
+    grade = build_grade("s", graded, JudgeResult(verdicts), Rubric())
+    status = {r.test.id: r.status for r in grade.results}
+    assert status["cache_via_build"] == status["generate_via_sample"] == status["attention_via_softmax"] == "failed"
+    assert status["forward_via_rope"] == "consequence"
+    assert [r.test.id for r in grade.results if r.earns] == ["forward_via_rope"]
+    charged = next(r for r in grade.results if r.test.id == "cache_via_build")
+    assert "only not implemented" in charged.message and charged.score == 0 and charged.root_cause == []
+    # the same decision as pytest's summary, by construction
+    assert grade_module.settle is settling.settle
+    records = [SimpleNamespace(test=t.id, subjects=t.subjects, status=verdicts[t.id].status,
+                               root_cause=verdicts[t.id].root_cause) for t in graded]  # fmt: skip
+    assert status == {test: s.status for test, s in settling.settle(records).items()}
 
 
 def test_a_replaced_function_refuses_oversized_arguments():

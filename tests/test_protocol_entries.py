@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,86 @@ def test_the_export_lists_are_the_protocol_names():
     assert [n for n in reference.__all__ if n in ENTRY] == list(PROTOCOL_NAMES)
     assert [n for n in student.__all__ if n in ENTRY] == list(PROTOCOL_NAMES)
     assert all(callable(getattr(student, n)) for n in PROTOCOL_NAMES)
+
+
+# Keywords of the reference's functions that their signature rows in docs/protocol.md do not have but an
+# amendment gives them: (name, keyword) -> the amendment's number (its text must name both).
+AMENDED_KEYWORDS = {
+    ("sinusoidal_positions", "dtype"): 5,
+    ("rope", "scaling"): 20,
+    ("forward", "attention_mask"): 23,
+    ("generate", "attention_mask"): 23,
+    ("multihead_self_attention", "q_norm"): 24,
+    ("multihead_self_attention", "k_norm"): 24,
+    ("multihead_self_attention", "norm_eps"): 24,
+    ("scaled_dot_product_attention", "softcap"): 25,
+    ("multihead_self_attention", "softcap"): 25,
+    ("causal_mask", "window"): 27,
+    ("multihead_self_attention", "window"): 27,
+}
+# Keywords of the reference's functions that the protocol does not name and that a replaced function still
+# accepts in an oracle call (not ``reference_only``): (name, keyword) -> why. None today.
+ALLOWED_UNNAMED: dict[tuple[str, str], str] = {}
+
+
+def protocol_rows() -> dict[str, list[str]]:
+    """name -> the parameters of its signature row in docs/protocol.md (``| `name` | `(...)` | ...``)."""
+    rows = {}
+    for line in (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or cells[0] not in ENTRY or not cells[1].startswith("("):
+            continue
+        depths = itertools.accumulate({"(": 1, ")": -1}.get(ch, 0) for ch in cells[1])
+        end = next(i for i, depth in enumerate(depths) if depth == 0)  # the parenthesis that closes the first
+        args = ast.parse(f"def f{cells[1][: end + 1]}: pass").body[0].args
+        rows[cells[0]] = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    return rows
+
+
+def amendments() -> dict[int, str]:
+    """number -> the text of that amendment of docs/protocol.md (``N. **...``, up to the next one)."""
+    text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    return {int(n): body for n, body in re.findall(r"(?ms)^(\d+)\. (\*\*.*?)(?=^\d+\. \*\*|^## |\Z)", text)}
+
+
+def test_the_protocol_rows_are_read():
+    rows = protocol_rows()
+    assert set(rows) == set(PROTOCOL_NAMES), sorted(set(PROTOCOL_NAMES) - set(rows))
+    assert rows["multihead_self_attention"] == [
+        "x", "wq", "wk", "wv", "wo", "n_heads", "n_kv_heads", "theta", "positions"
+    ]  # fmt: skip
+    assert rows["build_model"] == ["config", "state_dict"] and rows["kv_cache_bytes"][-1] == "dtype"
+    assert "Reference-only options" in amendments()[6] and "attention_mask=None" in amendments()[23]
+
+
+@pytest.mark.parametrize("name", PROTOCOL_NAMES)
+def test_every_reference_keyword_is_the_protocols_reference_only_or_allowed(name):
+    """Each parameter of the reference's function is the protocol's (its signature row, or an amendment in
+    ``AMENDED_KEYWORDS`` whose text names it), ``reference_only`` in its entry (a replaced function refuses
+    it in an oracle call), or deliberately allowed (``ALLOWED_UNNAMED``, with the reason): a keyword added
+    to the reference that nobody lists fails here. The protocol's own parameters are never refused."""
+    e = ENTRY[name]
+    reference_params = list(inspect.signature(getattr(reference, name)).parameters)
+    row = protocol_rows()[name]
+    amended = {kw: n for (fn, kw), n in AMENDED_KEYWORDS.items() if fn == name}
+    allowed = {kw for fn, kw in ALLOWED_UNNAMED if fn == name}
+    missing = [p for p in row if p not in reference_params]
+    assert missing == [], f"{name}: the protocol's parameters {missing} are not the reference's"
+    unlisted = [p for p in reference_params if p not in {*row, *amended, *e.reference_only, *allowed}]
+    assert unlisted == [], (
+        f"{name}: the reference's {unlisted} are not in the protocol's row: list each in the entry's reference_only "
+        "(spec_tests/protocol/entries.py), or as the protocol's in AMENDED_KEYWORDS (with the amendment that "
+        "names it in docs/protocol.md), or in ALLOWED_UNNAMED with the reason an oracle call may pass it"
+    )
+    refused_protocol = sorted(e.reference_only & {*row, *amended})
+    assert refused_protocol == [], f"{name}: protocol keywords {refused_protocol} are listed as reference-only"
+    assert not allowed & ({*row, *amended} | e.reference_only), f"{name}: {allowed} is listed twice"
+    for kw, number in amended.items():
+        text = amendments().get(number, "")
+        assert kw in reference_params, f"{name}: AMENDED_KEYWORDS names {kw}=, which the reference does not have"
+        assert name in text and f"{kw}=" in text, f"amendment {number} of docs/protocol.md names no {name}(..., {kw}=)"
+    for kw in allowed:
+        assert kw in reference_params, f"{name}: ALLOWED_UNNAMED names {kw}=, which the reference does not have"
 
 
 def name_tables(source: str) -> list[tuple[int, str, list[str]]]:

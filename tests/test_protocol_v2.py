@@ -84,10 +84,97 @@ def test_a_sampler_without_top_p_is_judged_on_everything_else(tmp_path):
 
 @run_ahead
 def test_a_v1_implementation_skips_only_the_v2_tests(tmp_path):
-    """A star import of the reference (v1: no PROTOCOL_VERSION) keeps the filters and has no rope_scaling."""
+    """A star import of the reference (v1: no PROTOCOL_VERSION) keeps the filters and has no rope_scaling (nor
+    sliding_window)."""
     write(tmp_path / "v1_copy.py", "from reference import *  # noqa: F403\n")
-    proc = run_suite("--impl=v1_copy", "-rs", "-k", "test_rope_scaling or test_top_k_keeps", cwd=tmp_path)
+    k = "test_rope_scaling or test_top_k_keeps or test_sliding_window"
+    proc = run_suite("--impl=v1_copy", "-rs", "-k", k, cwd=tmp_path)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:]
     assert "4 passed" in out, out[-3000:]  # test_top_k_keeps_exactly_k
     assert "capability rope_scaling" in out and "failed" not in out, out[-3000:]
+    assert "capability sliding_window" in out, out[-3000:]
+
+
+# ---------------------------------------------------------------- FIXED_CONFIG (amendment 26)
+
+GEMMA_FIXED = {"norm_offset": True, "embed_scale": True, "geglu": True, "post_norms": True}
+
+
+@pytest.mark.parametrize(
+    "fixed,words",
+    [
+        ({"rope_scaling": True}, "not one of"),
+        ({"norm_offset": False}, "must be True"),
+        ({"post_norms": True}, "without the capability 'post_norms'"),
+        (["norm_offset"], "must be a dict"),
+    ],
+)
+def test_bad_fixed_configs_raise(fixed, words):
+    from types import SimpleNamespace
+
+    from spec_tests.harness.subject.subject import declared_fixed_config
+
+    impl = SimpleNamespace(FIXED_CONFIG=fixed)
+    with pytest.raises(ValueError, match=words):
+        declared_fixed_config(impl, "impl", frozenset({"norm_offset", "qkv_bias"}))
+
+
+def test_fixed_options_go_into_every_llama_config_and_no_gpt2_one():
+    from types import SimpleNamespace
+
+    from spec_tests import models
+    from spec_tests.harness.subject.subject import declared_fixed_config
+
+    caps = frozenset({"gqa", "tied_head", "untied_head", "free_d_ff", "rope_theta", *GEMMA_FIXED})
+    impl = SimpleNamespace(
+        fixed_config=declared_fixed_config(SimpleNamespace(FIXED_CONFIG=GEMMA_FIXED), "impl", caps),
+        capabilities=caps,
+        require_family=lambda family: None,
+        require_capability=lambda *names: None,
+    )
+    assert models.family_config(impl, "llama").items() >= GEMMA_FIXED.items()
+    assert not set(GEMMA_FIXED) & set(models.family_config(impl, "gpt2"))
+
+
+@run_ahead
+def test_the_reference_with_every_gemma_option_fixed_passes(tmp_path):
+    """The reference declaring FIXED_CONFIG with every Gemma option: the v1 model tests (logits, initialisation,
+    config defaults, cache, generation) run on Gemma-style configs, and pass."""
+    write(
+        tmp_path / "gemma_fixed.py",
+        f"""
+        import reference
+        from reference import *  # noqa: F403
+
+        PROTOCOL_VERSION = 2
+        CAPABILITIES = reference.CAPABILITIES
+        FIXED_CONFIG = {GEMMA_FIXED!r}
+        """,
+    )
+    proc = run_suite("--impl=gemma_fixed", "-k", "test_model or test_kv_cache or test_gemma_style", cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
+    assert "failed" not in out and " passed" in out, out[-3000:]
+
+
+@run_ahead
+def test_the_reference_with_qwen_attention_fixed_passes(tmp_path):
+    """The reference declaring FIXED_CONFIG qkv_bias and qk_norm (Qwen2's and Qwen3's attention, amendments 22 and
+    24): the v1 model tests (logits, initialisation, cache, generation) run with the biases and the q/k norms in
+    every llama config, and pass."""
+    write(
+        tmp_path / "qwen_fixed.py",
+        """
+        import reference
+        from reference import *  # noqa: F403
+
+        PROTOCOL_VERSION = 2
+        CAPABILITIES = reference.CAPABILITIES
+        FIXED_CONFIG = {"qkv_bias": True, "qk_norm": True}
+        """,
+    )
+    proc = run_suite("--impl=qwen_fixed", "-k", "test_model or test_kv_cache or test_generation", cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
+    assert "failed" not in out and " passed" in out, out[-3000:]

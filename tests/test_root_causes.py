@@ -7,10 +7,15 @@ reference with catalogued patches applied, judged in a subprocess as users run t
   its own copy of a component with the component's bug (it never calls the protocol function) is a
   consequence of it, reported once; a caller with a bug of its own is charged.
 - A submission that recognises the composition calls (by the call stack) gains nothing.
+- Model-bound names (the model, the cache, train_step under train) cannot be composed: their consumers are
+  judged on top of the implementation's own model, cache or train_step, so one bug there is charged once (a
+  component bug is not charged to build_model or train_step, a copied tied head only to build_model, a crashing
+  cache only to new_cache), while a consumer broken on its own is still charged.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
@@ -200,3 +205,186 @@ def test_in_grading_a_crash_is_never_credited_as_a_consequence():
         raised = rootcause.judge_failure(None, run, exc, object(), object(), registry, rerun)
         assert raised is exc and run.verdict.status == "error"
     assert asked == [["rope"]]  # tried in pytest's run, not in grading's
+
+
+# ------------------------------------------------------------------------------------------------
+# model-bound names: one bug, one charged group (issue 18)
+
+
+@run_ahead
+def test_a_component_bug_is_not_charged_to_build_model_through_the_default_config(tmp_path):
+    """The defaults are judged as a relation on the implementation's own models (omitted = written out): an rmsnorm
+    bug leaves it passing, and the default config's logits are rmsnorm's consequence."""
+    folder = implementation(tmp_path, "rmsnorm_eps_outside_root")
+    found = statuses(folder, tmp_path, "rmsnorm or defaults or default_config")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    assert found["test_model.py::test_config_defaults[llama]"] == "PASSED", found
+    assert found["test_model.py::test_default_config_logits_match_reference[llama]"] == "CONSEQUENCE", found
+
+
+def _default_theta_500000(folder: Path) -> None:
+    path = folder / "config.py"
+    source = path.read_text()
+    old = "    rope_theta: float = 10000.0\n"
+    assert source.count(old) == 1
+    path.write_text(source.replace(old, "    rope_theta: float = 500000.0\n"))
+
+
+@run_ahead
+def test_a_wrong_default_is_still_charged_to_build_model(tmp_path):
+    found = statuses(implementation(tmp_path, edit=_default_theta_500000), tmp_path, "config_defaults")
+    assert found["test_model.py::test_config_defaults[llama]"] == "FAILED", found
+    assert found["test_model.py::test_config_defaults[gpt2]"] == "PASSED", found  # no RoPE, no theta
+
+
+STEP = "test_training.py::test_train_step_matches_reference[llama-no-clip-sgd]"
+
+
+@run_ahead
+def test_a_component_bug_is_not_charged_to_train_step(tmp_path):
+    """train_step is judged on top of the model's own forward (a correct step on the implementation's model): an
+    rmsnorm bug fails forward as its consequence, and train_step as forward's, settled to rmsnorm."""
+    found = statuses(implementation(tmp_path, "rmsnorm_eps_outside_root"), tmp_path, "rmsnorm or logits_match or step")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    assert found[LOGITS] == "CONSEQUENCE" and found[STEP] == "CONSEQUENCE", found
+
+
+@run_ahead
+def test_a_broken_train_step_is_charged_beside_a_broken_component(tmp_path):
+    folder = implementation(tmp_path, "rmsnorm_eps_outside_root", "train_step_no_zero_grad")
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match or train_step_matches")
+    assert found[STEP.replace("no-clip-sgd", "no-clip-adamw")] == "FAILED", found
+
+
+def _copy_the_tied_head(folder: Path) -> None:
+    """A tied head that is a copy of the embedding made before loading: it keeps its initialisation, counts as a
+    parameter of its own and trains apart (loading and canonical names skip it, so nothing crashes)."""
+    path = folder / "model.py"
+    source = path.read_text()
+    for old, new in (
+        (
+            "            self.lm_head.weight = self.tok_embeddings.weight  # one parameter, two uses\n",
+            "            self.lm_head.weight = nn.Parameter(self.tok_embeddings.weight.detach().clone())\n",
+        ),
+        (
+            "    params = dict(model.named_parameters())  # a tied lm_head is not listed separately\n",
+            "    params = {k: p for k, p in model.named_parameters() if not (k == 'lm_head.weight' and "
+            "model.config.tie_embeddings)}\n",
+        ),
+        (
+            "    return {name: p.detach() for name, p in model.named_parameters()}\n",
+            "    return {name: p.detach() for name, p in model.named_parameters() if not (name == 'lm_head.weight' and "
+            "model.config.tie_embeddings)}\n",
+        ),
+    ):
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    path.write_text(source)
+
+
+COPY_SELECT = "logits_match_reference or count_parameters or train_step_matches or determined or tied_head"
+
+
+@run_ahead
+def test_a_tied_head_that_is_a_copy_is_charged_to_build_model_once(tmp_path):
+    found = statuses(implementation(tmp_path, edit=_copy_the_tied_head), tmp_path, COPY_SELECT)
+    assert found["test_model.py::test_tied_head_is_the_embedding_parameter[llama]"] == "FAILED", found
+    assert found["test_model.py::test_model_is_determined_by_its_weights[llama_gqa]"] == "FAILED", found
+    assert found["test_model.py::test_logits_match_reference[llama_gqa-f64]"] == "CONSEQUENCE", found
+    assert found["test_model.py::test_logits_match_reference[llama_mha-f64]"] == "PASSED", found  # untied
+    assert found["test_model.py::test_count_parameters[llama_gqa]"] == "CONSEQUENCE", found
+    assert found[STEP] == "CONSEQUENCE", found
+
+
+def _copy_and_miscount(folder: Path) -> None:
+    """The copied head, and count_parameters one too many whatever the model holds."""
+    _copy_the_tied_head(folder)
+    path = folder / "model.py"
+    source = path.read_text()
+    old = "    return sum(p.numel() for p in model.parameters())\n"
+    assert source.count(old) == 1
+    path.write_text(source.replace(old, "    return sum(p.numel() for p in model.parameters()) + 1\n"))
+
+
+@run_ahead
+def test_beside_a_copied_head_a_broken_count_and_step_are_charged(tmp_path):
+    folder = implementation(tmp_path, "train_step_no_zero_grad", edit=_copy_and_miscount)
+    found = statuses(folder, tmp_path, COPY_SELECT)
+    assert found["test_model.py::test_count_parameters[llama_gqa]"] == "FAILED", found
+    assert found[STEP.replace("no-clip-sgd", "no-clip-adamw")] == "FAILED", found
+
+
+CACHED = "test_kv_cache.py::test_cached_logits_equal_full_forward[llama_gqa-token-by-token]"
+LAYOUT = "test_kv_cache.py::test_cache_layout_rotated_keys_plain_values[llama_gqa]"
+GREEDY = "test_generation.py::test_greedy_generation_follows_the_model[llama-cache]"
+
+
+@run_ahead
+def test_a_crashing_cache_is_charged_once_and_generate_crashing_in_it_is_its_consequence(tmp_path):
+    """The cache raises in its own update (forward given a cache, whose own tests pass): the cache's tests are
+    charged to new_cache; cache_kv's and generate's tests, raising at the same place, are its consequences."""
+    folder = implementation(tmp_path, "kv_cache_wrong_axis")
+    proc = run_suite(f"--impl={folder}", "-k", "kv_cache or greedy or logits_match", "-vv", cwd=tmp_path)
+    found = dict(re.findall(r"spec_tests/(\S+::\S+) +(PASSED|FAILED|CONSEQUENCE|SKIPPED)", proc.stdout))
+    assert found[CACHED] == "FAILED" and found[LAYOUT] == "CONSEQUENCE" and found[GREEDY] == "CONSEQUENCE", found
+    roots = proc.stdout.split("root causes, fix these first:", 1)[1].split("=====", 1)[0]
+    assert [line.split(":")[0].strip() for line in roots.strip().splitlines()] == ["new_cache"], roots
+
+
+def _generate_crashes_on_its_own(folder: Path) -> None:
+    path = folder / "generation.py"
+    source = path.read_text()
+    old = "    ctx = model.config.context_length\n"
+    assert source.count(old) == 1
+    new = old + '    if use_cache:\n        raise RuntimeError("Sizes of tensors must match except in dimension 1")\n'
+    path.write_text(source.replace(old, new))
+
+
+@run_ahead
+def test_a_generate_that_crashes_on_its_own_beside_a_crashing_cache_is_charged(tmp_path):
+    folder = implementation(tmp_path, "kv_cache_wrong_axis", edit=_generate_crashes_on_its_own)
+    found = statuses(folder, tmp_path, "cached_logits or greedy or logits_match")
+    assert found[CACHED] == "FAILED" and found[GREEDY] == "FAILED", found
+
+
+@run_ahead
+def test_a_cache_that_appends_wrongly_costs_the_cache_once(tmp_path):
+    """Positions restart at every cached call: the cache's contents after chunks differ from one prefill, which
+    new_cache's logits relations already charge; what cache_kv reads is judged on one prefill, and is right."""
+    found = statuses(implementation(tmp_path, "cache_positions_restart"), tmp_path, "test_kv_cache")
+    assert found[CACHED] == "FAILED" and found[LAYOUT] == "CONSEQUENCE", found
+    assert found["test_kv_cache.py::test_cache_holds_the_specified_keys_and_values[llama_gqa]"] == "PASSED", found
+
+
+def _cache_kv_swaps_keys_and_values(folder: Path) -> None:
+    path = folder / "kv_cache.py"
+    source = path.read_text()
+    old = "    return cache.kv(layer)\n"
+    assert source.count(old) == 1
+    path.write_text(source.replace(old, "    k, v = cache.kv(layer)\n    return v, k\n"))
+
+
+@run_ahead
+def test_a_broken_cache_kv_beside_a_cache_that_appends_wrongly_is_charged(tmp_path):
+    folder = implementation(tmp_path, "cache_positions_restart", edit=_cache_kv_swaps_keys_and_values)
+    found = statuses(folder, tmp_path, "test_kv_cache")
+    assert found[LAYOUT] == "FAILED", found
+
+
+KEEPS = "test_training.py::test_train_keeps_its_optimizer_state_across_steps"
+
+
+@run_ahead
+def test_a_train_step_bug_is_not_charged_again_to_train(tmp_path):
+    """train is judged on top of the implementation's own train_step (which it may call): clipping after the step
+    fails train_step, and train's losses are those of a correct loop around that train_step."""
+    found = statuses(implementation(tmp_path, "clip_after_step"), tmp_path, "train_step_matches or train_keeps")
+    assert found["test_training.py::test_train_step_matches_reference[llama-clip0.5-sgd]"] == "FAILED", found
+    assert found[KEEPS] == "CONSEQUENCE", found
+
+
+@run_ahead
+def test_a_broken_train_beside_a_broken_train_step_is_charged(tmp_path):
+    folder = implementation(tmp_path, "clip_after_step", "train_optimizer_made_every_step")
+    found = statuses(folder, tmp_path, "train_step_matches or train_keeps")
+    assert found[KEEPS] == "FAILED", found

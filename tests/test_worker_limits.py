@@ -144,6 +144,10 @@ def test_oracle_calls_take_protocol_arguments_only():
     with pytest.raises(TypeError, match="causal="):
         check_oracle_arguments("scaled_dot_product_attention", (x, x, x), {"causal": True})
     assert "rope_table_size" in REFERENCE_ONLY["multihead_self_attention"]
+    mha = (x, *[torch.zeros(8, 8)] * 4, 2)  # amendment 23's key mask and the config's rope_scaling are the reference's
+    with pytest.raises(TypeError, match=r"multihead_self_attention was called with mask=, rope_scaling=, an option"):
+        check_oracle_arguments("multihead_self_attention", mha, {"mask": None, "rope_scaling": None, "theta": 1e4})
+    check_oracle_arguments("multihead_self_attention", mha, {"n_kv_heads": 2, "theta": 1e4, "positions": None})
     with pytest.raises(ValueError, match="tensor elements"):
         check_oracle_arguments("softmax", (torch.zeros(1 << 23),), {"dim": 0})
 

@@ -86,7 +86,11 @@ PLUGIN = "tests/test_plugin.py::"
 V2 = "tests/test_protocol_v2.py::"
 RSC = "test_rope_scaling.py::"
 QKB = "test_qkv_bias.py::"
+QKN = "test_qk_norm.py::"
 BAT = "test_batched_generation.py::"
+SLW = "test_sliding_window.py::"
+LSC = "test_logit_softcap.py::"
+GEM = "test_gemma_style.py::"
 
 CLAUSES: list[Clause] = [
     # ------------------------------------------------------------------------------------ Loading and absence
@@ -1154,6 +1158,110 @@ CLAUSES: list[Clause] = [
         extremes={
             BAT + "test_attention_mask_rejects_what_is_not_left_padding": "right padding, a hole, an all-zero row, "
             "a wrong shape, in forward and generate"
+        },
+    ),
+    C(
+        "amendment.24",
+        "amendment",
+        "24",
+        sizes={
+            QKN + "test_logits_match_reference_with_qk_norm": "llama GQA config, ids [2, 11]",
+            QKN + "test_qk_norm_is_per_head": "8 query heads at scales 0.2..5, 2 key heads at 4 and 0.25",
+        },
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={QKN + "test_cache_equals_no_cache_with_qk_norm": "chunks 6, 1, 1, 9 through the cache"},
+        paths={
+            QKN + "test_logits_match_reference_with_qk_norm": "forward with gains in [0.5, 1.5] on q and k",
+            QKN + "test_qk_norm_comes_before_rope": "multihead_self_attention(q_norm=, k_norm=) at scattered positions",
+            QKN + "test_qk_norm_on_queries_and_keys_not_values": "wk x4 normalised back, wv x3 kept",
+            QKN + "test_qk_norm_canonical_names": "exactly attn.{q,k}_norm.weight added; as loaded; fresh ones",
+        },
+        extremes={
+            QKN + "test_qk_norm_eps_inside_the_root": "norm_eps = 0.25 against unit-scale heads",
+            QKN + "test_qk_norm_needs_the_llama_family": "qk_norm on a gpt2 config raises",
+        },
+    ),
+    C(
+        "amendment.25",
+        "amendment",
+        "25",
+        sizes={
+            LSC + "test_attention_scores_are_softcapped_before_the_mask": "5 queries against 13 keys (masked keys in "
+            "every row but the last), GQA where supported",
+            LSC + "test_logits_match_reference_with_softcaps": "llama GQA config, ids [2, 11]",
+        },
+        ties=NO_RANK,
+        padding="n/a: the cap is elementwise on scores and logits; padding masks are amendment 23's, applied after it",
+        state={
+            LSC + "test_cache_equals_no_cache_with_softcaps": "chunks 6, 1, 1, 9 through the cache, both caps",
+            LSC + "test_loss_uses_the_capped_logits": "evaluate runs the model itself, in eval mode",
+        },
+        paths={
+            LSC + "test_attention_scores_are_softcapped_before_the_mask": "scaled_dot_product_attention(softcap=)",
+            LSC + "test_multihead_attention_softcaps_its_scores": "multihead_self_attention(softcap=)",
+            LSC + "test_logits_match_reference_with_softcaps": "forward with both caps; |logits| < the final cap",
+            LSC + "test_loss_uses_the_capped_logits": "evaluate's loss from the capped logits",
+        },
+        extremes={
+            LSC + "test_attention_scores_are_softcapped_before_the_mask": "scores up to about +-6 against cap 1.7",
+            LSC + "test_softcaps_must_be_positive": "a cap of 0 and a negative cap raise",
+        },
+    ),
+    C(
+        "amendment.26",
+        "amendment",
+        "26",
+        sizes={
+            GEM + "test_logits_match_reference_with_norm_offset": "llama GQA config, ids [2, 11]",
+            GEM + "test_cache_equals_no_cache_with_gemma_options": "every option held together, with the soft-caps",
+        },
+        ties=NO_RANK,
+        padding=NO_TARGETS,
+        state={
+            GEM + "test_cache_equals_no_cache_with_gemma_options": "chunks 6, 1, 1, 9 through the cache",
+            GEM + "test_zero_offsets_are_the_identity_gain": "fresh weights of a newly built model",
+        },
+        paths={
+            GEM + "test_logits_match_reference_with_norm_offset": "every norm with an offset, the final one included",
+            GEM + "test_logits_match_reference_with_embed_scale": "the input embeddings scaled, the tied head not",
+            GEM + "test_logits_match_reference_with_geglu": "tanh-GELU on the gate (up projections x 4)",
+            GEM + "test_logits_match_reference_with_post_norms": "both post-norms, before the residual add",
+            GEM + "test_post_norms_canonical_names": "exactly attn_post_norm and mlp_post_norm added, as loaded",
+            "tests/test_protocol_v2.py::test_the_reference_with_every_gemma_option_fixed_passes": "FIXED_CONFIG: "
+            "the v1 model tests on Gemma-style configs",
+        },
+        extremes={
+            GEM + "test_zero_offsets_are_the_identity_gain": "every offset 0: the gain 1, the plain normalisation",
+            GEM + "test_gemma_options_need_the_llama_family": "each option on a gpt2 config raises",
+        },
+    ),
+    C(
+        "amendment.27",
+        "amendment",
+        "27",
+        sizes={
+            SLW + "test_window_mask": "t_q = t_k, t_q < t_k, one query, a chunk longer than the window, W = 1, "
+            "W past every key",
+            SLW + "test_tokens_before_the_window_never_matter": "W 1..6, any query and any earlier position",
+        },
+        ties="n/a: nothing is ranked; a key exactly W back is the boundary, pinned on both sides",
+        padding="n/a: padding with a window is amendment 23's rule on real tokens, which the window leaves unchanged",
+        state={
+            SLW + "test_cache_equals_no_cache_past_the_window": "token by token, prefill + decode + chunk, chunks "
+            "longer than the window",
+            SLW + "test_sliding_cache_holds_the_last_keys_and_values": "a rolling cache allowed: the last W - 1 "
+            "entries of a sliding layer, every entry of a full one",
+            SLW + "test_greedy_generation_past_the_window": "14 tokens after a 6-token prompt, with the cache",
+        },
+        paths={
+            SLW + "test_multihead_attention_with_window": "multihead_self_attention(..., window=)",
+            SLW + "test_logits_match_reference_with_sliding_window": "every layer sliding, and a layer_types pattern",
+        },
+        extremes={
+            SLW + "test_window_holds_exactly_w_tokens": "the oldest key in the window and the first one out of it",
+            SLW + "test_bad_sliding_window_raises": "W = 0, W < 0, layer_types of the wrong length or with an "
+            "unknown entry, sliding layers without a window",
         },
     ),
 ]

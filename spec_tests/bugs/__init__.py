@@ -8,7 +8,8 @@ and names the one whose output the implementation reproduces.
 - ``bug.py``: what a bug is (``Bug``: a source patch on one reference file);
 - ``classes.py``: the bug classes and the test files meant to catch each;
 - ``components.py``, ``attention.py``, ``model.py``, ``sampling.py``, ``training.py``, ``rope_scaling.py``,
-  ``padding.py``, ``qkv_bias.py`` (protocol v2): the entries;
+  ``padding.py``, ``qkv_bias.py``, ``qk_norm.py``, ``sliding_window.py``, ``logit_softcap.py``,
+  ``gemma_style.py`` (protocol v2): the entries;
 - ``model_components.py``: the model-level ``component=`` names, in one place;
 - ``loading.py``: importing a patched private copy of the reference package.
 """
@@ -17,7 +18,20 @@ from __future__ import annotations
 
 import functools
 
-from . import attention, components, model, padding, qkv_bias, rope_scaling, sampling, training
+from . import (
+    attention,
+    components,
+    gemma_style,
+    logit_softcap,
+    model,
+    padding,
+    qk_norm,
+    qkv_bias,
+    rope_scaling,
+    sampling,
+    sliding_window,
+    training,
+)
 from .bug import Bug
 from .classes import BUG_CLASSES, related_files
 from .loading import apply_patch, import_patched, reference_sources
@@ -25,7 +39,20 @@ from .loading import apply_patch, import_patched, reference_sources
 
 def _catalog() -> dict[str, Bug]:
     catalog: dict[str, Bug] = {}
-    for group in (components, attention, model, sampling, training, rope_scaling, padding, qkv_bias):
+    for group in (
+        components,
+        attention,
+        model,
+        sampling,
+        training,
+        rope_scaling,
+        padding,
+        qkv_bias,
+        qk_norm,
+        sliding_window,
+        logit_softcap,
+        gemma_style,
+    ):
         for bug in group.BUGS:
             if bug.name in catalog:
                 raise ValueError(f"bug name {bug.name!r} is catalogued twice")

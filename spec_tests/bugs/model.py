@@ -30,6 +30,74 @@ BUGS = (
         fix="logits = lm_head(final_norm(x))",
     ),
     Bug(
+        "mlp_residual_missing",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="        return x + self.drop(self.mlp(self.mlp_norm(x)))",
+        new="        return self.drop(self.mlp(self.mlp_norm(x)))",
+        explanation="the MLP's output replaces the residual stream instead of being added to it",
+        fix="return x + mlp(mlp_norm(x)): each sublayer adds to the stream it read",
+        code="knob:missing_residual",
+    ),
+    Bug(
+        "parallel_attention_and_mlp",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="""        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer, mask))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))""",
+        new="""        h = self.drop(self.attn(self.attn_norm(x), positions, cache, layer, mask))
+        return x + h + self.drop(self.mlp(self.mlp_norm(x)))""",
+        explanation="attention and the MLP both read the block's input (GPT-J's parallel block), "
+        "so the MLP never sees the attention's output",
+        fix="x = x + attn(attn_norm(x)); then x = x + mlp(mlp_norm(x)) on the updated x",
+        code="knob:parallel_blocks",
+    ),
+    Bug(
+        "embedding_scaled_by_sqrt_d_model",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="        x = embedding(ids, self.tok_embeddings.weight)  # [B, T, d_model]",
+        new="        x = embedding(ids, self.tok_embeddings.weight) * math.sqrt(self.config.d_model)",
+        explanation="the token embeddings are multiplied by sqrt(d_model) (as in the original Transformer), "
+        "which llama and gpt2 do not do",
+        fix="use the embedding rows as they are (only embed_scale, Gemma's, scales them)",
+        code="knob:embed_scale",
+    ),
+    Bug(
+        "wo_transposed_at_load",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="        params[name].copy_(value)",
+        new="        params[name].copy_(value.t() if name.endswith('attn.wo.weight') else value)",
+        explanation="the square output projection wo is transposed when loaded (read as [in, out])",
+        fix="canonical weights are [out_features, in_features], as nn.Linear holds them: copy them as they are",
+        corner=True,
+        code="knob:weight_layout",
+    ),
+    Bug(
+        "wq_wk_swapped_at_load",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="""    for name, value in state_dict.items():
+        if tuple(value.shape) != tuple(params[name].shape):""",
+        new="""    swap = {".wq.": ".wk.", ".wk.": ".wq."}
+    state_dict = {
+        next((name.replace(a, b) for a, b in swap.items() if a in name), name): value
+        for name, value in state_dict.items()
+    }
+    for name, value in state_dict.items():
+        if tuple(value.shape) != tuple(params[name].shape):""",
+        explanation="the query and key projections are swapped when loaded (attn.wq goes to the keys); "
+        "with grouped keys their shapes differ and loading fails",
+        fix="load attn.wq.weight into the query projection and attn.wk.weight into the key projection",
+        code="knob:qkv_layout",
+    ),
+    Bug(
         "tied_weights_copied",
         "tied_weights",
         MODEL,

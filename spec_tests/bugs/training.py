@@ -31,6 +31,20 @@ BUGS = (
         code="boundary",
     ),
     Bug(
+        "get_batch_non_overlapping_chunks",
+        "get_batch",
+        TRAINING,
+        "training.py",
+        old="    starts = torch.randint(0, len(tokens) - context_length, (batch_size,), generator=generator)",
+        new="    n_chunks = (len(tokens) - context_length - 1) // context_length + 1\n"
+        "    starts = torch.randint(0, n_chunks, (batch_size,), generator=generator) * context_length",
+        explanation="get_batch draws whole chunks of the data (starts at multiples of context_length), so most "
+        "windows can never be drawn",
+        fix="draw each start uniformly from 0 .. len(data) - context_length - 1",
+        corner=True,
+        code="knob:data_windows",
+    ),
+    Bug(
         "train_step_no_zero_grad",
         "training",
         TRAINING,
@@ -119,6 +133,50 @@ BUGS = (
         fix="evaluate in eval mode (model.eval(), restoring the previous mode afterwards)",
         corner=True,
         code="knob:mode",
+    ),
+    Bug(
+        "evaluate_windows_skip_boundary_tokens",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="""    n_pred = len(tokens) - 1
+    full = n_pred // context_length
+    windows = [(s, context_length) for s in range(0, full * context_length, context_length)]
+    if n_pred % context_length:
+        windows.append((full * context_length, n_pred % context_length))""",
+        new="""    step = context_length + 1  # chunks of context_length + 1 tokens, inputs and targets
+    windows = [(s, min(context_length, len(tokens) - 1 - s)) for s in range(0, len(tokens) - 1, step)]
+    n_pred = sum(n for _, n in windows)""",
+        explanation="evaluate cuts the data into chunks of context_length + 1 tokens, so the token after each "
+        "chunk is never predicted from the one before it",
+        fix="windows start context_length apart (0, C, 2C, ...); each predicts the C tokens after its start",
+        corner=True,
+        code="knob:data_windows",
+    ),
+    Bug(
+        "train_adam_with_l2_decay",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=0.01)",
+        explanation="train uses Adam with weight_decay, which adds the decay to the gradient (L2), instead of "
+        "AdamW's decoupled decay",
+        fix="torch.optim.AdamW: the weights decay by lr * weight_decay outside the Adam update",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
+        "train_decay_not_scaled_by_lr",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01 / lr if lr else 0.01)",
+        explanation="train's weight decay shrinks the weights by 1 - weight_decay per step, not 1 - lr * weight_decay",
+        fix="AdamW's decay is p *= 1 - lr * weight_decay: the decay is scaled by the learning rate",
+        corner=True,
+        code="knob:adamw_rule",
     ),
     Bug(
         "train_optimizer_made_every_step",

@@ -48,7 +48,10 @@ class Entry:
     - ``precision_sample``: float64 inputs for ``test_float64_computed_in_float64`` (see ``Sample``); the
       names that have one are that test's parameters, in protocol order.
     - ``reference_only``: the reference's keyword-only options that the protocol does not have: a replaced
-      (substituted) function refuses a call that passes one.
+      (substituted) function refuses a call that passes one. Every keyword of the reference's function is
+      the protocol's (its row in ``docs/protocol.md`` or an amendment), reference-only, or deliberately
+      allowed: ``tests/test_protocol_entries.py`` (``AMENDED_KEYWORDS``, ``ALLOWED_UNNAMED``) fails on one
+      nobody lists.
     - ``style_keyword``: the reference's option that selects the RoPE pairing (amendment 6).
     - ``catalog_groups``: the bug-catalog tags of the checks that judge it, besides its own name.
     - ``knob_family``: the name of its knob-family function in ``harness/diagnosis/knobs.py``.
@@ -248,6 +251,7 @@ ENTRIES: tuple[Entry, ...] = (
         "attention",
         calls=(
             "linear",
+            "rmsnorm",  # protocol v2 (qk_norm): the per-head norms of q and k
             "rope",
             "repeat_kv",
             "scaled_dot_product_attention",
@@ -260,7 +264,8 @@ ENTRIES: tuple[Entry, ...] = (
         tolerance="attention",
         precision_sample=lambda i, S, device: ((_x(i, S), *_mha_weights(i, S), S.H, S.H), {"theta": 10000.0}),
         reference_only=frozenset(
-            {"bq", "bk", "bv", "bo", "cache", "layer", "rope_style", "rope_table_size", "attention"}
+            {"bq", "bk", "bv", "bo", "cache", "layer", "rope_style", "rope_table_size", "rope_scaling", "attention"}
+            | {"mask"}  # amendment 23: the key mask the model's attention_mask becomes
         ),
         style_keyword="rope_style",
         knob_family="_mha_family",
@@ -320,7 +325,15 @@ ENTRIES: tuple[Entry, ...] = (
         catalog_groups=("model", "init"),
     ),
     Entry("canonical_state_dict", "model", calls=(), catalog_groups=("model",)),
-    Entry("forward", "model", calls=(), calls_model_parts=True, tolerance="model", catalog_groups=("model",)),
+    Entry(
+        "forward",
+        "model",
+        calls=(),
+        calls_model_parts=True,
+        tolerance="model",
+        reference_only=frozenset({"positions"}),  # amendment 23
+        catalog_groups=("model",),
+    ),
     Entry(
         "new_cache",
         "kv_cache",
@@ -379,7 +392,7 @@ MAY_CALL = {e.name: e.may_call for e in ENTRIES if e.calls is not None}
 # Names a correct version can stand in for inside an implementation: functions of tensors and
 # numbers. Model-bound names (built models, caches, optimizers) cannot be swapped one at a time.
 SUBSTITUTABLE = frozenset(e.name for e in ENTRIES if e.substitutable)
-# the reference's keyword-only options protocol v1 does not have, per name that has some
+# the reference's keyword-only options the protocol does not have, per name that has some
 REFERENCE_ONLY = {e.name: e.reference_only for e in ENTRIES if e.reference_only}
 # the reference's option selecting the RoPE pairing, per name that has one
 STYLE_KEYWORD = {e.name: e.style_keyword for e in ENTRIES if e.style_keyword}

@@ -42,7 +42,25 @@ V2_CAPABILITIES = {
     **{f"rope_scaling:{t}": f"rope_scaling of type {t!r} only" for t in ROPE_SCALING_TYPES},
     "attention_mask": "forward and generate take attention_mask=[B, T] of 0/1 (left padding): each row as if alone",
     "qkv_bias": "config qkv_bias: biases on the q, k, v projections only (llama family, Qwen2-style)",
+    "sliding_window": "config sliding_window (W): query i attends keys i - W < j <= i in every layer (Mistral); "
+    "causal_mask(..., window=) and multihead_self_attention(..., window=)",
+    "layer_types": "config layer_types: a per-layer pattern of sliding and full attention (Gemma 2, Qwen2), with "
+    "sliding_window (without it the suite windows every layer, as Mistral)",
+    "qk_norm": "config qk_norm: per-head RMSNorm on q and k before RoPE (llama family, Qwen3-style); "
+    "multihead_self_attention(..., q_norm=, k_norm=, norm_eps=)",
+    "logit_softcap": "config attn_logit_softcap and final_logit_softcap: cap * tanh(x / cap) on the attention scores "
+    "(before the mask) and on the logits (Gemma 2); scaled_dot_product_attention and multihead_self_attention "
+    "(..., softcap=)",
+    "norm_offset": "config norm_offset: the model's RMSNorm gains are 1 + weight, fresh weights 0 (llama, Gemma)",
+    "embed_scale": "config embed_scale: input embeddings times sqrt(d_model), not the tied head (llama family, Gemma)",
+    "geglu": "config geglu: the gated MLP with tanh-GELU on the gate instead of SiLU (llama family, Gemma)",
+    "post_norms": "config post_norms: an RMSNorm on each sublayer's output before the residual add, canonical "
+    "attn_post_norm and mlp_post_norm (llama family, Gemma 2)",
 }
+# Protocol v2 (amendment 26): the config keys an implementation may fix in FIXED_CONFIG (its models always have
+# them), each with the capability it needs; the suite then builds every llama config with them. qkv_bias and qk_norm
+# too (amendments 22 and 24): Qwen2's attention always has its q, k, v biases, Qwen3's its q/k norms.
+FIXABLE_CONFIG = {key: key for key in ("norm_offset", "embed_scale", "geglu", "post_norms", "qkv_bias", "qk_norm")}
 KNOWN_CAPABILITIES = {**CAPABILITIES, **V2_CAPABILITIES}
 # v1's sampling_probs has both filters: a v1 capability list (and the default) implies them
 IMPLIED_BY_V1 = ("top_k", "top_p")

@@ -15,7 +15,7 @@ _targets = list(BAKED["checkout_files"].values())
 try:
     import spec_tests
 
-    _targets.append(os.path.join(os.path.dirname(spec_tests.__file__), "harness", "compare.py"))
+    _targets.append(os.path.join(os.path.dirname(spec_tests.__file__), "harness", "judging", "compare.py"))
 except Exception:  # noqa: BLE001
     pass
 for _path in _targets:

@@ -16,7 +16,7 @@ def _targets():
     try:
         import spec_tests
 
-        yield "compare", os.path.join(os.path.dirname(spec_tests.__file__), "harness", "compare.py")
+        yield "compare", os.path.join(os.path.dirname(spec_tests.__file__), "harness", "judging", "compare.py")
     except Exception:  # noqa: BLE001
         pass
 

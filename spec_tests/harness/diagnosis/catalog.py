@@ -57,11 +57,19 @@ CLASS_CODES = {
     "tied_weights": "knob:tying",
     "kv_cache": "knob:cache_contents",
     "qkv_bias": "knob:qkv_bias",
+    "sliding_window": "knob:sliding_window",
+    "qk_norm": "knob:qk_norm",
+    "logit_softcap": "knob:logit_softcap",
+    "norm_offset": "knob:norm_offset",
+    "embed_scale": "knob:embed_scale",
+    "geglu": "knob:activation",
+    "post_norms": "knob:post_norms",
 }
 
 
-def bug_subjects(subject: str, rope_style: str) -> list:
-    """``[(bug, reference-like subject), ...]`` for the catalogued bugs that change ``subject``'s checks."""
+def bug_subjects(subject: str, rope_style: str, names=None) -> list:
+    """``[(bug, reference-like subject), ...]`` for the catalogued bugs that change ``subject``'s checks (only
+    those in ``names``, where given)."""
     try:
         from ...bugs import CATALOG, load_bug
     except ImportError:
@@ -72,14 +80,15 @@ def bug_subjects(subject: str, rope_style: str) -> list:
     return [
         (bug, reference_subject(rope_style, load_bug(bug.name), label=f"bug:{bug.name}"))
         for bug in CATALOG.values()
-        if tags & set(bug.components) and (ONLY is None or bug.name in ONLY)
+        if tags & set(bug.components) and (ONLY is None or bug.name in ONLY) and (names is None or bug.name in names)
     ]
 
 
-def matching_bugs(subject: str, compute_on, actual, tol: Tolerance, rope_style: str) -> list:
-    """The catalogued bugs whose output on the check's inputs matches ``actual`` within ``tol``."""
+def matching_bugs(subject: str, compute_on, actual, tol: Tolerance, rope_style: str, names=None) -> list:
+    """The catalogued bugs whose output on the check's inputs matches ``actual`` within ``tol`` (of ``names``
+    only, where given)."""
     matches = []
-    for bug, bug_subject in bug_subjects(subject, rope_style):
+    for bug, bug_subject in bug_subjects(subject, rope_style, names):
         try:
             out = compute_on(bug_subject)
         except Exception:  # noqa: BLE001 - a bug that cannot run on these inputs cannot be the one

@@ -34,6 +34,11 @@ KNOBS = {
     "rope_style": "RoPE pairs channels in the other style (interleaved vs half)",
     "rope_scaling": "RoPE scaling (linear, dynamic, llama3, yarn) applied wrongly, twice, or not at all",
     "qkv_bias": "the q, k, v projection biases are missing, misplaced (after RoPE, wrong head split) or on wo too",
+    "sliding_window": "the attention window is one key off, ignored, on the wrong layers, or lost on the cached path",
+    "qk_norm": "the q/k norms are missing, over d_model instead of each head, after RoPE, on v, or share a weight",
+    "logit_softcap": "a soft-cap is missing, applied after the mask or before the scaling, or as cap * tanh(x)",
+    "norm_offset": "the RMSNorm gain is the stored weight instead of 1 + weight, on some norms or all",
+    "post_norms": "the norms on the sublayers' outputs are missing, after the residual add, or swapped",
     "position_offset": "positions start at the wrong offset (do not continue, restart at 0, off by one)",
     "eps_placement": "eps sits outside the square root, or is missing",
     "eps_value": "eps has the wrong value (the argument is ignored)",
@@ -74,6 +79,12 @@ KNOBS = {
     "returned_loss": "train_step returns another loss than the one its step used (recomputed after the step)",
     "generator": "a random draw ignores the given generator (it uses the global RNG) on some path",
     "parameter_groups": "a group of parameters is counted twice or left out (the tied matrix, position embeddings)",
+    "missing_residual": "a sublayer's output replaces the residual stream instead of being added to it",
+    "parallel_blocks": "attention and the MLP run in parallel on one input (GPT-J) instead of one after the other",
+    "embed_scale": "the token embeddings are scaled (by sqrt(d_model)) where the family does not, or not where it does",
+    "qkv_layout": "q, k, v weights loaded in the wrong order or layout (swapped, rows not head-major, fused per head)",
+    "adamw_rule": "AdamW's update rule is wrong (no bias correction, decay coupled or unscaled, eps inside the sqrt)",
+    "data_windows": "data is cut into the wrong windows (non-overlapping chunks, windows context_length + 1 apart)",
 }
 
 PREFIX_KNOB = "knob:"

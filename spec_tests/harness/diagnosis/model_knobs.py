@@ -4,7 +4,9 @@ of its components changed (the RoPE exponent base, where eps sits, the attention
 The reference model calls its component functions through module-level names, so a component can be
 swapped for one of its knob variants (``knobs.variants``) for one forward pass (``Subject.substituted``).
 A model that inlines its own attention or norm with such a mistake is then named at the model level,
-where the component's own tests (which call its function, not the model's copy) pass.
+where the component's own tests (which call its function, not the model's copy) pass. Mistakes in how
+the model connects its parts (residuals, norms, parallel branches, embedding scale, weight layout at load)
+are ``wiring.py``'s, offered in the same search.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from ..judging.spec import Variant
 from .knobs import variants
+from .wiring import WIRINGS, run_wired
 
 PARTS = ("rmsnorm", "layernorm", "rope", "scaled_dot_product_attention", "swiglu", "gelu_mlp")
 _REFERENCE_ONLY = ("style", "table_size", "fused", "rope_style")
@@ -60,7 +63,7 @@ def _family(name: str, compute, reference, args) -> list:
 
 @dataclass(frozen=True)
 class ModelVariant(Variant):
-    knob: tuple[str, int] = ("", 0)  # the component and the index of its knob in its family
+    knob: tuple = ("", 0)  # the component and the index of its knob in its family, or ("wiring", its name)
 
 
 # A full search runs the model about 50 times: once per test function (and implementation); the cases
@@ -69,7 +72,8 @@ _SEARCHED: dict[str, list[tuple[str, int]] | None] = {}
 
 
 def model_variants(compute, reference, args, *, memo: str | None = None) -> list:
-    """``checks.Variant``s: the reference computation with one component's knob turned.
+    """``checks.Variant``s: the reference computation with one component's knob turned, or with one wiring
+    choice of the model changed (``wiring.WIRINGS``).
 
     ``memo``: a key (test function and implementation); after the first search under a key, only the
     knobs that fitted then are offered again.
@@ -91,6 +95,14 @@ def model_variants(compute, reference, args, *, memo: str | None = None) -> list
 
             summary = f"{v.summary} (in the model's {name.replace('_', ' ')})"
             found.append(ModelVariant(v.code, summary, v.fix, run, (name, i)))
+    for w in WIRINGS:  # how the parts are connected and the weights laid out (wiring.py)
+        if memo in _SEARCHED and (known is None or ("wiring", w.name) not in known):
+            continue
+
+        def run_wiring(ref, *a, w=w):
+            return run_wired(compute, ref, a, w)
+
+        found.append(ModelVariant(w.code, w.summary, w.fix, run_wiring, ("wiring", w.name)))
     return found
 
 

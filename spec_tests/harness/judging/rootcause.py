@@ -9,7 +9,11 @@ Decided from behaviour (``consequences.py``), never by changing anything inside 
   the reference composed with those functions instead of the implementation, fails at the same check
   (``judge_failure``'s composed rerun); a crash is a consequence when that rerun raises the same
   exception (type, message, place in the implementation's code) from one of those functions, called
-  by the correct code; only in pytest's summary, never in grading (``FailureRegistry``).
+  by the correct code, or, for model-bound names that cannot be composed, when that name's own tests
+  were charged with the same crash (``crash_signature``: type, place, message but for its numbers);
+  only in pytest's summary, never in grading (``FailureRegistry``);
+- a crash in a used (not judged) name the subject may call, whose own tests pass, is the subject's
+  (``forward`` given a cache, in the cache's tests), not a "setup" failure charged to nobody.
 
 A test whose failure is not explained is charged: a broken upstream never excuses a broken
 downstream. Only upstream failures that can explain a math check count (``failure_kind``: not a
@@ -20,14 +24,16 @@ consequence of, and is charged.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
 
 from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import consequences
-from .consequences import EXPLAINING_KINDS, dependency_order, upstream_closure
+from .consequences import EXPLAINING_KINDS, upstream_closure
 from .results import CheckResult, TestVerdict
+from .settling import dependency_order
 from .spec import ConsequenceFailure, SpecFailure
 
 PASS_THROUGH = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
@@ -44,15 +50,47 @@ class FailureRegistry:
     # Not in grading: a crash stops the computation where the upstream raised, so nothing after it was
     # judged, and crediting it would pay for downstream code that may not exist.
     crash_consequences: bool = True
+    # names whose tests failed only as consequences of other names (their own roots pay: settling.settle)
+    explained: dict[str, list[str]] = field(default_factory=dict)
+    # a charged crash's place in the implementation's code (crash_signature) -> the names it is charged to
+    crashes: dict[tuple, list[str]] = field(default_factory=dict)
+    # names judged by a test that passed
+    passing: set[str] = field(default_factory=set)
 
     def mark(self, names, test: str, kind: str = "math") -> None:
         for name in names:
             self.failing.setdefault(name, []).append(test)
             self.kinds.setdefault(name, set()).add(kind)
 
+    def mark_passed(self, names) -> None:
+        self.passing.update(names)
+
+    def mark_explained(self, names, test: str) -> None:
+        for name in names:
+            self.explained.setdefault(name, []).append(test)
+
+    def record_crash(self, names, exc: BaseException) -> None:
+        signature = crash_signature(exc)
+        if signature is not None:
+            known = self.crashes.setdefault(signature, [])
+            known += [n for n in names if n not in known]
+
     def explaining(self, names) -> list[str]:
         """Those of ``names`` with a failure that can explain a check at math tolerance."""
         return [n for n in names if self.kinds.get(n, set()) & EXPLAINING_KINDS]
+
+    def behaving_wrongly(self, names) -> list[str]:
+        """Those of ``names`` that fail tests that can explain a math check, their own or as consequences of
+        other names (a model-bound name whose tests fail because a component does: ``Spec.failing``, for the
+        checks that defer or rebase onto model-bound names; settling resolves such a root to its own roots)."""
+        return [n for n in names if n in self.explaining([n]) or n in self.explained]
+
+    def same_crash(self, exc: BaseException, candidates) -> list[str]:
+        """The candidates charged with a crash at the same place in the implementation's code, of the same
+        type and message (numbers aside): the one upstream first."""
+        signature = crash_signature(exc)
+        names = [n for n in self.crashes.get(signature, ()) if n in set(candidates)] if signature else []
+        return dependency_order(names)[:1]
 
     def upstream_of(self, subject: str) -> list[str]:
         """Failing, composable names ``subject`` may call whose failures can explain a math check."""
@@ -104,13 +142,40 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
     """
     if isinstance(exc, PASS_THROUGH):
         return exc
+    # an expected failure (xfail) is no evidence about its subjects: never charged, never an explained failure
+    expected = item is not None and item.get_closest_marker("xfail") is not None
     if isinstance(exc, ConsequenceFailure):  # the check itself showed it (composition, rebase, defer)
         run.set_verdict("consequence", exc.root, first_line(exc))
+        if not expected:
+            registry.mark_explained(failing_subjects(exc, run.subjects), run.test)
         return exc
     status, name = classify(exc, run.subjects)
     used = set(run.subjects) | set(run.uses) | set(getattr(impl, "calls", ()))
+    if status == "setup" and _through_a_callee_that_passes(exc, name, run.subjects, registry):
+        status = "error"  # the subject's own behaviour, reached through a name it may call (forward with a cache)
     # a crash (in a judged name, or in one the test uses: "setup") may be an upstream function's crash
     crashed = registry.crash_consequences and status in ("error", "setup") and isinstance(exc, ImplementationError)
+    if crashed:
+        same = registry.same_crash(exc, (upstream_closure(used) | used) - set(run.subjects))
+        if same:
+            names = ", ".join(same)
+            message = (
+                f"consequence of failing {names}: your code raises here what {names}'s own tests raise, at the same "
+                f"place in your code. Fix {names} first.\n  (it failed with: {first_line(exc)})"
+            )
+            run.set_verdict("consequence", same, message)
+            if not expected:
+                registry.mark_explained(run.subjects, run.test)
+            result = CheckResult(
+                run.test,
+                run.subjects[0] if run.subjects else "",
+                run.component,
+                "the call runs on inputs the protocol allows",
+                outcome="failed",
+                kind="require",
+                found=message,
+            )
+            return ConsequenceFailure(result, same)
     upstream = registry.upstream_failing(run.subjects, used) if status == "failed" or crashed else []
     if upstream and reference is not None and not _compared(exc):
         roots = composed_rerun(exc, upstream, rerun)
@@ -122,6 +187,8 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 f"  (it failed with: {first_line(exc)})"
             )
             run.set_verdict("consequence", roots, message)
+            if not expected:
+                registry.mark_explained(run.subjects, run.test)
             result = CheckResult(
                 run.test,
                 run.subjects[0] if run.subjects else "",
@@ -141,11 +208,34 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
         run.verdict.maybe_roots = maybe  # offline: nothing can be verified; fix these first and rerun
     # an expected failure (the implementation's SPEC_XFAILS) is a declared divergence, not a failing
     # function: tests downstream of it are judged as usual, and a failure they show is declared too
-    expected = item is not None and item.get_closest_marker("xfail") is not None
     if status in ("failed", "not_implemented", "error") and not expected:
         kind = consequences.failure_kind(exc, _bug_classes(item))
-        registry.mark(failing_subjects(exc, run.subjects), run.test, kind)
+        charged = failing_subjects(exc, run.subjects)
+        registry.mark(charged, run.test, kind)
+        if status == "error":
+            registry.record_crash(charged, exc)
     return exc
+
+
+def _through_a_callee_that_passes(exc: BaseException, name, subjects, registry: FailureRegistry) -> bool:
+    """A name the test uses (not judges) raised, one its subjects may call, whose own tests (run before, upstream
+    first) passed, and none failed, not even as a consequence: the crash is in behaviour only the subject's tests
+    reach through it (``forward`` given a cache, in the cache's tests), so it is the subject's own failure."""
+    if not isinstance(exc, ImplementationError) or isinstance(exc, NotImplementedInImpl) or not name:
+        return False
+    judged_right = name in registry.passing and name not in registry.failing and name not in registry.explained
+    return judged_right and name in upstream_closure(subjects)
+
+
+def crash_signature(exc: BaseException) -> tuple | None:
+    """Where and how the implementation raised: the exception's type, its innermost frame in the implementation's
+    own code, and its message with numbers left out (the same line raises for inputs of other sizes); ``None``
+    when the place is unknown."""
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return crash_signature(exc.exceptions[0])
+    if not isinstance(exc, ImplementationError) or isinstance(exc, NotImplementedInImpl) or not exc.where:
+        return None
+    return (exc.type_name, exc.where, re.sub(r"\d+", "#", exc.message))
 
 
 def _bug_classes(item) -> list[str]:

@@ -192,6 +192,7 @@ class Spec:
         axes: str | None = None,
         call=None,
         rebase=None,
+        given=None,
         hint: str | None = None,
         hint_code: str | None = None,
         variants=(),
@@ -205,6 +206,12 @@ class Spec:
         that cannot be swapped for correct ones) fail their own tests, ``own()`` gives what a correct
         subject computes on top of the implementation's own (failing) upstream. Matching it makes the
         failure a consequence of those names; not matching it leaves the failure charged here.
+
+        ``given = (names, holds, why)``: what the check presumes of model-bound ``names``, shown by the
+        implementation's own outputs (``holds()``: e.g. that the model its weights build is determined by
+        them). When the check fails and ``holds()`` is False, the check cannot judge its subject (``why``
+        says so): a consequence of those names, which holds only while they fail tests of their own
+        (``settling.settle``).
 
         ``variants``: ``Variant``s whose ``compute(reference, *float64 args)`` is the specified
         computation with one knob changed; one that reproduces the failing output is named.
@@ -247,6 +254,8 @@ class Spec:
         self._composed(result, compute, args64, actual, tol, reference)
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
+        if given is not None:
+            self._given(result, given)
 
         def diagnose():
             from ..diagnosis import diagnose as run
@@ -379,6 +388,22 @@ class Spec:
             f"it also differs from what a correct {result.subject} computes with your own {', '.join(failing)}"
         )
 
+    def _given(self, result: CheckResult, given) -> None:
+        names, holds, why = given
+        try:
+            if holds():
+                return
+        except Exception:  # noqa: BLE001 - what cannot be shown explains nothing: the failure stays charged
+            return
+        failing = self.failing(names) or list(names)  # settling charges it if none of them fails on its own
+        names = ", ".join(failing)
+        result.found = (
+            f"consequence of failing {names}: {why}, so this check cannot judge {result.subject}. Fix {names} first."
+            f"\n  (it failed with: {result.found})"
+        )
+        result.causes, result.cause_codes = [], []
+        raise ConsequenceFailure(result, failing)
+
     def defer(self, root, behaviour: str, found: str, subject: str | None = None) -> ConsequenceFailure:
         """A failure this test leaves to ``root`` (another check reports it): raise the returned exception."""
         result = self._result(subject, behaviour, kind="relation", outcome="failed", found=found)
@@ -398,11 +423,13 @@ class Spec:
         hint: str | None = None,
         hint_code: str | None = None,
         structural: bool = True,
+        rebase=None,
     ):
         """Compare two values the test computed (a relation); ``kind`` picks a math tolerance.
 
         ``variants``: ``Variant``s whose ``compute()`` gives the related value with one knob changed.
         ``structural=False``: no structural detectors (the test's ``hint`` reads the evidence better).
+        ``rebase``: as for ``check`` (``expected`` is what a correct implementation gives).
         """
         if tol is None and kind and tolerance_measurement.enabled():
             tolerance_measurement.record(kind, self.test_id, actual, expected)
@@ -414,6 +441,8 @@ class Spec:
             return
         result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
         result.note = shape_note(actual, expected)
+        if rebase is not None:
+            self._rebase(result, rebase, actual, tol)
         if hint:
             result.causes.append(hint)
             result.cause_codes += [hint_code] if hint_code else []

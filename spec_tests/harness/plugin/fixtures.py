@@ -36,7 +36,7 @@ def spec(request, impl, device):
         markers.component_of(request.node),
         subjects,
         sink=run.results if run is not None else None,
-        failing=state.registry.explaining,
+        failing=state.registry.behaving_wrongly,
         upstream=state.registry.upstream_of,
         crash_consequences=state.registry.crash_consequences,
     )

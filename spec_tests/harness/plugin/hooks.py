@@ -496,8 +496,29 @@ def pytest_runtest_setup(item):
     state = session_of(item.config)
     subjects, uses = markers.subjects_of(item)
     item._spec_run = rootcause.ItemRun(test_id(item), markers.component_of(item), subjects, uses)
+    if not item.config.getoption("spec_tb"):
+        _short_failures(item)
     state.impl.begin_test()
     state.impl.require(*subjects, *uses)  # subject first: skip before any setup runs
+
+
+def _short_failures(item) -> None:
+    """A failure the suite explains itself is represented by its short report from the start.
+
+    pytest (and Hypothesis, for each distinct failing example) builds a failure's long traceback
+    before ``pytest_runtest_makereport`` replaces it with the short report: it parses every source file
+    of every frame again, which cost about half of a failing run's time. The long form is still there
+    for anything else, and with ``--spec-tb``."""
+    if "repr_failure" in vars(item):
+        return
+    original = item.repr_failure
+
+    def repr_failure(excinfo, *args, **kwargs):
+        from .terminal import short_report
+
+        return short_report(excinfo.value) or original(excinfo, *args, **kwargs)
+
+    item.repr_failure = repr_failure
 
 
 @pytest.hookimpl(wrapper=True)
@@ -537,6 +558,7 @@ def pytest_runtest_call(item):
             raise
         raise raised from None
     run.set_verdict("passed")
+    session_of(item.config).registry.mark_passed(run.subjects)
     return result
 
 

@@ -66,12 +66,12 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
     """The end-of-run summary: per component, root causes first (dependency order: upstream first,
     then by own failures, then by name), then what is not implemented.
 
-    Consequences are settled by ``consequences.settle``, the decision the grade reads too. Without a
+    Consequences are settled by ``settling.settle``, the decision the grade reads too. Without a
     reference (a handout), charged failures that may be consequences of failing upstream names are
     listed under them ("fix X first and rerun"), never as roots of their own.
     """
     from ...protocol import COMPONENT_ORDER
-    from ..judging.consequences import dependency_key, settle
+    from ..judging.settling import dependency_key, settle
 
     verdicts = sorted(verdicts, key=lambda v: v.test)
     settled = settle(verdicts)

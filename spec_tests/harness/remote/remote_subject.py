@@ -23,7 +23,7 @@ from .client import RemoteError, StaleHandleError, Worker, WorkerCrashed, Worker
 # fewer, and this process (with the judge's memory limit) computes whatever a call asks.
 ORACLE_MAX_ELEMENTS = 1 << 22
 
-# The reference's keyword-only options that protocol v1 does not have (docs/protocol.md, notes:
+# The reference's keyword-only options that the protocol does not have (docs/protocol.md, amendments 6 and 23:
 # "Reference-only options"). A replaced function answers protocol calls only: these select the
 # reference's fast paths, and some build and keep state in the judge (``rope(table_size=N)`` fills a
 # table of N positions kept between calls), so a call passing one is refused by name.
@@ -38,7 +38,7 @@ def check_oracle_arguments(name: str, args, kwargs) -> None:
     if refused:
         raise TypeError(
             f"{name} was called with {', '.join(f'{k}=' for k in refused)}, an option of the reference that "
-            f"protocol v1 does not have; while {name} is replaced by a correct version, it answers protocol "
+            f"the protocol does not have; while {name} is replaced by a correct version, it answers protocol "
             "calls only (call it with the protocol's arguments)"
         )
     size = sum(t.numel() for _, t in tree_leaves((args, kwargs)))

@@ -209,6 +209,44 @@ def cross_entropy_grads(impl, model, x, y) -> dict:
     return {"loss": float(loss.item()), "grads": grads}
 
 
+def parameter_count(impl, model) -> int:
+    """The number of elements of the model's unique parameters (``model.parameters()`` yields a shared one once):
+    what ``count_parameters`` counts, on the implementation's own model."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def correct_steps(
+    impl, model, kind: str, lr: float, eps: float, x, y, max_grad_norm=None, steps: int = 2, adamw=None
+) -> list:
+    """``steps`` optimisation steps as the protocol's ``train_step`` takes them, on the implementation's own model:
+    in training mode, ``cross_entropy(forward(model, x), y)`` backward, clipping by the global norm when asked, one
+    step of one fresh ``make_optimizer`` over ``model.parameters()`` (``adamw``: ``{"weight_decay", "betas"}`` of an
+    AdamW instead). The losses; the model is updated in place.
+
+    What a correct ``train_step`` does with the implementation's own model, however its parameters are laid out
+    or shared (used to tell a training failure caused by a failing model from one of the step itself)."""
+    params = list(model.parameters())
+    if adamw is None:
+        opt = make_optimizer(impl, model, kind, lr, eps)
+    else:
+        opt = torch.optim.AdamW(
+            params, lr=lr, eps=eps, weight_decay=float(adamw["weight_decay"]), betas=tuple(adamw["betas"])
+        )
+    model.train(True)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        logits = impl.forward(model, x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        losses.append(float(loss.item()))
+    opt.zero_grad(set_to_none=True)
+    return losses
+
+
 OPS = {
     fn.__name__: fn
     for fn in (
@@ -222,6 +260,8 @@ OPS = {
         grads_present,
         observe_modes,
         cross_entropy_grads,
+        parameter_count,
+        correct_steps,
     )
 }
 # The protocol names each operation calls (a test using an operation needs them provided).
@@ -230,4 +270,5 @@ OP_USES = {
     "parameter_facts": ("canonical_state_dict",),
     "embedding_grad": ("canonical_state_dict", "forward"),
     "cross_entropy_grads": ("forward", "canonical_state_dict"),
+    "correct_steps": ("forward",),
 }

@@ -18,6 +18,7 @@ import inspect
 import os
 import sys
 import traceback
+import types
 
 import pytest
 
@@ -25,6 +26,7 @@ from ...protocol import (
     ALL_CAPABILITIES,
     ALL_FAMILIES,
     DEFAULT_ROPE_STYLE,
+    FIXABLE_CONFIG,
     KNOWN_CAPABILITIES,
     PROTOCOL_NAMES,
     ROPE_STYLES,
@@ -86,6 +88,9 @@ class Subject:
     rope_style: str
     families: tuple[str, ...]
     capabilities: frozenset[str]
+    # protocol v2 (amendment 26): config keys every llama model of the implementation has (FIXED_CONFIG); none
+    # in grading, where the rubric decides what is judged
+    fixed_config: types.MappingProxyType = types.MappingProxyType({})
 
     def provides(self, name: str) -> bool:
         raise NotImplementedError
@@ -140,6 +145,14 @@ class Subject:
     def cross_entropy_grads(self, model, x, y) -> dict:
         return self.op("cross_entropy_grads", model, x, y)
 
+    def parameter_count(self, model) -> int:
+        return self.op("parameter_count", model)
+
+    def correct_steps(self, model, kind, lr, eps, x, y, max_grad_norm=None, steps=2, weight_decay=None, betas=None):
+        clip = None if max_grad_norm is None else float(max_grad_norm)
+        adamw = None if weight_decay is None else {"weight_decay": float(weight_decay), "betas": list(betas)}
+        return self.op("correct_steps", model, kind, float(lr), float(eps), x, y, clip, int(steps), adamw)
+
     # root-cause reruns
     def substituted(self, replacements: dict):
         """A context in which each named protocol function is replaced by ``replacements[name]``."""
@@ -169,6 +182,22 @@ def declared_attributes(obj, label: str) -> tuple[str, tuple[str, ...], frozense
         return rope_style, families, effective_capabilities(capabilities, protocol_version(obj))
     except ValueError as exc:
         raise ValueError(f"{label}: {exc}") from None
+
+
+def declared_fixed_config(obj, label: str, capabilities: frozenset[str]) -> types.MappingProxyType:
+    """``FIXED_CONFIG`` of an implementation (protocol v2, amendment 26), validated: config keys of
+    ``FIXABLE_CONFIG`` set to True, each with its capability held."""
+    fixed = getattr(obj, "FIXED_CONFIG", None) or {}
+    if not isinstance(fixed, dict):
+        raise ValueError(f"{label}: FIXED_CONFIG must be a dict of config keys, got {fixed!r}")
+    for key, value in fixed.items():
+        if key not in FIXABLE_CONFIG:
+            raise ValueError(f"{label}: FIXED_CONFIG names {key!r}, not one of {sorted(FIXABLE_CONFIG)}")
+        if value is not True:
+            raise ValueError(f"{label}: FIXED_CONFIG[{key!r}] must be True, got {value!r}")
+        if FIXABLE_CONFIG[key] not in capabilities:
+            raise ValueError(f"{label}: FIXED_CONFIG names {key!r} without the capability {FIXABLE_CONFIG[key]!r}")
+    return types.MappingProxyType(dict(fixed))
 
 
 def protocol_version(obj) -> int:
@@ -213,6 +242,8 @@ class LocalSubject(Subject):
         declared_style, self.families, declared = declared_attributes(obj, label)
         self.rope_style = rope_style or declared_style
         self.capabilities = effective_capabilities(capabilities) if capabilities is not None else declared
+        if capabilities is None:  # a capability list given to the suite (grading's rubric) decides alone
+            self.fixed_config = declared_fixed_config(obj, label, self.capabilities)
         self.roots = roots if roots is not None else source_roots(obj)
         self._replaced: dict[str, object] = {}
         self.calls = set()
@@ -288,6 +319,14 @@ def source_roots(obj) -> tuple[str, ...]:
     return (origin.rsplit("/", 1)[0] + "/",) if origin.startswith("<") else ()
 
 
+@functools.cache
+def _realpath(file: str) -> str:
+    """``os.path.realpath``, once per file: ``implementation_modules`` walks every loaded module at each
+    substitution (the diagnosis's model search substitutes dozens of times), and resolving thousands of paths
+    again each time took a second per substitution on a busy machine."""
+    return os.path.realpath(file)
+
+
 def implementation_modules(obj, roots: tuple[str, ...]) -> list:
     """The loaded modules whose code lies under ``roots`` (and the implementation object itself)."""
     found = [obj] if inspect.ismodule(obj) or hasattr(obj, "__dict__") else []
@@ -296,7 +335,8 @@ def implementation_modules(obj, roots: tuple[str, ...]) -> list:
         if module is None or module is obj:
             continue
         file = getattr(module, "__file__", None)
-        if file and any(os.path.realpath(file).startswith(r) or os.path.realpath(file) == r for r in roots):
+        real = _realpath(file) if file else ""
+        if real and any(real.startswith(r) or real == r for r in roots):
             found.append(module)
         elif package and module.__name__.startswith(package + "."):
             found.append(module)

@@ -1,0 +1,178 @@
+"""Bookkeeping mistakes: the optimiser's update rule, how data is cut into windows, what a count includes.
+
+These are the mistakes the numbers of a training loop hide: every step runs, the loss falls, and yet the
+update is not AdamW's, the targets are not the next tokens, or a count leaves out a group of weights. Each
+helper here states one mechanism as a computation (a variant that reproduces the failing value) or reads
+the evidence a test holds (the starts it saw, the windows it got) and says what it shows, naming a cause
+only where one mechanism alone explains it and describing the difference otherwise.
+
+- ``AdamWRule`` and ``ADAMW_RULES``: AdamW with one of the common slips in its update (no bias
+  correction, weight decay coupled into the gradient, decay not scaled by the learning rate, eps inside
+  the square root);
+- ``target_shift(x, y)``: what a batch's targets are relative to its inputs, on data ``arange``;
+- ``start_range(seen, want, context_length)``: which window starts a sampler draws, against the allowed ones;
+- ``count_variants(sizes, want)``: parameter counts off by exactly one group of weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..judging.spec import Variant
+
+# ----------------------------------------------------------------------------------------- AdamW
+
+ADAMW_RULES = {
+    "no_bias_correction": (
+        "AdamW without bias correction: the moments are used as they are, not divided by 1 - beta**t, so step t is "
+        "(1 - beta1**t) / sqrt(1 - beta2**t) times its right size (3.2x at the first step with the default betas)",
+        "m_hat = m / (1 - beta1**t), v_hat = v / (1 - beta2**t), then p -= lr * m_hat / (sqrt(v_hat) + eps)",
+    ),
+    "coupled_decay": (
+        "the weight decay is added to the gradient (Adam with L2, g + wd * p) instead of decoupled from it, "
+        "so Adam's normalisation rescales it",
+        "decay the weights directly, p *= 1 - lr * wd, and give Adam the plain gradient (AdamW, Loshchilov & Hutter)",
+    ),
+    "unscaled_decay": (
+        "the weight decay is not scaled by the learning rate (p *= 1 - wd instead of p *= 1 - lr * wd)",
+        "p *= 1 - lr * weight_decay before the Adam update",
+    ),
+    "eps_inside_sqrt": (
+        "AdamW's eps is inside the square root (sqrt(v_hat + eps)) instead of added to it (sqrt(v_hat) + eps)",
+        "p -= lr * m_hat / (sqrt(v_hat) + eps)",
+    ),
+}
+
+
+class AdamWRule(torch.optim.Optimizer):
+    """AdamW (PyTorch's formulation) with ``rule`` one of ``ADAMW_RULES``, or ``"adamw"`` for the correct one."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, rule="adamw"):
+        if rule != "adamw" and rule not in ADAMW_RULES:
+            raise ValueError(f"unknown AdamW rule {rule!r}; known: adamw, {', '.join(ADAMW_RULES)}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.rule = rule
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad + wd * p if self.rule == "coupled_decay" else p.grad
+                state = self.state[p]
+                if not state:
+                    state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["t"] += 1
+                t, m, v = state["t"], state["m"], state["v"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                m_hat, v_hat = (m, v) if self.rule == "no_bias_correction" else (m / (1 - b1**t), v / (1 - b2**t))
+                if self.rule == "unscaled_decay":
+                    p.mul_(1 - wd)
+                elif self.rule != "coupled_decay":
+                    p.mul_(1 - lr * wd)
+                denom = (v_hat + eps).sqrt() if self.rule == "eps_inside_sqrt" else v_hat.sqrt() + eps
+                p.sub_(lr * m_hat / denom)
+
+
+def adamw_variants(losses_with) -> list[Variant]:
+    """``Variant``s for a check of AdamW's losses: ``losses_with(rule)`` computes them with ``AdamWRule``."""
+    return [
+        Variant("knob:adamw_rule", summary, fix, lambda rule=rule: losses_with(rule))
+        for rule, (summary, fix) in ADAMW_RULES.items()
+    ]
+
+
+# ----------------------------------------------------------------------------------------- windows
+
+
+def target_shift(x: torch.Tensor, y: torch.Tensor) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """What ``y`` is relative to ``x`` for batches of the data ``arange`` (each token its own position plus a
+    constant): ``(description, cause lines, cause codes)``. A cause is named only where the targets are the
+    inputs shifted by one constant other than one (or not shifted): the mistake is then in the shift alone."""
+    if x.shape != y.shape or x.numel() == 0:
+        return f"x {tuple(x.shape)}, y {tuple(y.shape)}", (), ()
+    shifts = torch.unique(y.long() - x.long())
+    if shifts.numel() != 1:
+        return f"y - x takes the values {shifts.tolist()[:6]}: the targets are not one shifted copy of x", (), ()
+    k = int(shifts)
+    if k == 1:
+        return "y is x shifted one token ahead", (), ()
+    said = "the targets are the inputs themselves (not shifted)" if k == 0 else f"the targets are x shifted by {k}"
+    fix = (
+        "y = data[start + 1 : start + 1 + context_length], one token ahead of x = data[start : start + context_length]"
+    )
+    return said, (f"likely cause: {said}. Fix: {fix}",), ("knob:label_shift",)
+
+
+def start_range(seen: set[int], want: set[int], context_length: int) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """Which window starts a sampler drew (``seen``) against the allowed ones (``want``, ``0..last``):
+    ``(description, cause lines, cause codes)``. Named: only the last start missing (an exclusive upper bound
+    taken one lower), exactly one start past the last (an inclusive bound one too high), starts on a grid of
+    ``context_length`` (the data cut into non-overlapping chunks); anything else is described."""
+    missing, extra = sorted(want - seen), sorted(seen - want)
+    said = f"never drawn {missing}, out of range {extra}"
+    last = max(want) if want else -1
+    if missing == [last] and not extra:
+        return (
+            said,
+            (
+                "likely cause: the last start, len(data) - context_length - 1, is never drawn (randint's upper bound "
+                "is exclusive, and it was taken one lower). Fix: torch.randint(0, len(data) - context_length, ...)",
+            ),
+            ("boundary",),
+        )
+    if extra == [last + 1] and not missing:
+        return (
+            said,
+            (
+                "likely cause: a start one past the last is drawn, so the last window has no target for its last "
+                "token (the upper bound is one too high). Fix: torch.randint(0, len(data) - context_length, ...)",
+            ),
+            ("boundary",),
+        )
+    if not extra and len(seen) > 1 and context_length > 1 and all(s % context_length == 0 for s in seen):
+        return (
+            said,
+            (
+                f"likely cause: only multiples of context_length ({context_length}) are drawn: the data is cut into "
+                "non-overlapping chunks, where every start is a window. Fix: draw each start uniformly from "
+                "0..len(data) - context_length - 1",
+            ),
+            ("knob:data_windows",),
+        )
+    return said, (), ()
+
+
+# ----------------------------------------------------------------------------------------- counts
+
+
+def count_variants(sizes: dict[str, int], want: int) -> list[Variant]:
+    """Parameter counts off by exactly one group of weights (``sizes``: canonical name -> elements): the
+    difference names the group."""
+    fix = "count every parameter of model.parameters(), which yields a shared parameter once"
+
+    def group(test) -> int:
+        return sum(n for name, n in sizes.items() if test(name))
+
+    groups = [
+        ("the token embedding left out", group(lambda k: k == "tok_embeddings.weight")),
+        ("the position embeddings left out (a non-embedding count)", group(lambda k: k == "pos_embeddings.weight")),
+        ("the norm weights (and norm biases) left out", group(lambda k: "norm." in k)),
+        ("the biases left out (only weights counted)", group(lambda k: k.endswith(".bias"))),
+        ("the vectors left out (only matrices counted: no norm gains, no biases)", None),
+    ]
+    variants = []
+    for label, n in groups:
+        if n is None:  # the vectors: every name that is not a matrix
+            n = group(lambda k: k.endswith(".bias") or "norm." in k)
+            if n in (group(lambda k: "norm." in k), group(lambda k: k.endswith(".bias"))):
+                continue  # the same count as one of the groups above: that group's line says it
+        if n:
+            variants.append(Variant("knob:parameter_groups", label, fix, lambda n=n: want - n))
+    if "lm_head.weight" not in sizes and "tok_embeddings.weight" in sizes:  # tied: the matrix must count once
+        twice = "the tied embedding/head matrix is counted twice (state_dict() lists it under both names)"
+        variants.append(Variant("knob:parameter_groups", twice, fix, lambda n=sizes["tok_embeddings.weight"]: want + n))
+    return variants

@@ -1,0 +1,394 @@
+"""Model wiring: is a failing model output the reference model's with one wiring choice changed?
+
+The component knobs (``model_knobs.py``) name a mistake inside one component function. The mistakes of
+real model code are as often in how the parts are connected: a sublayer's output replaces the residual
+stream instead of being added to it, the block is post-LN, the final norm is skipped, attention and the MLP
+run in parallel (GPT-J) instead of one after the other, the token embedding is scaled by sqrt(d_model)
+where the family does not scale it, or a canonical weight is laid out wrongly when loaded (transposed,
+q/k/v rows not head-major, wq and wk swapped).
+
+Each ``Wiring`` changes the reference model the check's computation builds, never the reference's code:
+the reference subject answers ``build_model`` (for the one computation) with a build that loads transformed
+weights (``weights``) and then rewires the built module in place (``rewire``: a block's ``forward`` replaced
+on the instance, the final norm replaced by an identity, the configuration's embedding scale turned). A
+wiring that cannot apply to the check's configuration (wq and wk swapped with grouped keys, nothing square
+to transpose) raises ``NotApplicable`` and is not offered. The variants run only when a model-level check
+failed (``Spec.check(model_knobs=True)``) and share ``model_knobs``' memo, so a test function's further
+cases try only what fitted its first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+class NotApplicable(Exception):
+    """The wiring cannot be changed this way on this configuration (so it cannot be what the output shows)."""
+
+
+def _config_value(config, key: str, default=None):
+    value = config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+    return default if value is None else value
+
+
+def _heads(config) -> tuple[int, int, int]:
+    """``(n_heads, n_kv_heads, d_head)`` of a protocol config (a dict, or the reference's parsed config)."""
+    n_heads = int(_config_value(config, "n_heads"))
+    n_kv = int(_config_value(config, "n_kv_heads", n_heads))
+    return n_heads, n_kv, int(_config_value(config, "d_model")) // n_heads
+
+
+# ----------------------------------------------------------------------------------------- the blocks
+
+
+def _sublayers(block, positions, cache, layer, mask):
+    """The block's two branches as functions of their input (with protocol v2's ``post_norms`` on their
+    outputs where the block has them)."""
+    post = bool(getattr(block, "post_norms", False))
+
+    def attn(h):
+        out = block.attn(h, positions, cache, layer, mask)
+        return block.attn_post_norm(out) if post else out
+
+    def mlp(h):
+        out = block.mlp(h)
+        return block.mlp_post_norm(out) if post else out
+
+    return attn, mlp
+
+
+def _block_forward(kind: str):
+    """A ``Block.forward`` wired as ``kind``, for one instance (bound with ``types.MethodType``)."""
+
+    def forward(self, x, positions, cache, layer, mask=None):
+        attn, mlp = _sublayers(self, positions, cache, layer, mask)
+        n1, n2, drop = self.attn_norm, self.mlp_norm, self.drop
+        if kind == "no_attn_residual":
+            x = drop(attn(n1(x)))
+            return x + drop(mlp(n2(x)))
+        if kind == "no_mlp_residual":
+            x = x + drop(attn(n1(x)))
+            return drop(mlp(n2(x)))
+        if kind == "post_ln":
+            x = n1(x + drop(attn(x)))
+            return n2(x + drop(mlp(x)))
+        if kind == "norm_on_stream":
+            x = n1(x)
+            x = x + drop(attn(x))
+            x = n2(x)
+            return x + drop(mlp(x))
+        if kind == "parallel":
+            return x + drop(attn(n1(x))) + drop(mlp(n2(x)))
+        if kind == "parallel_shared_norm":
+            h = n1(x)
+            return x + drop(attn(h)) + drop(mlp(h))
+        raise ValueError(f"unknown block wiring {kind!r}")
+
+    return forward
+
+
+def _rewire_blocks(kind: str):
+    def rewire(model) -> None:
+        layers = getattr(model, "layers", None)
+        if not layers:
+            raise NotApplicable("the model has no blocks")
+        for block in layers:
+            block.forward = types.MethodType(_block_forward(kind), block)
+
+    return rewire
+
+
+def _no_final_norm(model) -> None:
+    model.final_norm = nn.Identity()
+
+
+def _toggle_embedding_scale(model) -> None:
+    config = model.config
+    if not any(f.name == "embed_scale" for f in dataclasses.fields(config)):
+        raise NotApplicable("the reference has no embedding scale")
+    model.config = dataclasses.replace(config, embed_scale=not config.embed_scale)
+
+
+# ----------------------------------------------------------------------------------------- the weights
+
+
+def _names(state_dict: dict, suffix: str) -> list[str]:
+    return [k for k in state_dict if k.endswith(suffix)]
+
+
+def _transposed(suffix: str):
+    """The square canonical weights ending ``suffix`` transposed (a non-square one would not load)."""
+
+    def transform(state_dict: dict, config) -> dict:
+        names = [k for k in _names(state_dict, suffix) if state_dict[k].dim() == 2]
+        if not names or any(state_dict[k].shape[0] != state_dict[k].shape[1] for k in names):
+            raise NotApplicable(f"{suffix} is not square")
+        return {**state_dict, **{k: state_dict[k].t().contiguous() for k in names}}
+
+    return transform
+
+
+def _transposed_attention(state_dict: dict, config) -> dict:
+    """Every attention projection transposed (where all four are square: MHA with d_head * n_heads = d_model)."""
+    out = dict(state_dict)
+    for suffix in ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wo.weight"):
+        out = _transposed(suffix)(out, config)
+    return out
+
+
+def _swapped(a: str, b: str):
+    """The canonical weights (and biases) of projections ``a`` and ``b`` exchanged in every layer."""
+
+    def transform(state_dict: dict, config) -> dict:
+        out = dict(state_dict)
+        pairs = [(k, k.replace(f"attn.{a}.", f"attn.{b}.")) for k in state_dict if f"attn.{a}." in k]
+        if not pairs or any(k2 not in state_dict or state_dict[k1].shape != state_dict[k2].shape for k1, k2 in pairs):
+            raise NotApplicable(f"{a} and {b} differ in shape")
+        for k1, k2 in pairs:
+            out[k1], out[k2] = state_dict[k2], state_dict[k1]
+        return out
+
+    return transform
+
+
+def _not_head_major(with_output: bool):
+    """q, k, v rows (and with ``with_output`` wo's columns) read as ``[d_head, heads]`` instead of ``[heads,
+    d_head]``: the loader's (or the head split's) view puts the channel before the head."""
+
+    def permute_rows(w: torch.Tensor, heads: int, d_head: int) -> torch.Tensor:
+        return w.reshape(d_head, heads, *w.shape[1:]).transpose(0, 1).reshape(w.shape).contiguous()
+
+    def transform(state_dict: dict, config) -> dict:
+        n_heads, n_kv, d_head = _heads(config)
+        if d_head < 2 or n_heads < 2:
+            raise NotApplicable("one head or one channel: every order is head-major")
+        out = dict(state_dict)
+        for k, w in state_dict.items():
+            for proj, heads in (("wq", n_heads), ("wk", n_kv), ("wv", n_kv)):
+                if f"attn.{proj}." in k and heads > 1:
+                    out[k] = permute_rows(w, heads, d_head)
+            if with_output and k.endswith("attn.wo.weight"):
+                out[k] = permute_rows(w.t(), n_heads, d_head).t().contiguous()
+        return out
+
+    return transform
+
+
+def _fused_qkv_per_head(state_dict: dict, config) -> dict:
+    """A fused ``[wq; wk; wv]`` matrix read per head (``[heads, 3, d_head]``, GPT-NeoX's layout) instead of as
+    the three projections one after the other."""
+    n_heads, n_kv, d_head = _heads(config)
+    if n_kv != n_heads:
+        raise NotApplicable("grouped keys: no per-head fused layout of equal parts")
+    out = dict(state_dict)
+    for kind in ("weight", "bias"):
+        for q_name in _names(state_dict, f"attn.wq.{kind}"):
+            k_name, v_name = q_name.replace(".wq.", ".wk."), q_name.replace(".wq.", ".wv.")
+            fused = torch.cat([state_dict[q_name], state_dict[k_name], state_dict[v_name]])
+            parts = fused.reshape(n_heads, 3, d_head, *fused.shape[1:])
+            for i, name in enumerate((q_name, k_name, v_name)):
+                out[name] = parts[:, i].reshape(state_dict[name].shape).contiguous()
+    return out
+
+
+# ----------------------------------------------------------------------------------------- the catalogue
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """One wiring choice of the model changed: ``weights`` transforms the canonical weights before they are
+    loaded, ``rewire`` changes the built module in place; either may raise ``NotApplicable``."""
+
+    name: str
+    code: str
+    summary: str
+    fix: str
+    weights: Callable | None = None
+    rewire: Callable | None = None
+
+
+PRE_NORM = "x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))"
+
+WIRINGS = (
+    Wiring(
+        "no_attn_residual",
+        "knob:missing_residual",
+        "the attention branch has no residual connection: its output replaces the stream (x = attn(norm(x)))",
+        f"add the branch to the stream it read: {PRE_NORM}",
+        rewire=_rewire_blocks("no_attn_residual"),
+    ),
+    Wiring(
+        "no_mlp_residual",
+        "knob:missing_residual",
+        "the MLP branch has no residual connection: its output replaces the stream (x = mlp(norm(x)))",
+        f"add the branch to the stream it read: {PRE_NORM}",
+        rewire=_rewire_blocks("no_mlp_residual"),
+    ),
+    Wiring(
+        "post_ln",
+        "knob:norm_placement",
+        "the blocks are post-LN, x = norm(x + f(x)), instead of pre-LN, x = x + f(norm(x))",
+        f"normalise each branch's input, not the sum: {PRE_NORM}",
+        rewire=_rewire_blocks("post_ln"),
+    ),
+    Wiring(
+        "norm_on_stream",
+        "knob:norm_placement",
+        "the norm is applied to the residual stream itself (x = norm(x); x = x + f(x)), not only to the branch "
+        "input, so the un-normalised stream is lost",
+        f"keep the stream and normalise a copy for the branch: {PRE_NORM}",
+        rewire=_rewire_blocks("norm_on_stream"),
+    ),
+    Wiring(
+        "no_final_norm",
+        "knob:norm_placement",
+        "the LM head reads the un-normalised residual stream: the final norm is skipped",
+        "logits = lm_head(final_norm(x)) after the last block",
+        rewire=_no_final_norm,
+    ),
+    Wiring(
+        "parallel",
+        "knob:parallel_blocks",
+        "attention and the MLP run in parallel on the same input (GPT-J style, x + attn(norm1(x)) + "
+        "mlp(norm2(x))) instead of one after the other",
+        f"the MLP reads the stream after the attention residual: {PRE_NORM}",
+        rewire=_rewire_blocks("parallel"),
+    ),
+    Wiring(
+        "parallel_shared_norm",
+        "knob:parallel_blocks",
+        "attention and the MLP run in parallel on one normalised input (GPT-J style, h = attn_norm(x); "
+        "x + attn(h) + mlp(h)) instead of one after the other",
+        f"the MLP reads the stream after the attention residual, through mlp_norm: {PRE_NORM}",
+        rewire=_rewire_blocks("parallel_shared_norm"),
+    ),
+    Wiring(
+        "embedding_scale",
+        "knob:embed_scale",
+        "the token embeddings are scaled by sqrt(d_model) where the configuration does not scale them (or not "
+        "scaled where it does: embed_scale)",
+        "multiply the token embeddings by sqrt(d_model) only with embed_scale (Gemma); llama and gpt2 use them "
+        "as they are",
+        rewire=_toggle_embedding_scale,
+    ),
+    Wiring(
+        "transposed_attention",
+        "knob:weight_layout",
+        "the attention projections are used as [in, out]: the canonical [out, in] weights are transposed at load "
+        "(or applied as x @ W instead of x @ W.T)",
+        "canonical Linear weights are [out_features, in_features]: y = x @ W.T (load them as they are)",
+        weights=_transposed_attention,
+    ),
+    *(
+        Wiring(
+            f"transposed_{proj}",
+            "knob:weight_layout",
+            f"{proj} is used as [in, out]: the canonical [out, in] weight is transposed at load (or applied as "
+            "x @ W instead of x @ W.T)",
+            f"load {proj} as it is and apply it as x @ W.T",
+            weights=_transposed(f"attn.{proj}.weight"),
+        )
+        for proj in ("wq", "wk", "wv", "wo")
+    ),
+    Wiring(
+        "wq_wk_swapped",
+        "knob:qkv_layout",
+        "wq and wk are swapped at load (the queries are computed with the key projection and the keys with the "
+        "query projection)",
+        "load attn.wq into the query projection and attn.wk into the key projection (a fused matrix is [q; k; v])",
+        weights=_swapped("wq", "wk"),
+    ),
+    Wiring(
+        "wk_wv_swapped",
+        "knob:qkv_layout",
+        "wk and wv are swapped at load (a fused qkv matrix split in the order q, v, k)",
+        "split a fused qkv matrix as [q; k; v] and load attn.wk into the keys, attn.wv into the values",
+        weights=_swapped("wk", "wv"),
+    ),
+    Wiring(
+        "wq_wv_swapped",
+        "knob:qkv_layout",
+        "wq and wv are swapped at load (a fused qkv matrix split in the order v, k, q)",
+        "split a fused qkv matrix as [q; k; v] and load attn.wq into the queries, attn.wv into the values",
+        weights=_swapped("wq", "wv"),
+    ),
+    Wiring(
+        "qkv_not_head_major",
+        "knob:qkv_layout",
+        "the q, k, v rows are read as [d_head, n_heads] instead of head-major [n_heads, d_head] (a view that puts "
+        "the channel before the head)",
+        "canonical rows are head-major: view(n_heads, d_head, d_model), or view(B, T, n_heads, d_head) on the output",
+        weights=_not_head_major(with_output=False),
+    ),
+    Wiring(
+        "qkvo_not_head_major",
+        "knob:qkv_layout",
+        "the q, k, v rows and wo's columns are read as [d_head, n_heads] instead of head-major [n_heads, d_head]",
+        "canonical rows (and wo's columns) are head-major: view(n_heads, d_head, ...)",
+        weights=_not_head_major(with_output=True),
+    ),
+    Wiring(
+        "fused_qkv_per_head",
+        "knob:qkv_layout",
+        "a fused qkv matrix is split per head ([n_heads, 3, d_head], GPT-NeoX's layout) instead of as [q; k; v]",
+        "the fused matrix is the three canonical projections one after the other: q, k, v = W.split(...)",
+        weights=_fused_qkv_per_head,
+    ),
+)
+
+# Not offered: dropout left active in eval mode (a random output cannot equal one computed once; the mode
+# tests observe it), and the head on the un-normalised stream, which is ``no_final_norm``.
+
+
+def wired_build(build_model, wiring: Wiring, applied: list):
+    """``build_model`` (the reference's) with ``wiring``: the canonical weights transformed before loading, the
+    built module rewired. ``applied`` collects one entry per model built this way."""
+
+    def build(config, state_dict=None, *args, **kwargs):
+        if wiring.weights is not None:
+            if state_dict is None:
+                raise NotApplicable("no canonical weights to lay out")
+            state_dict = wiring.weights(dict(state_dict), config)
+        model = build_model(config, state_dict, *args, **kwargs)
+        if wiring.rewire is not None:
+            wiring.rewire(model)
+        applied.append(wiring.name)
+        return model
+
+    return build
+
+
+@contextlib.contextmanager
+def _building_with(reference, build):
+    """``reference`` (a local subject) answering ``build_model`` with ``build``. Models are built through the
+    subject (``model_ops.build``) and nothing in the reference calls ``build_model`` itself, so only the subject's
+    own binding changes: ``Subject.substituted`` would also walk every loaded module to rebind the name there."""
+    replaced = getattr(reference, "_replaced", None)
+    if not isinstance(replaced, dict):
+        with reference.substituted({"build_model": build}):
+            yield
+        return
+    reference._replaced = {**replaced, "build_model": build}
+    try:
+        yield
+    finally:
+        reference._replaced = replaced
+
+
+def run_wired(compute, reference, args, wiring: Wiring):
+    """``compute(reference, *args)`` with every model it builds wired as ``wiring`` (``NotApplicable`` when it
+    builds none, so that an unchanged output is never offered as this wiring's)."""
+    applied: list = []
+    build = wired_build(reference.obj.build_model, wiring, applied)
+    with torch.no_grad(), _building_with(reference, build):
+        out = compute(reference, *args)
+    if not applied:
+        raise NotApplicable("the computation builds no model")
+    return out

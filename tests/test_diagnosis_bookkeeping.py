@@ -1,0 +1,169 @@
+"""Bookkeeping diagnosis (spec_tests/harness/diagnosis/bookkeeping.py): AdamW's update rule, how data is cut into
+windows, what a parameter count includes. Each mistake is written here independently (a hand-written optimizer,
+a batch of windows, a count) and must be named by its own variant or rule alone; evidence that more than one
+mechanism explains is described, never named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from spec_tests import models
+from spec_tests.harness.diagnosis import codes
+from spec_tests.harness.diagnosis.bookkeeping import ADAMW_RULES, AdamWRule, count_variants, start_range, target_shift
+from spec_tests.harness.judging.compare import mismatch
+from spec_tests.harness.judging.spec import fitting_variants
+from spec_tests.harness.judging.tolerances import EXACT
+
+# ----------------------------------------------------------------------------------------- AdamW
+
+
+def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, wd=0.1):
+    """AdamW as its paper writes it, with one ``slip``; ``grads_at(params)`` gives the gradients at each step."""
+    params = [p.clone() for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    b1, b2 = betas
+    for t in range(1, steps + 1):
+        for i, g in enumerate(grads_at(params)):
+            if slip == "coupled_decay":
+                g = g + wd * params[i]
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g**2
+            mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))
+            step = lr * mh / (torch.sqrt(vh + eps) if slip == "eps_inside_sqrt" else torch.sqrt(vh) + eps)
+            decay = 0.0 if slip == "coupled_decay" else (wd if slip == "unscaled_decay" else lr * wd)
+            params[i] = params[i] * (1 - decay) - step
+    return params
+
+
+def _problem():
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)]
+    targets = [torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)]
+    scales = [1e-6, 1.0]  # a tiny gradient (where eps matters) and a unit one
+
+    def grads_at(ps):
+        return [s * (p - t) for p, t, s in zip(ps, targets, scales)]
+
+    return params, grads_at
+
+
+def rule_adamw(params, grads_at, steps, rule, lr=1e-2, wd=0.1):
+    leaves = [p.clone().requires_grad_(True) for p in params]
+    opt = AdamWRule(leaves, lr=lr, weight_decay=wd, rule=rule)
+    for _ in range(steps):
+        for p, g in zip(leaves, grads_at([q.detach() for q in leaves])):
+            p.grad = g
+        opt.step()
+    return [p.detach() for p in leaves]
+
+
+def test_the_correct_rule_is_torchs_adamw():
+    params, grads_at = _problem()
+    leaves = [p.clone().requires_grad_(True) for p in params]
+    opt = torch.optim.AdamW(leaves, lr=1e-2, weight_decay=0.1)
+    for _ in range(4):
+        for p, g in zip(leaves, grads_at([q.detach() for q in leaves])):
+            p.grad = g
+        opt.step()
+    ours = rule_adamw(params, grads_at, 4, "adamw")
+    assert all(mismatch(a, b.detach(), EXACT) is None for a, b in zip(ours, leaves))
+    assert all(mismatch(a, b, EXACT) is None for a, b in zip(ours, hand_adamw(params, grads_at, 4)))
+
+
+@pytest.mark.parametrize("slip", list(ADAMW_RULES))
+def test_each_adamw_slip_is_reproduced_by_its_rule_alone(slip):
+    params, grads_at = _problem()
+    actual = hand_adamw(params, grads_at, 4, slip)
+    fitting = [
+        rule
+        for rule in ["adamw", *ADAMW_RULES]
+        if all(mismatch(a, b, EXACT) is None for a, b in zip(actual, rule_adamw(params, grads_at, 4, rule)))
+    ]
+    assert fitting == [slip]
+
+
+def test_adamw_rule_codes_are_known():
+    assert codes.is_valid("knob:adamw_rule") and codes.is_valid("knob:data_windows")
+
+
+# ----------------------------------------------------------------------------------------- windows
+
+
+def _batch(starts, ctx=8, shift=1, data=None):
+    data = torch.arange(100, 160) if data is None else data
+    x = torch.stack([data[s : s + ctx] for s in starts])
+    y = torch.stack([data[s + shift : s + shift + ctx] for s in starts])
+    return x, y
+
+
+@pytest.mark.parametrize("shift", [0, 2, -1])
+def test_targets_shifted_by_another_constant_are_named(shift):
+    x, y = _batch([3, 10, 20], shift=shift)
+    said, causes, cause_codes = target_shift(x, y)
+    assert cause_codes == ("knob:label_shift",) and len(causes) == 1, said
+
+
+def test_right_targets_and_unrelated_targets_name_nothing():
+    x, y = _batch([3, 10, 20])
+    assert target_shift(x, y)[1:] == ((), ())
+    noise = torch.randint(100, 160, y.shape, generator=torch.Generator().manual_seed(1))
+    said, causes, cause_codes = target_shift(x, noise)
+    assert (causes, cause_codes) == ((), ()) and "not one shifted copy" in said
+    rows_differ = y.clone()
+    rows_differ[0] += 1  # one row shifted by two, the others right: two shifts, no one mechanism
+    assert target_shift(x, rows_differ)[1:] == ((), ())
+
+
+WANT = set(range(14))  # 20 tokens, context 6
+
+
+@pytest.mark.parametrize(
+    "seen,code",
+    [
+        (set(range(13)), "boundary"),  # the last start never drawn
+        (set(range(15)), "boundary"),  # one past the last drawn
+        ({0, 6, 12}, "knob:data_windows"),  # non-overlapping chunks
+    ],
+    ids=["last-missing", "one-past", "chunks"],
+)
+def test_start_ranges_of_one_mechanism_are_named(seen, code):
+    assert start_range(seen, WANT, 6)[2] == (code,)
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [set(range(12)), set(range(2, 14)), {0, 3, 5, 9}, set(range(16)), {0, 6, 12, 13}, set(range(14)) | {20}],
+    ids=["two-missing", "first-missing", "scattered", "two-past", "chunks-and-last", "far-out"],
+)
+def test_other_start_ranges_are_described_not_named(seen):
+    said, causes, cause_codes = start_range(seen, WANT, 6)
+    assert (causes, cause_codes) == ((), ()) and said.startswith("never drawn")
+
+
+# ----------------------------------------------------------------------------------------- counts
+
+
+@pytest.mark.parametrize("config", ["gpt2", "llama_gqa", "llama_mha"])
+def test_counts_off_by_one_group_are_named_by_that_group(config):
+    cfg = models.CONFIGS[config]
+    sizes = {k: math.prod(s) for k, s in models.canonical_shapes(cfg).items()}
+    want = sum(sizes.values())
+    variants = count_variants(sizes, want)
+    mistakes = {
+        "the norm weights": want - sum(n for k, n in sizes.items() if "norm." in k),
+        "the token embedding": want - sizes["tok_embeddings.weight"],
+    }
+    if cfg["family"] == "gpt2":
+        mistakes["the biases"] = want - sum(n for k, n in sizes.items() if k.endswith(".bias"))
+        mistakes["the vectors"] = want - sum(n for k, n in sizes.items() if k.endswith(".bias") or "norm." in k)
+        mistakes["the position embeddings"] = want - sizes["pos_embeddings.weight"]
+    if "lm_head.weight" not in sizes:
+        mistakes["counted twice"] = want + sizes["tok_embeddings.weight"]
+    for label, got in mistakes.items():
+        fit = fitting_variants(variants, got, EXACT)
+        assert [label in v.summary for v in fit] == [True], (label, [v.summary for v in fit])
+    assert fitting_variants(variants, want + 1, EXACT) == []

@@ -1,0 +1,252 @@
+"""Model wiring (spec_tests/harness/diagnosis/wiring.py): a model whose parts are connected wrongly, or whose
+weights are laid out wrongly at load, is named by the reference model with that one wiring choice changed, and
+by no other; a mistake of another kind (inside a component, another wiring) is named by no wiring.
+
+The buggy models are written here as plain functions of the canonical weights (torch.nn.functional, no
+reference code), each mistake as real code makes it: a view that puts the channel before the head, a fused
+qkv matrix read per head, x @ W for x @ W.T, a block that returns ``attn(norm(x))``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from diagnosis_cases import rope_complex
+
+from spec_tests import models
+from spec_tests.harness.diagnosis.model_knobs import model_variants
+from spec_tests.harness.diagnosis.wiring import WIRINGS, NotApplicable, run_wired
+from spec_tests.harness.judging.compare import mismatch
+from spec_tests.harness.judging.spec import fitting_variants
+from spec_tests.harness.judging.tolerances import tolerance
+from spec_tests.harness.subject.subject import reference_subject
+
+TOL = tolerance("model", torch.float64)
+
+
+def _linear(x, w, b=None, *, transposed=False):
+    return x @ w + (0 if b is None else b) if transposed else F.linear(x, w, b)
+
+
+def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = None) -> torch.Tensor:
+    """Logits of the protocol's model for ``cfg`` (llama or gpt2) from canonical weights, with one ``bug``."""
+    llama = cfg.get("family", "llama") == "llama"
+    H, d = cfg["n_heads"], cfg["d_model"]
+    H_kv, dh = models.n_kv(cfg), d // H
+    B, T = ids.shape
+    pos = torch.arange(T)
+
+    def norm(x, prefix):
+        if llama:
+            return F.rms_norm(x, (d,), sd[f"{prefix}.weight"], cfg.get("norm_eps", 1e-5))
+        return F.layer_norm(x, (d,), sd[f"{prefix}.weight"], sd[f"{prefix}.bias"], cfg.get("norm_eps", 1e-5))
+
+    def proj(x, name, p):
+        w, b = sd[f"{p}.attn.{name}.weight"], sd.get(f"{p}.attn.{name}.bias")
+        return _linear(x, w, b, transposed=bug == f"transposed_{name}" or bug == "transposed_attention")
+
+    def heads(t, n):
+        if bug in ("qkv_not_head_major", "qkvo_not_head_major"):
+            return t.view(B, T, dh, n).transpose(-1, -2).transpose(1, 2)
+        return t.view(B, T, n, dh).transpose(1, 2)
+
+    def attention(h, p):
+        names = {"wq_wk_swapped": "wk wq wv", "wk_wv_swapped": "wq wv wk", "wq_wv_swapped": "wv wk wq"}
+        nq, nk, nv = names.get(bug, "wq wk wv").split()
+        if bug == "fused_qkv_per_head":
+            w = torch.cat([sd[f"{p}.attn.{n}.weight"] for n in ("wq", "wk", "wv")])
+            bias = None if llama else torch.cat([sd[f"{p}.attn.{n}.bias"] for n in ("wq", "wk", "wv")])
+            qkv = F.linear(h, w, bias).view(B, T, H, 3, dh)
+            q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))
+        else:
+            q, k, v = heads(proj(h, nq, p), H), heads(proj(h, nk, p), H_kv), heads(proj(h, nv, p), H_kv)
+        if llama:
+            theta = cfg.get("rope_theta", 10000.0)
+            q, k = rope_complex(q, pos, theta), rope_complex(k, pos, theta)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H_kv != H)
+        if bug == "qkvo_not_head_major":
+            out = out.permute(0, 2, 3, 1).reshape(B, T, d)
+        else:
+            out = out.transpose(1, 2).reshape(B, T, d)
+        return proj(out, "wo", p)
+
+    def mlp(h, p):
+        if llama:
+            gate = F.linear(h, sd[f"{p}.mlp.w_gate.weight"])
+            return F.linear(F.silu(gate) * F.linear(h, sd[f"{p}.mlp.w_up.weight"]), sd[f"{p}.mlp.w_down.weight"])
+        hidden = F.gelu(F.linear(h, sd[f"{p}.mlp.w_fc.weight"], sd[f"{p}.mlp.w_fc.bias"]), approximate="tanh")
+        return F.linear(hidden, sd[f"{p}.mlp.w_proj.weight"], sd[f"{p}.mlp.w_proj.bias"])
+
+    x = F.embedding(ids, sd["tok_embeddings.weight"])
+    if bug == "embedding_scale":
+        x = x * math.sqrt(d)
+    if not llama:
+        x = x + F.embedding(pos, sd["pos_embeddings.weight"])
+    for i in range(cfg["n_layers"]):
+        p = f"layers.{i}"
+        if bug == "no_attn_residual":
+            x = attention(norm(x, f"{p}.attn_norm"), p)
+            x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
+        elif bug == "no_mlp_residual":
+            x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = mlp(norm(x, f"{p}.mlp_norm"), p)
+        elif bug == "post_ln":
+            x = norm(x + attention(x, p), f"{p}.attn_norm")
+            x = norm(x + mlp(x, p), f"{p}.mlp_norm")
+        elif bug == "norm_on_stream":
+            x = norm(x, f"{p}.attn_norm")
+            x = x + attention(x, p)
+            x = norm(x, f"{p}.mlp_norm")
+            x = x + mlp(x, p)
+        elif bug == "parallel":
+            x = x + attention(norm(x, f"{p}.attn_norm"), p) + mlp(norm(x, f"{p}.mlp_norm"), p)
+        elif bug == "parallel_shared_norm":
+            h = norm(x, f"{p}.attn_norm")
+            x = x + attention(h, p) + mlp(h, p)
+        elif bug == "doubled_residual":
+            x = 2 * x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
+        else:
+            x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
+    if bug != "no_final_norm":
+        x = norm(x, "final_norm")
+    head = sd.get("lm_head.weight", sd["tok_embeddings.weight"])
+    return F.linear(x, head)
+
+
+# Mistakes that are not wiring (inside a component or the head), written the same way: no wiring may name them.
+OTHER_BUGS = {
+    "norm_gains_off": lambda cfg, sd, ids: functional_logits(
+        cfg, {**sd, **{k: v * 1.01 for k, v in sd.items() if k.endswith("norm.weight")}}, ids
+    ),
+    "head_scaled": lambda cfg, sd, ids: functional_logits(cfg, sd, ids) * 1.5,
+    "doubled_residual": lambda cfg, sd, ids: functional_logits(cfg, sd, ids, "doubled_residual"),
+}
+
+CONFIGS = ("llama_gqa", "llama_mha", "gpt2")
+
+
+def _inputs(name):
+    cfg = models.CONFIGS[name]
+    sd = models.random_state_dict(cfg, seed=2)
+    ids = torch.randint(0, cfg["vocab_size"], (3, 11), generator=torch.Generator().manual_seed(3))
+    return cfg, sd, ids
+
+
+def _compute(cfg):
+    return lambda m, sd, ids: models.logits(m, cfg, sd, ids)
+
+
+@functools.cache
+def _wired_outputs(config: str) -> dict:
+    """Each applicable wiring's output on ``config``'s inputs (computed once per configuration)."""
+    cfg, sd, ids = _inputs(config)
+    reference, compute, outputs = reference_subject("interleaved"), _compute(cfg), {}
+    for w in WIRINGS:
+        try:
+            outputs[w.name] = run_wired(compute, reference, (sd, ids), w)
+        except NotApplicable:
+            continue
+    return outputs
+
+
+def _fitting(config: str, actual) -> set[str]:
+    """The names of the wirings whose output equals ``actual``."""
+    return {name for name, out in _wired_outputs(config).items() if mismatch(actual, out, TOL) is None}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_the_independent_model_is_the_reference(config):
+    cfg, sd, ids = _inputs(config)
+    want = models.logits(reference_subject("interleaved"), cfg, sd, ids)
+    assert mismatch(functional_logits(cfg, sd, ids), want, TOL) is None
+
+
+def _applicable(config: str) -> list[str]:
+    return list(_wired_outputs(config))
+
+
+CASES = [(c, w) for c in CONFIGS for w in _applicable(c)]
+
+
+@pytest.mark.parametrize("config,bug", CASES, ids=[f"{c}-{w}" for c, w in CASES])
+def test_each_wiring_mistake_is_named_by_its_own_variant_alone(config, bug):
+    cfg, sd, ids = _inputs(config)
+    actual = functional_logits(cfg, sd, ids, bug)
+    assert mismatch(actual, functional_logits(cfg, sd, ids), TOL) is not None, "the mistake changes the logits"
+    assert _fitting(config, actual) == {bug}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("other", list(OTHER_BUGS))
+def test_no_wiring_names_a_mistake_of_another_kind(config, other):
+    cfg, sd, ids = _inputs(config)
+    assert _fitting(config, OTHER_BUGS[other](cfg, sd, ids)) == set()
+
+
+def test_grouped_keys_offer_no_swap_of_unequal_projections():
+    assert {"wq_wk_swapped", "wq_wv_swapped", "fused_qkv_per_head", "transposed_wk"}.isdisjoint(
+        _applicable("llama_gqa")
+    )
+    assert "wk_wv_swapped" in _applicable("llama_gqa")
+
+
+def test_the_model_search_names_a_missing_residual_with_its_code():
+    """End to end through model_knobs.model_variants (the search Spec.check runs), with its memo."""
+    cfg, sd, ids = _inputs("llama_gqa")
+    reference = reference_subject("interleaved")
+    actual = functional_logits(cfg, sd, ids, "no_mlp_residual")
+    tried = model_variants(_compute(cfg), reference, (sd, ids), memo=None)
+    fit = fitting_variants(tried, actual, TOL, reference, sd, ids)
+    assert [(v.code, v.knob) for v in fit] == [("knob:missing_residual", ("wiring", "no_mlp_residual"))]
+
+
+def test_a_computation_that_builds_no_model_is_not_a_wiring():
+    cfg, sd, ids = _inputs("llama_gqa")
+    with pytest.raises(NotApplicable):
+        run_wired(lambda m, sd, ids: sd["final_norm.weight"], reference_subject("interleaved"), (sd, ids), WIRINGS[0])
+
+
+# The catalogued bugs that are wiring mistakes, and the wiring that names each (the rest must fit none).
+CATALOG_WIRING = {
+    "post_ln": "post_ln",
+    "missing_final_norm": "no_final_norm",
+    "mlp_residual_missing": "no_mlp_residual",
+    "parallel_attention_and_mlp": "parallel",
+    "embedding_scaled_by_sqrt_d_model": "embedding_scale",
+    "wo_transposed_at_load": "transposed_wo",
+    "wq_wk_swapped_at_load": "wq_wk_swapped",
+}
+
+
+def _model_bugs() -> list[str]:
+    from spec_tests.bugs import CATALOG
+
+    return sorted(name for name, bug in CATALOG.items() if "model" in bug.components)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_catalogued_model_bugs_are_named_by_their_wiring_and_no_other(config):
+    """Every catalogued bug that changes the model's logits, run on the same inputs: a wiring mistake is named by
+    its own wiring alone, any other mistake (inside attention, RoPE, a norm, the cache ...) by none."""
+    from spec_tests.bugs import load_bug
+
+    cfg, sd, ids = _inputs(config)
+    wrong = {}
+    for name in _model_bugs():
+        try:
+            actual = models.logits(reference_subject("interleaved", load_bug(name)), cfg, sd, ids)
+        except Exception:  # noqa: BLE001 - a bug that cannot build this config (wq and wk swapped with GQA)
+            continue
+        if mismatch(actual, models.logits(reference_subject("interleaved"), cfg, sd, ids), TOL) is None:
+            continue  # the bug does not show in these logits
+        want = {CATALOG_WIRING[name]} if name in CATALOG_WIRING else set()
+        got = _fitting(config, actual)
+        if got != want:
+            wrong[name] = sorted(got)
+    assert not wrong, f"wirings fitting other bugs (or missing their own): {wrong}"

@@ -1,0 +1,42 @@
+"""A rule that fires for more than one cause is a symptom: it is shown as weak evidence or as a description of the
+difference, never as a confident cause. These pin the evidence-reading helpers of the spec tests that used to name
+one cause whatever the mechanism (issue 18, item 4)."""
+
+from __future__ import annotations
+
+import torch
+
+from spec_tests.test_sampling import N_DRAWS, ids_shape_causes, unfiltered_draw_causes
+
+
+def _counts(p: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    draws = torch.multinomial(p.expand(N_DRAWS, -1), 1, generator=torch.Generator().manual_seed(seed))[:, 0]
+    return torch.bincount(draws, minlength=p.numel()).double() / N_DRAWS
+
+
+LOGITS = torch.randn(20, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2
+
+
+def test_draws_from_the_raw_distribution_are_named():
+    causes, codes = unfiltered_draw_causes(_counts((LOGITS / 0.8).softmax(-1)), LOGITS, dict(temperature=0.8, top_k=6))
+    assert codes == ("knob:sampling_order",) and "temperature-scaled" in causes[0]
+    causes, codes = unfiltered_draw_causes(_counts(LOGITS.softmax(-1)), LOGITS, dict(temperature=0.8, top_k=6))
+    assert codes == ("knob:sampling_order",) and "unfiltered raw" in causes[0]
+
+
+def test_a_filter_keeping_one_token_too_many_is_not_called_raw_logits():
+    """top-k keeping k + 1 draws a filtered-out token too: weak evidence only (the sampling_probs tests name it)."""
+    scaled = LOGITS / 0.8
+    kept = scaled.topk(7).indices  # k = 6, one too many
+    p = torch.full_like(scaled, float("-inf"))
+    p[kept] = scaled[kept]
+    causes, codes = unfiltered_draw_causes(_counts(p.softmax(-1)), LOGITS, dict(temperature=0.8, top_k=6))
+    assert codes == ("~knob:sampling_order",) and causes[0].startswith("likely cause (weak evidence)")
+
+
+def test_a_wrong_ids_shape_is_named_only_where_the_shape_pins_it():
+    assert ids_shape_causes((12,), (3, 4)) and "flattened" in ids_shape_causes((12,), (3, 4))[0]
+    assert ids_shape_causes((5, 1), (5,)) and "trailing axis" in ids_shape_causes((5, 1), (5,))[0]
+    assert ids_shape_causes((5,), (5,)) == ()
+    assert ids_shape_causes((4, 3), (3, 4)) == ()  # the right count in another shape: described, not named
+    assert ids_shape_causes((6,), (3, 4)) == ()
