@@ -102,6 +102,14 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             x = x + attention(x, p)
             x = norm(x, f"{p}.mlp_norm")
             x = x + mlp(x, p)
+        elif bug == "norm_on_attn_stream":
+            x = norm(x, f"{p}.attn_norm")
+            x = x + attention(x, p)
+            x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
+        elif bug == "norm_on_mlp_stream":
+            x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = norm(x, f"{p}.mlp_norm")
+            x = x + mlp(x, p)
         elif bug == "parallel":
             x = x + attention(norm(x, f"{p}.attn_norm"), p) + mlp(norm(x, f"{p}.mlp_norm"), p)
         elif bug == "parallel_shared_norm":

@@ -84,6 +84,14 @@ def _block_forward(kind: str):
             x = x + drop(attn(x))
             x = n2(x)
             return x + drop(mlp(x))
+        if kind == "norm_on_attn_stream":
+            x = n1(x)
+            x = x + drop(attn(x))
+            return x + drop(mlp(n2(x)))
+        if kind == "norm_on_mlp_stream":
+            x = x + drop(attn(n1(x)))
+            x = n2(x)
+            return x + drop(mlp(x))
         if kind == "parallel":
             return x + drop(attn(n1(x))) + drop(mlp(n2(x)))
         if kind == "parallel_shared_norm":
@@ -245,6 +253,17 @@ WIRINGS = (
         "input, so the un-normalised stream is lost",
         f"keep the stream and normalise a copy for the branch: {PRE_NORM}",
         rewire=_rewire_blocks("norm_on_stream"),
+    ),
+    *(
+        Wiring(
+            f"norm_on_{branch}_stream",
+            "knob:norm_placement",
+            f"the {branch} branch's residual starts from the normalised stream: x = {norm}(x); x = x + {branch}(x), "
+            f"so the un-normalised stream is lost at every layer (the other branch is right)",
+            f"keep the stream and normalise a copy for the branch: {PRE_NORM}",
+            rewire=_rewire_blocks(f"norm_on_{branch}_stream"),
+        )
+        for branch, norm in (("attn", "attn_norm"), ("mlp", "mlp_norm"))
     ),
     Wiring(
         "no_final_norm",
