@@ -25,7 +25,7 @@ Read from a TOML file (default ``rubric.toml`` at the repository root; see its c
 
     [capabilities]
     required = ["gqa", ...]             # what every submission must support (default: all of
-                                        # spec_tests/protocol.py CAPABILITIES); tests needing
+                                        # spec_tests/protocol/names.py CAPABILITIES); tests needing
                                         # others are not graded. A submission's own
                                         # CAPABILITIES (and SPEC_XFAILS) are ignored.
 
