@@ -16,9 +16,6 @@ The expected failures are ``hf_llama.xfails.toml``'s (the same model and convent
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -59,14 +56,7 @@ CAPABILITIES = (
     "rope_scaling",
 )
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _xfails(name: str) -> dict[str, str]:
-    return tomllib.loads((_HERE / name).read_text())["xfail"]
-
-
-SPEC_XFAILS = {**_xfails("hf_llama.xfails.toml"), **_xfails("hf_llama3.xfails.toml")}
+SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_llama3.xfails.toml")
 
 
 def rope_parameters(theta: float, scaling: dict | None) -> dict:

@@ -24,8 +24,6 @@ The expected failures are ``hf_llama.xfails.toml``'s (the same code and conventi
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from pathlib import Path
 
 from transformers import MistralConfig, MistralForCausalLM
 
@@ -66,14 +64,7 @@ CAPABILITIES = (
     "sliding_window",
 )
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _xfails(name: str) -> dict[str, str]:
-    return tomllib.loads((_HERE / name).read_text())["xfail"]
-
-
-SPEC_XFAILS = {**_xfails("hf_llama.xfails.toml"), **_xfails("hf_mistral.xfails.toml")}
+SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_mistral.xfails.toml")
 
 _MISTRAL_FIELDS = {f.name for f in dataclasses.fields(MistralConfig)}
 

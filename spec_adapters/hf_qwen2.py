@@ -27,8 +27,6 @@ expected failures are ``hf_llama.xfails.toml``'s (the same code and conventions)
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from pathlib import Path
 
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -69,15 +67,8 @@ CAPABILITIES = (
     "attention_mask",
 )
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _xfails(name: str) -> dict[str, str]:
-    return tomllib.loads((_HERE / name).read_text())["xfail"]
-
-
 FIXED_CONFIG = {"qkv_bias": True}  # amendment 26: every Qwen2 model has them
-SPEC_XFAILS = {**_xfails("hf_llama.xfails.toml"), **_xfails("hf_qwen2.xfails.toml")}
+SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_qwen2.xfails.toml")
 
 _QWEN2_FIELDS = {f.name for f in dataclasses.fields(Qwen2Config)}
 

@@ -24,8 +24,6 @@ Models are built from configs with random or given weights; nothing is downloade
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from pathlib import Path
 
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -66,15 +64,8 @@ CAPABILITIES = (
     "qk_norm",
 )
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _xfails(name: str) -> dict[str, str]:
-    return tomllib.loads((_HERE / name).read_text())["xfail"]
-
-
 FIXED_CONFIG = {"qk_norm": True}  # amendment 26: every Qwen3 model has them
-SPEC_XFAILS = {**_xfails("hf_llama.xfails.toml"), **_xfails("hf_qwen3.xfails.toml")}
+SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_qwen3.xfails.toml")
 
 _QWEN3_FIELDS = {f.name for f in dataclasses.fields(Qwen3Config)}
 
