@@ -350,8 +350,9 @@ def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, slow_s
         while _alive(judge) and time.monotonic() < stop:
             time.sleep(0.1)
         assert not _alive(judge), f"the judge outlived a grader stopped by {how.name}"
-        if how == signal.SIGKILL:  # nothing can clean up after SIGKILL: the next grader does
-            assert folder.exists()
+        if how == signal.SIGKILL:
+            # nothing in a grader killed by SIGKILL cleans up: the next grader to start does (a grader that another
+            # test started meanwhile may already have; the folder must be gone after ours either way)
             args = ["--prepare", "--select", SELECT, "--cache-dir", str(attacks["tmp"] / "cache")]
             assert spec_grade(*args, "--rubric", str(attacks["tmp"] / "rubric.toml")).returncode == 0
         assert not folder.exists(), f"{folder} left behind after {how.name}"
