@@ -16,6 +16,7 @@ from .kv_cache import KVCache, cache_kv, kv_cache_bytes, new_cache
 from .losses import cross_entropy, lm_loss
 from .mlp import gelu_mlp, swiglu
 from .model import build_model, canonical_state_dict, count_parameters, forward
+from .moe import moe_load_balancing_loss, moe_mlp
 from .norms import layernorm, rmsnorm
 from .positions import rope, sinusoidal_positions
 from .primitives import embedding, linear, silu, softmax
@@ -47,6 +48,7 @@ CAPABILITIES = (
     "embed_scale",
     "geglu",
     "post_norms",
+    "moe",
 )
 
 PROTOCOL_NAMES = (
@@ -58,6 +60,7 @@ PROTOCOL_NAMES = (
     "layernorm",
     "swiglu",
     "gelu_mlp",
+    "moe_mlp",
     "rope",
     "sinusoidal_positions",
     "causal_mask",
@@ -67,6 +70,7 @@ PROTOCOL_NAMES = (
     "multihead_self_attention",
     "cross_entropy",
     "lm_loss",
+    "moe_load_balancing_loss",
     "sampling_probs",
     "sample",
     "build_model",

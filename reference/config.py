@@ -37,6 +37,8 @@ class ModelConfig:
     embed_scale: bool = False  # protocol v2 (amendment 26): input embeddings times sqrt(d_model) (llama family)
     geglu: bool = False  # protocol v2 (amendment 26): the gated MLP with tanh-GELU instead of SiLU (llama family)
     post_norms: bool = False  # protocol v2 (amendment 26): an RMSNorm on each sublayer's output (llama family)
+    n_experts: int = 0  # protocol v2 (amendment 28): Mixtral-style MoE MLP with this many experts (0: dense)
+    n_experts_per_token: int | None = None  # protocol v2 (amendment 28): top-k experts per token, 1 <= k <= n_experts
     attention: str = "sdpa"  # reference only: multihead_self_attention's attention, "sdpa" (fastest), "flash", "naive"
 
     def layer_window(self, layer: int) -> int | None:
@@ -100,7 +102,26 @@ def parse_config(config: dict) -> ModelConfig:
     if cfg.sliding_window is not None or cfg.layer_types is not None:
         cfg = replace(cfg, layer_types=check_layer_types(cfg.sliding_window, cfg.layer_types, cfg.n_layers))
     check_gemma_options(cfg)
+    check_moe(cfg)
     return cfg
+
+
+def check_moe(cfg: ModelConfig) -> None:
+    """Protocol v2 (amendment 28): ``n_experts`` an int >= 0 (0: the dense MLP), llama family only; with experts,
+    ``n_experts_per_token`` an int in ``[1, n_experts]``, without them absent."""
+    n, k = cfg.n_experts, cfg.n_experts_per_token
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"config n_experts must be an int >= 0 (0: dense MLP), got {n!r}")
+    if n == 0:
+        if k is not None:
+            raise ValueError(f"config n_experts_per_token={k!r} needs n_experts >= 1, got n_experts={n!r}")
+        return
+    if cfg.family != "llama":
+        raise ValueError(f"config n_experts is for family 'llama' (SwiGLU experts), got family {cfg.family!r}")
+    if cfg.geglu:
+        raise ValueError(f"config n_experts={n} with geglu: the experts are SwiGLU (no GeGLU experts)")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+        raise ValueError(f"config n_experts_per_token must be an int in [1, n_experts={n}], got {k!r}")
 
 
 GEMMA_OPTIONS = ("norm_offset", "embed_scale", "geglu", "post_norms")  # protocol v2, amendment 26

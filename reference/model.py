@@ -25,6 +25,7 @@ from .attention import multihead_self_attention
 from .config import ModelConfig, parse_config
 from .kv_cache import KVCache
 from .mlp import geglu, gelu_mlp, swiglu
+from .moe import moe_mlp
 from .norms import layernorm, rmsnorm
 from .padding import check_attention_mask, key_mask, padded_positions
 from .positions import check_rope_style
@@ -132,6 +133,24 @@ class GeGLU(SwiGLU):
         return geglu(x, self.w_gate.weight, self.w_up.weight, self.w_down.weight)
 
 
+class MoE(nn.Module):
+    """Protocol v2 (``moe``, amendment 28; Mixtral): a router ``[n_experts, d_model]`` and ``n_experts`` SwiGLU
+    experts, canonical ``mlp.router.weight`` and ``mlp.experts.{e}.w_gate.weight`` (``w_up``, ``w_down``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k = cfg.n_experts_per_token
+        self.router = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(cfg) for _ in range(cfg.n_experts))
+
+    def forward(self, x):
+        """``[B, T, d_model] -> [B, T, d_model]``."""
+        w_gate = torch.stack([expert.w_gate.weight for expert in self.experts])  # [E, d_ff, d_model]
+        w_up = torch.stack([expert.w_up.weight for expert in self.experts])  # [E, d_ff, d_model]
+        w_down = torch.stack([expert.w_down.weight for expert in self.experts])  # [E, d_model, d_ff]
+        return moe_mlp(x, self.router.weight, w_gate, w_up, w_down, top_k=self.top_k)
+
+
 class GeluMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -152,6 +171,8 @@ class Block(nn.Module):
         self.attn = Attention(cfg, rope_style)
         self.mlp_norm = Norm(cfg.d_model, cfg.norm_eps)
         self.mlp = (GeGLU(cfg) if cfg.geglu else SwiGLU(cfg)) if llama else GeluMLP(cfg)
+        if cfg.n_experts:  # protocol v2 (amendment 28; Mixtral): the sparse mixture of SwiGLU experts instead
+            self.mlp = MoE(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.post_norms = cfg.post_norms  # protocol v2 (amendment 26; Gemma 2): a norm on each sublayer's output
         if cfg.post_norms:
@@ -236,7 +257,8 @@ def check_ids(ids: torch.Tensor, vocab_size: int) -> None:
         raise ValueError(f"ids must lie in [0, {vocab_size}), got min {ids.min().item()} max {ids.max().item()}")
 
 
-RESIDUAL_PROJECTIONS = ("attn.wo.weight", "mlp.w_down.weight", "mlp.w_proj.weight")
+# the MLP's w_down: the dense one (mlp.w_down.weight) and each expert's (mlp.experts.{e}.w_down.weight, amendment 28)
+RESIDUAL_PROJECTIONS = ("attn.wo.weight", "w_down.weight", "mlp.w_proj.weight")
 
 
 @torch.no_grad()

@@ -42,6 +42,11 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "embed_scale": ("Gemma's input embeddings times sqrt(d_model), not the tied head", ("test_gemma_style",)),
     "geglu": ("Gemma's GeGLU MLP: tanh-GELU on the gate projection", ("test_gemma_style",)),
     "post_norms": ("Gemma 2's norms on each sublayer's output, before the residual add", ("test_gemma_style",)),
+    "moe": (
+        "Mixtral's sparse MoE MLP: the router's softmax axis, the top-k and its renormalisation, the expert order, "
+        "the load-balancing loss",
+        ("test_moe",),
+    ),
     "sinusoidal": ("sinusoidal position table", (POSITIONS,)),
     "rmsnorm": ("RMSNorm formula (eps placement)", (NORMS, MODEL)),
     "layernorm": ("LayerNorm formula (variance)", (NORMS, MODEL)),

@@ -164,7 +164,15 @@ def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
                 }
             )
         else:
-            layer.update({"mlp.w_gate.weight": (f, d), "mlp.w_up.weight": (f, d), "mlp.w_down.weight": (d, f)})
+            n_experts = cfg.get("n_experts") or 0
+            if n_experts:  # protocol v2 (amendment 28): a router and n_experts SwiGLU experts replace the dense MLP
+                layer["mlp.router.weight"] = (n_experts, d)
+                for e in range(n_experts):
+                    expert = f"mlp.experts.{e}"
+                    layer.update({f"{expert}.w_gate.weight": (f, d), f"{expert}.w_up.weight": (f, d)})
+                    layer[f"{expert}.w_down.weight"] = (d, f)
+            else:
+                layer.update({"mlp.w_gate.weight": (f, d), "mlp.w_up.weight": (f, d), "mlp.w_down.weight": (d, f)})
             if cfg.get("qkv_bias"):  # protocol v2 (amendment 22): q, k, v only, not wo nor the MLP
                 layer.update({"attn.wq.bias": (hq,), "attn.wk.bias": (hkv,), "attn.wv.bias": (hkv,)})
             if cfg.get("qk_norm"):  # protocol v2 (amendment 24): one [d_head] gain each, shared by the heads

@@ -13,6 +13,7 @@ module's docstring says what it holds):
     primitives.py   linear, embedding, softmax, silu
     norms.py        rmsnorm, layernorm
     mlp.py          swiglu, gelu_mlp
+    moe.py          moe_mlp, moe_load_balancing_loss (protocol v2, optional: capability "moe")
     positions.py    rope, sinusoidal_positions
     attention.py    causal_mask, repeat_kv, scaled_dot_product_attention,
                     multihead_self_attention, flash_attention
@@ -41,6 +42,7 @@ from .kv_cache import cache_kv, kv_cache_bytes, new_cache
 from .losses import cross_entropy, lm_loss
 from .mlp import gelu_mlp, swiglu
 from .model import build_model, canonical_state_dict, count_parameters, forward
+from .moe import moe_load_balancing_loss, moe_mlp
 from .norms import layernorm, rmsnorm
 from .positions import rope, sinusoidal_positions
 from .primitives import embedding, linear, silu, softmax
@@ -83,6 +85,7 @@ CAPABILITIES = (
     "embed_scale",
     "geglu",
     "post_norms",
+    "moe",
 )
 
 __all__ = [
@@ -94,6 +97,7 @@ __all__ = [
     "layernorm",
     "swiglu",
     "gelu_mlp",
+    "moe_mlp",
     "rope",
     "sinusoidal_positions",
     "causal_mask",
@@ -103,6 +107,7 @@ __all__ = [
     "multihead_self_attention",
     "cross_entropy",
     "lm_loss",
+    "moe_load_balancing_loss",
     "sampling_probs",
     "sample",
     "build_model",

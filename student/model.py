@@ -97,6 +97,20 @@ only, on gpt2 raise ``ValueError`` naming it), declared by the skeleton; remove 
 
       x = x + attn_post_norm(attn(attn_norm(x)))
       x = x + mlp_post_norm(mlp(mlp_norm(x)))
+
+Protocol v2, capability ``moe`` (amendment 28; Mixtral): config keys ``n_experts`` (default 0: the dense MLP) and
+``n_experts_per_token`` (top-k, an int in ``[1, n_experts]``; required with experts, else ``ValueError`` naming
+the value; llama only, on gpt2 raise ``ValueError``). With ``n_experts = E`` each layer's MLP is a router and E
+SwiGLU experts of width ``d_ff``, in place of ``mlp.w_gate``, ``mlp.w_up``, ``mlp.w_down``::
+
+    layers.{i}.mlp.router.weight [E, d_model]
+    layers.{i}.mlp.experts.{e}.w_gate.weight [d_ff, d_model], .w_up.weight [d_ff, d_model],
+    .w_down.weight [d_model, d_ff]
+
+computed by ``moe_mlp`` (``moe.py``) with the experts' weights stacked (``torch.stack``) and ``top_k =
+n_experts_per_token``. Fresh weights as v1's (each expert's ``w_down`` is a residual projection). The
+load-balancing loss is not part of ``train_step``'s loss. The skeleton declares ``"moe"``; remove it to skip these
+tests.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ def test_protocol_views_follow_the_entry(name):
     assert (name in protocol.PRECISION_FUNCTIONS) == (e.precision_sample is not None)
     assert (name in protocol.ANY_LEADING) == e.any_leading_dims
     assert (name in protocol.NAN_UNSPECIFIED) == e.nan_rows_unspecified
+    assert protocol.CAPABILITY_OF.get(name) == e.capability
 
 
 @pytest.mark.parametrize("name", PROTOCOL_NAMES)
@@ -102,6 +103,7 @@ def test_an_entry_names_what_exists(e):
     assert e.style_keyword is None or e.style_keyword in e.reference_only
     assert e.tolerance is None or e.tolerance in KINDS
     assert e.knob_family is None or callable(getattr(knobs, e.knob_family))
+    assert e.capability is None or e.capability in protocol.V2_CAPABILITIES
     if e.catalog_groups:
         from spec_tests.bugs import CATALOG
 

@@ -91,6 +91,7 @@ BAT = "test_batched_generation.py::"
 SLW = "test_sliding_window.py::"
 LSC = "test_logit_softcap.py::"
 GEM = "test_gemma_style.py::"
+MOE = "test_moe.py::"
 
 CLAUSES: list[Clause] = [
     # ------------------------------------------------------------------------------------ Loading and absence
@@ -1262,6 +1263,42 @@ CLAUSES: list[Clause] = [
             SLW + "test_window_holds_exactly_w_tokens": "the oldest key in the window and the first one out of it",
             SLW + "test_bad_sliding_window_raises": "W = 0, W < 0, layer_types of the wrong length or with an "
             "unknown entry, sliding layers without a window",
+        },
+    ),
+    C(
+        "amendment.28",
+        "amendment",
+        "28",
+        sizes={
+            MOE + "test_moe_mlp": "x [3, 13, 80], 5 experts of width 56, top 2, float32 and float64",
+            MOE + "test_moe_mlp_other_top_k": "top_k 1 (one expert, weight 1) and 3 of 5",
+            MOE + "test_moe_mlp_with_every_expert_is_the_dense_mixture": "top_k = n_experts",
+            MOE + "test_logits_match_reference_with_moe": "llama GQA config with 4 experts, 2 per token, ids [2, 11]",
+        },
+        ties={
+            MOE + "test_moe_load_balancing_loss_of_a_uniform_router": "every logit equal: the loss is top_k whichever "
+            "experts torch.topk's ties choose",
+            MOE + "test_moe_mlp": "routed outputs: no ties in the inputs (ties broken as torch.topk, unspecified)",
+        },
+        padding="n/a: tokens are routed one by one; the loss is one layer's, without Hugging Face's attention mask",
+        state={
+            MOE + "test_cache_equals_no_cache_with_moe": "chunks 6, 1, 1, 9 through the cache",
+            MOE + "test_moe_unchosen_expert_gets_no_gradient": "gradients of the model's cross-entropy",
+        },
+        paths={
+            MOE + "test_moe_mlp": "moe_mlp called directly",
+            MOE + "test_logits_match_reference_with_moe": "the model's MLP through moe_mlp",
+            MOE + "test_moe_canonical_names": "mlp.router.weight and mlp.experts.{e}.* in place of the dense MLP",
+            MOE + "test_moe_load_balancing_loss": "moe_load_balancing_loss, 40 tokens, 5 experts, top 2",
+        },
+        extremes={
+            MOE + "test_moe_weights_are_renormalised": "a near-uniform router: the top 2 of 5 sum to about 0.4",
+            MOE + "test_moe_unchosen_expert_has_no_effect": "an expert no token chooses, its weights changed",
+            MOE + "test_moe_load_balancing_loss_of_a_uniform_router": "the uniform router, top_k 1 and 3",
+            MOE + "test_moe_mlp_rejects_a_bad_top_k": "top_k 0 and n_experts + 1, in both functions",
+            MOE + "test_moe_bad_config_raises": "n_experts_per_token 0, above n_experts, missing, without experts; "
+            "n_experts < 0",
+            MOE + "test_moe_needs_the_llama_family": "n_experts on a gpt2 config raises",
         },
     ),
 ]

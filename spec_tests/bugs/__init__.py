@@ -9,7 +9,7 @@ and names the one whose output the implementation reproduces.
 - ``classes.py``: the bug classes and the test files meant to catch each;
 - ``components.py``, ``attention.py``, ``model.py``, ``sampling.py``, ``training.py``, ``rope_scaling.py``,
   ``padding.py``, ``qkv_bias.py``, ``qk_norm.py``, ``sliding_window.py``, ``logit_softcap.py``,
-  ``gemma_style.py`` (protocol v2): the entries;
+  ``gemma_style.py``, ``moe.py`` (protocol v2): the entries;
 - ``model_components.py``: the model-level ``component=`` names, in one place;
 - ``loading.py``: importing a patched private copy of the reference package.
 """
@@ -24,6 +24,7 @@ from . import (
     gemma_style,
     logit_softcap,
     model,
+    moe,
     padding,
     qk_norm,
     qkv_bias,
@@ -52,6 +53,7 @@ def _catalog() -> dict[str, Bug]:
         sliding_window,
         logit_softcap,
         gemma_style,
+        moe,
     ):
         for bug in group.BUGS:
             if bug.name in catalog:

@@ -4,6 +4,7 @@ of the entries. Everything is importable from ``spec_tests.protocol``."""
 
 from .entries import (
     ANY_LEADING,
+    CAPABILITY_OF,
     CATALOG_GROUPS,
     COMPONENT_OF,
     ENTRIES,
@@ -47,6 +48,7 @@ __all__ = [
     "ALL_FAMILIES",
     "ANY_LEADING",
     "CAPABILITIES",
+    "CAPABILITY_OF",
     "CATALOG_GROUPS",
     "COMPONENT_NAMES",
     "COMPONENT_OF",

@@ -57,6 +57,8 @@ class Entry:
     - ``knob_family``: the name of its knob-family function in ``harness/diagnosis/knobs.py``.
     - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so).
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
+    - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
+      implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Entry:
     knob_family: str | None = None
     any_leading_dims: bool = False
     nan_rows_unspecified: bool = False
+    capability: str | None = None
 
     @property
     def may_call(self) -> tuple[str, ...] | None:
@@ -205,6 +208,16 @@ ENTRIES: tuple[Entry, ...] = (
         knob_family="_gelu_mlp",
         any_leading_dims=True,
     ),
+    Entry(
+        "moe_mlp",  # protocol v2 (moe, amendment 28): Mixtral's sparse mixture of SwiGLU experts
+        "mlp",
+        calls=("linear", "silu", "swiglu", "softmax"),
+        model_part=True,
+        substitutable=True,
+        tolerance="matmul",
+        any_leading_dims=True,
+        capability="moe",
+    ),
     # ------------------------------------------------------------------ positions
     Entry(
         "rope",
@@ -296,6 +309,14 @@ ENTRIES: tuple[Entry, ...] = (
             {},
         ),
         knob_family="_lm_loss",
+    ),
+    Entry(
+        "moe_load_balancing_loss",  # protocol v2 (moe, amendment 28): Mixtral's auxiliary loss for one layer
+        "losses",
+        calls=("softmax",),
+        substitutable=True,
+        tolerance="loss",
+        capability="moe",
     ),
     # ------------------------------------------------------------------ sampling
     Entry(
@@ -406,3 +427,6 @@ TOLERANCE_KIND = {e.name: e.tolerance for e in ENTRIES if e.tolerance}
 PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not None)
 ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
+# protocol v2: the names a capability brings, each with its capability (an implementation without it need not
+# define them)
+CAPABILITY_OF = {e.name: e.capability for e in ENTRIES if e.capability}

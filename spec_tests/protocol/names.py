@@ -56,6 +56,8 @@ V2_CAPABILITIES = {
     "geglu": "config geglu: the gated MLP with tanh-GELU on the gate instead of SiLU (llama family, Gemma)",
     "post_norms": "config post_norms: an RMSNorm on each sublayer's output before the residual add, canonical "
     "attn_post_norm and mlp_post_norm (llama family, Gemma 2)",
+    "moe": "config n_experts and n_experts_per_token: Mixtral's sparse mixture-of-experts MLP (softmax router, top-k "
+    "experts renormalised, SwiGLU experts; llama family); moe_mlp and moe_load_balancing_loss",
 }
 # Protocol v2 (amendment 26): the config keys an implementation may fix in FIXED_CONFIG (its models always have
 # them), each with the capability it needs; the suite then builds every llama config with them. qkv_bias and qk_norm

@@ -64,6 +64,7 @@ CLASS_CODES = {
     "embed_scale": "knob:embed_scale",
     "geglu": "knob:activation",
     "post_norms": "knob:post_norms",
+    "moe": "knob:moe",
 }
 
 

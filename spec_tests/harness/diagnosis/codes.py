@@ -39,6 +39,8 @@ KNOBS = {
     "logit_softcap": "a soft-cap is missing, applied after the mask or before the scaling, or as cap * tanh(x)",
     "norm_offset": "the RMSNorm gain is the stored weight instead of 1 + weight, on some norms or all",
     "post_norms": "the norms on the sublayers' outputs are missing, after the residual add, or swapped",
+    "moe": "the MoE routing is wrong (softmax over the tokens, top-k off by one, weights not renormalised, "
+    "experts out of order) or the load-balancing loss is (no n_experts factor, chosen weights for probabilities)",
     "position_offset": "positions start at the wrong offset (do not continue, restart at 0, off by one)",
     "eps_placement": "eps sits outside the square root, or is missing",
     "eps_value": "eps has the wrong value (the argument is ignored)",
