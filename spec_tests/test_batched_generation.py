@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import models
-from .harness.judging.spec import Variant
+from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .harness.subject.subject import reference_subject
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given
 
 from . import models
+from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
-from .harness.judging.spec import Variant
 from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
 from .harness.subject.subject import NotImplementedInImpl

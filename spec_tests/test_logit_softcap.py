@@ -10,7 +10,7 @@ import torch
 from einops import einsum
 
 from . import models
-from .harness.judging.spec import Variant
+from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
 from .test_attention import bottom_right, kv_heads, mha_weights

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from . import models
 from .harness.diagnosis.bookkeeping import count_variants
+from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
-from .harness.judging.spec import Variant
 from .harness.judging.tolerances import BIT_IDENTICAL, EXACT, Tolerance, tolerance
 from .harness.plugin.markers import judges
 from .models import CONFIGS

@@ -12,7 +12,7 @@ import torch
 from einops import rearrange, repeat
 
 from . import models
-from .harness.judging.spec import Variant
+from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
 from .test_attention import kv_heads, mha_weights

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from . import models
-from .harness.judging.spec import Variant
+from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import models, oracles
-from .harness.judging.spec import Variant
+from .harness.diagnosis.variant import Variant
 from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
 from .inputs import S

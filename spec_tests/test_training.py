@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from . import models, observed, oracles
 from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, start_range, target_shift
-from .harness.judging.spec import Variant
+from .harness.diagnosis.variant import Variant
 from .harness.judging.tolerances import EXACT, Tolerance
 from .harness.plugin.markers import judges
 

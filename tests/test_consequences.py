@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from spec_tests.harness.judging import consequences, settling
+from spec_tests.harness.judging import consequences, rootcause, settling
 from spec_tests.harness.judging.results import TestVerdict
 from spec_tests.harness.judging.rootcause import FailureRegistry
 from spec_tests.harness.plugin.terminal import summary_lines
@@ -75,14 +75,14 @@ def test_failure_kinds():
     def failure(kind, tolerance=""):
         return SpecFailure(CheckResult("t", "rmsnorm", "norms", "b", "failed", kind=kind, tolerance=tolerance))
 
-    assert consequences.failure_kind(failure("compare", "rtol 1e-6")) == "math"
-    assert consequences.failure_kind(failure("compare", EXACT.describe())) == "precision"
-    assert consequences.failure_kind(failure("raises")) == "validation"
-    assert consequences.failure_kind(failure("require"), ["init"]) == "convention"
-    assert consequences.failure_kind(failure("compare"), ["precision"]) == "precision"
-    assert consequences.failure_kind(failure("require"), ["init", "rope"]) == "math"
-    assert consequences.failure_kind(NotImplementedInImpl("rmsnorm")) == "not_implemented"
-    assert consequences.failure_kind(ImplementationError("rmsnorm", ("ValueError",), "m")) == "error"
+    assert rootcause.failure_kind(failure("compare", "rtol 1e-6")) == "math"
+    assert rootcause.failure_kind(failure("compare", EXACT.describe())) == "precision"
+    assert rootcause.failure_kind(failure("raises")) == "validation"
+    assert rootcause.failure_kind(failure("require"), ["init"]) == "convention"
+    assert rootcause.failure_kind(failure("compare"), ["precision"]) == "precision"
+    assert rootcause.failure_kind(failure("require"), ["init", "rope"]) == "math"
+    assert rootcause.failure_kind(NotImplementedInImpl("rmsnorm")) == "not_implemented"
+    assert rootcause.failure_kind(ImplementationError("rmsnorm", ("ValueError",), "m")) == "error"
 
 
 def test_a_root_that_is_only_not_implemented_pays_for_nothing():

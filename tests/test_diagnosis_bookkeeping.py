@@ -13,8 +13,8 @@ import torch
 from spec_tests import models
 from spec_tests.harness.diagnosis import codes
 from spec_tests.harness.diagnosis.bookkeeping import ADAMW_RULES, AdamWRule, count_variants, start_range, target_shift
+from spec_tests.harness.diagnosis.variant import fitting_variants
 from spec_tests.harness.judging.compare import mismatch
-from spec_tests.harness.judging.spec import fitting_variants
 from spec_tests.harness.judging.tolerances import EXACT
 
 # ----------------------------------------------------------------------------------------- AdamW

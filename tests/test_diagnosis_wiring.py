@@ -19,9 +19,9 @@ from diagnosis_cases import rope_complex
 
 from spec_tests import models
 from spec_tests.harness.diagnosis.model_knobs import model_variants
+from spec_tests.harness.diagnosis.variant import fitting_variants
 from spec_tests.harness.diagnosis.wiring import WIRINGS, NotApplicable, run_wired
 from spec_tests.harness.judging.compare import mismatch
-from spec_tests.harness.judging.spec import fitting_variants
 from spec_tests.harness.judging.tolerances import tolerance
 from spec_tests.harness.subject.subject import reference_subject
 

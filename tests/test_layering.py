@@ -5,6 +5,8 @@ the student skeleton import nothing of the suite (the reference is the ground tr
 skeleton handed to students must run alone). The spec tests never import the bug catalog (handouts ship
 without it). Every import counts, those inside functions too. The edges that cross the rule today are
 listed in ``ALLOWED`` with the reason each one stays; a new one fails here until it is justified there.
+Within the harness's subsystems (plugin, subject, judging, diagnosis, remote), no two modules import each
+other, directly or around a cycle.
 """
 
 from __future__ import annotations
@@ -102,19 +104,60 @@ def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
     return found
 
 
-def cross_layer_edges(root: Path) -> list[tuple[str, str]]:
-    """(importer, imported) pairs against ``MAY_IMPORT``, over every module of the suite's packages under root."""
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Every module of the suite's packages under root -> the modules it imports (anything else too)."""
     modules: dict[str, Path] = {}
     for folder, package in FOLDERS.items():
         for path in sorted((root / folder).rglob("*.py")):
             modules[module_name(path, root / folder, package)] = path
+    return {module: imports_of(path, module, set(modules)) for module, path in modules.items()}
+
+
+def cross_layer_edges(root: Path) -> list[tuple[str, str]]:
+    """(importer, imported) pairs against ``MAY_IMPORT``, over every module of the suite's packages under root."""
     edges = set()
-    for module, path in modules.items():
-        for target in imports_of(path, module, set(modules)):
+    for module, targets in import_graph(root).items():
+        for target in targets:
             a, b = layer(module), layer(target)
             if a and b and a != b and b not in MAY_IMPORT[a]:
                 edges.add((module, target))
     return sorted(edges)
+
+
+HARNESS_SUBSYSTEMS = ("plugin", "subject", "judging", "diagnosis", "remote")
+
+
+def harness_cycles(root: Path) -> list[list[str]]:
+    """The import cycles among the modules of the harness's subsystems (strongly connected components of
+    more than one module, or a module importing itself), each sorted."""
+    prefixes = tuple(f"spec_tests.harness.{s}" for s in HARNESS_SUBSYSTEMS)
+    graph = {m: t for m, t in import_graph(root).items() if m.startswith(prefixes)}
+    graph = {m: {t for t in targets if t in graph} for m, targets in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1 or v in graph[v]:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
 
 
 def test_no_import_crosses_the_documented_layering():
@@ -127,6 +170,24 @@ def test_every_allowed_edge_still_exists():
     """An allowance that no import needs any more is removed, so the list says what is true."""
     stale = sorted(set(ALLOWED) - set(cross_layer_edges(ROOT)))
     assert not stale, f"ALLOWED lists edges that no longer exist: {stale}"
+
+
+def test_no_import_cycle_within_the_harness():
+    """The harness's modules import each other without a cycle (imports inside functions count): each
+    concept lives in one module that the others import, never two modules that need each other."""
+    cycles = harness_cycles(ROOT)
+    assert not cycles, "import cycles among the harness's modules:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_an_import_cycle_is_caught(tmp_path):
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    for init in ("spec_tests", "spec_tests/harness", "spec_tests/harness/judging", "spec_tests/harness/diagnosis"):
+        (tmp_path / init).mkdir(parents=True, exist_ok=True)
+        (tmp_path / init / "__init__.py").write_text("")
+    (tmp_path / "spec_tests/harness/judging/spec.py").write_text("def f():\n    from ..diagnosis import knobs\n")
+    (tmp_path / "spec_tests/harness/diagnosis/knobs.py").write_text("from ..judging.spec import f\n")
+    assert harness_cycles(tmp_path) == [["spec_tests.harness.diagnosis.knobs", "spec_tests.harness.judging.spec"]]
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..judging.spec import Variant
+from .variant import Variant
 
 # ----------------------------------------------------------------------------------------- AdamW
 

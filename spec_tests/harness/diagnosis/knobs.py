@@ -18,7 +18,6 @@ import math
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -27,17 +26,9 @@ import torch
 from ...protocol import KNOB_FAMILIES, NAN_UNSPECIFIED
 from . import cause as cause_module
 from .cause import AMBIGUOUS, EXACT, EXACT_SHARED, Cause, as_array, as_float, fits
+from .variant import Variant
 
 F64 = torch.float64
-
-
-@dataclass(frozen=True)
-class Variant:
-    code: str  # a full cause code: "knob:..." (or a structural code such as "sign")
-    summary: str
-    where: str
-    fix: str
-    compute: Callable[[], object]
 
 
 class _Args(dict):
@@ -91,7 +82,11 @@ def _norm_family(p: _Args, center: bool):
 
     def v(code, summary, where, fix, **kw):
         return Variant(
-            f"knob:{code}", summary, where, fix, lambda: _norm(p.x, p.weight, b, p.eps, **({"center": center} | kw))
+            f"knob:{code}",
+            summary,
+            where=where,
+            fix=fix,
+            compute=lambda: _norm(p.x, p.weight, b, p.eps, **({"center": center} | kw)),
         )
 
     where_denominator = f"the denominator of {kind}: sqrt({'var' if center else 'mean(x**2)'} + eps)"
@@ -140,9 +135,9 @@ def _norm_family(p: _Args, center: bool):
                 Variant(
                     "knob:eps_value",
                     f"eps = {other:g} is used instead of {p.eps:g}{ignored}",
-                    f"the eps used by {kind} (its default, a hard-coded value)",
-                    "pass the eps argument through",
-                    (lambda o: lambda: _norm(p.x, p.weight, b, o, center=center))(other),
+                    where=f"the eps used by {kind} (its default, a hard-coded value)",
+                    fix="pass the eps argument through",
+                    compute=(lambda o: lambda: _norm(p.x, p.weight, b, o, center=center))(other),
                 )
             )
     if center:
@@ -150,18 +145,18 @@ def _norm_family(p: _Args, center: bool):
             Variant(
                 "knob:mean_subtraction",
                 "the mean is not subtracted from x (RMSNorm computed instead)",
-                "the centring step of layernorm",
-                "subtract the mean over the last axis first",
-                lambda: _norm(p.x, p.weight, b, p.eps, center=False),
+                where="the centring step of layernorm",
+                fix="subtract the mean over the last axis first",
+                compute=lambda: _norm(p.x, p.weight, b, p.eps, center=False),
             )
         )
         out.append(
             Variant(
                 "knob:mean_subtraction",
                 "x is divided by the standard deviation but the mean is not subtracted from the numerator",
-                "the numerator of layernorm",
-                "normalise x - mean(x)",
-                lambda: p.x / torch.sqrt(p.x.var(-1, unbiased=False, keepdim=True) + p.eps) * p.weight + b,
+                where="the numerator of layernorm",
+                fix="normalise x - mean(x)",
+                compute=lambda: p.x / torch.sqrt(p.x.var(-1, unbiased=False, keepdim=True) + p.eps) * p.weight + b,
             )
         )
         out += [
@@ -170,9 +165,9 @@ def _norm_family(p: _Args, center: bool):
             Variant(
                 "knob:norm_weight",
                 "weight and bias are swapped",
-                "the argument order of layernorm",
-                "multiply by weight, add bias",
-                lambda: _norm(p.x, b, p.weight, p.eps, center=True),
+                where="the argument order of layernorm",
+                fix="multiply by weight, add bias",
+                compute=lambda: _norm(p.x, b, p.weight, p.eps, center=True),
             ),
         ]
     else:
@@ -223,9 +218,9 @@ def _softmax(args, kwargs, style):
         Variant(
             "knob:reduction_dim",
             f"the softmax runs over axis {d} instead of axis {dim}",
-            "the dim passed to the softmax's max/sum",
-            f"reduce over dim={p.dim}",
-            partial(torch.softmax, x, d),
+            where="the dim passed to the softmax's max/sum",
+            fix=f"reduce over dim={p.dim}",
+            compute=partial(torch.softmax, x, d),
         )
         for d in range(x.dim())
         if d != dim
@@ -235,9 +230,9 @@ def _softmax(args, kwargs, style):
             Variant(
                 "knob:max_subtraction",
                 f"exp(x) is taken without subtracting the max ({label})",
-                "the softmax's exponential",
-                "subtract x.max(dim, keepdim=True) before exp",
-                (lambda dt: lambda: _naive_softmax(x, dim, dt))(dtype),
+                where="the softmax's exponential",
+                fix="subtract x.max(dim, keepdim=True) before exp",
+                compute=(lambda dt: lambda: _naive_softmax(x, dim, dt))(dtype),
             )
         )
     return (lambda: torch.softmax(x, dim)), out
@@ -253,16 +248,22 @@ def _linear(args, kwargs, style):
             Variant(
                 "knob:weight_layout",
                 "the weight is used as [in, out]: x @ W instead of x @ W.T",
-                "the matmul in linear",
-                "compute x @ weight.T (weights are [out_features, in_features])",
-                lambda: plus(x @ w),
+                where="the matmul in linear",
+                fix="compute x @ weight.T (weights are [out_features, in_features])",
+                compute=lambda: plus(x @ w),
             )
         )
     if b is not None:
         out += [
-            Variant("knob:bias", "the bias is not added", "the end of linear", "add bias", lambda: x @ w.T),
             Variant(
-                "knob:bias", "the bias is added twice", "the end of linear", "add bias once", lambda: x @ w.T + 2 * b
+                "knob:bias", "the bias is not added", where="the end of linear", fix="add bias", compute=lambda: x @ w.T
+            ),
+            Variant(
+                "knob:bias",
+                "the bias is added twice",
+                where="the end of linear",
+                fix="add bias once",
+                compute=lambda: x @ w.T + 2 * b,
             ),
         ]
     return (lambda: plus(x @ w.T)), out
@@ -288,12 +289,16 @@ def _silu_family(args, kwargs, style):
         Variant(
             "knob:activation",
             "sigmoid(x) is returned (the factor x is missing)",
-            act,
-            "return x * sigmoid(x)",
-            lambda: torch.sigmoid(x),
+            where=act,
+            fix="return x * sigmoid(x)",
+            compute=lambda: torch.sigmoid(x),
         ),
         Variant(
-            "knob:activation", "GELU is computed instead of SiLU", act, "return x * sigmoid(x)", lambda: _gelu_erf(x)
+            "knob:activation",
+            "GELU is computed instead of SiLU",
+            where=act,
+            fix="return x * sigmoid(x)",
+            compute=lambda: _gelu_erf(x),
         ),
     ]
     return (lambda: _silu(x)), out
@@ -308,33 +313,37 @@ def _swiglu(args, kwargs, style):
         Variant(
             "knob:activation",
             "SiLU is applied to the up projection instead of the gate (equivalently: w_gate and w_up swapped)",
-            where,
-            "apply silu to x @ w_gate.T only",
-            lambda: down(g * _silu(u)),
+            where=where,
+            fix="apply silu to x @ w_gate.T only",
+            compute=lambda: down(g * _silu(u)),
         ),
         Variant(
             "knob:activation",
             "SiLU is applied to both the gate and the up projection",
-            where,
-            "apply silu to the gate only",
-            lambda: down(_silu(g) * _silu(u)),
+            where=where,
+            fix="apply silu to the gate only",
+            compute=lambda: down(_silu(g) * _silu(u)),
         ),
         Variant(
             "knob:activation",
             "no SiLU: the gate is used linearly",
-            where,
-            "apply silu to the gate",
-            lambda: down(g * u),
+            where=where,
+            fix="apply silu to the gate",
+            compute=lambda: down(g * u),
         ),
         Variant(
             "knob:activation",
             "sigmoid instead of SiLU on the gate",
-            where,
-            "silu(g) = g * sigmoid(g)",
-            lambda: down(torch.sigmoid(g) * u),
+            where=where,
+            fix="silu(g) = g * sigmoid(g)",
+            compute=lambda: down(torch.sigmoid(g) * u),
         ),
         Variant(
-            "knob:activation", "GELU instead of SiLU on the gate", where, "use silu", lambda: down(_gelu_erf(g) * u)
+            "knob:activation",
+            "GELU instead of SiLU on the gate",
+            where=where,
+            fix="use silu",
+            compute=lambda: down(_gelu_erf(g) * u),
         ),
     ]
     return (lambda: down(_silu(g) * u)), out
@@ -349,34 +358,44 @@ def _gelu_mlp(args, kwargs, style):
         Variant(
             "knob:activation",
             "the exact (erf) GELU is used instead of the tanh approximation",
-            where,
-            "use F.gelu(h, approximate='tanh')",
-            lambda: proj(_gelu_erf(h)),
+            where=where,
+            fix="use F.gelu(h, approximate='tanh')",
+            compute=lambda: proj(_gelu_erf(h)),
         ),
         Variant(
             "knob:activation",
             "the tanh GELU is missing its cubic term (0.044715 x**3)",
-            where,
-            "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))",
-            lambda: proj(_gelu_tanh(h, cubic=0.0)),
+            where=where,
+            fix="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))",
+            compute=lambda: proj(_gelu_tanh(h, cubic=0.0)),
         ),
         Variant(
-            "knob:activation", "ReLU is used instead of GELU", where, "use the tanh GELU", lambda: proj(torch.relu(h))
+            "knob:activation",
+            "ReLU is used instead of GELU",
+            where=where,
+            fix="use the tanh GELU",
+            compute=lambda: proj(torch.relu(h)),
         ),
-        Variant("knob:activation", "SiLU is used instead of GELU", where, "use the tanh GELU", lambda: proj(_silu(h))),
+        Variant(
+            "knob:activation",
+            "SiLU is used instead of GELU",
+            where=where,
+            fix="use the tanh GELU",
+            compute=lambda: proj(_silu(h)),
+        ),
         Variant(
             "knob:bias",
             "b_fc is not added",
-            "the first projection of gelu_mlp",
-            "add b_fc",
-            lambda: proj(_gelu_tanh(h - p.b_fc)),
+            where="the first projection of gelu_mlp",
+            fix="add b_fc",
+            compute=lambda: proj(_gelu_tanh(h - p.b_fc)),
         ),
         Variant(
             "knob:bias",
             "b_proj is not added",
-            "the output projection of gelu_mlp",
-            "add b_proj",
-            lambda: _gelu_tanh(h) @ p.w_proj.T,
+            where="the output projection of gelu_mlp",
+            fix="add b_proj",
+            compute=lambda: _gelu_tanh(h) @ p.w_proj.T,
         ),
     ]
     return (lambda: proj(_gelu_tanh(h))), out
@@ -419,65 +438,65 @@ def _rope_family(args, kwargs, style):
         Variant(
             "knob:rope_style",
             f"channels are paired in the {other} style instead of the declared {style} one",
-            "the channel pairing of the rotation (x[..., 0::2]/x[..., 1::2] vs x[..., :d/2]/x[..., d/2:])",
-            f"pair channels {style}: " + ("(2i, 2i+1)" if style == "interleaved" else "(i, i + d/2)"),
-            r(style=other),
+            where="the channel pairing of the rotation (x[..., 0::2]/x[..., 1::2] vs x[..., :d/2]/x[..., d/2:])",
+            fix=f"pair channels {style}: " + ("(2i, 2i+1)" if style == "interleaved" else "(i, i + d/2)"),
+            compute=r(style=other),
         ),
         Variant(
             "sign",
             "the rotation goes the wrong way (by -angle: the sin terms have the wrong sign)",
-            "the signs of the sin terms (rotate_half = cat(-x2, x1))",
-            "out = x cos + rotate(x) sin with rotate(a, b) = (-b, a)",
-            r(sign=-1.0),
+            where="the signs of the sin terms (rotate_half = cat(-x2, x1))",
+            fix="out = x cos + rotate(x) sin with rotate(a, b) = (-b, a)",
+            compute=r(sign=-1.0),
         ),
         Variant(
             "sign",
             "the first channel of each pair rotates with the wrong sign (rotate_half without the minus)",
-            "rotate_half / the sin term of the first channel of each pair",
-            "use (a cos - b sin, a sin + b cos)",
-            r(pair_sign=(-1.0, 1.0)),
+            where="rotate_half / the sin term of the first channel of each pair",
+            fix="use (a cos - b sin, a sin + b cos)",
+            compute=r(pair_sign=(-1.0, 1.0)),
         ),
         Variant(
             "sign",
             "the second channel of each pair rotates with the wrong sign",
-            "the sin term of the second channel of each pair",
-            "use (a cos - b sin, a sin + b cos)",
-            r(pair_sign=(1.0, -1.0)),
+            where="the sin term of the second channel of each pair",
+            fix="use (a cos - b sin, a sin + b cos)",
+            compute=r(pair_sign=(1.0, -1.0)),
         ),
         Variant(
             "knob:rope_base",
             "the exponent uses i instead of 2i: theta ** (-i / d_head)",
-            freq,
-            "use theta ** (-2i / d_head) for pair i",
-            r(exponent="i"),
+            where=freq,
+            fix="use theta ** (-2i / d_head) for pair i",
+            compute=r(exponent="i"),
         ),
         Variant(
             "knob:rope_base",
             "the exponent doubles 2i: theta ** (-4i / d_head) (arange(0, d, 2) times 2, or divided by d/2)",
-            freq,
-            "use theta ** (-2i / d_head) for pair i",
-            r(exponent="4i"),
+            where=freq,
+            fix="use theta ** (-2i / d_head) for pair i",
+            compute=r(exponent="4i"),
         ),
         Variant(
             "knob:position_offset",
             "positions are off by +1",
-            "the positions passed to the rotation",
-            "rotate by the given positions",
-            r(pos_shift=1),
+            where="the positions passed to the rotation",
+            fix="rotate by the given positions",
+            compute=r(pos_shift=1),
         ),
         Variant(
             "knob:position_offset",
             "positions are off by -1",
-            "the positions passed to the rotation",
-            "rotate by the given positions",
-            r(pos_shift=-1),
+            where="the positions passed to the rotation",
+            fix="rotate by the given positions",
+            compute=r(pos_shift=-1),
         ),
         Variant(
             "knob:position_offset",
             "the positions argument is ignored: positions restart at 0 (arange(T))",
-            "the positions used by the rotation",
-            "use the given positions",
-            r(restart=True),
+            where="the positions used by the rotation",
+            fix="use the given positions",
+            compute=r(restart=True),
         ),
     ]
     if x.dim() >= 3:
@@ -486,9 +505,9 @@ def _rope_family(args, kwargs, style):
             Variant(
                 "knob:rope_base",
                 f"the exponent divides by d_model ({dm}) instead of d_head ({x.shape[-1]})",
-                freq,
-                "use theta ** (-2i / d_head)",
-                r(denom=dm),
+                where=freq,
+                fix="use theta ** (-2i / d_head)",
+                compute=r(denom=dm),
             )
         )
     if not math.isclose(theta, 10000.0):
@@ -496,9 +515,9 @@ def _rope_family(args, kwargs, style):
             Variant(
                 "knob:rope_theta",
                 f"theta = 10000 is used instead of the given {theta:g} (the theta argument is ignored)",
-                "the theta used for the frequencies",
-                "use the theta argument",
-                r(theta=10000.0),
+                where="the theta used for the frequencies",
+                fix="use the theta argument",
+                compute=r(theta=10000.0),
             )
         )
     return r(), out
@@ -533,28 +552,44 @@ def _sinusoidal(args, kwargs, style):
         Variant(
             "knob:sinusoid_layout",
             "sin and cos are swapped (cos in the even channels)",
-            where,
-            "sin in even channels, cos in odd ones",
-            s(swap=True),
+            where=where,
+            fix="sin in even channels, cos in odd ones",
+            compute=s(swap=True),
         ),
         Variant(
             "knob:sinusoid_layout",
             "sin and cos are laid out in halves instead of alternating channels",
-            where,
-            "interleave: sin at 2i, cos at 2i+1",
-            s(halves=True),
+            where=where,
+            fix="interleave: sin at 2i, cos at 2i+1",
+            compute=s(halves=True),
         ),
         Variant(
             "knob:rope_base",
             "the exponent uses the channel index j instead of 2i (the cos channel 2i+1 gets its own frequency)",
-            where,
-            "both channels of pair i use 10000**(2i/d)",
-            s(exponent="j"),
+            where=where,
+            fix="both channels of pair i use 10000**(2i/d)",
+            compute=s(exponent="j"),
         ),
-        Variant("knob:rope_base", "the exponent uses i instead of 2i", where, "use 10000**(2i/d)", s(exponent="i")),
-        Variant("knob:rope_base", "the exponent uses 4i instead of 2i", where, "use 10000**(2i/d)", s(exponent="4i")),
         Variant(
-            "knob:position_offset", "positions start at 1 instead of 0", where, "rows are p = 0 .. n-1", s(pos_shift=1)
+            "knob:rope_base",
+            "the exponent uses i instead of 2i",
+            where=where,
+            fix="use 10000**(2i/d)",
+            compute=s(exponent="i"),
+        ),
+        Variant(
+            "knob:rope_base",
+            "the exponent uses 4i instead of 2i",
+            where=where,
+            fix="use 10000**(2i/d)",
+            compute=s(exponent="4i"),
+        ),
+        Variant(
+            "knob:position_offset",
+            "positions start at 1 instead of 0",
+            where=where,
+            fix="rows are p = 0 .. n-1",
+            compute=s(pos_shift=1),
         ),
     ]
     return s(), out
@@ -579,40 +614,44 @@ def _causal_mask(args, kwargs, style):
         Variant(
             "knob:mask_alignment",
             "the mask is aligned top-left (j <= i) instead of bottom-right",
-            where,
-            fix,
-            lambda: _causal(tq, tk, top_left=True),
+            where=where,
+            fix=fix,
+            compute=lambda: _causal(tq, tk, top_left=True),
         ),
         Variant(
             "knob:mask_alignment",
             "the diagonal is excluded (j < i + t_k - t_q)",
-            where,
-            fix,
-            lambda: _causal(tq, tk, shift=-1),
+            where=where,
+            fix=fix,
+            compute=lambda: _causal(tq, tk, shift=-1),
         ),
         Variant(
             "knob:mask_alignment",
             "the mask lets each query see one key too many (j <= i + t_k - t_q + 1)",
-            where,
-            fix,
-            lambda: _causal(tq, tk, shift=1),
+            where=where,
+            fix=fix,
+            compute=lambda: _causal(tq, tk, shift=1),
         ),
         Variant(
-            "knob:mask_polarity", "the mask is inverted (True marks masked keys)", where, fix, lambda: ~_causal(tq, tk)
+            "knob:mask_polarity",
+            "the mask is inverted (True marks masked keys)",
+            where=where,
+            fix=fix,
+            compute=lambda: ~_causal(tq, tk),
         ),
         Variant(
             "knob:mask_polarity",
             "the mask is inverted and aligned top-left (triu(1): True marks future keys)",
-            where,
-            fix,
-            lambda: ~_causal(tq, tk, top_left=True),
+            where=where,
+            fix=fix,
+            compute=lambda: ~_causal(tq, tk, top_left=True),
         ),
         Variant(
             "knob:mask_polarity",
             "the upper triangle including the diagonal is returned (triu instead of tril)",
-            where,
-            fix,
-            lambda: ~_causal(tq, tk, top_left=True, shift=-1),
+            where=where,
+            fix=fix,
+            compute=lambda: ~_causal(tq, tk, top_left=True, shift=-1),
         ),
     ]
     return (lambda: _causal(tq, tk)), out
@@ -630,9 +669,9 @@ def _repeat_kv(args, kwargs, style):
         Variant(
             "knob:gqa_mapping",
             "key/value heads are tiled (head h gets kv head h % n_kv) instead of interleaved (h // n_rep)",
-            "the head repetition in repeat_kv",
-            "use x.repeat_interleave(n_rep, dim=-3) (or expand on a new axis after the kv-head axis)",
-            lambda: _repeat(p.x, int(p.n_rep), tiled=True),
+            where="the head repetition in repeat_kv",
+            fix="use x.repeat_interleave(n_rep, dim=-3) (or expand on a new axis after the kv-head axis)",
+            compute=lambda: _repeat(p.x, int(p.n_rep), tiled=True),
         ),
     ]
     return (lambda: _repeat(p.x, int(p.n_rep))), out
@@ -663,37 +702,37 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
         Variant(
             "knob:scale_constant",
             "the scores are not scaled (1/sqrt(d_head) missing)",
-            scale_where,
-            fix_scale,
-            a(scale=1.0),
+            where=scale_where,
+            fix=fix_scale,
+            compute=a(scale=1.0),
         ),
         Variant(
             "knob:scale_constant",
             f"the scores are divided by d_head ({d}) instead of sqrt(d_head)",
-            scale_where,
-            fix_scale,
-            a(scale=1.0 / d),
+            where=scale_where,
+            fix=fix_scale,
+            compute=a(scale=1.0 / d),
         ),
         Variant(
             "knob:scale_constant",
             f"the scores are divided by sqrt(d_model) = sqrt({h * d}) instead of sqrt(d_head)",
-            scale_where,
-            fix_scale,
-            a(scale=1.0 / math.sqrt(h * d)),
+            where=scale_where,
+            fix=fix_scale,
+            compute=a(scale=1.0 / math.sqrt(h * d)),
         ),
         Variant(
             "knob:scale_constant",
             "the scores are multiplied by sqrt(d_head) instead of divided",
-            scale_where,
-            fix_scale,
-            a(scale=math.sqrt(d)),
+            where=scale_where,
+            fix=fix_scale,
+            compute=a(scale=math.sqrt(d)),
         ),
         Variant(
             "knob:reduction_dim",
             "the softmax runs over the queries (dim -2) instead of the keys",
-            "the dim of the attention softmax",
-            "softmax over the last axis (keys)",
-            a(dim=-2),
+            where="the dim of the attention softmax",
+            fix="softmax over the last axis (keys)",
+            compute=a(dim=-2),
         ),
     ]
     if k.shape[-3] not in (1, q.shape[-3]):
@@ -701,32 +740,38 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
             Variant(
                 "knob:gqa_mapping",
                 "query heads use the tiled key/value head (h % n_kv) instead of h // n_rep",
-                "the head repetition before the scores",
-                "repeat_interleave k and v over the head axis",
-                a(tiled=True),
+                where="the head repetition before the scores",
+                fix="repeat_interleave k and v over the head axis",
+                compute=a(tiled=True),
             )
         )
     if mask is not None:
         mwhere = "where the mask is applied to the scores (masked_fill(~mask, -inf))"
         mfix = "set scores to -inf where mask is False, before the softmax"
         out += [
-            Variant("knob:mask_missing", "the mask is not applied", mwhere, mfix, a(mask_mode="ignored")),
+            Variant(
+                "knob:mask_missing", "the mask is not applied", where=mwhere, fix=mfix, compute=a(mask_mode="ignored")
+            ),
             Variant(
                 "knob:mask_polarity",
                 "the mask is inverted (True taken as masked)",
-                mwhere,
-                mfix,
-                a(mask_mode="inverted"),
+                where=mwhere,
+                fix=mfix,
+                compute=a(mask_mode="inverted"),
             ),
             Variant(
                 "knob:mask_missing",
                 "the bool mask is added to the scores as 0/1 instead of masking with -inf",
-                mwhere,
-                mfix,
-                a(mask_mode="added"),
+                where=mwhere,
+                fix=mfix,
+                compute=a(mask_mode="added"),
             ),
             Variant(
-                "knob:mask_missing", "masked scores are set to 0 instead of -inf", mwhere, mfix, a(mask_mode="zero")
+                "knob:mask_missing",
+                "masked scores are set to 0 instead of -inf",
+                where=mwhere,
+                fix=mfix,
+                compute=a(mask_mode="zero"),
             ),
         ]
     return out
@@ -748,9 +793,9 @@ def _flash(args, kwargs, style):
             Variant(
                 "knob:mask_alignment",
                 "the causal mask is aligned top-left (j <= i) instead of bottom-right",
-                "the causal condition inside the blocks",
-                "allow j <= i + t_k - t_q",
-                lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, top_left=True)),
+                where="the causal condition inside the blocks",
+                fix="allow j <= i + t_k - t_q",
+                compute=lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, top_left=True)),
             )
         )
     if p.causal:
@@ -758,9 +803,9 @@ def _flash(args, kwargs, style):
             Variant(
                 "knob:mask_alignment",
                 "the diagonal is excluded from the causal mask",
-                "the causal condition inside the blocks",
-                "allow j <= i + t_k - t_q",
-                lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, shift=-1)),
+                where="the causal condition inside the blocks",
+                fix="allow j <= i + t_k - t_q",
+                compute=lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, shift=-1)),
             )
         )
     else:
@@ -768,9 +813,9 @@ def _flash(args, kwargs, style):
             Variant(
                 "knob:mask_missing",
                 "a causal mask is applied although causal=False",
-                "the causal flag",
-                "mask only when causal=True",
-                lambda: _attend(p.q, p.k, p.v, _causal(tq, tk)),
+                where="the causal flag",
+                fix="mask only when causal=True",
+                compute=lambda: _attend(p.q, p.k, p.v, _causal(tq, tk)),
             )
         )
     return (lambda: _attend(p.q, p.k, p.v, mask)), out
@@ -838,54 +883,58 @@ def _mha_family(args, kwargs, style):
         Variant(
             "knob:head_layout",
             "heads are merged with a plain reshape of [B, H, T, d_head] (no transpose back to [B, T, H, d_head])",
-            "the reshape that merges heads before wo",
-            "o.transpose(1, 2).reshape(B, T, H * d_head)",
-            m(merge_view=True),
+            where="the reshape that merges heads before wo",
+            fix="o.transpose(1, 2).reshape(B, T, H * d_head)",
+            compute=m(merge_view=True),
         ),
         Variant(
             "knob:head_layout",
             "heads are split with a plain view to [B, H, T, d_head] (no transpose from [B, T, H, d_head])",
-            "the view that splits q/k/v into heads",
-            "y.view(B, T, H, d_head).transpose(1, 2)",
-            m(split_view=True),
+            where="the view that splits q/k/v into heads",
+            fix="y.view(B, T, H, d_head).transpose(1, 2)",
+            compute=m(split_view=True),
         ),
         Variant(
-            "knob:scale_constant", "the scores are not scaled", scale_where, "divide by sqrt(d_head)", m(scale=1.0)
+            "knob:scale_constant",
+            "the scores are not scaled",
+            where=scale_where,
+            fix="divide by sqrt(d_head)",
+            compute=m(scale=1.0),
         ),
         Variant(
             "knob:scale_constant",
             f"the scores are divided by d_head ({dh})",
-            scale_where,
-            "divide by sqrt(d_head)",
-            m(scale=1.0 / dh),
+            where=scale_where,
+            fix="divide by sqrt(d_head)",
+            compute=m(scale=1.0 / dh),
         ),
         Variant(
             "knob:scale_constant",
             f"the scores are divided by sqrt(d_model) = sqrt({p.x.shape[-1]})",
-            scale_where,
-            "divide by sqrt(d_head)",
-            m(scale=1.0 / math.sqrt(p.x.shape[-1])),
+            where=scale_where,
+            fix="divide by sqrt(d_head)",
+            compute=m(scale=1.0 / math.sqrt(p.x.shape[-1])),
         ),
         Variant(
             "knob:mask_missing",
             "no causal mask is applied",
-            "the causal mask of self-attention",
-            "mask keys j > i",
-            m(mask=None),
+            where="the causal mask of self-attention",
+            fix="mask keys j > i",
+            compute=m(mask=None),
         ),
         Variant(
             "knob:mask_alignment",
             "the causal mask excludes the diagonal",
-            "the causal mask of self-attention",
-            "allow j <= i",
-            m(mask=_causal(t, t, shift=-1)),
+            where="the causal mask of self-attention",
+            fix="allow j <= i",
+            compute=m(mask=_causal(t, t, shift=-1)),
         ),
         Variant(
             "knob:reduction_dim",
             "the softmax runs over the queries",
-            "the dim of the attention softmax",
-            "softmax over keys",
-            m(dim=-2),
+            where="the dim of the attention softmax",
+            fix="softmax over keys",
+            compute=m(dim=-2),
         ),
     ]
     if hkv not in (1, h):
@@ -893,9 +942,9 @@ def _mha_family(args, kwargs, style):
             Variant(
                 "knob:gqa_mapping",
                 "query heads use the tiled key/value head (h % n_kv) instead of h // n_rep",
-                "the head repetition of k and v",
-                "repeat_interleave over the head axis",
-                m(tiled=True),
+                where="the head repetition of k and v",
+                fix="repeat_interleave over the head axis",
+                compute=m(tiled=True),
             )
         )
     if theta is not None:
@@ -904,23 +953,23 @@ def _mha_family(args, kwargs, style):
             Variant(
                 "knob:rope_style",
                 f"RoPE pairs channels in the {other} style instead of {style}",
-                "the RoPE pairing",
-                f"pair channels {style}",
-                m(style=other),
+                where="the RoPE pairing",
+                fix=f"pair channels {style}",
+                compute=m(style=other),
             ),
             Variant(
                 "knob:rope_target",
                 "RoPE is applied to the values too",
-                "where RoPE is applied",
-                "rotate queries and keys only",
-                m(rope_values=True),
+                where="where RoPE is applied",
+                fix="rotate queries and keys only",
+                compute=m(rope_values=True),
             ),
             Variant(
                 "knob:rope_target",
                 "RoPE is applied to the queries only",
-                "where RoPE is applied",
-                "rotate queries and keys",
-                m(rope_q_only=True),
+                where="where RoPE is applied",
+                fix="rotate queries and keys",
+                compute=m(rope_q_only=True),
             ),
         ]
         if p.positions is not None:
@@ -928,9 +977,9 @@ def _mha_family(args, kwargs, style):
                 Variant(
                     "knob:position_offset",
                     "the positions argument is ignored (arange(T) used)",
-                    "the positions passed to RoPE",
-                    "use the given positions",
-                    m(positions=None),
+                    where="the positions passed to RoPE",
+                    fix="use the given positions",
+                    compute=m(positions=None),
                 )
             )
         if not math.isclose(theta, 10000.0):
@@ -938,9 +987,9 @@ def _mha_family(args, kwargs, style):
                 Variant(
                     "knob:rope_theta",
                     f"theta = 10000 is used instead of {theta:g}",
-                    "the theta passed to RoPE",
-                    "pass theta through",
-                    m(theta=10000.0),
+                    where="the theta passed to RoPE",
+                    fix="pass theta through",
+                    compute=m(theta=10000.0),
                 )
             )
     return m(), out
@@ -992,30 +1041,30 @@ def _cross_entropy(args, kwargs, style):
         Variant(
             "knob:ignore_index",
             "ignored targets are counted in the mean (sum / all targets)",
-            where,
-            "divide by the number of non-ignored targets",
-            c(count_ignored=True),
+            where=where,
+            fix="divide by the number of non-ignored targets",
+            compute=c(count_ignored=True),
         ),
         Variant(
             "knob:loss_reduction",
             "the loss is summed instead of averaged",
-            where,
-            "average over the non-ignored targets",
-            c(reduction="sum"),
+            where=where,
+            fix="average over the non-ignored targets",
+            compute=c(reduction="sum"),
         ),
         Variant(
             "knob:loss_reduction",
             "the loss is the mean of per-row means instead of the mean over all targets",
-            where,
-            "sum the NLL over every non-ignored target, then divide by their number",
-            c(row_means=True),
+            where=where,
+            fix="sum the NLL over every non-ignored target, then divide by their number",
+            compute=c(row_means=True),
         ),
         Variant(
             "knob:reduction_dim",
             "the log-softmax runs over the wrong axis (dim 0)",
-            "the dim of the log-softmax",
-            "normalise over the vocabulary axis (dim=-1)",
-            c(dim=0),
+            where="the dim of the log-softmax",
+            fix="normalise over the vocabulary axis (dim=-1)",
+            compute=c(dim=0),
         ),
     ]
     for dtype, label in ((F64, "float64"), (torch.float32, "float32")):
@@ -1023,9 +1072,9 @@ def _cross_entropy(args, kwargs, style):
             Variant(
                 "knob:max_subtraction",
                 f"log-sum-exp is computed without subtracting the max ({label})",
-                "the log-softmax / log-sum-exp",
-                "use torch.logsumexp or subtract the row max first",
-                c(naive=dtype),
+                where="the log-softmax / log-sum-exp",
+                fix="use torch.logsumexp or subtract the row max first",
+                compute=c(naive=dtype),
             )
         )
         out.append(
@@ -1033,9 +1082,9 @@ def _cross_entropy(args, kwargs, style):
                 "knob:log_of_softmax",
                 f"the log-probabilities are log(softmax(logits)) ({label}): the max is subtracted, but a "
                 "probability that underflows to 0 gives log(0) = -inf",
-                "the log-softmax",
-                "use torch.log_softmax (x - max - log(sum(exp(x - max)))), never log of a softmax",
-                c(log_of=dtype),
+                where="the log-softmax",
+                fix="use torch.log_softmax (x - max - log(sum(exp(x - max)))), never log of a softmax",
+                compute=c(log_of=dtype),
             )
         )
     if ig != -100:
@@ -1043,9 +1092,9 @@ def _cross_entropy(args, kwargs, style):
             Variant(
                 "knob:ignore_index",
                 f"the ignore_index argument ({ig}) is not honoured (-100 is used)",
-                "the ignore_index used by cross_entropy",
-                "pass ignore_index through",
-                c(ignore_index=-100),
+                where="the ignore_index used by cross_entropy",
+                fix="pass ignore_index through",
+                compute=c(ignore_index=-100),
             )
         )
     return c(), out
@@ -1060,44 +1109,44 @@ def _lm_loss(args, kwargs, style):
         Variant(
             "knob:label_shift",
             "labels are not shifted (logits at t scored against ids at t)",
-            where,
-            fix,
-            lambda: _ce(lg, ids),
+            where=where,
+            fix=fix,
+            compute=lambda: _ce(lg, ids),
         ),
         Variant(
             "knob:label_shift",
             "labels are shifted twice (logits at t scored against ids at t+2)",
-            where,
-            fix,
-            lambda: _ce(lg[:, :-2], ids[:, 2:]),
+            where=where,
+            fix=fix,
+            compute=lambda: _ce(lg[:, :-2], ids[:, 2:]),
         ),
         Variant(
             "knob:label_shift",
             "the shift goes the wrong way (logits at t+1 scored against ids at t)",
-            where,
-            fix,
-            lambda: _ce(lg[:, 1:], ids[:, :-1]),
+            where=where,
+            fix=fix,
+            compute=lambda: _ce(lg[:, 1:], ids[:, :-1]),
         ),
         Variant(
             "knob:label_shift",
             "labels are rolled instead of sliced (the last position scored against the first id)",
-            where,
-            fix,
-            lambda: _ce(lg, torch.roll(ids, -1, 1)),
+            where=where,
+            fix=fix,
+            compute=lambda: _ce(lg, torch.roll(ids, -1, 1)),
         ),
         Variant(
             "knob:loss_reduction",
             "the loss is summed instead of averaged",
-            "the reduction in lm_loss",
-            "average over the predicted tokens",
-            lambda: _ce(lg[:, :-1], ids[:, 1:], reduction="sum"),
+            where="the reduction in lm_loss",
+            fix="average over the predicted tokens",
+            compute=lambda: _ce(lg[:, :-1], ids[:, 1:], reduction="sum"),
         ),
         Variant(
             "knob:loss_reduction",
             "the loss is the mean of per-sequence means",
-            "the reduction in lm_loss",
-            "average over all predicted tokens",
-            lambda: _ce(lg[:, :-1], ids[:, 1:], row_means=True),
+            where="the reduction in lm_loss",
+            fix="average over all predicted tokens",
+            compute=lambda: _ce(lg[:, :-1], ids[:, 1:], row_means=True),
         ),
     ]
     return (lambda: _ce(lg[:, :-1], ids[:, 1:])), out
@@ -1168,30 +1217,30 @@ def _sampling_probs(args, kwargs, style):
         Variant(
             "knob:temperature",
             "the logits are multiplied by the temperature instead of divided",
-            "the temperature step",
-            "divide the logits by temperature",
-            s(temp="multiply"),
+            where="the temperature step",
+            fix="divide the logits by temperature",
+            compute=s(temp="multiply"),
         ),
         Variant(
             "knob:temperature",
             "the temperature is applied twice (logits / temperature**2)",
-            "the temperature step",
-            "divide by temperature once",
-            s(temp="twice"),
+            where="the temperature step",
+            fix="divide by temperature once",
+            compute=s(temp="twice"),
         ),
         Variant(
             "knob:temperature",
             "the temperature is ignored",
-            "the temperature step",
-            "divide the logits by temperature",
-            s(temp="ignore"),
+            where="the temperature step",
+            fix="divide the logits by temperature",
+            compute=s(temp="ignore"),
         ),
         Variant(
             "knob:renormalisation",
             "the kept probabilities are not renormalised",
-            "the end of sampling_probs",
-            "divide by the kept mass",
-            s(renorm=False),
+            where="the end of sampling_probs",
+            fix="divide by the kept mass",
+            compute=s(renorm=False),
         ),
     ]
     if tp is not None:
@@ -1199,30 +1248,30 @@ def _sampling_probs(args, kwargs, style):
             Variant(
                 "knob:sampling_order",
                 "the nucleus is taken from the distribution before temperature",
-                order_where,
-                "apply top-p to softmax(logits / temperature)",
-                s(order="p_before_temperature"),
+                where=order_where,
+                fix="apply top-p to softmax(logits / temperature)",
+                compute=s(order="p_before_temperature"),
             ),
             Variant(
                 "knob:sampling_order",
                 "top-p is applied before top-k (on the unfiltered distribution)",
-                order_where,
-                "apply top-k first, then top-p on the top-k distribution",
-                s(order="p_before_k"),
+                where=order_where,
+                fix="apply top-k first, then top-p on the top-k distribution",
+                compute=s(order="p_before_k"),
             ),
             Variant(
                 "knob:top_p_boundary",
                 "the nucleus drops the token that crosses top_p (keeps cumsum <= top_p)",
-                "the top-p cut",
-                "keep tokens while the mass before them is < top_p",
-                s(crossing="drop"),
+                where="the top-p cut",
+                fix="keep tokens while the mass before them is < top_p",
+                compute=s(crossing="drop"),
             ),
             Variant(
                 "knob:top_p_boundary",
                 "the nucleus keeps one token more than the smallest set reaching top_p",
-                "the top-p cut",
-                "keep tokens while the mass before them is < top_p",
-                s(crossing="extra"),
+                where="the top-p cut",
+                fix="keep tokens while the mass before them is < top_p",
+                compute=s(crossing="extra"),
             ),
         ]
     if k is not None:
@@ -1230,16 +1279,16 @@ def _sampling_probs(args, kwargs, style):
             Variant(
                 "knob:top_k",
                 "top-k keeps k+1 tokens",
-                "the top-k cut",
-                "keep exactly the k largest logits",
-                s(k_delta=1),
+                where="the top-k cut",
+                fix="keep exactly the k largest logits",
+                compute=s(k_delta=1),
             ),
             Variant(
                 "knob:top_k",
                 "top-k keeps k-1 tokens",
-                "the top-k cut",
-                "keep exactly the k largest logits",
-                s(k_delta=-1),
+                where="the top-k cut",
+                fix="keep exactly the k largest logits",
+                compute=s(k_delta=-1),
             ),
         ]
     return s(), out

@@ -11,12 +11,10 @@ are ``wiring.py``'s, offered in the same search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..judging.spec import Variant
 from .knobs import variants
+from .variant import Variant
 from .wiring import WIRINGS, run_wired
 
 PARTS = ("rmsnorm", "layernorm", "rope", "scaled_dot_product_attention", "swiglu", "gelu_mlp")
@@ -61,19 +59,14 @@ def _family(name: str, compute, reference, args) -> list:
     return seen[0] if seen else []
 
 
-@dataclass(frozen=True)
-class ModelVariant(Variant):
-    knob: tuple = ("", 0)  # the component and the index of its knob in its family, or ("wiring", its name)
-
-
 # A full search runs the model about 50 times: once per test function (and implementation); the cases
 # of the same function then try only the knobs that fitted the first.
 _SEARCHED: dict[str, list[tuple[str, int]] | None] = {}
 
 
 def model_variants(compute, reference, args, *, memo: str | None = None) -> list:
-    """``checks.Variant``s: the reference computation with one component's knob turned, or with one wiring
-    choice of the model changed (``wiring.WIRINGS``).
+    """``Variant``s with their ``knob``: the reference computation with one component's knob turned, or
+    with one wiring choice of the model changed (``wiring.WIRINGS``).
 
     ``memo``: a key (test function and implementation); after the first search under a key, only the
     knobs that fitted then are offered again.
@@ -94,7 +87,7 @@ def model_variants(compute, reference, args, *, memo: str | None = None) -> list
                     return compute(ref, *a)
 
             summary = f"{v.summary} (in the model's {name.replace('_', ' ')})"
-            found.append(ModelVariant(v.code, summary, v.fix, run, (name, i)))
+            found.append(Variant(v.code, summary, v.fix, run, knob=(name, i)))
     for w in WIRINGS:  # how the parts are connected and the weights laid out (wiring.py)
         if memo in _SEARCHED and (known is None or ("wiring", w.name) not in known):
             continue
@@ -102,7 +95,7 @@ def model_variants(compute, reference, args, *, memo: str | None = None) -> list
         def run_wiring(ref, *a, w=w):
             return run_wired(compute, ref, a, w)
 
-        found.append(ModelVariant(w.code, w.summary, w.fix, run_wiring, ("wiring", w.name)))
+        found.append(Variant(w.code, w.summary, w.fix, run_wiring, knob=("wiring", w.name)))
     return found
 
 

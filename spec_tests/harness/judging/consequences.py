@@ -10,9 +10,9 @@ upstream names, and which names are the roots.
   composition at the check's tolerance, the failure is a consequence of those names; otherwise it is
   charged. The answers the bridges got are asked again, in reverse order, as plain calls: a function
   that answers differently when called this way explains nothing.
-- **Which failures can explain** (``failure_kind``): a precision (float64 exactness), validation
-  (error type) or convention (initialisation, memory accounting) failure cannot explain a check at
-  math tolerance; only math failures and crashes can.
+- **Which failures can explain** (``rootcause.failure_kind``): a precision (float64 exactness),
+  validation (error type) or convention (initialisation, memory accounting) failure cannot explain a
+  check at math tolerance; only math failures and crashes can.
 - **Dependency order** (``dependency_order``) and **settling** (``settle``: the one decision both
   pytest's summary and the grade read) live in ``settling.py`` (no torch: the grader imports it).
   A consequence holds only while each of its roots is charged with a real failure (failed or error;
@@ -33,11 +33,6 @@ from .settling import dependency_order
 # implementation as black boxes: deterministic functions of tensors (not sample's random draw).
 COMPOSABLE = frozenset(SUBSTITUTABLE - {"sample", "get_batch", "kv_cache_bytes"})
 
-# Failure kinds (``failure_kind``) that can explain a downstream check at math tolerance.
-EXPLAINING_KINDS = frozenset({"math", "error"})
-# Bug classes of tests that judge conventions, not the math a downstream check depends on.
-CONVENTION_CLASSES = frozenset({"precision", "validation", "init", "memory"})
-
 
 # ------------------------------------------------------------------------------------------------
 # dependency order
@@ -53,34 +48,6 @@ def upstream_closure(names) -> set[str]:
                 seen.add(callee)
                 todo.append(callee)
     return seen
-
-
-# ------------------------------------------------------------------------------------------------
-# which failures can explain a downstream check
-# ------------------------------------------------------------------------------------------------
-
-
-def failure_kind(exc: BaseException, bug_classes=()) -> str:
-    """``math`` | ``precision`` | ``validation`` | ``convention`` | ``error`` | ``not_implemented``."""
-    from ..subject.subject import ImplementationError, NotImplementedInImpl
-    from .spec import SpecFailure
-    from .tolerances import EXACT
-
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return failure_kind(exc.exceptions[0], bug_classes)
-    if isinstance(exc, NotImplementedInImpl):
-        return "not_implemented"
-    classes = set(bug_classes)
-    if classes and classes <= CONVENTION_CLASSES:
-        return "convention" if not classes <= {"precision"} else "precision"
-    if isinstance(exc, ImplementationError):
-        return "error"
-    if isinstance(exc, SpecFailure) and exc.result is not None:
-        if exc.result.kind == "raises":
-            return "validation"
-        if exc.result.kind == "precision" or exc.result.tolerance == EXACT.describe():
-            return "precision"
-    return "math"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,18 +31,49 @@ import pytest
 
 from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import consequences
-from .consequences import EXPLAINING_KINDS, upstream_closure
+from .consequences import upstream_closure
 from .results import CheckResult, TestVerdict
 from .settling import dependency_order
 from .spec import ConsequenceFailure, SpecFailure
 
 PASS_THROUGH = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
 
+# Failure kinds (``failure_kind``) that can explain a downstream check at math tolerance.
+EXPLAINING_KINDS = frozenset({"math", "error"})
+# Bug classes of tests that judge conventions, not the math a downstream check depends on.
+CONVENTION_CLASSES = frozenset({"precision", "validation", "init", "memory"})
+
+
+# ------------------------------------------------------------------------------------------------
+# which failures can explain a downstream check
+# ------------------------------------------------------------------------------------------------
+
+
+def failure_kind(exc: BaseException, bug_classes=()) -> str:
+    """``math`` | ``precision`` | ``validation`` | ``convention`` | ``error`` | ``not_implemented``."""
+    from .tolerances import EXACT
+
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return failure_kind(exc.exceptions[0], bug_classes)
+    if isinstance(exc, NotImplementedInImpl):
+        return "not_implemented"
+    classes = set(bug_classes)
+    if classes and classes <= CONVENTION_CLASSES:
+        return "convention" if not classes <= {"precision"} else "precision"
+    if isinstance(exc, ImplementationError):
+        return "error"
+    if isinstance(exc, SpecFailure) and exc.result is not None:
+        if exc.result.kind == "raises":
+            return "validation"
+        if exc.result.kind == "precision" or exc.result.tolerance == EXACT.describe():
+            return "precision"
+    return "math"
+
 
 @dataclass
 class FailureRegistry:
     """Protocol names whose own tests failed (charged) in this session, with those tests and the
-    kinds of their failures (``consequences.failure_kind``)."""
+    kinds of their failures (``failure_kind``)."""
 
     failing: dict[str, list[str]] = field(default_factory=dict)
     kinds: dict[str, set[str]] = field(default_factory=dict)
@@ -209,7 +240,7 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
     # an expected failure (the implementation's SPEC_XFAILS) is a declared divergence, not a failing
     # function: tests downstream of it are judged as usual, and a failure they show is declared too
     if status in ("failed", "not_implemented", "error") and not expected:
-        kind = consequences.failure_kind(exc, _bug_classes(item))
+        kind = failure_kind(exc, _bug_classes(item))
         charged = failing_subjects(exc, run.subjects)
         registry.mark(charged, run.test, kind)
         if status == "error":

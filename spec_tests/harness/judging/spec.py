@@ -14,7 +14,6 @@ Each records one ``CheckResult`` (``results.py``) and raises ``SpecFailure`` whe
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -25,43 +24,6 @@ from .compare import mismatch, shape_note
 from .results import CheckResult
 from .tolerances import Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
-
-
-@dataclass(frozen=True)
-class Variant:
-    """The specified computation with one knob changed: if it reproduces a failing output, the
-    failure says so (``code`` from diagnosis/codes.py). ``compute`` takes what the check's compute
-    takes (``spec.check``: a reference-like subject and the float64 inputs) or nothing
-    (``spec.close``)."""
-
-    code: str
-    summary: str
-    fix: str
-    compute: Callable
-
-
-def fitting_variants(variants, actual, tol: Tolerance, *args) -> list:
-    """The variants whose output matches ``actual``."""
-    found = []
-    for v in variants:
-        try:
-            out = v.compute(*args)
-        except Exception:  # noqa: BLE001 - a variant that cannot run cannot be the one
-            continue
-        if mismatch(actual, out, tol) is None:
-            found.append(v)
-    return found
-
-
-def variant_lines(found) -> tuple[list[str], list[str]]:
-    """Diagnosis lines and codes for the fitting variants."""
-    if len(found) > 1:
-        names = "; or ".join(v.summary for v in found)
-        return [f"likely cause (ambiguous, {len(found)} fit): {names}"], []
-    return [
-        f"likely cause: {v.summary}. Fix: {v.fix} (evidence: the output equals the specified one with this change)"
-        for v in found
-    ], [v.code for v in found]
 
 
 class SpecFailure(AssertionError):
@@ -213,8 +175,8 @@ class Spec:
         says so): a consequence of those names, which holds only while they fail tests of their own
         (``settling.settle``).
 
-        ``variants``: ``Variant``s whose ``compute(reference, *float64 args)`` is the specified
-        computation with one knob changed; one that reproduces the failing output is named.
+        ``variants``: ``Variant``s (``diagnosis/variant.py``) whose ``compute(reference, *float64 args)`` is
+        the specified computation with one knob changed; one that reproduces the failing output is named.
         ``model_knobs``: also try the reference model with one knob of one of its components turned
         (``diagnosis/model_knobs.py``), for computations that run a model.
         """
@@ -259,6 +221,7 @@ class Spec:
 
         def diagnose():
             from ..diagnosis import diagnose as run
+            from ..diagnosis.variant import fitting_variants, variant_lines
 
             tried = list(variants)
             memo = f"{self.impl.label}::{self.test_id.split('[')[0]}"
@@ -449,6 +412,7 @@ class Spec:
 
         def diagnose():
             from ..diagnosis import diagnose as run
+            from ..diagnosis.variant import fitting_variants, variant_lines
 
             lines, codes = variant_lines(fitting_variants(variants, actual, tol))
             more, more_codes = run(
