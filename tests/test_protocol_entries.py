@@ -126,21 +126,6 @@ def test_the_export_lists_are_the_protocol_names():
     assert all(callable(getattr(student, n)) for n in PROTOCOL_NAMES)
 
 
-# Keywords of the reference's functions that their signature rows in docs/protocol.md do not have but an
-# amendment gives them: (name, keyword) -> the amendment's number (its text must name both).
-AMENDED_KEYWORDS = {
-    ("sinusoidal_positions", "dtype"): 5,
-    ("rope", "scaling"): 20,
-    ("forward", "attention_mask"): 23,
-    ("generate", "attention_mask"): 23,
-    ("multihead_self_attention", "q_norm"): 24,
-    ("multihead_self_attention", "k_norm"): 24,
-    ("multihead_self_attention", "norm_eps"): 24,
-    ("scaled_dot_product_attention", "softcap"): 25,
-    ("multihead_self_attention", "softcap"): 25,
-    ("causal_mask", "window"): 27,
-    ("multihead_self_attention", "window"): 27,
-}
 # Keywords of the reference's functions that the protocol does not name and that a replaced function still
 # accepts in an oracle call (not ``reference_only``): (name, keyword) -> why. None today.
 ALLOWED_UNNAMED: dict[tuple[str, str], str] = {}
@@ -179,20 +164,20 @@ def test_the_protocol_rows_are_read():
 @pytest.mark.parametrize("name", PROTOCOL_NAMES)
 def test_every_reference_keyword_is_the_protocols_reference_only_or_allowed(name):
     """Each parameter of the reference's function is the protocol's (its signature row, or an amendment in
-    ``AMENDED_KEYWORDS`` whose text names it), ``reference_only`` in its entry (a replaced function refuses
+    the entry's ``amended_keywords`` whose text names it), ``reference_only`` in its entry (a replaced function refuses
     it in an oracle call), or deliberately allowed (``ALLOWED_UNNAMED``, with the reason): a keyword added
     to the reference that nobody lists fails here. The protocol's own parameters are never refused."""
     e = ENTRY[name]
     reference_params = list(inspect.signature(getattr(reference, name)).parameters)
     row = protocol_rows()[name]
-    amended = {kw: n for (fn, kw), n in AMENDED_KEYWORDS.items() if fn == name}
+    amended = e.amended_keywords
     allowed = {kw for fn, kw in ALLOWED_UNNAMED if fn == name}
     missing = [p for p in row if p not in reference_params]
     assert missing == [], f"{name}: the protocol's parameters {missing} are not the reference's"
     unlisted = [p for p in reference_params if p not in {*row, *amended, *e.reference_only, *allowed}]
     assert unlisted == [], (
         f"{name}: the reference's {unlisted} are not in the protocol's row: list each in the entry's reference_only "
-        "(spec_tests/protocol/entries.py), or as the protocol's in AMENDED_KEYWORDS (with the amendment that "
+        "(spec_tests/protocol/entries.py), or as the protocol's in its amended_keywords (with the amendment that "
         "names it in docs/protocol.md), or in ALLOWED_UNNAMED with the reason an oracle call may pass it"
     )
     refused_protocol = sorted(e.reference_only & {*row, *amended})
@@ -200,7 +185,7 @@ def test_every_reference_keyword_is_the_protocols_reference_only_or_allowed(name
     assert not allowed & ({*row, *amended} | e.reference_only), f"{name}: {allowed} is listed twice"
     for kw, number in amended.items():
         text = amendments().get(number, "")
-        assert kw in reference_params, f"{name}: AMENDED_KEYWORDS names {kw}=, which the reference does not have"
+        assert kw in reference_params, f"{name}: amended_keywords names {kw}=, which the reference does not have"
         assert name in text and f"{kw}=" in text, f"amendment {number} of docs/protocol.md names no {name}(..., {kw}=)"
     for kw in allowed:
         assert kw in reference_params, f"{name}: ALLOWED_UNNAMED names {kw}=, which the reference does not have"

@@ -26,7 +26,7 @@ Tables keyed by protocol names that stay where they are, and why:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Precision sample: (inputs helper bound to the device, sizes S, device) -> (args, kwargs) in float64.
 Sample = Callable[..., tuple[tuple, dict]]
@@ -50,8 +50,9 @@ class Entry:
     - ``reference_only``: the reference's keyword-only options that the protocol does not have: a replaced
       (substituted) function refuses a call that passes one. Every keyword of the reference's function is
       the protocol's (its row in ``docs/protocol.md`` or an amendment), reference-only, or deliberately
-      allowed: ``tests/test_protocol_entries.py`` (``AMENDED_KEYWORDS``, ``ALLOWED_UNNAMED``) fails on one
-      nobody lists.
+      allowed: ``tests/test_protocol_entries.py`` (``ALLOWED_UNNAMED``) fails on one nobody lists.
+    - ``amended_keywords``: keywords its signature row in ``docs/protocol.md`` lacks but an amendment gives it:
+      keyword -> the amendment's number (whose text names both; ``tests/test_protocol_entries.py`` checks).
     - ``style_keyword``: the reference's option that selects the RoPE pairing (amendment 6).
     - ``catalog_groups``: the bug-catalog tags of the checks that judge it, besides its own name.
     - ``knob_family``: the name of its knob-family function in ``harness/diagnosis/knobs.py``.
@@ -76,6 +77,7 @@ class Entry:
     any_leading_dims: bool = False
     nan_rows_unspecified: bool = False
     capability: str | None = None
+    amended_keywords: dict[str, int] = field(default_factory=dict)
 
     @property
     def may_call(self) -> tuple[str, ...] | None:
@@ -230,10 +232,25 @@ ENTRIES: tuple[Entry, ...] = (
         style_keyword="style",
         knob_family="_rope_family",
         any_leading_dims=True,
+        amended_keywords={"scaling": 20},
     ),
-    Entry("sinusoidal_positions", "positions", model_part=True, substitutable=True, knob_family="_sinusoidal"),
+    Entry(
+        "sinusoidal_positions",
+        "positions",
+        model_part=True,
+        substitutable=True,
+        knob_family="_sinusoidal",
+        amended_keywords={"dtype": 5},
+    ),
     # ------------------------------------------------------------------ attention
-    Entry("causal_mask", "attention", model_part=True, substitutable=True, knob_family="_causal_mask"),
+    Entry(
+        "causal_mask",
+        "attention",
+        model_part=True,
+        substitutable=True,
+        knob_family="_causal_mask",
+        amended_keywords={"window": 27},
+    ),
     Entry("repeat_kv", "attention", model_part=True, substitutable=True, knob_family="_repeat_kv"),
     Entry(
         "scaled_dot_product_attention",
@@ -247,6 +264,7 @@ ENTRIES: tuple[Entry, ...] = (
         knob_family="_sdpa",
         any_leading_dims=True,
         nan_rows_unspecified=True,
+        amended_keywords={"softcap": 25},
     ),
     Entry(
         "flash_attention",
@@ -283,6 +301,7 @@ ENTRIES: tuple[Entry, ...] = (
         style_keyword="rope_style",
         knob_family="_mha_family",
         nan_rows_unspecified=True,
+        amended_keywords={"q_norm": 24, "k_norm": 24, "norm_eps": 24, "softcap": 25, "window": 27},
     ),
     # ------------------------------------------------------------------ losses
     Entry(
@@ -354,6 +373,7 @@ ENTRIES: tuple[Entry, ...] = (
         tolerance="model",
         reference_only=frozenset({"positions"}),  # amendment 23
         catalog_groups=("model",),
+        amended_keywords={"attention_mask": 23},
     ),
     Entry(
         "new_cache",
@@ -370,6 +390,7 @@ ENTRIES: tuple[Entry, ...] = (
         calls=("forward", "new_cache", "sample", "sampling_probs"),
         calls_model_parts=True,
         catalog_groups=("generation",),
+        amended_keywords={"attention_mask": 23},
     ),
     Entry("count_parameters", "model", calls=(), catalog_groups=("model",)),
     Entry("kv_cache_bytes", "model", substitutable=True, catalog_groups=("model",)),
