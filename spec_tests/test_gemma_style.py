@@ -78,6 +78,34 @@ def test_logits_match_reference_with_norm_offset(spec):
     )
 
 
+@judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("norm_offset", "qk_norm")
+def test_norm_offset_leaves_the_qk_norm_gains_plain(spec):
+    """With norm_offset and qk_norm together, the model's RMSNorms take 1 + weight but the per-head q and k norms keep
+    their stored weights as gains: the reference's logits (protocol: amendment 26, "other norms (amendment 24's
+    q_norm, k_norm) keep plain gains")."""
+    config = option_config(spec.impl, "norm_offset", "qk_norm")
+    sd = models.random_state_dict(config, seed=263, device=spec.device)
+    ids = spec.inputs.token_ids(2, 11, vocab=config["vocab_size"], seed=264)
+    qk = [k for k in sd if k.endswith(("attn.q_norm.weight", "attn.k_norm.weight"))]
+    logits_check(
+        spec,
+        config,
+        sd,
+        ids,
+        "logits of a llama model with norm_offset and qk_norm for ids [2, 11]",
+        [
+            Variant(
+                "knob:norm_offset",
+                "the per-head q and k norms take 1 + weight too (norm_offset applied to qk_norm's gains)",
+                "with norm_offset only the model's RMSNorms (attn_norm, mlp_norm, final_norm, post_norms) take "
+                "1 + weight; q_norm and k_norm keep their weights as gains",
+                lambda ref, sd, ids: models.logits(ref, config, dict(sd, **{k: 1 + sd[k] for k in qk}), ids),
+            ),
+        ],
+    )
+
+
 @judges("build_model", uses=("canonical_state_dict", "forward"))
 @pytest.mark.bug_class("norm_offset")
 def test_zero_offsets_are_the_identity_gain(spec):

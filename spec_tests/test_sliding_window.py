@@ -268,8 +268,14 @@ def test_tokens_before_the_window_never_matter(spec, data):
 @pytest.mark.bug_class("sliding_window")
 @pytest.mark.parametrize(
     "chunks,pattern",
-    [([1] * CHUNKED_T, None), ([6, 1, 1, 9], None), ([3, 8, 6], None), ([3, 8, 6], PATTERN)],
-    ids=["token-by-token", "prefill+decode+chunk", "chunks-longer-than-the-window", "layer-types"],
+    [([1] * CHUNKED_T, None), ([6, 1, 1, 9], None), ([4, 3, 5, 5], None), ([3, 8, 6], None), ([3, 8, 6], PATTERN)],
+    ids=[
+        "token-by-token",
+        "prefill+decode+chunk",
+        "chunks-within-the-window",
+        "chunks-longer-than-the-window",
+        "layer-types",
+    ],
 )
 def test_cache_equals_no_cache_past_the_window(spec, chunks, pattern):
     """With a sliding window, logits fed chunk by chunk through the cache equal one uncached forward past the window:

@@ -47,6 +47,21 @@ BUGS = (
         fix=NORM_FIX,
     ),
     Bug(
+        "norm_offset_on_qk_norm",
+        "norm_offset",
+        MODEL,
+        "model.py",
+        old='            normed = {"q_norm": self.q_norm.weight, "k_norm": self.k_norm.weight, '
+        '"norm_eps": cfg.norm_eps}\n',
+        new="            gain = (lambda w: 1 + w) if cfg.norm_offset else (lambda w: w)\n"
+        '            normed = {"q_norm": gain(self.q_norm.weight), "k_norm": gain(self.k_norm.weight), '
+        '"norm_eps": cfg.norm_eps}\n',
+        explanation="with norm_offset the per-head q and k norms take 1 + weight too (as litgpt's add_unit_offset "
+        "does), though amendment 26 keeps their gains plain",
+        fix=NORM_FIX + "; q_norm and k_norm keep their weights as gains",
+        corner=True,
+    ),
+    Bug(
         "embed_scale_by_d_model",
         "embed_scale",
         MODEL,
