@@ -179,7 +179,7 @@ class Collector:
         self.progress.flush()
 
     def entry(self, tid: str, reports: list) -> dict:
-        from spec_tests.harness.judging.results import results_of, verdict_of
+        from spec_tests.harness.judging.results import Status, results_of, verdict_of
 
         verdict, checks, error = None, [], None
         for report in reports:
@@ -190,11 +190,11 @@ class Collector:
         if verdict is not None and error is None:
             status, root, message = verdict.status, list(verdict.root_cause), verdict.message
         elif error is not None:
-            status, root, message = "error", [], error
+            status, root, message = Status.ERROR, [], error
         elif any(r.skipped for r in reports):
-            status, root, message = "skipped", [], _summary_line(next(r for r in reports if r.skipped))
+            status, root, message = Status.SKIPPED, [], _summary_line(next(r for r in reports if r.skipped))
         else:
-            status, root, message = "error", [], "the test ended without a verdict"
+            status, root, message = Status.ERROR, [], "the test ended without a verdict"
         failed = [c for c in checks if c.failed]
         return {
             "id": tid,

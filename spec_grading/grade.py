@@ -14,23 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from spec_tests.harness.judging.results import EARNING, Status
 from spec_tests.harness.judging.settling import settle
 
 from .judge import JudgeResult, Verdict
 from .rubric import GradedTest, Rubric
 from .textsafe import MESSAGE_CAP, clean
 
-EARNING = ("passed", "consequence")
+# How a status reads in the reports.
 SHOWN_STATUS = {
-    "passed": "passed",
-    "consequence": "not charged (a consequence)",
-    "failed": "failed",
-    "not_implemented": "not implemented",
-    "setup": "failed (setup)",
-    "error": "failed (error)",
-    "skipped": "not provided",
-    "xfailed": "failed",
-    "not_run": "not run",
+    Status.PASSED: "passed",
+    Status.CONSEQUENCE: "not charged (a consequence)",
+    Status.FAILED: "failed",
+    Status.NOT_IMPLEMENTED: "not implemented",
+    Status.SETUP: "failed (setup)",
+    Status.ERROR: "failed (error)",
+    Status.SKIPPED: "not provided",
+    Status.XFAILED: "failed",
+    Status.NOT_RUN: "not run",
 }
 
 
@@ -49,7 +50,7 @@ class TestResult:
 
     @property
     def passed(self) -> bool:
-        return self.status == "passed"
+        return self.status == Status.PASSED
 
     @property
     def max_cents(self) -> int:
@@ -66,9 +67,9 @@ class TestResult:
     @property
     def text(self) -> str:
         """What a reader needs: empty for a pass, the reason otherwise."""
-        if self.status == "passed":
+        if self.status == Status.PASSED:
             return ""
-        if self.status == "consequence":
+        if self.status == Status.CONSEQUENCE:
             names = ", ".join(self.root_cause) or "an upstream function"
             cause = [line.strip() for line in self.message.splitlines() if line.strip().startswith("(it failed with")]
             return clean(
@@ -76,7 +77,7 @@ class TestResult:
                 f"code it passes), and {names}'s own tests are charged for it. Fix {names} first."
                 + "".join(f"\n{line}" for line in cause[:1])
             )
-        if self.status == "skipped":
+        if self.status == Status.SKIPPED:
             return clean(f"counts as not passed: {self.message or 'not provided'}")
         return clean(self.message or SHOWN_STATUS.get(self.status, self.status))
 
@@ -139,7 +140,7 @@ class Grade:
         """Root cause (names joined) -> the tests not charged because of it."""
         groups: dict[str, list[TestResult]] = {}
         for r in self.results:
-            if r.status == "consequence" and not (visible_only and self.concealed(r)):
+            if r.status == Status.CONSEQUENCE and not (visible_only and self.concealed(r)):
                 groups.setdefault(", ".join(r.root_cause) or "an upstream function", []).append(r)
         return groups
 
@@ -178,7 +179,7 @@ def check_text(check: dict) -> str:
 
 
 def message_of(verdict: Verdict) -> str:
-    if verdict.status == "failed" and verdict.failed_checks:
+    if verdict.status == Status.FAILED and verdict.failed_checks:
         return clean("\n".join(check_text(c) for c in verdict.failed_checks), MESSAGE_CAP)
     return clean(verdict.message, MESSAGE_CAP)
 
@@ -195,8 +196,10 @@ def build_grade(
 ) -> Grade:
     results = []
     for test in graded:
-        verdict = run.verdicts.get(test.id) or Verdict("not_run", "not run: the judge reported nothing for this test")
-        root = verdict.root_cause if verdict.status == "consequence" else []
+        verdict = run.verdicts.get(test.id) or Verdict(
+            Status.NOT_RUN, "not run: the judge reported nothing for this test"
+        )
+        root = verdict.root_cause if verdict.status == Status.CONSEQUENCE else []
         results.append(TestResult(test, verdict.status, message_of(verdict), root))
     charge_unsupported_consequences(results)
     sandboxed, note = sandbox  # the grader's own probe; the judge's report wins where there is one
@@ -227,11 +230,11 @@ def charge_unsupported_consequences(results: list[TestResult]) -> None:
                for r in results]  # fmt: skip
     settled = settle(records)
     for r in results:
-        if r.status != "consequence":
+        if r.status != Status.CONSEQUENCE:
             continue
         decision = settled[r.test.id]
-        if decision.status == "consequence":
+        if decision.status == Status.CONSEQUENCE:
             r.root_cause = list(decision.roots)
         else:
             r.message = clean(f"{decision.reason}.\n{r.message}", MESSAGE_CAP)
-            r.status, r.root_cause = "failed", []
+            r.status, r.root_cause = Status.FAILED, []

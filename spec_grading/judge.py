@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spec_tests.harness.judging.results import VERDICTS, Status
+
 from .collector import FINAL_NAME, FORMAT, PROGRESS_NAME
 from .packages import import_root, package_dir
 from .textsafe import clean
@@ -52,9 +54,6 @@ def judge_rlimit(device: str) -> int:
     return resource.RLIMIT_AS if str(device).split(":")[0] == "cpu" else resource.RLIMIT_DATA
 
 
-STATUSES = ("passed", "failed", "consequence", "not_implemented", "setup", "error", "skipped", "xfailed")
-
-
 @dataclass(frozen=True)
 class Limits:
     test_timeout_s: float = 60.0
@@ -64,7 +63,7 @@ class Limits:
 
 @dataclass
 class Verdict:
-    """One test's outcome as the judge saw it (``status`` one of ``STATUSES``, or ``not_run``)."""
+    """One test's outcome as the judge saw it (``status`` one of ``results.VERDICTS``, or ``not_run``)."""
 
     status: str
     message: str = ""
@@ -383,7 +382,7 @@ class JudgeRun:
                 reason = result.stopped or "the judge did not run this test"
             for tid in self.test_ids:
                 if tid not in verdicts:
-                    verdicts[tid] = Verdict("not_run", clean(f"not run: {reason}"))
+                    verdicts[tid] = Verdict(Status.NOT_RUN, clean(f"not run: {reason}"))
             for tid in [t for t in verdicts if t not in set(self.test_ids)]:
                 del verdicts[tid]  # nothing the grader did not ask for
         return result
@@ -417,7 +416,7 @@ def _text_or_none(value) -> str | None:
 
 
 def _verdict(entry) -> Verdict | None:
-    if not isinstance(entry, dict) or entry.get("status") not in STATUSES:
+    if not isinstance(entry, dict) or entry.get("status") not in VERDICTS:
         return None
     root = entry.get("root_cause")
     checks = entry.get("failed_checks")

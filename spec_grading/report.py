@@ -14,6 +14,8 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
+from spec_tests.harness.judging.results import Status
+
 from .grade import SHOWN_STATUS, Grade, TestResult
 from .textsafe import MESSAGE_CAP, clean, csv_cell, md_fence, md_inline, one_line
 
@@ -163,7 +165,7 @@ def gradescope(grade: Grade, *, leaderboard: list | None = None) -> dict:
             "number": r.test.number,
         }
         output = output_of(grade, r)
-        if output and not grade.concealed(r) and r.status not in ("not_run", "skipped", "consequence"):
+        if output and not grade.concealed(r) and r.status not in (Status.NOT_RUN, Status.SKIPPED, Status.CONSEQUENCE):
             output += "\n" + rerun_line(r)  # nothing to rerun one by one when nothing ran
         if output:
             entry["output"] = output
@@ -269,11 +271,11 @@ def markdown(grade: Grade, *, staff: bool = False) -> str:
         worth = sum(r.max_cents for r in hidden)
         out += ["", f"{len(hidden)} hidden tests worth {_pts(worth)} points count towards the score; not shown here."]
     shown = [r for r in grade.results if not r.earns and not conceal(r)]
-    out += _not_run_section([r for r in shown if r.status == "not_run"], grade)
+    out += _not_run_section([r for r in shown if r.status == Status.NOT_RUN], grade)
     missing = [r for r in shown if _missing_name(r) is not None]
     out += _not_implemented_section(missing)
-    out += _not_provided_section([r for r in shown if r.status == "skipped"])
-    failed = [r for r in shown if r.status not in ("not_run", "skipped") and r not in missing]
+    out += _not_provided_section([r for r in shown if r.status == Status.SKIPPED])
+    failed = [r for r in shown if r.status not in (Status.NOT_RUN, Status.SKIPPED) and r not in missing]
     out += _failed_section(failed, grade, staff)
     groups = {root: [r for r in rs if not conceal(r)] for root, rs in grade.consequences().items()}
     groups = {root: rs for root, rs in groups.items() if rs}
@@ -303,12 +305,12 @@ _NOT_IMPLEMENTED = re.compile(r"not implemented: ([A-Za-z_][A-Za-z0-9_]*)")
 def _missing_name(r: TestResult) -> str | None:
     """The function still raising ``NotImplementedError`` that stopped this test (its own, or one it
     needs: a ``setup`` failure), or ``None``."""
-    if r.status not in ("not_implemented", "setup"):
+    if r.status not in (Status.NOT_IMPLEMENTED, Status.SETUP):
         return None
     found = _NOT_IMPLEMENTED.match(r.message or "")
     if found:
         return found.group(1)
-    return _cause_of(r) if r.status == "not_implemented" else None
+    return _cause_of(r) if r.status == Status.NOT_IMPLEMENTED else None
 
 
 def _not_implemented_section(rs: list[TestResult]) -> list[str]:

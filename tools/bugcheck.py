@@ -89,7 +89,7 @@ class Recorder:
             self.collect_errors.append(f"{report.nodeid}: {(report.longreprtext or '')[:500]}")
 
     def pytest_runtest_logreport(self, report):
-        from spec_tests.harness.judging.results import results_of, verdict_of
+        from spec_tests.harness.judging.results import CRASHED_OR_MISSING, Status, results_of, verdict_of
 
         verdict = verdict_of(report)
         if verdict is None or (report.when != "call" and not report.skipped):
@@ -97,9 +97,9 @@ class Recorder:
         file = Path(report.nodeid.split("::")[0]).stem
         status = verdict.status
         if hasattr(report, "wasxfail"):
-            status = "xpassed" if report.failed else "xfailed"
-        elif status in ("error", "setup", "not_implemented"):
-            status = "failed"
+            status = Status.XPASSED if report.failed else Status.XFAILED
+        elif status in CRASHED_OR_MISSING:
+            status = Status.FAILED
         failing = [r for r in results_of(report) if r.failed]
         ratios = [r.ratio for r in failing]
         ratio = None if not ratios or any(r is None for r in ratios) else max(ratios)
@@ -180,8 +180,9 @@ class Verdict:
 
 def judge(bug, result: dict) -> Verdict:
     from spec_tests.bugs import related_files
+    from spec_tests.harness.judging.results import KILLING
 
-    failed = [t for t in result["tests"] if t["outcome"] in ("failed", "consequence", "xpassed")]
+    failed = [t for t in result["tests"] if t["outcome"] in KILLING]
     killed_by: dict[str, int] = {}
     for t in failed:
         killed_by[t["file"]] = killed_by.get(t["file"], 0) + 1
@@ -289,6 +290,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from spec_tests.bugs import CATALOG, apply_patch, get_bug, reference_sources
+    from spec_tests.harness.judging.results import Status
 
     names = [n.strip() for n in args.bugs.split(",") if n.strip()] or list(CATALOG)
     if args.list:
@@ -324,7 +326,7 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - start
 
     ref = results["reference"]
-    ref_failures = [t for t in ref["tests"] if t["outcome"] in ("failed", "xpassed")]
+    ref_failures = [t for t in ref["tests"] if t["outcome"] in (Status.FAILED, Status.XPASSED)]
     verdicts = [judge(b, results[f"bug:{b.name}"]) for b in bugs]
     print()
     print_matrix(verdicts)

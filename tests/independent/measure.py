@@ -36,7 +36,9 @@ for p in (str(ROOT), str(ROOT / "tools"), str(HERE)):
 
 import seeded  # noqa: E402
 
-CHARGED = ("failed",)  # bugcheck's statuses: failed (incl. not implemented, setup, error), consequence, ...
+from spec_tests.harness.judging.results import KILLING, Status  # noqa: E402
+
+CHARGED = (Status.FAILED,)  # bugcheck's statuses: failed (incl. not implemented, setup, error), consequence, ...
 
 
 @dataclass
@@ -52,7 +54,7 @@ class BugResult:
 
 
 def failing_tests(result: dict) -> dict[str, dict]:
-    return {t["nodeid"]: t for t in result["tests"] if t["outcome"] in ("failed", "consequence", "xpassed")}
+    return {t["nodeid"]: t for t in result["tests"] if t["outcome"] in KILLING}
 
 
 def named_code(codes: list[str]) -> tuple[str, bool] | None:

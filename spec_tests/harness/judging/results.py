@@ -9,13 +9,57 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 RESULTS_KEY = "spec_results"
 VERDICT_KEY = "spec_test"
 
-# Outcomes of a check. "error": the implementation raised; "setup": a name the test needed but does
-# not judge failed; "not_implemented": NotImplementedError.
-CHECK_OUTCOMES = ("passed", "failed", "error", "setup", "not_implemented")
+
+class Status(StrEnum):
+    """How a test ended (``TestVerdict.status``), the grade's and the kill matrix's words included.
+
+    A ``StrEnum``: each member is its string, so the wire, results.json and the reports read the same.
+    """
+
+    PASSED = "passed"
+    FAILED = "failed"  # a check failed: the implementation's own behaviour
+    CONSEQUENCE = "consequence"  # failed only because failing upstream names do (consequences.py)
+    NOT_IMPLEMENTED = "not_implemented"  # a judged name raised NotImplementedError
+    SETUP = "setup"  # a name the test needed but does not judge failed
+    ERROR = "error"  # the implementation raised (or, in grading, timed out or crashed)
+    SKIPPED = "skipped"  # not provided: the implementation lacks a name or a family the test needs
+    XFAILED = "xfailed"  # an expected failure (--spec-xfails) that failed
+    XPASSED = "xpassed"  # the kill matrix's (tools/bugcheck.py): an expected failure that passed
+    NOT_RUN = "not_run"  # grading only: the submission could not be loaded, or the judge was stopped
+
+
+# The statuses a judged test's verdict may have (what the judge accepts from its pytest run).
+VERDICTS = (
+    Status.PASSED,
+    Status.FAILED,
+    Status.CONSEQUENCE,
+    Status.NOT_IMPLEMENTED,
+    Status.SETUP,
+    Status.ERROR,
+    Status.SKIPPED,
+    Status.XFAILED,
+)
+# The statuses that earn a test's points: a consequence is charged to its roots, not to the test.
+EARNING = (Status.PASSED, Status.CONSEQUENCE)
+# The failures a root pays with (settling.settle): not only not implemented, not provided or setup.
+REAL_FAILURES = (Status.FAILED, Status.ERROR)
+# The statuses of a test that did not pass and was not skipped or expected to fail (--spec-write-xfails).
+FAILING = (Status.FAILED, Status.CONSEQUENCE, Status.NOT_IMPLEMENTED, Status.SETUP, Status.ERROR)
+# The failures charged to the test's own subjects as it ends (rootcause.judge_failure: FailureRegistry).
+CHARGED_TO_SUBJECTS = (Status.FAILED, Status.NOT_IMPLEMENTED, Status.ERROR)
+# A crash, in a judged name (error) or in one the test only uses (setup).
+CRASHES = (Status.ERROR, Status.SETUP)
+# Failures other than a wrong value or a consequence: the kill matrix counts them as failed.
+CRASHED_OR_MISSING = (Status.ERROR, Status.SETUP, Status.NOT_IMPLEMENTED)
+# The kill matrix's statuses (tools/bugcheck.py) of a test that kills a bug.
+KILLING = (Status.FAILED, Status.CONSEQUENCE, Status.XPASSED)
+# Outcomes of a check (``CheckResult.outcome``).
+CHECK_OUTCOMES = (Status.PASSED, Status.FAILED, Status.ERROR, Status.SETUP, Status.NOT_IMPLEMENTED)
 
 
 @dataclass
@@ -62,7 +106,7 @@ class CheckResult:
 class TestVerdict:
     """How a whole test ended, for grading and summaries.
 
-    ``status``: passed | failed | consequence | not_implemented | setup | skipped | xfailed | error.
+    ``status``: one of ``VERDICTS`` (``Status``).
     ``consequence``: the test's failure is explained by the implementation's own failing upstream
     names ``root_cause`` (``consequences.py``): it is charged to them, not to this test.
     ``maybe_roots``: without a reference (a handout), the failing upstream names this charged failure
@@ -80,7 +124,7 @@ class TestVerdict:
     maybe_roots: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "status": str(self.status)}  # a plain string (pytest writes repr() of it)
 
     @classmethod
     def from_json(cls, data: dict) -> TestVerdict:

@@ -32,7 +32,7 @@ import pytest
 from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import consequences
 from .consequences import upstream_closure
-from .results import CheckResult, TestVerdict
+from .results import CHARGED_TO_SUBJECTS, CRASHES, REAL_FAILURES, CheckResult, Status, TestVerdict
 from .settling import dependency_order
 from .spec import ConsequenceFailure, SpecFailure
 
@@ -156,12 +156,12 @@ def classify(exc: BaseException, subjects) -> tuple[str, str | None]:
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return classify(exc.exceptions[0], subjects)
     if isinstance(exc, NotImplementedInImpl):
-        return ("not_implemented" if exc.name in subjects else "setup"), exc.name
+        return (Status.NOT_IMPLEMENTED if exc.name in subjects else Status.SETUP), exc.name
     if isinstance(exc, ImplementationError):
-        return ("error" if exc.name in subjects else "setup"), exc.name
+        return (Status.ERROR if exc.name in subjects else Status.SETUP), exc.name
     if isinstance(exc, SpecFailure):
-        return "failed", None
-    return "error", None
+        return Status.FAILED, None
+    return Status.ERROR, None
 
 
 def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, registry: FailureRegistry, rerun):
@@ -176,16 +176,16 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
     # an expected failure (xfail) is no evidence about its subjects: never charged, never an explained failure
     expected = item is not None and item.get_closest_marker("xfail") is not None
     if isinstance(exc, ConsequenceFailure):  # the check itself showed it (composition, rebase, defer)
-        run.set_verdict("consequence", exc.root, first_line(exc))
+        run.set_verdict(Status.CONSEQUENCE, exc.root, first_line(exc))
         if not expected:
             registry.mark_explained(failing_subjects(exc, run.subjects), run.test)
         return exc
     status, name = classify(exc, run.subjects)
     used = set(run.subjects) | set(run.uses) | set(getattr(impl, "calls", ()))
-    if status == "setup" and _through_a_callee_that_passes(exc, name, run.subjects, registry):
-        status = "error"  # the subject's own behaviour, reached through a name it may call (forward with a cache)
+    if status == Status.SETUP and _through_a_callee_that_passes(exc, name, run.subjects, registry):
+        status = Status.ERROR  # the subject's own behaviour, reached through a name it may call (forward with a cache)
     # a crash (in a judged name, or in one the test uses: "setup") may be an upstream function's crash
-    crashed = registry.crash_consequences and status in ("error", "setup") and isinstance(exc, ImplementationError)
+    crashed = registry.crash_consequences and status in CRASHES and isinstance(exc, ImplementationError)
     if crashed:
         same = registry.same_crash(exc, (upstream_closure(used) | used) - set(run.subjects))
         if same:
@@ -194,7 +194,7 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 f"consequence of failing {names}: your code raises here what {names}'s own tests raise, at the same "
                 f"place in your code. Fix {names} first.\n  (it failed with: {first_line(exc)})"
             )
-            run.set_verdict("consequence", same, message)
+            run.set_verdict(Status.CONSEQUENCE, same, message)
             if not expected:
                 registry.mark_explained(run.subjects, run.test)
             result = CheckResult(
@@ -207,7 +207,7 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 found=message,
             )
             return ConsequenceFailure(result, same)
-    upstream = registry.upstream_failing(run.subjects, used) if status == "failed" or crashed else []
+    upstream = registry.upstream_failing(run.subjects, used) if status == Status.FAILED or crashed else []
     if upstream and reference is not None and not _compared(exc):
         roots = composed_rerun(exc, upstream, rerun)
         if roots:
@@ -217,7 +217,7 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 f"composed with your own {names} fails this test at the same check. Fix {names} first.\n"
                 f"  (it failed with: {first_line(exc)})"
             )
-            run.set_verdict("consequence", roots, message)
+            run.set_verdict(Status.CONSEQUENCE, roots, message)
             if not expected:
                 registry.mark_explained(run.subjects, run.test)
             result = CheckResult(
@@ -234,16 +234,16 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
         exc.run_diagnosis()
     message = f"not implemented: {exc}" if isinstance(exc, NotImplementedInImpl) else first_line(exc)
     maybe = registry.upstream_failing(run.subjects, used, composable=False) if reference is None else []
-    run.set_verdict(status, [name] if status == "setup" and name else [], message)
-    if maybe and status in ("failed", "error"):
+    run.set_verdict(status, [name] if status == Status.SETUP and name else [], message)
+    if maybe and status in REAL_FAILURES:
         run.verdict.maybe_roots = maybe  # offline: nothing can be verified; fix these first and rerun
     # an expected failure (the implementation's SPEC_XFAILS) is a declared divergence, not a failing
     # function: tests downstream of it are judged as usual, and a failure they show is declared too
-    if status in ("failed", "not_implemented", "error") and not expected:
+    if status in CHARGED_TO_SUBJECTS and not expected:
         kind = failure_kind(exc, _bug_classes(item))
         charged = failing_subjects(exc, run.subjects)
         registry.mark(charged, run.test, kind)
-        if status == "error":
+        if status == Status.ERROR:
             registry.record_crash(charged, exc)
     return exc
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...protocol import MAY_CALL, PROTOCOL_NAMES
+from .results import REAL_FAILURES, Status
 
 # ------------------------------------------------------------------------------------------------
 # dependency order
@@ -55,8 +56,6 @@ def dependency_order(names) -> list[str]:
 # settling: the one decision the summary and the grade read
 # ------------------------------------------------------------------------------------------------
 
-REAL_FAILURES = ("failed", "error")
-
 
 @dataclass
 class Settled:
@@ -75,7 +74,7 @@ def settle(verdicts) -> dict[str, Settled]:
     verdicts = list(verdicts)
     own = {n for v in verdicts if v.status in REAL_FAILURES for n in v.subjects}
     inherited: dict[str, set[str]] = {}
-    pending = [v for v in verdicts if v.status == "consequence"]
+    pending = [v for v in verdicts if v.status == Status.CONSEQUENCE]
     held: dict[str, list[str]] = {}
     progress = True
     while progress:
@@ -94,14 +93,14 @@ def settle(verdicts) -> dict[str, Settled]:
                 progress = True
     out = {}
     for v in verdicts:
-        if v.status != "consequence":
+        if v.status != Status.CONSEQUENCE:
             out[v.test] = Settled(v.status, [])
         elif v.test in held:
-            out[v.test] = Settled("consequence", held[v.test])
+            out[v.test] = Settled(Status.CONSEQUENCE, held[v.test])
         else:
             names = ", ".join(v.root_cause) or "an upstream function"
             out[v.test] = Settled(
-                "failed",
+                Status.FAILED,
                 [],
                 f"charged: this test failed and named {names} as the cause, but no graded test of {names} "
                 "fails on its own, so nothing else pays for it (a root that is only not implemented or not "

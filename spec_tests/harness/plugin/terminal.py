@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..judging.results import CRASHES, REAL_FAILURES, Status
 from ..judging.spec import SpecFailure
 from ..subject.subject import ImplementationError, NotImplementedInImpl
 
@@ -27,8 +28,9 @@ def short_report(exc: BaseException) -> str | None:
     return None
 
 
-# Report categories of their own, so that pytest's FAILURES section and short summary (which list
-# "failed") leave them to the grouped summary below; both still fail the run (exit status 1).
+# Report categories of their own (pytest's words for its stats, not statuses), so that pytest's FAILURES
+# section and short summary (which list "failed") leave them to the grouped summary below; both still fail
+# the run (exit status 1).
 NOT_IMPLEMENTED = "not implemented"
 CONSEQUENCE = "consequences"
 OWN_CATEGORIES = {NOT_IMPLEMENTED: ("N", "NOT IMPLEMENTED"), CONSEQUENCE: ("c", "CONSEQUENCE")}
@@ -37,11 +39,11 @@ OWN_CATEGORIES = {NOT_IMPLEMENTED: ("N", "NOT IMPLEMENTED"), CONSEQUENCE: ("c", 
 def category(verdict) -> str | None:
     if verdict is None:
         return None
-    if verdict.status == "not_implemented" or (
-        verdict.status == "setup" and verdict.message.startswith("not implemented")
+    if verdict.status == Status.NOT_IMPLEMENTED or (
+        verdict.status == Status.SETUP and verdict.message.startswith("not implemented")
     ):
         return NOT_IMPLEMENTED
-    if verdict.status == "consequence":
+    if verdict.status == Status.CONSEQUENCE:
         return CONSEQUENCE
     return None
 
@@ -80,14 +82,12 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
         row = counts.setdefault(v.component, {})
         status = settled[v.test].status
         key = (
-            "not_implemented"
-            if category(v) == NOT_IMPLEMENTED
-            else {"setup": "failed", "error": "failed"}.get(status, status)
+            Status.NOT_IMPLEMENTED if category(v) == NOT_IMPLEMENTED else Status.FAILED if status in CRASHES else status
         )
         row[key] = row.get(key, 0) + 1
     order = [c for c in COMPONENT_ORDER if c in counts] + sorted(set(counts) - set(COMPONENT_ORDER))
-    columns = {"passed": "passed", "failed": "failed", "not_implemented": "not impl.", "consequence": "consequences",
-               "skipped": "skipped", "xfailed": "xfailed"}  # fmt: skip
+    columns = {Status.PASSED: "passed", Status.FAILED: "failed", Status.NOT_IMPLEMENTED: "not impl.",
+               Status.CONSEQUENCE: "consequences", Status.SKIPPED: "skipped", Status.XFAILED: "xfailed"}  # fmt: skip
     shown = [k for k in columns if any(row.get(k) for row in counts.values())]
     lines = [f"{'component':<12}" + "".join(f"{columns[k]:>14}" for k in shown)]
     for c in order:
@@ -106,9 +106,9 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
     confident: set[str] = set()  # names with a failure no failing upstream name could explain
     consequences: dict[str, list[str]] = {}
     for v in verdicts:
-        if settled[v.test].status not in ("failed", "error") or category(v) == NOT_IMPLEMENTED:
+        if settled[v.test].status not in REAL_FAILURES or category(v) == NOT_IMPLEMENTED:
             continue
-        if v.status == "consequence" and v.root_cause and all(r in missing for r in v.root_cause):
+        if v.status == Status.CONSEQUENCE and v.root_cause and all(r in missing for r in v.root_cause):
             for root in v.root_cause:  # it earns nothing (settle), but it is the unwritten root that stops it
                 consequences.setdefault(root, []).append(v.test)
             continue

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..judging.results import verdict_of
-
-FAILING = ("failed", "consequence", "not_implemented", "setup", "error")
+from ..judging.results import FAILING, Status, verdict_of
 
 
 def toml_string(text: str) -> str:
@@ -26,9 +24,9 @@ def toml_string(text: str) -> str:
 def reason_of(verdict) -> str:
     """A first reason, from what the run said: to be replaced by what the code does instead."""
     first = (verdict.message or "").strip().splitlines()[0][:200] if (verdict.message or "").strip() else ""
-    if verdict.status == "not_implemented":
+    if verdict.status == Status.NOT_IMPLEMENTED:
         return first or "not implemented"
-    if verdict.status == "consequence" and verdict.root_cause:
+    if verdict.status == Status.CONSEQUENCE and verdict.root_cause:
         return f"fails as a consequence of {', '.join(verdict.root_cause)}"
     return f"fails: {first}" if first else f"fails ({verdict.status})"
 
