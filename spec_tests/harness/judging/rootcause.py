@@ -194,19 +194,8 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 f"consequence of failing {names}: your code raises here what {names}'s own tests raise, at the same "
                 f"place in your code. Fix {names} first.\n  (it failed with: {first_line(exc)})"
             )
-            run.set_verdict(Status.CONSEQUENCE, same, message)
-            if not expected:
-                registry.mark_explained(run.subjects, run.test)
-            result = CheckResult(
-                run.test,
-                run.subjects[0] if run.subjects else "",
-                run.component,
-                "the call runs on inputs the protocol allows",
-                outcome="failed",
-                kind="require",
-                found=message,
-            )
-            return ConsequenceFailure(result, same)
+            behaviour = "the call runs on inputs the protocol allows"
+            return _consequence(run, registry, same, message, behaviour, "require", explained=not expected)
     upstream = registry.upstream_failing(run.subjects, used) if status == Status.FAILED or crashed else []
     if upstream and reference is not None and not _compared(exc):
         roots = composed_rerun(exc, upstream, rerun)
@@ -217,19 +206,8 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
                 f"composed with your own {names} fails this test at the same check. Fix {names} first.\n"
                 f"  (it failed with: {first_line(exc)})"
             )
-            run.set_verdict(Status.CONSEQUENCE, roots, message)
-            if not expected:
-                registry.mark_explained(run.subjects, run.test)
-            result = CheckResult(
-                run.test,
-                run.subjects[0] if run.subjects else "",
-                run.component,
-                "failure traced to a failing upstream function",
-                outcome="failed",
-                kind="relation",
-                found=message,
-            )
-            return ConsequenceFailure(result, roots)
+            behaviour = "failure traced to a failing upstream function"
+            return _consequence(run, registry, roots, message, behaviour, "relation", explained=not expected)
     if isinstance(exc, SpecFailure):
         exc.run_diagnosis()
     message = f"not implemented: {exc}" if isinstance(exc, NotImplementedInImpl) else first_line(exc)
@@ -246,6 +224,16 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
         if status == Status.ERROR:
             registry.record_crash(charged, exc)
     return exc
+
+
+def _consequence(run: ItemRun, registry: FailureRegistry, roots, message, behaviour, kind, *, explained):
+    """The verdict and the exception of a failure the judge traced to ``roots`` (a shared crash, a composition)."""
+    run.set_verdict(Status.CONSEQUENCE, roots, message)
+    if explained:  # an expected failure (xfail) is no evidence about its subjects
+        registry.mark_explained(run.subjects, run.test)
+    subject = run.subjects[0] if run.subjects else ""
+    result = CheckResult(run.test, subject, run.component, behaviour, outcome="failed", kind=kind, found=message)
+    return ConsequenceFailure(result, roots)
 
 
 def _through_a_callee_that_passes(exc: BaseException, name, subjects, registry: FailureRegistry) -> bool:
