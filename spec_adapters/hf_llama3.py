@@ -43,18 +43,7 @@ from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this ada
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
 PROTOCOL_VERSION = 2
-CAPABILITIES = (
-    "gqa",
-    "tied_head",
-    "untied_head",
-    "linear_bias",
-    "dropout",
-    "free_d_ff",
-    "rope_theta",
-    "top_k",
-    "top_p",
-    "rope_scaling",
-)
+CAPABILITIES = (*hf_llama.V2_CAPABILITIES, "rope_scaling")
 
 SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_llama3.xfails.toml")
 

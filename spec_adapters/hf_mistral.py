@@ -51,18 +51,7 @@ from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this ada
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
 PROTOCOL_VERSION = 2
-CAPABILITIES = (
-    "gqa",
-    "tied_head",
-    "untied_head",
-    "linear_bias",
-    "dropout",
-    "free_d_ff",
-    "rope_theta",
-    "top_k",
-    "top_p",
-    "sliding_window",
-)
+CAPABILITIES = (*hf_llama.V2_CAPABILITIES, "sliding_window")
 
 SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_mistral.xfails.toml")
 

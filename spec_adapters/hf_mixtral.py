@@ -56,18 +56,7 @@ from spec_adapters.hf_names import llama_name_map
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
 PROTOCOL_VERSION = 2
-CAPABILITIES = (
-    "gqa",
-    "tied_head",
-    "untied_head",
-    "linear_bias",
-    "dropout",
-    "free_d_ff",
-    "rope_theta",
-    "top_k",
-    "top_p",
-    "moe",
-)
+CAPABILITIES = (*hf_llama.V2_CAPABILITIES, "moe")
 
 SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_mixtral.xfails.toml")
 

@@ -53,19 +53,7 @@ from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this ada
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
 PROTOCOL_VERSION = 2
-CAPABILITIES = (
-    "gqa",
-    "tied_head",
-    "untied_head",
-    "linear_bias",
-    "dropout",
-    "free_d_ff",
-    "rope_theta",
-    "top_k",
-    "top_p",
-    "qkv_bias",
-    "attention_mask",
-)
+CAPABILITIES = (*hf_llama.V2_CAPABILITIES, "qkv_bias", "attention_mask")
 
 FIXED_CONFIG = {"qkv_bias": True}  # amendment 26: every Qwen2 model has them
 SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_qwen2.xfails.toml")

@@ -51,18 +51,7 @@ from spec_adapters.hf_llama import (  # noqa: F401 - the protocol names this ada
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
 PROTOCOL_VERSION = 2
-CAPABILITIES = (
-    "gqa",
-    "tied_head",
-    "untied_head",
-    "linear_bias",
-    "dropout",
-    "free_d_ff",
-    "rope_theta",
-    "top_k",
-    "top_p",
-    "qk_norm",
-)
+CAPABILITIES = (*hf_llama.V2_CAPABILITIES, "qk_norm")
 
 FIXED_CONFIG = {"qk_norm": True}  # amendment 26: every Qwen3 model has them
 SPEC_XFAILS = hf_common.xfails("hf_llama.xfails.toml", "hf_qwen3.xfails.toml")
