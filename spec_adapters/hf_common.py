@@ -9,10 +9,8 @@ adapter lets it, and the divergence is listed, with its reason, in the adapter's
 
 from __future__ import annotations
 
-import tomllib
 import types
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -227,13 +225,3 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``ForCausalLMLoss`` (what ``*ForCausalLM(labels=ids)`` computes): labels shifted inside."""
     return ForCausalLMLoss(logits, ids, vocab_size=logits.shape[-1])
-
-
-def xfails(*files: str) -> dict[str, str]:
-    """``SPEC_XFAILS`` of an adapter that shares another's code: the ``[xfail]`` tables of ``files`` (in this
-    folder), later files overriding earlier ones."""
-    here = Path(__file__).resolve().parent
-    merged: dict[str, str] = {}
-    for name in files:
-        merged.update(tomllib.loads((here / name).read_text())["xfail"])
-    return merged

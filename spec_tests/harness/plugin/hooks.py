@@ -376,14 +376,17 @@ def _xfails(config, impl) -> dict[str, str]:
         return {}
     if isinstance(source, dict):
         return dict(source)
-    path = Path(source)
-    if not path.is_absolute() and getattr(impl.obj, "__file__", None) and not path.exists():
-        path = Path(impl.obj.__file__).parent / path
-    try:
-        table = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise pytest.UsageError(f"expected-failure file {path}: {exc}") from None
-    return dict(table.get("xfail", {}))
+    merged: dict[str, str] = {}
+    for one in [source] if isinstance(source, str | Path) else source:  # several files: later ones override
+        path = Path(one)
+        if not path.is_absolute() and getattr(impl.obj, "__file__", None) and not path.exists():
+            path = Path(impl.obj.__file__).parent / path
+        try:
+            table = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise pytest.UsageError(f"expected-failure file {path}: {exc}") from None
+        merged.update(table.get("xfail", {}))
+    return merged
 
 
 def test_id(item) -> str:
