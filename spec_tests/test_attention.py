@@ -154,6 +154,33 @@ def test_sdpa_gqa_mapping(spec, dtype, h_kv):
     )
 
 
+@judges("scaled_dot_product_attention")
+@pytest.mark.bug_class("gqa")
+def test_sdpa_mask_per_query_head_with_gqa(spec):
+    """With GQA a mask still has one slice per query head: [B, Hq, Tq, Tk] and [Hq, Tq, Tk] masks that differ
+    between the query heads sharing a kv head (protocol: scaled_dot_product_attention, mask broadcastable to
+    [..., Hq, Tq, Tk]; Conventions, GQA)."""
+    spec.impl.require_capability("gqa")
+    t_q = 6
+    q, k, v = qkv(spec, S.B, S.H, S.H_KV, t_q, S.T, S.D_HEAD, seed=57)
+    draw = spec.inputs.generator(58, device="cpu")
+    per_row = torch.rand(S.B, S.H, t_q, S.T, generator=draw) > 0.4  # every query head of every row its own keys
+    per_row[..., -1] = True  # every row keeps at least one key
+    masks = (("heads and rows [B,Hq,Tq,Tk]", per_row), ("heads [Hq,Tq,Tk]", per_row[0]))
+    for label, mask in masks:
+        spec.call(
+            "scaled_dot_product_attention",
+            q,
+            k,
+            v,
+            mask.to(spec.device),
+            kind="attention",
+            label=label,
+            axes="b h t d",
+            behaviour=f"GQA attention ({S.H} query heads over {S.H_KV} kv heads) with a mask shaped {label}",
+        )
+
+
 @judges("flash_attention")
 @pytest.mark.bug_class("flash")
 @pytest.mark.parametrize("block_size", [1, 4, 5, 64])

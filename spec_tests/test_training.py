@@ -20,11 +20,16 @@ pytestmark = pytest.mark.component("training")
 
 @judges("get_batch")
 @pytest.mark.bug_class("unshifted_labels", "get_batch")
-@pytest.mark.parametrize("as_numpy", [True, False], ids=["numpy", "tensor"])
-def test_get_batch_windows_and_shift(spec, as_numpy):
-    """get_batch returns windows x of the data and y = the same windows one token ahead (course notes: loss on
-    unshifted labels)."""
-    data = np.arange(100, 160) if as_numpy else torch.arange(100, 160)
+@pytest.mark.parametrize("kind", ["numpy", "numpy-uint16", "tensor"])
+def test_get_batch_windows_and_shift(spec, kind):
+    """get_batch returns windows x of the data and y = the same windows one token ahead, long whatever the data's
+    integer dtype: nanoGPT stores its tokens as numpy uint16 (course notes: loss on unshifted labels; protocol:
+    amendment 29)."""
+    data = {
+        "numpy": np.arange(100, 160),
+        "numpy-uint16": np.arange(100, 160, dtype=np.uint16),
+        "tensor": torch.arange(100, 160),
+    }[kind]
     x, y = spec.impl.get_batch(data, 5, 8, generator=spec.inputs.generator(0, device="cpu"), device=spec.device)
     spec.require(
         tuple(x.shape) == (5, 8) and tuple(y.shape) == (5, 8),
@@ -408,6 +413,33 @@ def test_train_is_deterministic_for_a_seed(spec, family):
         default == seed0,
         behaviour="train's default seed is 0 (protocol: train)",
         found=f"{default} without a seed vs {seed0} with seed=0",
+    )
+
+
+@judges("train", "evaluate", uses=("build_model", "forward"))
+@pytest.mark.bug_class("training", "evaluation")
+def test_train_and_evaluate_take_tokens_of_any_integer_dtype(spec, family):
+    """train and evaluate give the same results on numpy uint16 tokens (nanoGPT's format) as on the same tokens in a
+    long tensor (protocol: amendment 29)."""
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=69, dtype="float32", device=spec.device)
+    tokens = CORPUS % config["vocab_size"]
+    kinds = {"a long tensor": tokens, "numpy uint16": tokens.numpy().astype(np.uint16)}
+    found = {}
+    for label, data in kinds.items():
+        model = models.build(spec.impl, config, sd, training=True)
+        losses = spec.impl.train(model, data, steps=2, batch_size=2, context_length=8, seed=1)
+        found[label] = (losses, spec.impl.evaluate(model, data, 8, batch_size=4)["loss"])
+    (want_train, want_eval), (got_train, got_eval) = found.values()
+    spec.require(
+        got_train == want_train,
+        behaviour="train on numpy uint16 tokens gives the losses it gives on the same tokens as a long tensor",
+        found=f"{got_train} on uint16 vs {want_train} on long",
+    )
+    spec.require(
+        got_eval == want_eval,
+        behaviour="evaluate on numpy uint16 tokens gives the loss it gives on the same tokens as a long tensor",
+        found=f"{got_eval} on uint16 vs {want_eval} on long",
     )
 
 

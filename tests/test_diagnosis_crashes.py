@@ -105,3 +105,88 @@ def test_a_crash_in_the_suite_names_its_trigger(tmp_path):
     out = proc.stdout
     assert "rmsnorm raises for 2-D input and works for 3-D" in out, out[-3000:]
     assert "get_batch raises for a 1-D input of exactly 9 entries and works for 10 entries" in out, out[-3000:]
+
+
+def nll_of_batched_logits(logits, targets):
+    b, t, v = logits.shape  # the bug: amendment 3 allows logits [..., V] with targets [...]
+    return -logits.log_softmax(-1).gather(-1, targets[..., None]).mean()
+
+
+def test_rank_is_named_for_inputs_that_share_the_leading_dim():
+    """The targets get the leading dim the logits get: a rank probe that changed the logits alone would break the
+    call for another reason and wrongly conclude that the rank is not the trigger."""
+    logits, targets = randn(12, 7), torch.arange(12) % 7
+    lines, codes = probe("cross_entropy", nll_of_batched_logits, (logits, targets), {})
+    assert codes == ["crash"] and "cross_entropy raises for 2-D input and works for 3-D" in lines[0], lines
+    assert "any leading dims" in lines[0]
+
+
+def lookup_of_batched_ids(ids, weight):
+    b, t = ids.shape  # the bug: ids [...] of any rank
+    return weight[ids]
+
+
+def test_rank_of_an_integer_first_argument_is_named():
+    lines, _ = probe("embedding", lookup_of_batched_ids, (torch.arange(5), randn(9, 4)), {})
+    assert any("embedding raises for 1-D input and works for 2-D" in line for line in lines), lines
+
+
+def attention_needing_positions(x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None):
+    if theta is not None:
+        positions.shape  # the bug: positions default to arange(T)  # noqa: B018
+    return x
+
+
+def test_an_omitted_optional_argument_is_given_what_none_means():
+    """``positions`` is not passed at all: the protocol's meaning of None (``Entry.none_means``) is tried."""
+    x, w = randn(2, 5, 8), randn(8, 8)
+    lines, _ = probe("multihead_self_attention", attention_needing_positions, (x, w, w, w, w, 2, 2), {"theta": 1e4})
+    assert any("raises for positions=None and works for positions=arange(T)" in line for line in lines), lines
+
+
+def step_always_clipping(model, optimizer, x, y, max_grad_norm=None):
+    return float(min(max_grad_norm, 1.0))  # the bug: None means no clipping
+
+
+def test_max_grad_norm_none_is_named():
+    model = torch.nn.Linear(3, 3)
+    lines, _ = probe("train_step", step_always_clipping, (model, None, torch.zeros(2, 4), torch.zeros(2, 4)), {})
+    assert any("raises for max_grad_norm=None and works for max_grad_norm=inf" in line for line in lines), lines
+
+
+def forward_rejecting_a_full_context(ids, context_length=8):
+    if ids.shape[1] >= context_length:  # the bug: exactly context_length tokens are allowed
+        raise ValueError("too long")
+    return ids
+
+
+def test_a_length_limit_is_named_once_by_the_nearest_length_that_runs():
+    lines, _ = probe("forward", forward_rejecting_a_full_context, (torch.zeros(2, 8, dtype=torch.long),), {})
+    causes = [line for line in lines if line.startswith("likely cause")]
+    assert len(causes) == 1 and "a [B, T] id input of T=8 tokens and works for T=7" in causes[0], lines
+
+
+def rope_needing_one_row(x, positions):
+    if positions.ndim != 1:
+        raise RuntimeError("outer() needs 1-D")  # the bug: positions broadcastable to x.shape[:-1] are allowed
+    return x
+
+
+def test_fuller_positions_are_named():
+    x, positions = randn(3, 2, 6, 4), torch.arange(6).repeat(3, 1)[:, None, :]
+    lines, _ = probe("rope", rope_needing_one_row, (x, positions), {})
+    assert any("3-D positions [3, 1, 6] with a [3, 2, 6, 4] input and works for positions 1-D [6]" in line
+               for line in lines), lines  # fmt: skip
+
+
+def forward_of_a_float32_cache(model, ids):
+    if next(model.parameters()).dtype != torch.float32:
+        raise RuntimeError("expected scalar type Float but found Double")  # the bug: the cache is always float32
+    return ids
+
+
+def test_a_models_dtype_is_named_on_a_copy():
+    model = torch.nn.Linear(3, 3).double()
+    lines, _ = probe("forward", forward_of_a_float32_cache, (model, torch.zeros(1, 4, dtype=torch.long)), {})
+    assert any("raises for a float64 model and works for the same model in float32" in line for line in lines), lines
+    assert model.weight.dtype == torch.float64  # probed on a copy

@@ -71,6 +71,19 @@ BUGS = (
         fix="softmax over the last axis (keys): each query's weights sum to 1",
     ),
     Bug(
+        "gqa_mask_of_the_groups_first_head",
+        "gqa",
+        (SDPA,),
+        "attention.py",
+        old='    if mask is not None:\n        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))',
+        new="    if mask is not None:\n        if n_rep > 1 and mask.ndim >= 3 and mask.shape[-3] > 1:\n"
+        "            mask = repeat_kv(mask[..., ::n_rep, :, :], n_rep)\n"
+        '        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))',
+        explanation="with GQA a per-head mask is read once per kv group: every query head of a group gets the "
+        "mask of the group's first head",
+        fix="mask the scores of every query head with its own slice of a [..., Hq, Tq, Tk] mask",
+    ),
+    Bug(
         "mask_transposed",
         "mask_broadcast",
         (SDPA, MHA),

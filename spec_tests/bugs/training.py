@@ -18,6 +18,19 @@ BUGS = (
         fix="y = data[start + 1 : start + 1 + context_length]: targets are the inputs shifted one token ahead",
     ),
     Bug(
+        "token_data_keeps_its_dtype",
+        "get_batch",
+        TRAINING,
+        "training.py",
+        old="    return tokens.long()\n",
+        new="    return tokens\n",
+        explanation="token data is not converted to long: numpy uint16 tokens (nanoGPT's format) give uint16 "
+        "windows, which the embedding cannot index with",
+        fix="torch.as_tensor(data).long(): windows are int64 whatever the data's integer dtype",
+        corner=True,
+        code="crash",
+    ),
+    Bug(
         "get_batch_last_start_unreachable",
         "get_batch",
         TRAINING,

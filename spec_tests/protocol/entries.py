@@ -58,6 +58,9 @@ class Entry:
     - ``knob_family``: the name of its knob-family function in ``harness/diagnosis/knobs.py``.
     - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so).
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
+    - ``none_means``: its optional arguments whose ``None`` has an equivalent value the protocol states
+      (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``max_grad_norm=None`` no clipping): crash
+      diagnosis passes that value instead, to tell an unhandled ``None`` from other triggers.
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
@@ -76,6 +79,7 @@ class Entry:
     knob_family: str | None = None
     any_leading_dims: bool = False
     nan_rows_unspecified: bool = False
+    none_means: tuple[str, ...] = ()
     capability: str | None = None
     amended_keywords: dict[str, int] = field(default_factory=dict)
 
@@ -264,6 +268,7 @@ ENTRIES: tuple[Entry, ...] = (
         knob_family="_sdpa",
         any_leading_dims=True,
         nan_rows_unspecified=True,
+        none_means=("mask",),
         amended_keywords={"softcap": 25},
     ),
     Entry(
@@ -301,6 +306,7 @@ ENTRIES: tuple[Entry, ...] = (
         style_keyword="rope_style",
         knob_family="_mha_family",
         nan_rows_unspecified=True,
+        none_means=("positions",),
         amended_keywords={"q_norm": 24, "k_norm": 24, "norm_eps": 24, "softcap": 25, "window": 27},
     ),
     # ------------------------------------------------------------------ losses
@@ -316,6 +322,7 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         reference_only=_FUSED,
         knob_family="_cross_entropy",
+        any_leading_dims=True,  # amendment 3: logits [..., V] with targets [...]
     ),
     Entry(
         "lm_loss",
@@ -402,6 +409,7 @@ ENTRIES: tuple[Entry, ...] = (
         calls=("forward", "cross_entropy", "lm_loss"),
         calls_model_parts=True,
         catalog_groups=("train_step", "training"),
+        none_means=("max_grad_norm",),
     ),
     Entry(
         "train",
@@ -447,6 +455,7 @@ TOLERANCE_KIND = {e.name: e.tolerance for e in ENTRIES if e.tolerance}
 # the names test_float64_computed_in_float64 judges, in protocol order
 PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not None)
 ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
+NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not
 # define them)

@@ -3,12 +3,18 @@
 When a checked call raises (anything but ``NotImplementedError``), ``probe`` retries it on a few
 variants of its input, each one property changed and each as cheap as the original call:
 
-- rank: the leading dims merged (a 4-D input as 3-D) or one more leading dim added;
-- an optional argument left ``None`` given instead (``mask=None`` as an all-True mask,
-  ``positions=None`` as ``arange(T)``);
-- a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two;
-- the dtype: float64 inputs as float32 (and float32 as float64);
-- a broadcastable shape: 1-D positions ``[T]`` given in full, ``x.shape[:-1]``.
+- rank, for names whose protocol shapes are ``[..., d]`` (``ANY_LEADING``): the first tensor argument
+  with one more leading dim (alone, and with every tensor sharing its leading dim, as ``cross_entropy``'s
+  targets share its logits'), or with its two leading dims merged;
+- an optional argument left ``None``, passed or omitted, given the value ``None`` means instead
+  (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``max_grad_norm=None`` as
+  ``inf``: the protocol's own meanings, ``Entry.none_means``);
+- a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two, a ``[B, T]``
+  id input one token shorter and half as long (a context length crossed);
+- the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype;
+  integer data of a narrow dtype (numpy uint16, int32) as int64;
+- a broadcastable shape: 1-D positions ``[T]`` given in full, ``x.shape[:-1]``, and fuller positions
+  given as one row ``[T]``.
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
 the probes showed is said; when every variant raises too, the line says which ones were tried.
@@ -18,6 +24,7 @@ adapter's, the suite's, torch's or Python's).
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import sysconfig
@@ -27,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...protocol import ANY_LEADING
+from ...protocol import ANY_LEADING, NONE_MEANS
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
-MAX_TRIES = 6
+MAX_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -61,67 +68,112 @@ def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def _primary(args, kwargs) -> torch.Tensor | None:
+    """The call's first tensor argument: the input whose shape the protocol's row describes first."""
+    return next(_tensors(args, kwargs), None)
+
+
 def _rank_probes(name, args, kwargs) -> list[Probe]:
-    floats = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
-    if not floats:
+    """One more leading dim on the first tensor argument, alone and with every tensor that shares its leading
+    dim (``cross_entropy``'s targets beside its logits); a 3-D or deeper one with its two leading dims merged."""
+    x = _primary(args, kwargs)
+    if x is None or x.ndim == 0 or name not in ANY_LEADING:  # another rank is no input the protocol allows
         return []
-    n = max(t.ndim for t in floats)
-    lead = next(t for t in floats if t.ndim == n).shape[:2]
-    note = "; the protocol allows any leading dims" if name in ANY_LEADING else ""
+    n = x.ndim
+    note = "; the protocol allows any leading dims"
     probes = []
     if n >= 3:
+        lead = x.shape[:2]
 
         def merge(t):
-            return t.reshape(-1, *t.shape[2:]) if t.ndim == n and t.shape[:2] == lead else t
+            return t.reshape(-1, *t.shape[2:]) if t.ndim >= 2 and t.shape[:2] == lead else t
 
         probes.append(Probe(f"{n}-D input", f"{n - 1}-D (leading dims merged)", *_map(args, kwargs, merge), note))
-    if n >= 2:
 
-        def add(t):
-            return t.unsqueeze(0) if t.ndim == n and t.is_floating_point() else t
+    def add_to_first(t):
+        return t.unsqueeze(0) if t is x else t
 
-        probes.append(Probe(f"{n}-D input", f"{n + 1}-D (a leading dim added)", *_map(args, kwargs, add), note))
+    def add_to_all(t):
+        return t.unsqueeze(0) if t is x or (t.ndim >= 1 and t.shape[0] == x.shape[0] and t.ndim <= n) else t
+
+    together = [t for t in _tensors(args, kwargs) if t is not x and t.ndim >= 1 and t.shape[0] == x.shape[0]]
+    if together:
+        probes.append(
+            Probe(
+                f"{n}-D input",
+                f"{n + 1}-D (a leading dim added to it and to the inputs sharing its leading dim)",
+                *_map(args, kwargs, add_to_all),
+                note,
+            )  # fmt: skip
+        )
+    probes.append(Probe(f"{n}-D input", f"{n + 1}-D (a leading dim added)", *_map(args, kwargs, add_to_first), note))
     return probes
 
 
-def _none_probes(args, kwargs) -> list[Probe]:
+def _none_value(key: str, args, kwargs):
+    """What ``key=None`` means, as a value (``Entry.none_means``), shaped for this call; None when unknown."""
     floats = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
-    if not floats:
-        return []
-    probes = []
-    q = floats[0]
+    q = floats[0] if floats else None
     k = floats[1] if len(floats) > 1 else q
-    for key, value in kwargs.items():
-        if value is not None:
+    if key == "mask" and q is not None and q.ndim >= 2:
+        return "an all-True mask", torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+    if key == "positions" and q is not None and q.ndim >= 2:
+        return "positions=arange(T)", torch.arange(q.shape[-2], device=q.device)
+    if key == "max_grad_norm":
+        return "max_grad_norm=inf (no clipping)", float("inf")
+    return None
+
+
+def _none_probes(name, args, kwargs) -> list[Probe]:
+    """An optional argument left ``None`` (passed, or omitted where the protocol gives it a meaning) given the
+    value that ``None`` means instead."""
+    keys = [key for key, value in kwargs.items() if value is None]
+    keys += [key for key in NONE_MEANS.get(name, ()) if key not in kwargs]
+    probes = []
+    for key in keys:
+        found = _none_value(key, args, kwargs)
+        if found is None:
             continue
-        if key == "mask" and q.ndim >= 2:
-            given = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
-            probes.append(
-                Probe("mask=None", "an all-True mask", args, {**kwargs, key: given}, "; mask=None means none")
-            )
-        elif key == "positions" and q.ndim >= 2:
-            given = torch.arange(q.shape[-2], device=q.device)
-            probes.append(Probe("positions=None", "positions=arange(T)", args, {**kwargs, key: given}))
+        working, value = found
+        note = "; mask=None means none" if key == "mask" else ""
+        probes.append(Probe(f"{key}=None", working, args, {**kwargs, key: value}, note))
     return probes
 
 
 def _boundary_probes(args, kwargs) -> list[Probe]:
+    """A 1-D token stream one token longer; a [B, 1] id input with two tokens; a [B, T] one shorter, and half as
+    long (a size past a limit, such as the context length, is often further than one token)."""
     probes = []
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and not a.is_floating_point() and a.ndim == 1 and a.numel() > 0:
+        if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.dtype == torch.bool:
+            continue
+        if a.ndim == 1 and a.numel() > 0:
             longer = torch.cat([a, a[:1]])
             new = (*args[:i], longer, *args[i + 1 :])
             probes.append(Probe(f"a 1-D input of exactly {a.numel()} entries", f"{a.numel() + 1} entries", new, kwargs))
             break
-        if isinstance(a, torch.Tensor) and not a.is_floating_point() and a.ndim == 2 and a.shape[1] == 1:
+        if a.ndim == 2 and a.shape[1] == 1:
             new = (*args[:i], a.repeat(1, 2), *args[i + 1 :])
             probes.append(Probe("a sequence of length 1 (T=1)", "T=2", new, kwargs))
+            break
+        if a.ndim == 2 and a.shape[1] >= 2:
+            t = a.shape[1]
+            for shorter in dict.fromkeys((t - 1, t // 2)):
+                new = (*args[:i], a[:, :shorter].contiguous(), *args[i + 1 :])
+                probes.append(Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs))
             break
     return probes
 
 
+def _modules(args, kwargs):
+    yield from (a for a in (*args, *kwargs.values()) if isinstance(a, torch.nn.Module))
+
+
 def _dtype_probes(args, kwargs) -> list[Probe]:
+    """Float inputs in the other float dtype; a model among them (a local module) copied in that dtype too."""
     dtypes = {t.dtype for t in _tensors(args, kwargs) if t.is_floating_point()}
+    modules = list(_modules(args, kwargs))
+    dtypes |= {p.dtype for m in modules for p in m.parameters() if p.is_floating_point()}
     if len(dtypes) != 1:
         return []
     (dtype,) = dtypes
@@ -129,47 +181,83 @@ def _dtype_probes(args, kwargs) -> list[Probe]:
     if other is None:
         return []
     name = {torch.float64: "float64", torch.float32: "float32"}
+    try:  # the model is copied, never changed: a module that cannot be copied is not probed
+        copies = {id(m): copy.deepcopy(m).to(other) for m in modules}
+    except Exception:  # noqa: BLE001 - whatever its own copy raises
+        return []
 
-    def cast(t):
-        return t.to(other) if t.is_floating_point() else t
+    def cast(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(other) if v.is_floating_point() else v
+        return copies.get(id(v), v)
 
-    return [Probe(f"{name[dtype]} input", name[other], *_map(args, kwargs, cast))]
+    new_args = tuple(cast(a) for a in args)
+    new_kwargs = {k: cast(v) for k, v in kwargs.items()}
+    failing = f"a {name[dtype]} model" if modules else f"{name[dtype]} input"
+    working = f"the same model in {name[other]}" if modules else name[other]
+    return [Probe(failing, working, new_args, new_kwargs)]
+
+
+def _integer_dtype_probes(args, kwargs) -> list[Probe]:
+    """Integer data of a narrow dtype (numpy uint16, as nanoGPT stores tokens; int32) given as int64."""
+    narrow = [
+        v
+        for v in (*args, *kwargs.values())
+        if (isinstance(v, torch.Tensor) and not v.is_floating_point() and v.dtype not in (torch.int64, torch.bool))
+        or (
+            type(v).__module__ == "numpy"
+            and getattr(v, "dtype", None) is not None
+            and v.dtype.kind in "iu"
+            and v.dtype.itemsize < 8
+        )  # fmt: skip
+    ]
+    if not narrow:
+        return []
+    kinds = sorted({str(v.dtype).removeprefix("torch.") for v in narrow})
+
+    def widen(v):
+        if any(v is n for n in narrow):
+            return v.long() if isinstance(v, torch.Tensor) else v.astype("int64")
+        return v
+
+    new_args, new_kwargs = tuple(widen(a) for a in args), {k: widen(v) for k, v in kwargs.items()}
+    return [Probe(f"integer data of dtype {', '.join(kinds)}", "the same values as int64", new_args, new_kwargs)]
 
 
 def _broadcast_probes(args, kwargs) -> list[Probe]:
+    """Integer positions against a [..., T, d] input: 1-D ``[T]`` given in full (``x.shape[:-1]``), and positions
+    of a fuller shape given as one row ``[T]`` (both are the protocol's)."""
     floats = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
     if not floats or floats[0].ndim < 3:
         return []
     x = floats[0]
+    note = "; the protocol's positions broadcast against the leading dims"
     for key, value in [*enumerate(args), *kwargs.items()]:
-        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.ndim == 1:
-            if value.shape[0] != x.shape[-2]:
-                continue
-            full = value.expand(*x.shape[:-1]).contiguous()
-            if isinstance(key, int):
-                new_args, new_kwargs = (*args[:key], full, *args[key + 1 :]), kwargs
-            else:
-                new_args, new_kwargs = args, {**kwargs, key: full}
-            return [
-                Probe(
-                    f"1-D positions {_shape(value)} with a {_shape(x)} input",
-                    f"positions of the full shape {_shape(full)}",
-                    new_args,
-                    new_kwargs,
-                    "; the protocol's positions broadcast against the leading dims",
-                )
-            ]
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dtype == torch.bool:
+            continue
+        if value.ndim == 0 or value.shape[-1] != x.shape[-2]:
+            continue
+        if value.ndim == 1:
+            other, failing, working = value.expand(*x.shape[:-1]).contiguous(), "1-D", "of the full shape"
+        else:
+            other, failing, working = value.reshape(-1, value.shape[-1])[0].contiguous(), f"{value.ndim}-D", "1-D"
+        failing = f"{failing} positions {_shape(value)} with a {_shape(x)} input"
+        working = f"positions {working} {_shape(other)}"
+        if isinstance(key, int):
+            return [Probe(failing, working, (*args[:key], other, *args[key + 1 :]), kwargs, note)]
+        return [Probe(failing, working, args, {**kwargs, key: other}, note)]
     return []
 
 
 def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
     """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``)."""
     found = (
-        _none_probes(args, kwargs)
+        _none_probes(name, args, kwargs)
         + _broadcast_probes(args, kwargs)
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _dtype_probes(args, kwargs)
+        + _integer_dtype_probes(args, kwargs)
     )
     return found[:MAX_TRIES]
 
@@ -191,6 +279,8 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict) -> tuple[list[str
     """
     tried, working = [], []
     for p in probes_for(name, args, kwargs):
+        if any(w.failing == p.failing for w in working):  # the nearest variant that runs has said it
+            continue
         try:
             run(*_clone(p.args), **_clone(p.kwargs))
         except (KeyboardInterrupt, SystemExit):
