@@ -19,8 +19,9 @@ Tables keyed by protocol names that stay where they are, and why:
 - ``model_knobs.PARTS`` is the order in which diagnosis searches the model's components (the first knob
   that fits is reported), not a property of each name; ``consequences.COMPOSABLE`` and ``UNFUSE`` belong
   to the consequence logic, which issue 22 gives one home of its own.
-- ``tools/protocol_map.py``'s clauses and ``spec_adapters/cs336.py``'s name map are data of a tool
-  and of an adapter, outside the suite.
+- the protocol clauses with their edge cases (``docs/protocol-clauses.toml``, read by
+  ``tools/protocol_map.py``) and ``spec_adapters/cs336.py``'s name map are data of a tool and of an
+  adapter, outside the suite.
 """
 
 from __future__ import annotations
