@@ -1,9 +1,10 @@
 """Text that goes into a report: sanitised, capped, and written atomically.
 
-Everything a report shows passes through ``clean``: lone surrogates become U+FFFD (a string with
-one cannot be encoded as UTF-8, which once left a 0-byte ``results.json``), ANSI escapes and control
-characters other than newline and tab are removed, and the text is cut at a cap with a marker
-saying how much was cut. Text from the upload (file names included) also goes through one of the
+Everything a report shows passes through ``clean``: the suite's ``plain_text``
+(``spec_tests/harness/text.py``: lone surrogates become U+FFFD, since a string with one cannot be encoded as
+UTF-8, which once left a 0-byte ``results.json``; ANSI escapes and control characters other than newline and
+tab are removed; the text is cut at a cap with a marker saying how much was cut), with memory addresses
+masked. Text from the upload (file names included) also goes through one of the
 forms below, the only place where report text is made safe for its destination: ``one_line``
 (terminal lines, JUnit properties), ``md_inline`` (Markdown outside code blocks), ``md_fence``
 (Markdown code blocks nothing can close) and ``csv_cell`` (spreadsheet cells, formulas defused).
@@ -15,30 +16,21 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
+from spec_tests.harness.text import plain_text
+
 MESSAGE_CAP = 4000  # characters of one test's output
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff]")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 
 
 def clean(value, cap: int = MESSAGE_CAP) -> str:
-    """``value`` as safe, bounded text (never raises; an unprintable object is named by its type)."""
-    if not isinstance(value, str):
-        try:
-            value = str(value)
-        except Exception:  # noqa: BLE001 - a report must not depend on an object's __str__
-            return f"<unprintable {type(value).__name__}>"
-    text = str.__str__(value)
-    if not text.isascii() or not text.isprintable():
-        text = _CONTROL.sub("", _ANSI.sub("", _SURROGATES.sub("\ufffd", text.replace("\r\n", "\n"))))
-    text = _ADDRESS.sub("0x…", text)
-    if len(text) > cap:
-        text = f"{text[:cap]}... [{len(text) - cap} more characters cut]"
-    return text
+    """``value`` as safe, bounded text (``plain_text``: never raises), with memory addresses masked so
+    that two reports of one grading compare equal."""
+    return plain_text(_ADDRESS.sub("0x…", plain_text(value, sys.maxsize)), cap)
 
 
 def one_line(value, cap: int = 300) -> str:

@@ -319,7 +319,7 @@ def failing_subjects(exc: BaseException, subjects) -> tuple[str, ...]:
 
 
 def first_line(exc: BaseException) -> str:
-    from ..subject.subject import safe_text
+    from ..text import plain_text
 
-    text = safe_text(exc).strip().splitlines()
+    text = plain_text(exc, 2000).strip().splitlines()
     return text[0] if text else type(exc).__name__

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from spec_tests.harness.remote import cgroup as cgroup_mod
 from spec_tests.harness.remote import sandbox as sandbox_mod
 from spec_tests.harness.remote import wire
+from spec_tests.harness.text import plain_text
 
 # Each restart (after a timeout or crash) starts a fresh sandbox and imports the submission again.
 # After this many, the worker is not started again: a submission that crashes or stalls in every
@@ -103,10 +104,10 @@ class RemoteError(WorkerError):
         if where is not None and type(where) is not str:
             raise wire.WireError("an error report's where must be a string or null")
         return cls(
-            wire.sanitize_str(type_name, 200),
-            [wire.sanitize_str(m, 300) for m in mro],
-            wire.sanitize_str(message, 4000),
-            wire.sanitize_str(where, 500) if where is not None else None,
+            plain_text(type_name, 200),
+            [plain_text(m, 300) for m in mro],
+            plain_text(message, 4000),
+            plain_text(where, 500) if where is not None else None,
             not_impl,
         )
 
@@ -197,7 +198,7 @@ class CappedLog:
         with self.lock:
             middle = f"\n[... {self.dropped} bytes of output dropped ...]\n" if self.dropped else ""
             raw = bytes(self.head) + middle.encode() + b"".join(self.tail)
-        return wire.sanitize_str(raw.decode("utf-8", "replace"), 10 * self.half)
+        return plain_text(raw.decode("utf-8", "replace"), 10 * self.half)
 
     def tail_text(self, chars: int = 2000) -> str:
         return self.text()[-chars:]
@@ -247,7 +248,7 @@ def _error_report(exc: BaseException) -> dict:
     return {
         "type": kind.__name__,
         "mro": [wire.qualname(c) for c in kind.__mro__ if c is not object],
-        "message": wire.sanitize_str(message, 4000),
+        "message": plain_text(message, 4000),
         "where": None,
         "not_implemented": isinstance(exc, NotImplementedError),
     }
@@ -444,7 +445,7 @@ class Worker:
                     self.restart_import_s += self.import_s
         deadline = time.monotonic() + self.start_timeout
         if header.get("type") != "hello":
-            self._protocol_error(f"expected a hello, got {wire.sanitize_str(str(header.get('type')), 40)!r}")
+            self._protocol_error(f"expected a hello, got {plain_text(str(header.get('type')), 40)!r}")
         if "error" in header:
             try:
                 error = RemoteError.from_data(header["error"])
@@ -478,8 +479,8 @@ class Worker:
         except wire.WireError as exc:
             self._protocol_error(exc)
         return {
-            "label": wire.sanitize_str(label, 500),
-            "names": frozenset(wire.sanitize_str(n, 100) for n in names),
+            "label": plain_text(label, 500),
+            "names": frozenset(plain_text(n, 100) for n in names),
             "attributes": attributes,
             "pid": header["pid"],
         }
@@ -684,7 +685,7 @@ class Worker:
                 continue
             if (rid is None and kind in ("hello", "started")) or (kind == "reply" and header.get("id") == rid):
                 return header, blobs
-            self._protocol_error(f"unexpected message {wire.sanitize_str(str(kind), 40)!r} while waiting for {what}")
+            self._protocol_error(f"unexpected message {plain_text(str(kind), 40)!r} while waiting for {what}")
 
     def _answer_oracle(self, header: dict, blobs, oracle) -> None:
         if set(header) != {"type", "id", "name", "args", "kwargs"} or type(header["id"]) is not int:
@@ -762,9 +763,7 @@ class Worker:
 
     def _protocol_error(self, problem):
         self._stop()
-        raise WorkerProtocolError(
-            f"broke the protocol: {wire.sanitize_str(str(problem), 500)}", log_tail=self.log.tail_text()
-        )
+        raise WorkerProtocolError(f"broke the protocol: {plain_text(str(problem), 500)}", log_tail=self.log.tail_text())
 
 
 def _set_state(generator, state) -> None:
@@ -775,7 +774,7 @@ def _set_state(generator, state) -> None:
     try:
         generator.set_state(state)
     except (RuntimeError, ValueError, TypeError) as exc:
-        raise wire.WireError(f"invalid generator state: {wire.sanitize_str(str(exc), 200)}") from None
+        raise wire.WireError(f"invalid generator state: {plain_text(str(exc), 200)}") from None
 
 
 def _finalize(proc: subprocess.Popen, launch) -> None:

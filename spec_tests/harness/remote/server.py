@@ -48,6 +48,7 @@ import traceback
 
 from spec_tests.harness.remote import wire
 from spec_tests.harness.subject.loading import load_implementation
+from spec_tests.harness.text import plain_text
 from spec_tests.protocol import PROTOCOL_NAMES
 
 DEFAULT_OPS = "spec_tests.harness.subject.model_ops"
@@ -112,7 +113,7 @@ def _where(exc: BaseException, root: str | None) -> str | None:
             where = f"{os.path.relpath(os.path.realpath(exc.filename), os.path.dirname(root))}:{exc.lineno}"
     except Exception:  # noqa: BLE001 - a broken traceback must not take the worker down
         return None
-    return wire.sanitize_str(where, 500) if where else None
+    return plain_text(where, 500) if where else None
 
 
 def error_data(exc: BaseException, root: str | None, message: str | None = None) -> dict:
@@ -122,9 +123,9 @@ def error_data(exc: BaseException, root: str | None, message: str | None = None)
     if message is None:
         message = _safe_str(exc)  # __str__ may raise anything
     return {
-        "type": wire.sanitize_str(kind.__name__, 200),
+        "type": plain_text(kind.__name__, 200),
         "mro": mro,
-        "message": wire.sanitize_str(message, MESSAGE_CAP),
+        "message": plain_text(message, MESSAGE_CAP),
         "where": _where(exc, root),
         "not_implemented": issubclass(kind, NotImplementedError),
     }
@@ -200,7 +201,7 @@ class Server:
                 return
             kind, rid = header.get("type"), header.get("id")
             if type(rid) is not int:
-                raise wire.WireError(f"a request without an integer id: {wire.sanitize_str(str(header)[:200])}")
+                raise wire.WireError(f"a request without an integer id: {plain_text(str(header)[:200])}")
             if kind in ("call", "op"):
                 self.run(kind, rid, header, blobs)
             elif kind == "substitute":
@@ -224,7 +225,7 @@ class Server:
                 self.reply(rid, ok=None)
                 return
             else:
-                self.reply(rid, error=_plain_error("WireError", f"unknown request type {wire.sanitize_str(str(kind))}"))
+                self.reply(rid, error=_plain_error("WireError", f"unknown request type {plain_text(str(kind))}"))
 
     def run(self, kind: str, rid: int, header: dict, blobs) -> None:
         decoder = wire.Decoder(blobs, self.lookup)
@@ -256,10 +257,10 @@ class Server:
         if kind == "op":
             if name not in self.ops:
                 extra = f" ({self.ops_error})" if self.ops_error else ""
-                raise LookupError(f"no model operation {wire.sanitize_str(name, 100)!r}{extra}")
+                raise LookupError(f"no model operation {plain_text(name, 100)!r}{extra}")
             return self.ops[name]
         if name not in PROTOCOL_NAMES:
-            raise LookupError(f"{wire.sanitize_str(name, 100)!r} is not a protocol v1 name")
+            raise LookupError(f"{plain_text(name, 100)!r} is not a protocol v1 name")
         fn = getattr(self.impl, name, None)
         if fn is None:
             raise LookupError(f"the implementation does not provide {name}")
@@ -276,7 +277,7 @@ class Server:
         originals = {}
         for name in names:
             if name not in PROTOCOL_NAMES:
-                raise ValueError(f"{wire.sanitize_str(name, 100)!r} is not a protocol v1 name")
+                raise ValueError(f"{plain_text(name, 100)!r} is not a protocol v1 name")
             fn = getattr(self.impl, name, None)
             if fn is not None:
                 originals[name] = fn
@@ -332,7 +333,7 @@ class Server:
         try:
             answer, blobs = wire.recv(self.sock)
             if answer.get("type") != "oracle_result" or answer.get("id") != oid:
-                raise wire.WireError(f"expected the oracle_result {oid}, got {wire.sanitize_str(str(answer)[:200])}")
+                raise wire.WireError(f"expected the oracle_result {oid}, got {plain_text(str(answer)[:200])}")
             decoder = wire.Decoder(blobs, self.lookup)
             states = [decoder(s) for s in answer.get("generators", [])]
             value = decoder(answer["ok"]) if "ok" in answer else None

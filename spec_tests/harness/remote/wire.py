@@ -40,6 +40,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from spec_tests.harness.text import plain_text
+
 MAGIC = b"TSW1"
 _PREFIX = struct.Struct("!4sII")
 
@@ -101,8 +103,6 @@ _NDARRAY_KINDS = "biufc"
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|meta)(:[0-9]{1,4})?$")
 _DTYPE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _NP_DTYPE = re.compile(r"^[<>|=][biufc][0-9]{1,2}$")
-_SURROGATES = re.compile("[\ud800-\udfff]")
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _TAGS = {
     "$tuple": frozenset(),
     "$dict": frozenset(),
@@ -120,23 +120,12 @@ _MARKER_ROOM = 64
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def sanitize_str(text: str, cap: int = DEFAULT_LIMITS.max_str) -> str:
-    """``text`` as a plain ``str`` without lone surrogates (replaced by U+FFFD) or control characters
-    other than newline and tab, at most ``cap`` characters plus a marker saying how many were cut."""
-    text = str.__str__(text)
-    if not text.isascii() or not text.isprintable():
-        text = _CONTROL.sub("", _SURROGATES.sub("\ufffd", text))
-    if len(text) > cap:
-        text = f"{text[:cap]}... [{len(text) - cap} more characters cut]"
-    return text
-
-
 def qualname(obj_type: type) -> str:
     try:
         name = f"{type.__getattribute__(obj_type, '__module__')}.{type.__getattribute__(obj_type, '__qualname__')}"
     except Exception:  # noqa: BLE001 - a metaclass may do anything
         name = "<unknown type>"
-    return sanitize_str(name if isinstance(name, str) else "<unknown type>", 300)
+    return plain_text(name if isinstance(name, str) else "<unknown type>", 300)
 
 
 def _torch():
@@ -198,7 +187,7 @@ class Encoder:
         if kind is float:
             return _float(value)
         if kind is str:
-            return sanitize_str(value, self.limits.max_str)
+            return plain_text(value, self.limits.max_str)
         if kind is list:
             return [self._encode(item, depth + 1) for item in list.__iter__(value)]
         if kind is tuple:
@@ -232,7 +221,7 @@ class Encoder:
         if issubclass(kind, float):
             return _float(float.__float__(value))
         if issubclass(kind, str):
-            return sanitize_str(str.__str__(value), self.limits.max_str)
+            return plain_text(str.__str__(value), self.limits.max_str)
         if issubclass(kind, (bytes, bytearray, memoryview)):
             data = memoryview(value).tobytes()
             if len(data) > self.limits.max_bytes:
@@ -261,7 +250,7 @@ class Encoder:
             else:
                 return self._object(value)
             if type(key) is str:
-                key = sanitize_str(key, self.limits.max_str)
+                key = plain_text(key, self.limits.max_str)
             items.append([key, self._encode(item, depth + 1)])
         return {"$dict": items}
 
@@ -278,8 +267,8 @@ class Encoder:
             raise WireError(f"on_object returned {handle!r}, not a handle")
         return {
             "$handle": handle["$handle"],
-            "kind": sanitize_str(str(handle["kind"]), 100),
-            "type": sanitize_str(str(handle["type"]), 300),
+            "kind": plain_text(str(handle["kind"]), 100),
+            "type": plain_text(str(handle["type"]), 300),
         }
 
     def _tensor(self, value, torch):
@@ -416,7 +405,7 @@ class Decoder:
                 raise WireError("a non-finite float outside a $float tag")
             return obj
         if kind is str:  # sanitised again: the sender is not trusted (room for the sender's cut marker)
-            return sanitize_str(obj, self.limits.max_str + _MARKER_ROOM)
+            return plain_text(obj, self.limits.max_str + _MARKER_ROOM)
         if kind is list:
             return [self._decode(item, depth + 1) for item in obj]
         if kind is not dict:
@@ -426,7 +415,7 @@ class Decoder:
             raise WireError(f"an encoded object must have exactly one '$' tag, got keys {sorted(obj)[:8]}")
         tag = tags[0]
         if tag not in _TAGS:
-            raise WireError(f"unknown tag {sanitize_str(tag, 40)!r}")
+            raise WireError(f"unknown tag {plain_text(tag, 40)!r}")
         fields = set(obj) - {tag}
         if fields != _TAGS[tag]:
             raise WireError(f"{tag} has fields {sorted(fields)}, expected {sorted(_TAGS[tag])}")
@@ -439,7 +428,7 @@ class Decoder:
             return self._dict(body, depth)
         if tag == "$float":
             if body not in _NONFINITE:
-                raise WireError(f"$float must be 'nan', 'inf' or '-inf', got {sanitize_str(str(body), 40)!r}")
+                raise WireError(f"$float must be 'nan', 'inf' or '-inf', got {plain_text(str(body), 40)!r}")
             return _NONFINITE[body]
         if tag == "$bytes":
             data = self._take(body)
@@ -471,11 +460,11 @@ class Decoder:
                 raise WireError("$dict items must be [key, value] pairs")
             key, value = pair
             if type(key) is str:
-                key = sanitize_str(key, self.limits.max_str + _MARKER_ROOM)
+                key = plain_text(key, self.limits.max_str + _MARKER_ROOM)
             elif type(key) not in (int, bool):
                 raise WireError(f"a dict key must be str or int, got {type(key).__name__}")
             if key in out:
-                raise WireError(f"duplicate dict key {sanitize_str(repr(key), 80)}")
+                raise WireError(f"duplicate dict key {plain_text(repr(key), 80)}")
             out[key] = self._decode(value, depth + 1)
         return out
 
@@ -484,14 +473,14 @@ class Decoder:
             raise WireError(f"a shape must be a list of at most {self.limits.max_dims} sizes")
         for size in shape:
             if type(size) is not int or not 0 <= size < 2**48:
-                raise WireError(f"invalid size {sanitize_str(repr(size), 40)} in shape")
+                raise WireError(f"invalid size {plain_text(repr(size), 40)} in shape")
         return shape
 
     def _tensor(self, obj):
         torch = _import_torch()
         name = obj["dtype"]
         if name not in TENSOR_DTYPES:
-            raise WireError(f"tensor dtype {sanitize_str(str(name), 40)!r} is not one the wire carries")
+            raise WireError(f"tensor dtype {plain_text(str(name), 40)!r} is not one the wire carries")
         shape = self._shape(obj["shape"])
         stated = _device(obj["device"])
         if type(obj["grad"]) is not bool:
@@ -515,7 +504,7 @@ class Decoder:
         np = _import_numpy()
         name = obj["dtype"]
         if type(name) is not str or not _NP_DTYPE.match(name):
-            raise WireError(f"ndarray dtype {sanitize_str(str(name), 40)!r} is not a numeric dtype")
+            raise WireError(f"ndarray dtype {plain_text(str(name), 40)!r} is not a numeric dtype")
         try:
             dtype = np.dtype(name)
         except TypeError as exc:
@@ -542,7 +531,7 @@ class Decoder:
         try:
             generator.set_state(state.clone())
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise WireError(f"invalid generator state for {device}: {sanitize_str(str(exc), 200)}") from None
+            raise WireError(f"invalid generator state for {device}: {plain_text(str(exc), 200)}") from None
         self.generators.append(generator)
         return generator
 
@@ -552,7 +541,7 @@ class Decoder:
             raise WireError("a handle needs an integer id and string kind and type")
         if self.on_handle is None:
             raise WireError("a handle where only plain data is allowed")
-        return self.on_handle(handle_id, sanitize_str(kind, 100), sanitize_str(type_name, 300))
+        return self.on_handle(handle_id, plain_text(kind, 100), plain_text(type_name, 300))
 
 
 def _import_torch():
@@ -570,7 +559,7 @@ def _import_numpy():
 def _dtype(name):
     torch = _import_torch()
     if type(name) is not str or not _DTYPE_NAME.match(name):
-        raise WireError(f"invalid dtype name {sanitize_str(str(name), 40)!r}")
+        raise WireError(f"invalid dtype name {plain_text(str(name), 40)!r}")
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise WireError(f"{name!r} is not a torch dtype")
@@ -580,7 +569,7 @@ def _dtype(name):
 def _device(name):
     torch = _import_torch()
     if type(name) is not str or not _DEVICE.match(name):
-        raise WireError(f"invalid device {sanitize_str(str(name), 40)!r}")
+        raise WireError(f"invalid device {plain_text(str(name), 40)!r}")
     return torch.device(name)
 
 
@@ -673,7 +662,7 @@ def _no_duplicates(pairs):
     out = {}
     for key, value in pairs:
         if key in out:
-            raise WireError(f"duplicate key {sanitize_str(key, 40)!r} in a header object")
+            raise WireError(f"duplicate key {plain_text(key, 40)!r} in a header object")
         out[key] = value
     return out
 
@@ -690,7 +679,7 @@ def parse_header(data: bytes) -> dict:
     except WireError:
         raise
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise WireError(f"malformed header: {sanitize_str(str(exc), 200)}") from None
+        raise WireError(f"malformed header: {plain_text(str(exc), 200)}") from None
     except MemoryError:
         raise WireError(f"a header of {len(data)} bytes could not be parsed within the memory available") from None
     if type(header) is not dict:

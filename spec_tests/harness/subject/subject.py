@@ -33,6 +33,7 @@ from ...protocol import (
     STYLE_KEYWORD,
     effective_capabilities,
 )
+from ..text import plain_text
 from . import model_ops
 
 
@@ -68,17 +69,6 @@ class ImplementationError(Exception):
 
     def is_a(self, exc_type: type[BaseException]) -> bool:
         return exc_type.__name__ in self.type_names
-
-
-def safe_text(value, limit: int = 2000) -> str:
-    """``str(value)``, never raising, without lone surrogates or control characters, capped."""
-    try:
-        text = str(value)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ raises must not decide anything
-        return f"<unprintable {type(value).__name__}>"
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    text = "".join(c for c in text if c in "\n\t" or c.isprintable())
-    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
 
 
 class Subject:
@@ -272,7 +262,7 @@ class LocalSubject(Subject):
             except (NotImplementedInImpl, ImplementationError):
                 raise
             except NotImplementedError as exc:
-                raise NotImplementedInImpl(name, safe_text(exc)) from None
+                raise NotImplementedInImpl(name, plain_text(exc, 2000)) from None
             except Exception as exc:  # whatever the implementation raised is reported, not re-raised raw
                 raise self.describe(exc, name) from exc
 
@@ -280,7 +270,7 @@ class LocalSubject(Subject):
 
     def describe(self, exc: BaseException, name: str) -> ImplementationError:
         names = tuple(c.__name__ for c in type(exc).__mro__ if c is not object)
-        return ImplementationError(name, names, safe_text(exc), innermost_frame(exc, self.roots), original=exc)
+        return ImplementationError(name, names, plain_text(exc, 2000), innermost_frame(exc, self.roots), original=exc)
 
     def op(self, name: str, *args):
         return model_ops.OPS[name](_Calls(self), *args)
