@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from spec_grading.progress import Progress  # noqa: E402  (the one progress bar)
+
 MIN_MARGIN = 10.0
 PROFILE = "spec-ci"
 # Column order and short labels of the kill matrix (test-file stems).
@@ -222,26 +224,6 @@ def judge(bug, result: dict) -> Verdict:
     )
 
 
-class Progress:
-    def __init__(self, total: int, stream=sys.stderr):
-        self.total, self.done, self.stream, self.start = total, 0, stream, time.perf_counter()
-        self.tty = stream.isatty()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        width = 30
-        filled = int(width * self.done / self.total)
-        elapsed = time.perf_counter() - self.start
-        line = f"[{'#' * filled}{'-' * (width - filled)}] {self.done}/{self.total} {elapsed:5.0f}s  {label}"
-        if self.tty:
-            self.stream.write("\r" + line[:110].ljust(110))
-            if self.done == self.total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-
 def fmt_margin(m: float | None) -> str:
     if m is None:
         return "-"
@@ -306,7 +288,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
     impls = ["reference"] + [f"bug:{b.name}" for b in bugs]
-    progress = Progress(len(impls))
+    progress = Progress(len(impls), every_step=True, elapsed=True)
     results: dict[str, dict] = {}
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes=max(1, min(args.jobs, len(impls))), initializer=_worker_init) as pool:
@@ -322,7 +304,7 @@ def main(argv=None) -> int:
                 pool.terminate()
                 return 2
             results[result["impl"]] = result
-            progress.step(result["impl"])
+            progress.advance(result["impl"])
     elapsed = time.perf_counter() - start
 
     ref = results["reference"]

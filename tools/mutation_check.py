@@ -53,6 +53,8 @@ for p in (str(ROOT), str(TOOLS)):
 
 import bugcheck  # noqa: E402  (the in-process suite runner)
 
+from spec_grading.progress import Progress  # noqa: E402
+
 
 class MutantTimeout(BaseException):
     """Raised by the alarm when one mutant's suite run takes too long."""
@@ -377,14 +379,14 @@ def main(argv=None) -> int:
     where = f"reference/{{{','.join(files)}}}.py" if files else "reference/"
     print(f"{len(population)} mutants of {where}; running {len(chosen)}", file=sys.stderr)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    progress = bugcheck.Progress(len(chosen))
+    progress = Progress(len(chosen), every_step=True, elapsed=True)
     results = []
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes=max(1, args.jobs), initializer=bugcheck._worker_init) as pool:
         tasks = [(i, m, args.timeout, args.base) for i, m in enumerate(chosen)]
         for r in pool.imap_unordered(run_mutant, tasks):
             results.append(r)
-            progress.step(f"{r['outcome']:<11} {r['stem']}:{r['line']} {r['operator'].split('/')[-1]}")
+            progress.advance(f"{r['outcome']:<11} {r['stem']}:{r['line']} {r['operator'].split('/')[-1]}")
     results.sort(key=lambda r: r["index"])
     if earlier is not None:  # merge: earlier non-survivors stand, survivors take their new outcome
         again = {(r["stem"], r["operator"], r["occurrence"]): r for r in results}

@@ -43,6 +43,8 @@ for _p in (str(ROOT), str(ROOT / "tools")):
 
 import bugcheck  # noqa: E402
 
+from spec_grading.progress import Progress  # noqa: E402
+
 INDEPENDENT = ("modular_interleaved", "half_f32_mha", "functional_mixed", "meta_complex", "student_mha_tied")
 MEASURED = ("reference", "tests/independent/half_f32_mha")  # float32-internal: the tolerance measurement
 # Bugs whose catch rests most on sizes and values the seed changes: head layouts and groups, counts
@@ -187,12 +189,12 @@ def main(argv=None) -> int:
     all_tasks = [t for seed in [0, *seeds] for t in tasks_for(seed, bugs)]
     start = time.perf_counter()
     results: dict[tuple[str, int], dict] = {}
-    progress = bugcheck.Progress(len(all_tasks))
+    progress = Progress(len(all_tasks), every_step=True, elapsed=True)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes=max(1, args.jobs), initializer=bugcheck._worker_init) as pool:
         for result in pool.imap_unordered(run_one, all_tasks):
             results[(result["impl"], result["seed"])] = result
-            progress.step(f"{result['impl']} @ {result['seed']}")
+            progress.advance(f"{result['impl']} @ {result['seed']}")
     elapsed = time.perf_counter() - start
 
     problems: list[str] = []
