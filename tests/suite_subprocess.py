@@ -12,6 +12,7 @@ from pathlib import Path
 
 import reference
 from spec_tests.bugs import CATALOG
+from spec_tests.bugs.bug import replace_once
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,9 +42,7 @@ def implementation(tmp_path: Path, *bugs: str, edit=None) -> Path:
     for name in bugs:
         bug = CATALOG[name]
         path = folder / bug.file
-        source = path.read_text()
-        assert source.count(bug.old) == 1, name
-        path.write_text(source.replace(bug.old, bug.new))
+        path.write_text(replace_once(path.read_text(), bug.old, bug.new, f"bug {name} in {bug.file}"))
     if edit is not None:
         edit(folder)
     return folder

@@ -8,6 +8,16 @@ from dataclasses import dataclass
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 
+def replace_once(text: str, old: str, new: str, what: str) -> str:
+    """``text`` with ``old`` replaced by ``new``; ``old`` must occur exactly once (``what`` names the patch
+    and the file in the error). Every source patch of the project goes through here: the catalog's, the
+    independently seeded bugs', the project tests' copies of the reference."""
+    count = text.count(old)
+    if count != 1:
+        raise ValueError(f"{what}: the old text occurs {count} times, expected once")
+    return text.replace(old, new)
+
+
 @dataclass(frozen=True)
 class Bug:
     """One seeded mistake.

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .bug import Bug
+from .bug import Bug, replace_once
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "reference"
 PREFIX = "_spec_bug_"
@@ -32,10 +32,7 @@ def apply_patch(bug: Bug, sources: dict[str, str]) -> dict[str, str]:
     stem = bug.file.removesuffix(".py")
     if stem not in sources:
         raise ValueError(f"bug {bug.name}: reference/{bug.file} does not exist")
-    count = sources[stem].count(bug.old)
-    if count != 1:
-        raise ValueError(f"bug {bug.name}: its old text occurs {count} times in reference/{bug.file}, expected once")
-    return {**sources, stem: sources[stem].replace(bug.old, bug.new)}
+    return {**sources, stem: replace_once(sources[stem], bug.old, bug.new, f"bug {bug.name} in reference/{bug.file}")}
 
 
 class _SourceLoader(importlib.abc.InspectLoader):

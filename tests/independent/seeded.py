@@ -16,6 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from spec_tests.bugs.bug import replace_once
+
 HERE = Path(__file__).resolve().parent
 
 MODULAR = "modular_interleaved"
@@ -843,15 +845,12 @@ def source_of(bug: SeededBug) -> str:
 
 def materialize(bug: SeededBug, into: Path) -> Path:
     """Copy ``bug.base`` to ``into/<bug.name>`` with the patch applied; return that package folder."""
-    text = source_of(bug)
-    count = text.count(bug.old)
-    if count != 1:
-        raise ValueError(f"{bug.name}: the old text occurs {count} times in {bug.base}/{bug.file}, not once")
+    text = replace_once(source_of(bug), bug.old, bug.new, f"{bug.name} in {bug.base}/{bug.file}")
     target = Path(into) / bug.name
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(base_folder(bug.base), target, ignore=shutil.ignore_patterns("__pycache__"))
-    (target / bug.file).write_text(text.replace(bug.old, bug.new))
+    (target / bug.file).write_text(text)
     return target
 
 
