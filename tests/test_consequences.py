@@ -175,7 +175,7 @@ def _judge(registry, subjects, uses, exc):
         raise AssertionError("no composition for model-bound names")
 
     run = rootcause.ItemRun("t_" + subjects[0], "c", tuple(subjects), tuple(uses))
-    return rootcause.judge_failure(None, run, exc, object(), object(), registry, rerun), run.verdict
+    return rootcause.judge_failure(run, exc, object(), object(), registry, rerun), run.verdict
 
 
 def test_a_crash_in_a_used_callee_that_passes_its_own_tests_is_the_subjects():
@@ -223,19 +223,16 @@ def test_an_expected_failure_that_is_a_consequence_leaves_its_subject_unexplaine
     """An xfailed test (a declared divergence, SPEC_XFAILS) raising a consequence says nothing about its subject:
     new_cache, whose only failure is an expected one, is not offered to defer (a sliding-window adapter's cache test
     was deferred to it once)."""
-    from types import SimpleNamespace
-
     from spec_tests.harness.judging import rootcause
     from spec_tests.harness.judging.results import CheckResult
     from spec_tests.harness.judging.spec import ConsequenceFailure
 
-    xfailed = SimpleNamespace(get_closest_marker=lambda name: object() if name == "xfail" else None)
-    for item, explained in ((xfailed, {}), (None, {"new_cache": ["t_new_cache"]})):
+    for expected, explained in ((True, {}), (False, {"new_cache": ["t_new_cache"]})):
         registry = FailureRegistry()
         run = rootcause.ItemRun("t_new_cache", "c", ("new_cache",), ("forward",))
         result = CheckResult("t_new_cache", "new_cache", "c", "b", outcome="failed", kind="relation", found="x")
         exc = ConsequenceFailure(result, ["forward"])
-        rootcause.judge_failure(item, run, exc, object(), object(), registry, None)
+        rootcause.judge_failure(run, exc, object(), object(), registry, None, expected=expected)
         assert registry.explained == explained and registry.behaving_wrongly(["new_cache"]) == list(explained)
 
 

@@ -202,7 +202,7 @@ def test_in_grading_a_crash_is_never_credited_as_a_consequence():
         registry = rootcause.FailureRegistry(crash_consequences=credit)
         registry.mark(["rope"], "test_rope", "error")
         run = rootcause.ItemRun("test_logits", "model", ("forward",), ("build_model",))
-        raised = rootcause.judge_failure(None, run, exc, object(), object(), registry, rerun)
+        raised = rootcause.judge_failure(run, exc, object(), object(), registry, rerun)
         assert raised is exc and run.verdict.status == "error"
     assert asked == [["rope"]]  # tried in pytest's run, not in grading's
 

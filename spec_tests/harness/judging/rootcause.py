@@ -143,6 +143,7 @@ class ItemRun:
     component: str
     subjects: tuple[str, ...]
     uses: tuple[str, ...]
+    bug_classes: tuple[str, ...] = ()  # its bug_class markers (read by the plugin)
     results: list[CheckResult] = field(default_factory=list)
     verdict: TestVerdict | None = None
     failure: BaseException | None = None
@@ -164,8 +165,11 @@ def classify(exc: BaseException, subjects) -> tuple[str, str | None]:
     return Status.ERROR, None
 
 
-def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, registry: FailureRegistry, rerun):
+def judge_failure(
+    run: ItemRun, exc: BaseException, impl, reference, registry: FailureRegistry, rerun, *, expected: bool = False
+):
     """The exception to report for a failed spec test (the original, or a consequence), and its verdict.
+    ``expected``: the test is an expected failure (xfail, the implementation's ``SPEC_XFAILS``).
 
     ``rerun(names)`` runs the test body again on the reference composed with the implementation's
     ``names`` (``consequences.composed``), returns the ``Composition``, and raises what the body raises
@@ -174,7 +178,6 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
     if isinstance(exc, PASS_THROUGH):
         return exc
     # an expected failure (xfail) is no evidence about its subjects: never charged, never an explained failure
-    expected = item is not None and item.get_closest_marker("xfail") is not None
     if isinstance(exc, ConsequenceFailure):  # the check itself showed it (composition, rebase, defer)
         run.set_verdict(Status.CONSEQUENCE, exc.root, first_line(exc))
         if not expected:
@@ -218,7 +221,7 @@ def judge_failure(item, run: ItemRun, exc: BaseException, impl, reference, regis
     # an expected failure (the implementation's SPEC_XFAILS) is a declared divergence, not a failing
     # function: tests downstream of it are judged as usual, and a failure they show is declared too
     if status in CHARGED_TO_SUBJECTS and not expected:
-        kind = failure_kind(exc, _bug_classes(item))
+        kind = failure_kind(exc, list(run.bug_classes))
         charged = failing_subjects(exc, run.subjects)
         registry.mark(charged, run.test, kind)
         if status == Status.ERROR:
@@ -255,14 +258,6 @@ def crash_signature(exc: BaseException) -> tuple | None:
     if not isinstance(exc, ImplementationError) or isinstance(exc, NotImplementedInImpl) or not exc.where:
         return None
     return (exc.type_name, exc.where, re.sub(r"\d+", "#", exc.message))
-
-
-def _bug_classes(item) -> list[str]:
-    if item is None:
-        return []
-    from ..plugin.markers import bug_classes_of
-
-    return bug_classes_of(item)
 
 
 def _compared(exc: BaseException) -> bool:

@@ -498,7 +498,9 @@ def pytest_runtest_setup(item):
         return
     state = session_of(item.config)
     subjects, uses = markers.subjects_of(item)
-    item._spec_run = rootcause.ItemRun(test_id(item), markers.component_of(item), subjects, uses)
+    item._spec_run = rootcause.ItemRun(
+        test_id(item), markers.component_of(item), subjects, uses, tuple(markers.bug_classes_of(item))
+    )
     if not item.config.getoption("spec_tb"):
         _short_failures(item)
     state.impl.begin_test()
@@ -554,7 +556,10 @@ def pytest_runtest_call(item):
             return comp
 
         saved = list(run.results)
-        raised = rootcause.judge_failure(item, run, exc, state.impl, state.reference, state.registry, rerun)
+        expected = item.get_closest_marker("xfail") is not None
+        raised = rootcause.judge_failure(
+            run, exc, state.impl, state.reference, state.registry, rerun, expected=expected
+        )
         run.results[:] = saved if raised is exc else [*saved, *(raised.result and [raised.result] or [])]
         run.failure = raised
         if raised is exc:
