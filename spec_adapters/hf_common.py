@@ -27,7 +27,8 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 
 
 def eager_attention(attention_forward, q, k, v, mask=None, softcap=None, **module_attributes) -> torch.Tensor:
-    """A model's own ``eager_attention_forward`` on per-head tensors: ``[B, H, Tq, d]`` out.
+    """A model's own ``eager_attention_forward`` on per-head tensors: ``[..., H, Tq, d]`` out (any leading dims,
+    flattened into the one batch axis transformers' functions take, then restored).
 
     transformers' function reads ``training`` (and, for GQA, ``num_key_value_groups``) from the
     attention module passed in, and returns ``[B, Tq, H, d]`` ready for the output projection,
@@ -36,8 +37,13 @@ def eager_attention(attention_forward, q, k, v, mask=None, softcap=None, **modul
     """
     module = types.SimpleNamespace(training=False, **module_attributes)
     capped = {} if softcap is None else {"softcap": softcap}
+    lead = q.shape[:-3]  # the protocol's [..., H, T, d]: transformers' functions take exactly one batch axis
+    q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+    if mask is not None and mask.ndim > 3:
+        mask = mask.expand(*lead, *mask.shape[-3:]).reshape(-1, *mask.shape[-3:])
     out, _ = attention_forward(module, q, k, v, additive_mask(mask, q.dtype), scaling=q.shape[-1] ** -0.5, **capped)
-    return out.transpose(1, 2)
+    out = out.transpose(1, 2)
+    return out.reshape(*lead, *out.shape[1:])
 
 
 def make_config(config_class, **kwargs):

@@ -33,10 +33,10 @@ def kv_heads(spec, grouped: int = S.H_KV) -> int:
 
 @judges("causal_mask")
 @pytest.mark.bug_class("causal_mask")
-@pytest.mark.parametrize("t_q,t_k", [(S.T, S.T), (4, S.T), (1, S.T), (S.T, S.T + 6)])
+@pytest.mark.parametrize("t_q,t_k", [(S.T, S.T), (4, S.T), (1, S.T), (S.T, S.T + 6), (S.T + 3, S.T)])
 def test_causal_mask_bottom_right(spec, t_q, t_k):
-    """causal_mask(t_q, t_k) is bool [t_q, t_k], True where j <= i + (t_k - t_q) (protocol: Conventions, bottom-right
-    aligned)."""
+    """causal_mask(t_q, t_k) is bool [t_q, t_k], True where j <= i + (t_k - t_q), also for more queries than keys
+    (the first t_q - t_k rows see nothing) (protocol: Conventions, bottom-right aligned)."""
     mask = spec.impl.causal_mask(t_q, t_k, device=spec.device)
     spec.require(
         isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,

@@ -104,6 +104,19 @@ def test_get_batch_draws_from_its_generator(spec):
 
 @judges("get_batch")
 @pytest.mark.bug_class("get_batch")
+def test_get_batch_without_a_generator(spec):
+    """generator=None, the default, draws windows too: x [batch, context] of contiguous data, y one token ahead
+    (protocol: get_batch)."""
+    x, y = spec.impl.get_batch(torch.arange(100, 160), 3, 6)
+    spec.require(
+        tuple(x.shape) == (3, 6) and bool(((x[:, 1:] - x[:, :-1]) == 1).all()) and torch.equal(y, x + 1),
+        behaviour="get_batch without a generator returns windows of the data and their next tokens",
+        found=f"x {x.tolist()}, y {y.tolist()}",
+    )
+
+
+@judges("get_batch")
+@pytest.mark.bug_class("get_batch")
 def test_get_batch_with_exactly_enough_data(spec):
     """With exactly context_length + 1 tokens the only window is the whole data (protocol: get_batch)."""
     x, y = spec.impl.get_batch(torch.arange(10, 19), 1, 8, generator=spec.inputs.generator(0, device="cpu"))

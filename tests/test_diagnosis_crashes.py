@@ -190,3 +190,54 @@ def test_a_models_dtype_is_named_on_a_copy():
     lines, _ = probe("forward", forward_of_a_float32_cache, (model, torch.zeros(1, 4, dtype=torch.long)), {})
     assert any("raises for a float64 model and works for the same model in float32" in line for line in lines), lines
     assert model.weight.dtype == torch.float64  # probed on a copy
+
+
+def attention_without_head_sharing(q, k, v, causal=True, block_size=64):
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v  # the bug: 2 kv heads do not broadcast against 8
+
+
+def test_gqa_is_named():
+    q, kv = randn(2, 8, 5, 4), randn(2, 2, 5, 4)
+    lines, _ = probe("flash_attention", attention_without_head_sharing, (q, kv, kv), {"causal": True})
+    assert any("k and v with 2 heads beside 8 query heads (GQA) and works for k and v repeated" in line
+               for line in lines), lines  # fmt: skip
+
+
+def probs_with_unclamped_top_k(logits, temperature=1.0, top_k=None, top_p=None):
+    return torch.topk(logits, top_k).values  # the bug: top_k above V keeps every token
+
+
+def test_a_count_above_the_axis_is_named():
+    lines, _ = probe("sampling_probs", probs_with_unclamped_top_k, (randn(3, 7),), {"top_k": 9})
+    assert any("top_k=9, above the last axis's 7 entries and works for top_k=7" in line for line in lines), lines
+
+
+def bytes_through_numpy(config, batch_size, seq_len, dtype=torch.float32):
+    import numpy as np
+
+    return np.dtype(str(dtype).removeprefix("torch.")).itemsize  # the bug: numpy has no bfloat16
+
+
+def test_a_dtype_argument_is_named():
+    lines, _ = probe("kv_cache_bytes", bytes_through_numpy, ({}, 2, 3), {"dtype": torch.bfloat16})
+    assert any("raises for dtype bfloat16 and works for float32" in line for line in lines), lines
+
+
+def linear_needing_a_bias(x, weight, bias=None):
+    return torch.addmm(bias, x, weight.T)  # the bug: bias=None is no bias
+
+
+def test_an_omitted_bias_is_given_zeros():
+    lines, _ = probe("linear", linear_needing_a_bias, (randn(3, 4), randn(5, 4)), {})
+    assert any("raises for bias=None and works for a zero bias" in line for line in lines), lines
+
+
+def cached_step_of_one_token(ids):
+    if ids.shape[1] > 1:
+        raise RuntimeError("one slot per step")  # the bug: a cached chunk of several tokens
+    return ids
+
+
+def test_a_chunk_that_only_works_token_by_token_is_named():
+    lines, _ = probe("forward", cached_step_of_one_token, (torch.zeros(2, 9, dtype=torch.long),), {})
+    assert any("a [B, T] id input of T=9 tokens and works for T=1" in line for line in lines), lines

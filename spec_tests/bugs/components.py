@@ -128,6 +128,18 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ MLPs
     Bug(
+        "swiglu_batched_input_only",
+        "leading_dims",
+        ("swiglu",),
+        "mlp.py",
+        old="    return linear(silu(linear(x, w_gate), fused=fused) * linear(x, w_up), w_down)",
+        new="    b, t, d = x.shape  # the model's [B, T, d]\n"
+        "    return linear(silu(linear(x, w_gate), fused=fused) * linear(x, w_up), w_down)",
+        explanation="swiglu unpacks x as [B, T, d]: it raises for any other number of leading dims",
+        fix="work on the last axis only (x @ w.T broadcasts over any leading dims); never unpack the shape",
+        corner=True,
+    ),
+    Bug(
         "swiglu_gate_up_swapped",
         "swiglu",
         ("swiglu", *MODEL),

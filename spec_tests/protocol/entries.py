@@ -60,8 +60,9 @@ class Entry:
     - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so).
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
     - ``none_means``: its optional arguments whose ``None`` has an equivalent value the protocol states
-      (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``max_grad_norm=None`` no clipping): crash
-      diagnosis passes that value instead, to tell an unhandled ``None`` from other triggers.
+      (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``bias=None`` a zero bias,
+      ``max_grad_norm=None`` no clipping, ``generator=None`` a generator of its own): crash diagnosis passes
+      that value instead, to tell an unhandled ``None`` from other triggers.
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
@@ -144,6 +145,7 @@ ENTRIES: tuple[Entry, ...] = (
         precision_sample=lambda i, S, device: ((_x(i, S), i.weight(S.D_FF, S.d_model, seed=96)), {}),
         knob_family="_linear",
         any_leading_dims=True,
+        none_means=("bias",),
     ),
     Entry("embedding", "primitives", model_part=True, substitutable=True, any_leading_dims=True),
     Entry(
@@ -358,8 +360,17 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         catalog_groups=("sampling",),
         knob_family="_sampling_probs",
+        any_leading_dims=True,  # logits [..., V]
     ),
-    Entry("sample", "sampling", calls=("sampling_probs", "softmax"), substitutable=True, catalog_groups=("sampling",)),
+    Entry(
+        "sample",
+        "sampling",
+        calls=("sampling_probs", "softmax"),
+        substitutable=True,
+        catalog_groups=("sampling",),
+        any_leading_dims=True,  # logits [..., V] -> ids [...]
+        none_means=("generator",),
+    ),
     # ------------------------------------------------------------------ model
     # building a model and bookkeeping over its parameters compute nothing with the components (a
     # table made at build time matters only through forward, whose closure holds them); so a
@@ -403,7 +414,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("count_parameters", "model", calls=(), catalog_groups=("model",)),
     Entry("kv_cache_bytes", "model", substitutable=True, catalog_groups=("model",)),
     # ------------------------------------------------------------------ training
-    Entry("get_batch", "training", substitutable=True, catalog_groups=("training",)),
+    Entry("get_batch", "training", substitutable=True, catalog_groups=("training",), none_means=("generator",)),
     Entry(
         "train_step",
         "training",

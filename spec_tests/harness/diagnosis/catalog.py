@@ -22,6 +22,7 @@ ONLY: set[str] | None = None  # --spec-diagnosis-bugs: the bugs diagnosis may na
 # measurement compare it with what other diagnoses would say).
 CLASS_CODES = {
     "layout": "layout",
+    "leading_dims": "crash",
     "mask_broadcast": "mask",
     "masking": "mask",
     "softmax_dim": "knob:reduction_dim",

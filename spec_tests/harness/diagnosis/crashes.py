@@ -7,11 +7,15 @@ variants of its input, each one property changed and each as cheap as the origin
   with one more leading dim (alone, and with every tensor sharing its leading dim, as ``cross_entropy``'s
   targets share its logits'), or with its two leading dims merged;
 - an optional argument left ``None``, passed or omitted, given the value ``None`` means instead
-  (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``max_grad_norm=None`` as
-  ``inf``: the protocol's own meanings, ``Entry.none_means``);
+  (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``bias=None`` as zeros,
+  ``max_grad_norm=None`` as ``inf``, ``generator=None`` as a generator: the protocol's own meanings,
+  ``Entry.none_means``);
 - a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two, a ``[B, T]``
-  id input one token shorter and half as long (a context length crossed);
-- the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype;
+  id input one token shorter, half as long and one token long (a context length crossed, a cached chunk);
+  a count of the last axis's entries above its size (``top_k > V``) given that size;
+- GQA: k and v with fewer heads than q given repeated to q's heads;
+- the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype; a
+  ``torch.dtype`` argument (``bfloat16``) as float32;
   integer data of a narrow dtype (numpy uint16, int32) as int64;
 - a broadcastable shape: 1-D positions ``[T]`` given in full, ``x.shape[:-1]``, and fuller positions
   given as one row ``[T]``.
@@ -37,7 +41,7 @@ import torch
 from ...protocol import ANY_LEADING, NONE_MEANS
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
-MAX_TRIES = 8
+MAX_TRIES = 10
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,11 @@ def _none_value(key: str, args, kwargs):
         return "positions=arange(T)", torch.arange(q.shape[-2], device=q.device)
     if key == "max_grad_norm":
         return "max_grad_norm=inf (no clipping)", float("inf")
+    if key == "bias" and len(args) >= 2 and isinstance(args[1], torch.Tensor) and args[1].ndim == 2:
+        weight = args[1]
+        return "a zero bias", torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    if key == "generator":
+        return "a torch.Generator", torch.Generator().manual_seed(0)
     return None
 
 
@@ -141,8 +150,9 @@ def _none_probes(name, args, kwargs) -> list[Probe]:
 
 
 def _boundary_probes(args, kwargs) -> list[Probe]:
-    """A 1-D token stream one token longer; a [B, 1] id input with two tokens; a [B, T] one shorter, and half as
-    long (a size past a limit, such as the context length, is often further than one token)."""
+    """A 1-D token stream one token longer; a [B, 1] id input with two tokens; a [B, T] one shorter, half as long
+    and one token long (a size past a limit, such as the context length, is often further than one token; a
+    cached step of one token is the common case)."""
     probes = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.dtype == torch.bool:
@@ -158,7 +168,7 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
             break
         if a.ndim == 2 and a.shape[1] >= 2:
             t = a.shape[1]
-            for shorter in dict.fromkeys((t - 1, t // 2)):
+            for shorter in dict.fromkeys((t - 1, t // 2, 1)):
                 new = (*args[:i], a[:, :shorter].contiguous(), *args[i + 1 :])
                 probes.append(Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs))
             break
@@ -224,6 +234,59 @@ def _integer_dtype_probes(args, kwargs) -> list[Probe]:
     return [Probe(f"integer data of dtype {', '.join(kinds)}", "the same values as int64", new_args, new_kwargs)]
 
 
+def _gqa_probes(args, kwargs) -> list[Probe]:
+    """Per-head q, k, v with fewer key/value heads than query heads (GQA) given with k and v repeated to the
+    query heads (repeat_interleave, the protocol's GQA mapping)."""
+    floats = [t for t in args[:3] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if len(floats) < 3:
+        return []
+    q, k, v = floats
+    if q.ndim < 3 or k.shape != v.shape or k.ndim != q.ndim or q.shape[-1] != k.shape[-1]:
+        return []
+    hq, hkv = q.shape[-3], k.shape[-3]
+    if hkv >= hq or hq % hkv:
+        return []
+    full = (q, k.repeat_interleave(hq // hkv, dim=-3), v.repeat_interleave(hq // hkv, dim=-3))
+    return [
+        Probe(
+            f"k and v with {hkv} heads beside {hq} query heads (GQA)",
+            f"k and v repeated to {hq} heads",
+            (*full, *args[3:]),
+            kwargs,
+            "; the protocol's attention shares each kv head among its group of query heads",
+        )
+    ]
+
+
+COUNTS_OF_THE_LAST_AXIS = ("top_k",)  # keywords that count entries of the first tensor's last axis
+
+
+def _count_probes(name, args, kwargs) -> list[Probe]:
+    """A count of the last axis's entries (``top_k``) above that axis's size given that size."""
+    x = _primary(args, kwargs)
+    if x is None or x.ndim == 0:
+        return []
+    size = x.shape[-1]
+    return [
+        Probe(f"{key}={value}, above the last axis's {size} entries", f"{key}={size}", args, {**kwargs, key: size})
+        for key, value in kwargs.items()
+        if key in COUNTS_OF_THE_LAST_AXIS and type(value) is int and value > size
+    ]
+
+
+def _dtype_argument_probes(args, kwargs) -> list[Probe]:
+    """A ``torch.dtype`` argument other than float32 (``torch.bfloat16``) given as float32."""
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if isinstance(value, torch.dtype) and value != torch.float32:
+            shown = str(value).removeprefix("torch.")
+            if isinstance(key, int):
+                new_args, new_kwargs = (*args[:key], torch.float32, *args[key + 1 :]), kwargs
+            else:
+                new_args, new_kwargs = args, {**kwargs, key: torch.float32}
+            return [Probe(f"dtype {shown}", "float32", new_args, new_kwargs)]
+    return []
+
+
 def _broadcast_probes(args, kwargs) -> list[Probe]:
     """Integer positions against a [..., T, d] input: 1-D ``[T]`` given in full (``x.shape[:-1]``), and positions
     of a fuller shape given as one row ``[T]`` (both are the protocol's)."""
@@ -253,9 +316,12 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
     """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``)."""
     found = (
         _none_probes(name, args, kwargs)
+        + _gqa_probes(args, kwargs)
         + _broadcast_probes(args, kwargs)
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
+        + _count_probes(name, args, kwargs)
+        + _dtype_argument_probes(args, kwargs)
         + _dtype_probes(args, kwargs)
         + _integer_dtype_probes(args, kwargs)
     )

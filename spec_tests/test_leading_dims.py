@@ -1,0 +1,65 @@
+"""Any leading dims: the names whose protocol shapes are ``[..., d]`` give the same result with one leading dim
+fewer or one more, not only on the [B, T, d] or [B, H, T, d] inputs a model hands them.
+
+One generic test over the protocol entries that say so (``any_leading_dims``), on each one's float64 inputs
+(``precision_sample``), as ``@ops(op_db)`` reads OpInfos; judged at the name's math tolerance.
+"""
+
+import pytest
+import torch
+
+from . import filters
+from .harness.plugin.markers import judges
+from .inputs import S
+from .protocol import ANY_LEADING, COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
+
+NAMES = [n for n in PRECISION_FUNCTIONS if n in ANY_LEADING]
+
+
+def _param(name: str):
+    marks = [pytest.mark.component(COMPONENT_OF[name]), judges(name), pytest.mark.bug_class("leading_dims")]
+    return pytest.param(name, marks=marks, id=name)
+
+
+def _sharing(x: torch.Tensor, t: torch.Tensor, dims: int) -> bool:
+    """``t`` is ``x`` or has ``x``'s first ``dims`` sizes (cross_entropy's targets beside its logits)."""
+    return t is x or (t.ndim >= dims and t.ndim <= x.ndim and t.shape[:dims] == x.shape[:dims])
+
+
+def reshaped(args: tuple, kwargs: dict, how: str) -> tuple[tuple, dict]:
+    """The inputs with one leading dim fewer (the first tensor's two leading dims merged, or its only one
+    dropped: row 0) or one more (``more``), every tensor that shares those leading dims changed alike."""
+    x = next(a for a in args if isinstance(a, torch.Tensor))
+
+    def change(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        if how == "fewer" and x.ndim >= 3 and _sharing(x, v, 2):
+            return v.reshape(-1, *v.shape[2:])
+        if how == "fewer" and x.ndim == 2 and _sharing(x, v, 1):
+            return v[0]
+        if how == "more" and _sharing(x, v, 1):
+            return v.unsqueeze(0)
+        return v
+
+    return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
+
+
+@pytest.mark.parametrize("how", ["fewer", "more"])
+@pytest.mark.parametrize("name", [_param(n) for n in NAMES])
+def test_any_leading_dims(spec, name, how):
+    """A [..., d] name computes on inputs with one leading dim fewer (two merged, or a 2-D input's only one
+    dropped) or one more: its protocol shapes allow any leading dims (protocol: linear, softmax, silu, rmsnorm,
+    layernorm, swiglu, gelu_mlp, rope, scaled_dot_product_attention, sampling_probs, amendment 3)."""
+    args, kwargs = ENTRY[name].precision_sample(spec.inputs, S, spec.device)
+    kwargs = filters.supported(spec.impl, kwargs)
+    args, kwargs = reshaped(args, kwargs, how)
+    shape = list(next(a for a in args if isinstance(a, torch.Tensor)).shape)
+    spec.call(
+        name,
+        *args,
+        kind=ENTRY[name].tolerance,
+        label=how,
+        behaviour=f"{name} of a {len(shape)}-D input {shape} (one leading dim {how}): any leading dims are allowed",
+        **kwargs,
+    )
