@@ -3,7 +3,6 @@ implementation (tests/remote_toy_impl.py), in the sandbox where one is available
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -205,66 +204,24 @@ def test_generators_follow_the_same_stream_as_in_process(worker):
     assert torch.equal(remote_g.get_state(), local_g.get_state())
 
 
-def test_substitution_asks_the_judges_oracle(worker):
+def test_a_composite_call_returns_the_implementations_own_value(worker):
     logits = torch.randn(3, 5, dtype=torch.float64)
     targets = torch.tensor([0, 4, 2])
     own = worker.call("cross_entropy", (logits, targets), deadline=soon())
     assert torch.allclose(own, torch.nn.functional.cross_entropy(logits, targets))
-    asked = []
-
-    def uniform(name, args, kwargs):
-        asked.append((name, args, kwargs))
-        return torch.full_like(args[0], 0.2)
-
-    assert worker.substitute(["softmax"], oracle=uniform, deadline=soon()) == {"replaced": {"softmax": 1}}
-    try:
-        out = worker.call("cross_entropy", (logits, targets), deadline=soon())
-        assert math.isclose(out.item(), math.log(5)) and out.dtype == torch.float64
-        assert len(asked) == 1 and asked[0][0] == "softmax" and torch.equal(asked[0][1][0], logits)
-        assert asked[0][1][1:] == (-1,) and asked[0][2] == {}
-
-        def refuse(name, args, kwargs):
-            raise ValueError("the oracle refuses")
-
-        with pytest.raises(RemoteError) as info:  # the stub raises the oracle's error inside the worker
-            worker.call("cross_entropy", (logits, targets), deadline=soon(), oracle=refuse)
-        assert info.value.is_a(ValueError) and info.value.message == "the oracle refuses"
-        assert info.value.where.endswith("in cross_entropy")
-    finally:
-        worker.restore(deadline=soon())
     assert torch.equal(worker.call("cross_entropy", (logits, targets), deadline=soon()), own)
 
 
-def test_substituted_generators_stay_in_step(worker):
-    """generate -> (substituted) sample: the judge's generator goes to the worker, on to the oracle, back."""
+def test_a_composite_keeps_the_generator_in_step(worker):
+    """generate -> sample: the judge's generator goes to the worker, through the composite, back."""
     prompt = torch.randn(2, 6)
     local = torch.Generator().manual_seed(3)
     expected = torch.stack(
         [torch.multinomial(torch.softmax(prompt, -1), 1, generator=local).squeeze(-1) for _ in range(4)], -1
     )
-
-    def oracle(name, args, kwargs):
-        assert name == "sample" and isinstance(kwargs["generator"], torch.Generator)
-        logits, temperature = args
-        probs = torch.softmax(logits / temperature, -1)
-        return torch.multinomial(probs, 1, generator=kwargs["generator"]).squeeze(-1)
-
     g = torch.Generator().manual_seed(3)
-    worker.substitute(["sample"], oracle=oracle, deadline=soon())
-    try:
-        out = worker.call("generate", (None, prompt, 4), {"generator": g}, deadline=soon())
-    finally:
-        worker.restore(deadline=soon())
+    out = worker.call("generate", (None, prompt, 4), {"generator": g}, deadline=soon())
     assert torch.equal(out, expected) and torch.equal(g.get_state(), local.get_state())
-
-
-def test_without_an_oracle_a_stub_raises(worker):
-    worker.substitute(["softmax"], deadline=soon())
-    try:
-        with pytest.raises(RemoteError, match="no oracle was given to answer softmax"):
-            worker.call("cross_entropy", (torch.randn(2, 3), torch.tensor([0, 1])), deadline=soon())
-    finally:
-        worker.restore(deadline=soon())
 
 
 def test_printing_does_not_disturb_the_channel(worker):

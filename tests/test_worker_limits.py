@@ -152,29 +152,6 @@ def test_oracle_calls_take_protocol_arguments_only():
         check_oracle_arguments("softmax", (torch.zeros(1 << 23),), {"dim": 0})
 
 
-def test_a_rerun_leaves_no_cache_it_grew(monkeypatch):
-    """What the reference builds during a rerun (its RoPE tables) is dropped at the rerun's end."""
-    import reference
-    from reference import positions
-    from spec_tests.harness.remote.remote_subject import RemoteSubject
-
-    class FakeWorker:
-        def substitute(self, names, oracle=None, deadline=None):
-            self.oracle = oracle
-
-        def restore(self, deadline=None):
-            pass
-
-    subject = object.__new__(RemoteSubject)
-    subject.worker, subject.deadline, subject._replacements = FakeWorker(), soon(), {}
-    positions.rope_table.cache_clear()
-    before = positions.rope_table.cache_info().currsize
-    with subject.substituted({"rope": reference.rope}):
-        positions.rope_table(4096, 8, 10000.0, torch.device("cpu"), torch.float32)  # what a rerun may reach
-        assert positions.rope_table.cache_info().currsize == before + 1
-    assert positions.rope_table.cache_info().currsize == 0
-
-
 def test_the_seccomp_program_checks_the_arch_first_and_ends_in_allow():
     prog = seccomp.instructions("x86_64")
     assert prog[0] == (0x20, 0, 0, 4) and prog[1][3] == seccomp.AUDIT_ARCH["x86_64"]

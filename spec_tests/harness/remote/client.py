@@ -6,8 +6,6 @@ data (``wire.py``). The judge never imports submission code.
         worker.names, worker.attributes              # from the worker's hello
         y = worker.call("rmsnorm", (x, w), {"eps": 1e-5}, deadline=time.monotonic() + 60)
         model = worker.op("build", (config, state_dict, torch.float64, "cpu"))   # a RemoteHandle
-        worker.substitute(["softmax"], oracle=lambda name, args, kwargs: ...)  # root-cause reruns
-        worker.restore()
 
 Failures are exceptions: ``RemoteError`` (the implementation raised: type, mro, message, where,
 not_implemented; ``RemoteImportError`` when it could not be imported), ``WorkerTimeout`` (the
@@ -15,7 +13,7 @@ deadline passed: the whole sandbox was killed), ``WorkerCrashed`` (the worker di
 the signal or exit status, with the log's tail; ``WorkerProtocolError`` when it sent something that
 is not a well-formed message). After a timeout or crash the next request starts a fresh worker (its
 ``generation`` goes up); handles of the old one raise ``StaleHandleError``, and so do handles from
-before a ``reset()``. Substitutions are re-applied in a fresh worker.
+before a ``reset()``.
 """
 
 from __future__ import annotations
@@ -239,21 +237,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _error_report(exc: BaseException) -> dict:
-    kind = type(exc)
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001
-        message = f"<unprintable {kind.__name__}>"
-    return {
-        "type": kind.__name__,
-        "mro": [wire.qualname(c) for c in kind.__mro__ if c is not object],
-        "message": plain_text(message, 4000),
-        "where": None,
-        "not_implemented": isinstance(exc, NotImplementedError),
-    }
-
-
 class Worker:
     """One submission's worker process, started on first use (or by ``start()``), restarted after a
     timeout or crash. Not thread-safe: one request at a time."""
@@ -310,8 +293,6 @@ class Worker:
         self._pump: threading.Thread | None = None
         self._finalizer = None
         self._next_id = 0
-        self._substituted: list[str] = []
-        self._oracle = None
         self._closed = False
         self._import_error: RemoteImportError | None = None
 
@@ -428,7 +409,7 @@ class Worker:
         self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log), daemon=True)
         self._pump.start()
         began = time.monotonic()
-        header, blobs = self._wait(None, began + self.start_timeout, None, "starting (the harness and torch)")
+        header, blobs = self._wait(None, began + self.start_timeout, "starting (the harness and torch)")
         self.harness_start_s = time.monotonic() - began
         if header.get("type") == "started":
             if set(header) != {"type"} or blobs:
@@ -438,12 +419,11 @@ class Worker:
             if self.generation > 1:  # a restart: within what is left of the budget
                 limit = min(limit, imported + max(0.0, self.restart_budget_s - self.restart_import_s))
             try:
-                header, blobs = self._wait(None, limit, None, "importing the implementation")
+                header, blobs = self._wait(None, limit, "importing the implementation")
             finally:
                 self.import_s = time.monotonic() - imported
                 if self.generation > 1:
                     self.restart_import_s += self.import_s
-        deadline = time.monotonic() + self.start_timeout
         if header.get("type") != "hello":
             self._protocol_error(f"expected a hello, got {plain_text(str(header.get('type')), 40)!r}")
         if "error" in header:
@@ -459,8 +439,6 @@ class Worker:
         self.info = self._read_hello(header, blobs)
         self._last_info = self.info
         self.pid = self.info["pid"]
-        if self._substituted:
-            self._simple("substitute", {"names": list(self._substituted)}, deadline=deadline)
         return self.info
 
     def _read_hello(self, header: dict, blobs) -> dict:
@@ -547,30 +525,14 @@ class Worker:
     # ----------------------------------------------------------------------------------------
     # requests
 
-    def call(self, name: str, args=(), kwargs=None, *, deadline: float | None = None, oracle=None):
+    def call(self, name: str, args=(), kwargs=None, *, deadline: float | None = None):
         """The implementation's ``name(*args, **kwargs)``. ``deadline`` is a ``time.monotonic()``
-        value (default: now + ``call_timeout``); ``oracle(name, args, kwargs)`` answers substituted
-        names during this call (default: the one given to ``substitute``)."""
-        return self._run("call", name, args, kwargs, deadline, oracle)
+        value (default: now + ``call_timeout``)."""
+        return self._run("call", name, args, kwargs, deadline)
 
-    def op(self, name: str, args=(), kwargs=None, *, deadline: float | None = None, oracle=None):
+    def op(self, name: str, args=(), kwargs=None, *, deadline: float | None = None):
         """The model operation ``OPS[name](implementation, *args, **kwargs)``."""
-        return self._run("op", name, args, kwargs, deadline, oracle)
-
-    def substitute(self, names, *, oracle=None, deadline: float | None = None) -> dict:
-        """Replace the named protocol functions inside the implementation by stubs that ask
-        ``oracle`` (here, per call, or the one given now). Returns ``{"replaced": {name: count}}``."""
-        names = [str(n) for n in names]
-        if oracle is not None:
-            self._oracle = oracle
-        self._substituted = names
-        return self._simple("substitute", {"names": names}, deadline=deadline)
-
-    def restore(self, *, deadline: float | None = None) -> None:
-        self._substituted = []
-        self._oracle = None
-        if self.alive:
-            self._simple("restore", {}, deadline=deadline)
+        return self._run("op", name, args, kwargs, deadline)
 
     def reset(self, *, deadline: float | None = None) -> None:
         """Drop every handle the worker holds (handles from before raise ``StaleHandleError``)."""
@@ -606,9 +568,9 @@ class Worker:
     def _simple(self, kind: str, fields: dict, *, deadline: float | None):
         deadline = self._started(self._deadline(deadline))
         rid = self._new_id()
-        return self._exchange(rid, {"type": kind, "id": rid, **fields}, wire.Encoder(), deadline, None)
+        return self._exchange(rid, {"type": kind, "id": rid, **fields}, wire.Encoder(), deadline)
 
-    def _run(self, kind: str, name: str, args, kwargs, deadline, oracle):
+    def _run(self, kind: str, name: str, args, kwargs, deadline):
         deadline = self._started(self._deadline(deadline))
         if type(args) not in (list, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
             raise TypeError("args must be a list or tuple and kwargs a dict")
@@ -621,9 +583,9 @@ class Worker:
             "args": encoder(tuple(args)),
             "kwargs": encoder(dict(kwargs or {})),
         }
-        return self._exchange(rid, header, encoder, deadline, oracle, f"{kind} {name}")
+        return self._exchange(rid, header, encoder, deadline, f"{kind} {name}")
 
-    def _exchange(self, rid: int, header: dict, encoder: wire.Encoder, deadline: float, oracle, what: str = ""):
+    def _exchange(self, rid: int, header: dict, encoder: wire.Encoder, deadline: float, what: str = ""):
         left = max(0.05, deadline - time.monotonic())
         try:
             wire.send(self.sock, header, encoder.blobs, timeout=left, limits=self.limits)
@@ -633,7 +595,7 @@ class Worker:
             if isinstance(exc, wire.WireError) and not isinstance(exc, wire.WireClosed):
                 raise  # our own message is too large: nothing was sent
             self._crashed()
-        answer, blobs = self._wait(rid, deadline, oracle, what or header["type"])
+        answer, blobs = self._wait(rid, deadline, what or header["type"])
         return self._result(answer, blobs, encoder)
 
     def _result(self, answer: dict, blobs, encoder: wire.Encoder):
@@ -658,9 +620,9 @@ class Worker:
             raise error
         return value
 
-    def _wait(self, rid, deadline: float, oracle, what: str):
-        """The worker's answer to request ``rid`` (``None``: the hello), answering oracle requests
-        meanwhile; a timeout kills the worker, a dead worker is a ``WorkerCrashed``."""
+    def _wait(self, rid, deadline: float, what: str):
+        """The worker's answer to request ``rid`` (``None``: the hello); a timeout kills the worker,
+        a dead worker is a ``WorkerCrashed``."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -680,43 +642,9 @@ class Worker:
             except OSError:
                 self._crashed()
             kind = header.get("type")
-            if kind == "oracle" and rid is not None:
-                self._answer_oracle(header, blobs, oracle or self._oracle)
-                continue
             if (rid is None and kind in ("hello", "started")) or (kind == "reply" and header.get("id") == rid):
                 return header, blobs
             self._protocol_error(f"unexpected message {plain_text(str(kind), 40)!r} while waiting for {what}")
-
-    def _answer_oracle(self, header: dict, blobs, oracle) -> None:
-        if set(header) != {"type", "id", "name", "args", "kwargs"} or type(header["id"]) is not int:
-            self._protocol_error("an oracle request needs exactly id, name, args, kwargs")
-        name = header["name"]
-        try:
-            decoder = wire.Decoder(blobs, self._make_handle, device=None, limits=self.limits)
-            args, kwargs = decoder(header["args"]), decoder(header["kwargs"])
-            decoder.finish()
-            if type(name) is not str or type(args) is not tuple or type(kwargs) is not dict:
-                raise wire.WireError("an oracle request needs a name, an args tuple and a kwargs dict")
-        except wire.WireError as exc:
-            self._protocol_error(exc)
-        encoder = wire.Encoder(self._encode_object, limits=self.limits)
-        answer = {"type": "oracle_result", "id": header["id"]}
-        if oracle is None:
-            answer["error"] = _error_report(RuntimeError(f"no oracle was given to answer {name}"))
-        else:
-            try:
-                answer["ok"] = encoder(oracle(name, args, kwargs))
-            except Exception as exc:  # noqa: BLE001 - reported to the worker, where the stub raises it
-                encoder = wire.Encoder(self._encode_object, limits=self.limits)
-                answer["error"] = _error_report(exc)
-            except BaseException:
-                self._stop()  # the worker waits for an answer it will not get
-                raise
-        answer["generators"] = [encoder(g.get_state()) for g in decoder.generators]
-        try:
-            wire.send(self.sock, answer, encoder.blobs, timeout=30.0, limits=self.limits)
-        except (OSError, wire.WireError):
-            self._crashed()
 
     # ----------------------------------------------------------------------------------------
     # handles

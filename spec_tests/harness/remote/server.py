@@ -17,11 +17,6 @@ Requests (JSON headers, see ``wire.py``; each has an ``id`` and gets one ``reply
 
 - ``call`` {name, args, kwargs}: the implementation's protocol function;
 - ``op`` {name, args, kwargs}: ``OPS[name](implementation, *args, **kwargs)``;
-- ``substitute`` {names}: each named protocol function, wherever the implementation's own modules
-  refer to it (module globals of every module whose file lies inside the implementation's folder,
-  or is its file, plus the implementation object's attribute), is replaced by a stub that sends an
-  ``oracle`` request {name, args, kwargs} to the judge and returns its ``oracle_result`` (or raises
-  the error it reports); ``restore`` undoes it;
 - ``reset``: drop every handle; ``ping``; ``exit``.
 
 A reply is ``{"ok": value}`` or ``{"error": {type, mro, message, where, not_implemented}}``, plus
@@ -34,7 +29,6 @@ stderr are not the protocol channel (the judge keeps a capped log of them).
 from __future__ import annotations
 
 import argparse
-import builtins
 import gc
 import importlib
 import importlib.util
@@ -43,7 +37,6 @@ import resource
 import signal
 import socket
 import sys
-import threading
 import traceback
 
 from spec_tests.harness.remote import wire
@@ -81,7 +74,7 @@ def die_with_parent() -> None:
 
 
 def submission_root(spec: str, impl) -> str | None:
-    """The file or folder whose modules are the submission's own (``where``, substitution)."""
+    """The file or folder whose modules are the submission's own (``where``)."""
     if os.path.exists(spec):
         return os.path.realpath(spec)
     module = impl if type(impl).__name__ == "module" else sys.modules.get(spec.partition(":")[0])
@@ -131,18 +124,6 @@ def error_data(exc: BaseException, root: str | None, message: str | None = None)
     }
 
 
-class OracleError(RuntimeError):
-    """The judge's oracle raised an error that is not a builtin exception."""
-
-
-def _raise_reported(error: dict):
-    kind = getattr(builtins, str(error.get("type")), None)
-    message = str(error.get("message", ""))
-    if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, OSError):
-        raise kind(message)
-    raise OracleError(f"{error.get('type')}: {message}")
-
-
 class Server:
     def __init__(self, sock: socket.socket, impl, root: str | None, ops: dict, ops_error: str | None):
         self.sock, self.impl, self.root = sock, impl, root
@@ -150,9 +131,6 @@ class Server:
         self.objects: dict[int, object] = {}
         self.ids: dict[int, int] = {}
         self.next_handle = 0
-        self.next_oracle = 0
-        self.patches: list = []
-        self.lock = threading.Lock()
 
     # handles --------------------------------------------------------------------------------
     def register(self, obj) -> dict:
@@ -172,8 +150,7 @@ class Server:
 
     # messages -------------------------------------------------------------------------------
     def send(self, header: dict, blobs=()) -> None:
-        with self.lock:  # a thread the submission left running may ask an oracle too
-            wire.send(self.sock, header, blobs)
+        wire.send(self.sock, header, blobs)
 
     def reply(self, rid, *, ok=None, error=None, generators=()) -> None:
         encoder = wire.Encoder(self.register)
@@ -204,18 +181,6 @@ class Server:
                 raise wire.WireError(f"a request without an integer id: {plain_text(str(header)[:200])}")
             if kind in ("call", "op"):
                 self.run(kind, rid, header, blobs)
-            elif kind == "substitute":
-                names = header.get("names")
-                if type(names) is not list or not all(type(n) is str for n in names):
-                    self.reply(rid, error=_plain_error("WireError", "substitute needs a list of names"))
-                    continue
-                try:
-                    self.reply(rid, ok=self.substitute(names))
-                except ValueError as exc:
-                    self.reply(rid, error=error_data(exc, self.root))
-            elif kind == "restore":
-                self.restore()
-                self.reply(rid, ok=None)
             elif kind == "reset":
                 self.restore_handles()
                 self.reply(rid, ok=None)
@@ -270,83 +235,6 @@ class Server:
         self.objects.clear()
         self.ids.clear()
         gc.collect(0)  # a full collection with torch loaded costs ~80 ms; the youngest generation is enough
-
-    # substitution ---------------------------------------------------------------------------
-    def substitute(self, names: list[str]) -> dict:
-        self.restore()
-        originals = {}
-        for name in names:
-            if name not in PROTOCOL_NAMES:
-                raise ValueError(f"{plain_text(name, 100)!r} is not a protocol v1 name")
-            fn = getattr(self.impl, name, None)
-            if fn is not None:
-                originals[name] = fn
-        stubs = {name: self.stub(name) for name in originals}
-        by_id = {id(fn): name for name, fn in originals.items()}
-        replaced = dict.fromkeys(originals, 0)
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if type(namespace) is not dict or not _inside(namespace.get("__file__"), self.root):
-                continue
-            for key, value in list(namespace.items()):
-                name = by_id.get(id(value))
-                if name is not None and value is originals[name]:
-                    namespace[key] = stubs[name]
-                    self.patches.append((namespace, key, value, stubs[name]))
-                    replaced[name] += 1
-        for name, fn in originals.items():
-            if getattr(self.impl, name, None) is fn:
-                try:
-                    setattr(self.impl, name, stubs[name])
-                    self.patches.append((self.impl, name, fn, stubs[name]))
-                    replaced[name] += 1
-                except (AttributeError, TypeError):
-                    pass
-        return {"replaced": replaced}
-
-    def restore(self) -> None:
-        for target, key, original, stub in reversed(self.patches):
-            if type(target) is dict:
-                if target.get(key) is stub:
-                    target[key] = original
-            elif getattr(target, key, None) is stub:
-                setattr(target, key, original)
-        self.patches.clear()
-
-    def stub(self, name: str):
-        server = self
-
-        def oracle_stub(*args, **kwargs):
-            return server.ask_oracle(name, args, kwargs)
-
-        oracle_stub.__code__ = oracle_stub.__code__.replace(co_name=name, co_qualname=name)
-        oracle_stub.__name__ = oracle_stub.__qualname__ = name
-        oracle_stub.__doc__ = f"{name}, answered by the judge's oracle (a substituted protocol function)"
-        return oracle_stub
-
-    def ask_oracle(self, name: str, args, kwargs):
-        oid = self.next_oracle
-        self.next_oracle += 1
-        encoder = wire.Encoder(self.register)
-        header = {"type": "oracle", "id": oid, "name": name, "args": encoder(tuple(args)), "kwargs": encoder(kwargs)}
-        self.send(header, encoder.blobs)
-        try:
-            answer, blobs = wire.recv(self.sock)
-            if answer.get("type") != "oracle_result" or answer.get("id") != oid:
-                raise wire.WireError(f"expected the oracle_result {oid}, got {plain_text(str(answer)[:200])}")
-            decoder = wire.Decoder(blobs, self.lookup)
-            states = [decoder(s) for s in answer.get("generators", [])]
-            value = decoder(answer["ok"]) if "ok" in answer else None
-            decoder.finish()
-        except (wire.WireError, KeyError) as exc:  # the channel is broken: nothing sensible is left to do
-            print(f"worker: protocol error while waiting for an oracle answer: {exc}", file=sys.stderr)
-            _flush()
-            os._exit(4)
-        for generator, state in zip(encoder.generators, states):
-            generator.set_state(state)
-        if "error" in answer:
-            _raise_reported(answer["error"] if type(answer["error"]) is dict else {})
-        return value
 
 
 def _generator_state(generator):

@@ -143,9 +143,11 @@ class Subject:
         adamw = None if weight_decay is None else {"weight_decay": float(weight_decay), "betas": list(betas)}
         return self.op("correct_steps", model, kind, float(lr), float(eps), x, y, clip, int(steps), adamw)
 
-    # root-cause reruns
+    # the reference composed with other functions (root causes, the knob search)
     def substituted(self, replacements: dict):
-        """A context in which each named protocol function is replaced by ``replacements[name]``."""
+        """A context in which each named protocol function is replaced by ``replacements[name]``.
+        Only an in-process subject has it (``LocalSubject``; the callers use the reference): a worker's
+        subject (``RemoteSubject``) replaces nothing inside the submission."""
         raise NotImplementedError
 
     # per-test bookkeeping
