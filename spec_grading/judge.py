@@ -37,15 +37,15 @@ JUDGE_MEMORY_EXTRA_MB = 2048  # the judge's address space: the worker's limit pl
 
 
 def judge_memory_bytes(worker_memory_mb: int) -> int:
-    """The judge's own memory limit (0: none). The worker's oracle requests make the judge run the
-    reference on arguments the submission chose; this bounds what one can make it allocate, so a
-    request that would need more fails as that test's error instead of exhausting the host.
+    """The judge's own memory limit (0: none). The judge decodes the worker's replies and computes the
+    reference around them (composition, diagnosis); this bounds what a reply can make it allocate, so
+    one that would need more fails as that test's error instead of exhausting the host.
 
     How, on every device (``limit_judge_memory``): a cgroup v2 group of its own (``memory.max``, no
     swap) where the grader can make one; otherwise ``RLIMIT_AS`` on CPU and, with ``--device cuda``
     (whose driver reserves far more address space than it uses, so ``RLIMIT_AS`` would stop CUDA
     from starting), ``RLIMIT_DATA``: the private writable memory the judge allocates, which is what
-    an oracle request's tensors and the decoded replies take on the host."""
+    the decoded replies take on the host."""
     return (worker_memory_mb + JUDGE_MEMORY_EXTRA_MB) * 1024 * 1024 if worker_memory_mb > 0 else 0
 
 
@@ -275,7 +275,7 @@ class JudgeRun:
             )
         if judge_limit and self._cgroup is None:
             which = judge_rlimit(self.device)
-            try:  # the judge answers the worker's oracle requests: bound what they can make it allocate
+            try:  # the judge decodes what the worker sends: bound what that can make it allocate
                 resource.prlimit(self.proc.pid, which, (judge_limit, judge_limit))
                 name = "RLIMIT_AS" if which == resource.RLIMIT_AS else "RLIMIT_DATA"
                 self.memory_limit = f"{judge_limit >> 20} MiB ({name})"

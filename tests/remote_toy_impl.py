@@ -135,7 +135,7 @@ def get_batch(data, batch_size, context_length, generator=None, device="cpu"):
 
 
 def generate(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None, use_cache=True):
-    # a composite that reaches sample through the module global (substitution replaces it here)
+    # a composite that reaches sample through the module global
     out = [sample(prompt.float(), temperature, generator=generator) for _ in range(max_new_tokens)]
     return torch.stack(out, -1)
 

@@ -309,17 +309,6 @@ def test_a_consequence_of_a_root_only_not_implemented_earns_nothing():
     assert status == {test: s.status for test, s in settling.settle(records).items()}
 
 
-def test_a_replaced_function_refuses_oversized_arguments():
-    import torch
-
-    from spec_tests.harness.remote.remote_subject import ORACLE_MAX_ELEMENTS, check_oracle_arguments
-
-    check_oracle_arguments("rmsnorm", (torch.zeros(4, 8), torch.ones(8)), {})
-    big = torch.zeros(ORACLE_MAX_ELEMENTS // 2 + 1)
-    with pytest.raises(ValueError, match="rmsnorm: .* tensor elements"):
-        check_oracle_arguments("rmsnorm", (big,), {"weight": big})
-
-
 def test_the_judge_gets_an_address_space_limit_above_the_workers():
     assert judge.judge_memory_bytes(0) == 0
     assert judge.judge_memory_bytes(3072) == (3072 + judge.JUDGE_MEMORY_EXTRA_MB) * 2**20

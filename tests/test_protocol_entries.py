@@ -17,7 +17,6 @@ import student
 from spec_tests import inputs, protocol
 from spec_tests.harness.diagnosis import catalog, crashes, knobs
 from spec_tests.harness.judging.tolerances import KINDS
-from spec_tests.harness.remote import remote_subject
 from spec_tests.harness.subject import subject
 from spec_tests.protocol import ENTRIES, ENTRY, PROTOCOL_NAMES
 
@@ -79,7 +78,6 @@ def test_harness_views_follow_the_entry(name):
     assert (name in knobs.NAN_UNSPECIFIED) == e.nan_rows_unspecified
     assert catalog.CATALOG_GROUPS.get(name, ()) == e.catalog_groups
     assert (name in crashes.ANY_LEADING) == e.any_leading_dims
-    assert remote_subject.REFERENCE_ONLY.get(name, frozenset()) == e.reference_only
     assert subject.STYLE_KEYWORD.get(name) == e.style_keyword
 
 
@@ -126,8 +124,8 @@ def test_the_export_lists_are_the_protocol_names():
     assert all(callable(getattr(student, n)) for n in PROTOCOL_NAMES)
 
 
-# Keywords of the reference's functions that the protocol does not name and that a replaced function still
-# accepts in an oracle call (not ``reference_only``): (name, keyword) -> why. None today.
+# Keywords of the reference's functions that the protocol does not name and that are nevertheless not
+# reference-only (not ``reference_only``): (name, keyword) -> why. None today.
 ALLOWED_UNNAMED: dict[tuple[str, str], str] = {}
 
 
@@ -164,8 +162,8 @@ def test_the_protocol_rows_are_read():
 @pytest.mark.parametrize("name", PROTOCOL_NAMES)
 def test_every_reference_keyword_is_the_protocols_reference_only_or_allowed(name):
     """Each parameter of the reference's function is the protocol's (its signature row, or an amendment in
-    the entry's ``amended_keywords`` whose text names it), ``reference_only`` in its entry (a replaced function refuses
-    it in an oracle call), or deliberately allowed (``ALLOWED_UNNAMED``, with the reason): a keyword added
+    the entry's ``amended_keywords`` whose text names it), ``reference_only`` in its entry (an implementation is
+    never called with it), or deliberately allowed (``ALLOWED_UNNAMED``, with the reason): a keyword added
     to the reference that nobody lists fails here. The protocol's own parameters are never refused."""
     e = ENTRY[name]
     reference_params = list(inspect.signature(getattr(reference, name)).parameters)
@@ -178,7 +176,7 @@ def test_every_reference_keyword_is_the_protocols_reference_only_or_allowed(name
     assert unlisted == [], (
         f"{name}: the reference's {unlisted} are not in the protocol's row: list each in the entry's reference_only "
         "(spec_tests/protocol/entries.py), or as the protocol's in its amended_keywords (with the amendment that "
-        "names it in docs/protocol.md), or in ALLOWED_UNNAMED with the reason an oracle call may pass it"
+        "names it in docs/protocol.md), or in ALLOWED_UNNAMED with the reason"
     )
     refused_protocol = sorted(e.reference_only & {*row, *amended})
     assert refused_protocol == [], f"{name}: protocol keywords {refused_protocol} are listed as reference-only"

@@ -14,7 +14,6 @@ import torch
 
 from spec_tests.harness.remote import cgroup, sandbox, seccomp, wire
 from spec_tests.harness.remote.client import Worker, WorkerCrashed, WorkerGaveUp, WorkerProtocolError, WorkerTimeout
-from spec_tests.harness.remote.remote_subject import REFERENCE_ONLY, check_oracle_arguments
 
 AVAILABLE, REASON = sandbox.sandbox_available()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"no sandbox here: {REASON}")
@@ -132,24 +131,6 @@ def test_restarts_slow_imports_are_charged_to_a_budget_and_then_it_gives_up(tmp_
             WorkerGaveUp, match=r"importing your code again in 2 restarts .*budget is 5 s.*could not run"
         ):
             w.call("softmax", (torch.zeros(2),), deadline=soon())
-
-
-def test_oracle_calls_take_protocol_arguments_only():
-    x = torch.zeros(1, 2, 4, 8)
-    check_oracle_arguments("rope", (x, torch.arange(4)), {"theta": 500.0})
-    with pytest.raises(TypeError, match=r"rope was called with table_size=, an option of the reference"):
-        check_oracle_arguments("rope", (x, torch.arange(4)), {"table_size": 1 << 24})
-    with pytest.raises(TypeError, match="style=, table_size="):
-        check_oracle_arguments("rope", (x, torch.arange(4)), {"style": "half", "table_size": 8})
-    with pytest.raises(TypeError, match="causal="):
-        check_oracle_arguments("scaled_dot_product_attention", (x, x, x), {"causal": True})
-    assert "rope_table_size" in REFERENCE_ONLY["multihead_self_attention"]
-    mha = (x, *[torch.zeros(8, 8)] * 4, 2)  # amendment 23's key mask and the config's rope_scaling are the reference's
-    with pytest.raises(TypeError, match=r"multihead_self_attention was called with mask=, rope_scaling=, an option"):
-        check_oracle_arguments("multihead_self_attention", mha, {"mask": None, "rope_scaling": None, "theta": 1e4})
-    check_oracle_arguments("multihead_self_attention", mha, {"n_kv_heads": 2, "theta": 1e4, "positions": None})
-    with pytest.raises(ValueError, match="tensor elements"):
-        check_oracle_arguments("softmax", (torch.zeros(1 << 23),), {"dim": 0})
 
 
 def test_the_seccomp_program_checks_the_arch_first_and_ends_in_allow():

@@ -42,14 +42,15 @@ class Entry:
       may trace back to; ``None``: the name is absent from ``MAY_CALL`` (it calls no protocol name).
       ``calls_model_parts``: it may also call every model part (``may_call`` is the union).
     - ``model_part``: a component the model is built from (``MODEL_PARTS``).
-    - ``substitutable``: a correct version can stand in for it inside an implementation (a function of
-      tensors and numbers; model-bound names, built models, caches and optimizers cannot be swapped).
+    - ``substitutable``: the implementation's version can stand in for the reference's inside the reference
+      (a function of tensors and numbers; model-bound names, built models, caches and optimizers cannot be
+      swapped): the composition that decides consequences (``harness/judging/consequences.py``).
     - ``tolerance``: the math tolerance kind its own tests use (``harness/judging/tolerances.py``), where
       ``test_precision.py`` judges the math before the precision.
     - ``precision_sample``: float64 inputs for ``test_float64_computed_in_float64`` (see ``Sample``); the
       names that have one are that test's parameters, in protocol order.
-    - ``reference_only``: the reference's keyword-only options that the protocol does not have: a replaced
-      (substituted) function refuses a call that passes one. Every keyword of the reference's function is
+    - ``reference_only``: the reference's keyword-only options that the protocol does not have (an
+      implementation is never called with one). Every keyword of the reference's function is
       the protocol's (its row in ``docs/protocol.md`` or an amendment), reference-only, or deliberately
       allowed: ``tests/test_protocol_entries.py`` (``ALLOWED_UNNAMED``) fails on one nobody lists.
     - ``amended_keywords``: keywords its signature row in ``docs/protocol.md`` lacks but an amendment gives it:

@@ -12,38 +12,10 @@ from __future__ import annotations
 
 import time
 
-from ...protocol import REFERENCE_ONLY, effective_capabilities
-from ..judging.treemap import tree_leaves
+from ...protocol import effective_capabilities
 from ..subject.model_ops import OP_USES
 from ..subject.subject import ImplementationError, NotImplementedInImpl, Subject, declared_attributes
 from .client import RemoteError, StaleHandleError, Worker, WorkerCrashed, WorkerGaveUp, WorkerTimeout
-
-# No caller since the worker's substitution (its stubs asked the judge to run the reference) was
-# removed: ORACLE_MAX_ELEMENTS, check_oracle_arguments and the REFERENCE_ONLY re-export stay only while
-# tests outside the remote layer import them (tests/test_grading_units.py, tests/test_protocol_entries.py).
-
-# The most tensor elements one call to a replaced function could pass.
-ORACLE_MAX_ELEMENTS = 1 << 22
-
-# The reference's keyword-only options that the protocol does not have (docs/protocol.md, amendments 6 and 23:
-# "Reference-only options"). REFERENCE_ONLY (imported): each protocol entry's ``reference_only``.
-
-
-def check_oracle_arguments(name: str, args, kwargs) -> None:
-    """A replaced function's call, refused (``ValueError``) when it passes a reference-only keyword
-    (``REFERENCE_ONLY``) or more than ``ORACLE_MAX_ELEMENTS`` tensor elements."""
-    refused = sorted(set(kwargs) & REFERENCE_ONLY.get(name, frozenset()))
-    if refused:
-        raise TypeError(
-            f"{name} was called with {', '.join(f'{k}=' for k in refused)}, an option of the reference that "
-            f"the protocol does not have; while {name} is replaced by a correct version, it answers protocol "
-            "calls only (call it with the protocol's arguments)"
-        )
-    size = sum(t.numel() for _, t in tree_leaves((args, kwargs)))
-    if size > ORACLE_MAX_ELEMENTS:
-        raise ValueError(
-            f"{name}: {size} tensor elements in one call to a replaced function (at most {ORACLE_MAX_ELEMENTS})"
-        )
 
 
 class _Declared:
