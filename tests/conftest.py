@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import ahead  # tests/ahead.py: tests/ is on sys.path while pytest imports this file
+import manifest_cache  # tests/manifest_cache.py: the session's grading manifests
 import pytest
 import torch
 import torch.nn.functional as F
@@ -173,8 +174,17 @@ SLOW_FILES = {
 }
 
 
+MANIFEST_CACHE = pytest.StashKey[str | None]()
+
+
 def pytest_configure(config):
     ahead.runner_count()  # a bad SPEC_TESTS_AHEAD is a usage error before anything runs
+    # one manifest cache for every grading of the session, the runners' too (they inherit the environment)
+    config.stash[MANIFEST_CACHE] = manifest_cache.start()
+
+
+def pytest_unconfigure(config):
+    manifest_cache.finish(config.stash.get(MANIFEST_CACHE, None))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
+from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_grading import report
 from spec_tests.harness.remote import sandbox
@@ -284,7 +285,7 @@ def test_rubric_capabilities_decide_what_is_graded(batch, tmp_path):
     rubric = tmp_path / "rubric.toml"
     rubric.write_text(RUBRIC + '\n[capabilities]\nrequired = ["tied_head", "untied_head"]\n')
     out = tmp_path / "results.json"
-    args = ["--select", SELECT, "--cache-dir", str(tmp_path / "cache"), "--rubric", str(rubric)]
+    args = ["--select", SELECT, "--cache-dir", str(shared_cache()), "--rubric", str(rubric)]
     proc = spec_grade("--impl", str(batch["tmp"] / "subs" / "good"), *args, "--gradescope", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "are not graded: they need a capability the rubric does not require" in proc.stderr

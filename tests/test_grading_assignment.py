@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 ROOT = Path(__file__).resolve().parents[1]
 RUBRIC = ROOT / "docs" / "rubrics" / "llama-only-course.toml"
@@ -39,7 +40,7 @@ def graded(tmp_path_factory):
     (buggy / "norms.py").write_text(text.replace("torch.sqrt(ms + eps)", "(torch.sqrt(ms) + eps)", 1))
     out = tmp / "out"
     cmd = [sys.executable, "-m", "spec_grading.cli", "--impl", str(subs), "--rubric", str(RUBRIC)]
-    cmd += ["--cache-dir", str(tmp / "cache"), "--jobs", "2", "--out-dir", str(out), "--gradescope", "results.json"]
+    cmd += ["--cache-dir", str(shared_cache()), "--jobs", "2", "--out-dir", str(out), "--gradescope", "results.json"]
     cmd += ["--markdown", "report.md", "--csv", str(tmp / "gradebook.csv")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,9 +6,9 @@ attack. The honest one is graded first, with the reference; then every cheater i
 the honest one beside them; then the honest one and the reference again. For each cheater: its score
 is at most the honest score, its reports are valid (parseable, bounded, every graded test present),
 and the honest submission's results beside the cheaters and in the later grading equal the first.
-The grader's checkout and its cached manifest are unchanged. One manifest, prepared by the first
-grading, is shared (``--cache-dir``); the tests are restricted to three concepts (``--select``) to
-keep this file near two minutes on two cores.
+The grader's checkout and its cached manifest are unchanged. One manifest, copied from the session's
+cache (tests/manifest_cache.py) into a cache of this file's own, is shared (``--cache-dir``); the tests
+are restricted to three concepts (``--select``) to keep this file near two minutes on two cores.
 
 The attacks run only where the bubblewrap sandbox is available (CI installs it): some of them
 succeed against the no-sandbox fallback, which docs/grading.md says. The last test shows what the
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
+from manifest_cache import private_copy  # tests/manifest_cache.py: the session's manifests
 
 from spec_tests.harness.remote import sandbox
 
@@ -110,9 +111,10 @@ def attacks(tmp_path_factory):
     if not AVAILABLE:
         pytest.skip(f"the attacks need the sandbox: {REASON}")
     tmp = tmp_path_factory.mktemp("attacks")
-    cache, subs = tmp / "cache", tmp / "subs"
-    rubric = tmp / "rubric.toml"
+    subs, rubric = tmp / "subs", tmp / "rubric.toml"
     rubric.write_text(RUBRIC)
+    # a cache of its own (watched below, and baked into the cheaters), starting from the session's manifest
+    cache = private_copy(tmp / "cache", "--select", SELECT, "--rubric", str(rubric))
     first = subs / "first"
     honest = build(first, "honest", {})
     reference_copy = first / "reference_copy"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
+from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 from test_grading import copy_package, reference_dir, spec_grade, student_dir
 
 RUBRIC = """
@@ -29,7 +30,7 @@ def test_the_skeleton_scores_zero_and_the_reference_full_marks(tmp_path):
     rubric.write_text(RUBRIC)
     out = tmp_path / "out"
     proc = spec_grade(
-        "--impl", str(subs), "--select", "test_model or test_kv_cache", "--cache-dir", str(tmp_path / "cache"),
+        "--impl", str(subs), "--select", "test_model or test_kv_cache", "--cache-dir", str(shared_cache()),
         "--rubric", str(rubric), "--jobs", "2", "--out-dir", str(out), "--gradescope", "results.json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_tests import inputs, models
 from spec_tests.harness.judging import compare
@@ -271,7 +272,7 @@ def gradings(tmp_path_factory):
     ]
     runs = {}
     for label, extra in (("fresh", ()), ("handout", ("--seed", "0")), ("fixed", ("--seed", str(FIXED_SEED)))):
-        proc = grade(packages, tmp / label, tmp / "cache", rubric, *extra)
+        proc = grade(packages, tmp / label, shared_cache(), rubric, *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         results = {n: json.loads((tmp / label / n / "results.json").read_text()) for n in NAMES}
         reports = {n: (tmp / label / n / "report.md").read_text() for n in NAMES}

@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_grading import autograder, handout, report
 from spec_grading.grade import Grade, TestResult
@@ -353,7 +354,7 @@ def test_a_hostile_upload_cannot_forge_the_staff_report_or_the_gradebook(tmp_pat
     rubric.write_text("total = 10\n")
     out = {k: tmp_path / f"r.{k}" for k in ("md", "xml", "csv", "json")}
     cmd = [sys.executable, "-m", "spec_grading.cli", "--impl", str(upload), "--select", "test_rmsnorm"]
-    cmd += ["--rubric", str(rubric), "--cache-dir", str(tmp_path / "cache"), "--staff", "--failures"]
+    cmd += ["--rubric", str(rubric), "--cache-dir", str(shared_cache()), "--staff", "--failures"]
     cmd += ["--markdown", str(out["md"]), "--junit", str(out["xml"]), "--csv", str(out["csv"])]
     cmd += ["--gradescope", str(out["json"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

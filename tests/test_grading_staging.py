@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_grading import batch as batch_mod
 from spec_grading.submission import Submission, discover, stage, static_flags
@@ -335,7 +336,7 @@ def make_attacks(subs: Path) -> dict[str, str]:
 
 @built_ahead
 def grading_dir(tmp_path_factory) -> Path:
-    """A rubric and a manifest cache shared by this file's gradings (the first one prepares it)."""
+    """A rubric for this file's gradings (their manifests are the session's: tests/manifest_cache.py)."""
     tmp = tmp_path_factory.mktemp("staging")
     (tmp / "rubric.toml").write_text(RUBRIC)
     return tmp
@@ -344,7 +345,7 @@ def grading_dir(tmp_path_factory) -> Path:
 @built_ahead
 def attack_batch(grading_dir):
     tmp = grading_dir
-    cache, rubric = tmp / "cache", tmp / "rubric.toml"
+    cache, rubric = shared_cache(), tmp / "rubric.toml"
     expect = make_attacks(tmp / "subs")
     common = ["--select", SELECT, "--cache-dir", str(cache), "--rubric", str(rubric), "--jobs", "2"]
     # issue 21: --out-dir alone writes every report form
@@ -435,7 +436,7 @@ def test_a_stopped_grader_writes_the_reports_of_what_it_judged(grading_dir, tmp_
     tmp = grading_dir
     out, gradebook = tmp_path / "out", tmp_path / "g.csv"
     cmd = [sys.executable, "-m", "spec_grading.cli", "--impl", str(subs), "--select", SELECT, "--jobs", "1"]
-    cmd += ["--cache-dir", str(tmp / "cache"), "--rubric", str(tmp / "rubric.toml")]
+    cmd += ["--cache-dir", str(shared_cache()), "--rubric", str(tmp / "rubric.toml")]
     cmd += ["--out-dir", str(out), "--csv", str(gradebook)]
     grader = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
