@@ -12,6 +12,7 @@ from . import filters
 from .harness.plugin.markers import judges
 from .inputs import S
 from .protocol import ANY_LEADING, COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
+from .test_attention import qkv
 
 NAMES = [n for n in PRECISION_FUNCTIONS if n in ANY_LEADING]
 
@@ -62,4 +63,26 @@ def test_any_leading_dims(spec, name, how):
         label=how,
         behaviour=f"{name} of a {len(shape)}-D input {shape} (one leading dim {how}): any leading dims are allowed",
         **kwargs,
+    )
+
+
+@judges("scaled_dot_product_attention")
+@pytest.mark.component("attention")
+@pytest.mark.bug_class("leading_dims", "gqa")
+@pytest.mark.parametrize("lead", [(), (2, S.B)], ids=["3-D", "5-D"])
+def test_any_leading_dims_with_gqa(spec, lead):
+    """GQA attention on per-head tensors with no batch axis [H, T, d] or two leading dims [2, B, H, T, d]: the heads
+    are the third axis from the end whatever comes before (protocol: scaled_dot_product_attention; Conventions,
+    GQA)."""
+    spec.impl.require_capability("gqa")
+    q, k, v = qkv(spec, 2 * S.B, S.H, S.H_KV, 6, S.T, S.D_HEAD, seed=59)
+    q, k, v = (t.reshape(*lead, *t.shape[-3:]) if lead else t[0] for t in (q, k, v))
+    spec.call(
+        "scaled_dot_product_attention",
+        q,
+        k,
+        v,
+        kind="attention",
+        label="x".join(map(str, q.shape)),
+        behaviour=f"GQA attention ({S.H} query heads over {S.H_KV} kv heads) on q of shape {list(q.shape)}",
     )

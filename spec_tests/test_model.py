@@ -15,6 +15,7 @@ from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import BIT_IDENTICAL, EXACT, Tolerance, tolerance
 from .harness.plugin.markers import judges
 from .models import CONFIGS
+from .protocol import config_defaults
 from .strategies import seeds
 
 pytestmark = pytest.mark.component("model")
@@ -112,8 +113,6 @@ def model_variants(config):
 
 
 REQUIRED_KEYS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
-# The protocol's defaults of the optional v1 keys (protocol: Model); rope_theta too where there is RoPE.
-DEFAULTS = {"norm_eps": 1e-5, "tie_embeddings": True, "dropout": 0.0}
 
 
 def default_configs(impl, family) -> tuple[dict, dict]:
@@ -122,9 +121,7 @@ def default_configs(impl, family) -> tuple[dict, dict]:
     base = models.supported(impl, models.LLAMA_MHA if family == "llama" else models.GPT2)
     minimal = {k: base[k] for k in REQUIRED_KEYS} | ({} if family == "llama" else {"family": "gpt2"})
     minimal |= {k: base[k] for k in impl.fixed_config if k in base}  # amendment 26: what it always has
-    defaults = dict(DEFAULTS, n_kv_heads=minimal["n_heads"], family=family)
-    if family == "llama":
-        defaults["rope_theta"] = 10000.0
+    defaults = config_defaults(dict(minimal, family=family))  # the protocol's, spec_tests/protocol/names.py
     return minimal, dict(defaults, **minimal)
 
 
@@ -148,6 +145,21 @@ def test_config_defaults(spec, family):
         axes="b t v",
         behaviour=f"a {family} model configured only by {list(minimal)} computes what the same weights compute with "
         f"the defaults written out ({', '.join(f'{k}={written[k]}' for k in written if k not in minimal)})",
+    )
+
+
+@judges("kv_cache_bytes")
+@pytest.mark.bug_class("memory")
+def test_kv_cache_bytes_of_a_config_with_defaults_omitted(spec, family):
+    """kv_cache_bytes of a config without its optional keys is that of the config with the protocol's defaults
+    written out: n_kv_heads = n_heads (protocol: Model, kv_cache_bytes)."""
+    minimal, written = default_configs(spec.impl, family)
+    got = spec.impl.kv_cache_bytes(minimal, 3, 17)
+    want = spec.expected(lambda m, c: m.kv_cache_bytes(c, 3, 17), written, label="written")
+    spec.require(
+        got == want,
+        behaviour=f"kv_cache_bytes of a {family} config by its required keys only counts n_kv_heads = n_heads",
+        found=f"{got} bytes, {want} expected",
     )
 
 

@@ -8,6 +8,8 @@ from suite_subprocess import implementation, run_suite
 
 from spec_tests.harness.diagnosis.crashes import own_frame, probe
 
+pytest_plugins = ["pytester"]
+
 
 def randn(*shape, dtype=torch.float64):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
@@ -87,7 +89,7 @@ def test_own_frame_skips_the_suite_and_torch():
         assert own_frame(exc).startswith("tests/test_diagnosis_crashes.py:"), own_frame(exc)
 
 
-def test_a_crash_in_the_suite_names_its_trigger(tmp_path):
+def test_a_crash_in_the_suite_names_its_trigger(tmp_path, pytester):
     """End to end: a copy of the reference whose rmsnorm accepts only 3-D input and whose get_batch rejects
     exactly context_length + 1 tokens; the failure reports say which input property makes each raise."""
 
@@ -101,7 +103,7 @@ def test_a_crash_in_the_suite_names_its_trigger(tmp_path):
         )
 
     folder = implementation(tmp_path, edit=edit)
-    proc = run_suite(f"--impl={folder}", "-k", "norm_statistics or exactly_enough", cwd=tmp_path)
+    proc = run_suite(f"--impl={folder}", "-k", "norm_statistics or exactly_enough", cwd=tmp_path, pytester=pytester)
     out = proc.stdout
     assert "rmsnorm raises for 2-D input and works for 3-D" in out, out[-3000:]
     assert "get_batch raises for a 1-D input of exactly 9 entries and works for 10 entries" in out, out[-3000:]
@@ -241,3 +243,36 @@ def cached_step_of_one_token(ids):
 def test_a_chunk_that_only_works_token_by_token_is_named():
     lines, _ = probe("forward", cached_step_of_one_token, (torch.zeros(2, 9, dtype=torch.long),), {})
     assert any("a [B, T] id input of T=9 tokens and works for T=1" in line for line in lines), lines
+
+
+def bytes_needing_n_kv_heads(config, batch_size, seq_len, dtype=torch.float32):
+    return 2 * config["n_kv_heads"] * seq_len * batch_size  # the bug: n_kv_heads defaults to n_heads
+
+
+def test_a_config_default_is_written_out():
+    config = {"vocab_size": 10, "context_length": 8, "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 16}
+    lines, _ = probe("kv_cache_bytes", bytes_needing_n_kv_heads, (config, 2, 3), {})
+    causes = [line for line in lines if line.startswith("likely cause")]
+    assert len(causes) == 1 and "leaves optional keys out and works for n_kv_heads=2 written out" in causes[0], lines
+
+
+def table_with_even_width(seq_len, d_model):
+    table = torch.zeros(seq_len, d_model)
+    table[:, 1::2] = torch.ones(seq_len, (d_model + 1) // 2)  # the bug: ceil(d/2) cosine columns
+    return table
+
+
+def test_an_odd_size_is_named():
+    lines, _ = probe("sinusoidal_positions", table_with_even_width, (5, 7), {})
+    assert any("raises for an odd size 7 (argument 2) and works for 8" in line for line in lines), lines
+
+
+def nucleus_needing_top_k(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_p is not None and top_k < logits.shape[-1]:  # the bug: top_k=None means every token
+        return logits
+    return logits
+
+
+def test_top_k_none_is_given_every_token():
+    lines, _ = probe("sampling_probs", nucleus_needing_top_k, (randn(2, 6),), {"top_p": 0.9})
+    assert any("raises for top_k=None and works for top_k=6 (every token)" in line for line in lines), lines

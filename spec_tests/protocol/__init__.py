@@ -39,6 +39,7 @@ from .names import (
     SAMPLING_NAMES,
     TRAINING_NAMES,
     V2_CAPABILITIES,
+    config_defaults,
     effective_capabilities,
 )
 
@@ -79,5 +80,6 @@ __all__ = [
     "TRAINING_NAMES",
     "V2_CAPABILITIES",
     "Entry",
+    "config_defaults",
     "effective_capabilities",
 ]

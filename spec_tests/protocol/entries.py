@@ -62,7 +62,8 @@ class Entry:
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
     - ``none_means``: its optional arguments whose ``None`` has an equivalent value the protocol states
       (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``bias=None`` a zero bias,
-      ``max_grad_norm=None`` no clipping, ``generator=None`` a generator of its own): crash diagnosis passes
+      ``max_grad_norm=None`` no clipping, ``generator=None`` a generator of its own, ``top_k=None`` all ``V``
+      tokens, ``top_p=None`` the whole mass): crash diagnosis passes
       that value instead, to tell an unhandled ``None`` from other triggers.
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
@@ -362,6 +363,7 @@ ENTRIES: tuple[Entry, ...] = (
         catalog_groups=("sampling",),
         knob_family="_sampling_probs",
         any_leading_dims=True,  # logits [..., V]
+        none_means=("top_k", "top_p"),
     ),
     Entry(
         "sample",
@@ -370,7 +372,7 @@ ENTRIES: tuple[Entry, ...] = (
         substitutable=True,
         catalog_groups=("sampling",),
         any_leading_dims=True,  # logits [..., V] -> ids [...]
-        none_means=("generator",),
+        none_means=("top_k", "top_p", "generator"),
     ),
     # ------------------------------------------------------------------ model
     # building a model and bookkeeping over its parameters compute nothing with the components (a

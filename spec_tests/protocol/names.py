@@ -69,6 +69,16 @@ IMPLIED_BY_V1 = ("top_k", "top_p")
 PROTOCOL_VERSIONS = (1, 2)
 
 
+def config_defaults(config: dict) -> dict:
+    """The protocol's defaults of the optional v1 config keys, for ``config`` (protocol: Model): n_kv_heads =
+    n_heads, norm_eps 1e-5, tied, no dropout, family llama, and rope_theta 10000 where there is RoPE."""
+    defaults = {"norm_eps": 1e-5, "tie_embeddings": True, "dropout": 0.0, "family": "llama"}
+    defaults["n_kv_heads"] = config.get("n_heads")
+    if config.get("family", "llama") == "llama":
+        defaults["rope_theta"] = 10000.0
+    return defaults
+
+
 def effective_capabilities(declared, version=None) -> frozenset[str]:
     """What a ``CAPABILITIES`` list means under ``PROTOCOL_VERSION`` ``version``.
 

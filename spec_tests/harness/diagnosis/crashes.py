@@ -8,11 +8,14 @@ variants of its input, each one property changed and each as cheap as the origin
   targets share its logits'), or with its two leading dims merged;
 - an optional argument left ``None``, passed or omitted, given the value ``None`` means instead
   (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``bias=None`` as zeros,
-  ``max_grad_norm=None`` as ``inf``, ``generator=None`` as a generator: the protocol's own meanings,
+  ``max_grad_norm=None`` as ``inf``, ``generator=None`` as a generator, ``top_k=None`` as ``V``,
+  ``top_p=None`` as 1.0: the protocol's own meanings,
   ``Entry.none_means``);
 - a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two, a ``[B, T]``
   id input one token shorter, half as long and one token long (a context length crossed, a cached chunk);
-  a count of the last axis's entries above its size (``top_k > V``) given that size;
+  a count of the last axis's entries above its size (``top_k > V``) given that size; an odd integer size
+  (``d_model``) given as the next even one;
+- a config that leaves optional keys out given with the protocol's defaults written out;
 - GQA: k and v with fewer heads than q given repeated to q's heads;
 - the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype; a
   ``torch.dtype`` argument (``bfloat16``) as float32;
@@ -38,10 +41,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...protocol import ANY_LEADING, NONE_MEANS
+from ...protocol import ANY_LEADING, NONE_MEANS, config_defaults
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
-MAX_TRIES = 10
+MAX_TRIES = 12
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,10 @@ def _none_value(key: str, args, kwargs):
         return "a zero bias", torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
     if key == "generator":
         return "a torch.Generator", torch.Generator().manual_seed(0)
+    if key == "top_k" and q is not None:
+        return f"top_k={q.shape[-1]} (every token)", q.shape[-1]
+    if key == "top_p":
+        return "top_p=1.0 (the whole mass)", 1.0
     return None
 
 
@@ -274,6 +281,46 @@ def _count_probes(name, args, kwargs) -> list[Probe]:
     ]
 
 
+def _config_probes(args, kwargs) -> list[Probe]:
+    """A config (a dict with ``n_heads``) that leaves optional keys out, or sets them to None, given with the
+    protocol's defaults written out (``config_defaults``: n_kv_heads = n_heads, ...): each missing key alone,
+    ``n_kv_heads`` first, then all of them; the first that runs says it."""
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, dict) or "n_heads" not in value:
+            continue
+        defaults = config_defaults(value)
+        missing = sorted((k for k in defaults if value.get(k) is None), key=lambda k: k != "n_kv_heads")
+        groups = [[k] for k in missing] + ([missing] if len(missing) > 1 else [])
+        probes = []
+        for group in groups:
+            written = {**value, **{k: defaults[k] for k in group}}
+            shown = ", ".join(f"{k}={defaults[k]!r}" for k in group)
+            if isinstance(key, int):
+                new_args, new_kwargs = (*args[:key], written, *args[key + 1 :]), kwargs
+            else:
+                new_args, new_kwargs = args, {**kwargs, key: written}
+            probes.append(
+                Probe(
+                    "a config that leaves optional keys out",
+                    f"{shown} written out",
+                    new_args,
+                    new_kwargs,
+                    "; an omitted config key takes the protocol's default",
+                )
+            )
+        return probes
+    return []
+
+
+def _odd_size_probes(args, kwargs) -> list[Probe]:
+    """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one."""
+    return [
+        Probe(f"an odd size {value} (argument {i + 1})", f"{value + 1}", (*args[:i], value + 1, *args[i + 1 :]), kwargs)
+        for i, value in enumerate(args)
+        if type(value) is int and value >= 3 and value % 2
+    ]
+
+
 def _dtype_argument_probes(args, kwargs) -> list[Probe]:
     """A ``torch.dtype`` argument other than float32 (``torch.bfloat16``) given as float32."""
     for key, value in [*enumerate(args), *kwargs.items()]:
@@ -321,6 +368,8 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _count_probes(name, args, kwargs)
+        + _config_probes(args, kwargs)
+        + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
         + _dtype_probes(args, kwargs)
         + _integer_dtype_probes(args, kwargs)
@@ -408,6 +457,11 @@ def own_frame(exc: BaseException | None) -> str:
 # the subject as tests call it: every protocol call that raises is probed
 
 
+# Subject operations whose first arguments are a protocol name's: ``build(config, state_dict, ...)`` calls
+# ``build_model(config, state_dict)`` (``harness/subject/model_ops.py``).
+_OPS_CALLING = {"build": "build_model"}
+
+
 class Probing:
     """A subject whose protocol functions report a crash to ``on_crash(name, run, args, kwargs, exc)``
     before it propagates; everything else is the subject's own (``spec.impl`` in tests)."""
@@ -417,7 +471,8 @@ class Probing:
 
     def __getattr__(self, name: str):
         value = getattr(self._subject, name)
-        if name.startswith("_") or not callable(value) or name not in _protocol_names():
+        called = _OPS_CALLING.get(name, name)  # the subject's own operation that calls a protocol name
+        if name.startswith("_") or not callable(value) or called not in _protocol_names():
             return value
         from ..subject.subject import ImplementationError
 
@@ -425,7 +480,7 @@ class Probing:
             try:
                 return value(*args, **kwargs)
             except ImplementationError as exc:
-                self._on_crash(name, value, args, kwargs, exc)
+                self._on_crash(called, value, args, kwargs, exc)
                 raise
 
         return call
