@@ -187,6 +187,16 @@ def pytest_unconfigure(config):
     manifest_cache.finish(config.stash.get(MANIFEST_CACHE, None))
 
 
+def pytest_runtest_setup(item):
+    if "pytester" in getattr(item, "fixturenames", ()):
+        # An optimizer's first step imports torch._dynamo, whose import registers operator libraries with torch's
+        # C++ core, once per process. Imported during an in-process suite run (tests/suite_subprocess.py), it would
+        # leave sys.modules with pytester's snapshot when the test ends, and its import by the next test's run would
+        # fail ("Only a single TORCH_LIBRARY can be used to register the namespace _inductor_test"): it is imported
+        # here, before pytester's fixture takes that snapshot.
+        import torch._dynamo  # noqa: F401
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent:

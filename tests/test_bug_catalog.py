@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures_bugs"
 NAMES = list(CATALOG)
 
+pytest_plugins = ["pytester"]
+
 # The classes the catalog must cover (course notes, symptoms table, and beyond).
 REQUIRED_CLASSES = (
     "layout",
@@ -204,9 +206,9 @@ def test_independent_sampling_implementation_gets_the_catalog_diagnosis():
 
 
 @pytest.mark.parametrize("impl", ["bug:mha_rope_on_values", "tests/fixtures_bugs/mha_rope_on_values.py"])
-def test_pytest_output_names_the_bug(impl):
+def test_pytest_output_names_the_bug(impl, pytester):
     """The failure pytest prints says which known bug the output matches, and its fix."""
-    proc = run_suite(f"--impl={impl}", "-k", "multihead_attention_with_rope")
+    proc = run_suite(f"--impl={impl}", "-k", "multihead_attention_with_rope", cwd=ROOT, pytester=pytester)
     out = proc.stdout + proc.stderr
     assert "2 failed" in out, out[-3000:]
     # Count in the failure reports only: on CI (env CI set) pytest prints the short summary untruncated,

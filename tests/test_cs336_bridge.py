@@ -2,7 +2,12 @@
 here in the course's style: ``tests/fixtures_cs336/good`` (nn.Module classes loaded with
 ``load_state_dict`` in ``tests/adapters.py``, as the course's handout suggests) passes every test it
 is given, and a copy with two bugs fails them, naming the catalogued bug and the student's own file
-and line (never the bridge's)."""
+and line (never the bridge's).
+
+The suite runs in this interpreter (``pytester``) but on the buggy copy: both checkouts are the
+package ``cs336_basics``, which the bridge imports by name from the checkout it puts on ``sys.path``,
+so in an interpreter that has imported the good one (test_the_bridge_maps_names_only does) the good
+code would answer for the buggy copy. That one runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -14,11 +19,14 @@ from pathlib import Path
 
 import pytest
 from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
+from suite_subprocess import run_inline
 
 GOOD = Path(__file__).resolve().parent / "fixtures_cs336" / "good"
 
+pytest_plugins = ["pytester"]
 
-def suite(impl: str, *args: str) -> subprocess.CompletedProcess:
+
+def suite(impl: str, *args: str, pytester=None) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
@@ -32,6 +40,8 @@ def suite(impl: str, *args: str) -> subprocess.CompletedProcess:
         "no:cacheprovider",
     ]
     root = Path(__file__).resolve().parents[1]
+    if pytester is not None:  # in this interpreter
+        return run_inline(pytester, *cmd[3:], *args, cwd=root)
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=900, cwd=root)
 
 
@@ -40,9 +50,8 @@ def counts(output: str) -> dict[str, int]:
     return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|not implemented|error)", tail)}
 
 
-@run_ahead
-def test_a_correct_checkout_passes_what_the_assignment_has():
-    proc = suite(f"cs336:{GOOD}", "-rf")
+def test_a_correct_checkout_passes_what_the_assignment_has(pytester):
+    proc = suite(f"cs336:{GOOD}", "-rf", pytester=pytester)
     found = counts(proc.stdout)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert found.get("failed", 0) == 0, proc.stdout[-4000:]
@@ -70,9 +79,8 @@ def test_a_buggy_checkout_fails_at_the_students_own_line(tmp_path):
     assert "cs336.py" not in out  # the bridge's frames are never shown as the place
 
 
-@run_ahead
-def test_a_folder_without_the_table_is_a_clear_usage_error(tmp_path):
-    proc = suite(f"cs336:{tmp_path}")
+def test_a_folder_without_the_table_is_a_clear_usage_error(tmp_path, pytester):
+    proc = suite(f"cs336:{tmp_path}", pytester=pytester)
     assert proc.returncode != 0
     assert "tests/adapters.py" in proc.stdout + proc.stderr and str(tmp_path) in proc.stdout + proc.stderr
 

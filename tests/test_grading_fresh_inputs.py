@@ -27,6 +27,7 @@ import pytest
 import torch
 from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
+from suite_subprocess import run_inline
 
 from spec_tests import inputs, models
 from spec_tests.harness.judging import compare
@@ -44,6 +45,8 @@ run_timeout_s = 240
 memory_mb = 3072
 """
 FIXED_SEED = 918273645
+
+pytest_plugins = ["pytester"]
 
 
 @pytest.fixture
@@ -163,12 +166,18 @@ def test_property_tests_draw_their_examples_from_the_spec_seed(seeded):
     assert prop._hypothesis_internal_use_seed is None
 
 
-def run_suite(*args) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "spec_tests"), "-q", "-p", "no:cacheprovider", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+def run_suite(*args, pytester=None) -> subprocess.CompletedProcess:
+    """The suite in the project's root folder: in a fresh interpreter, or with ``pytester`` in this one (its plugin
+    sets the spec seed when a session starts and resets it when the session ends)."""
+    suite = [str(ROOT / "spec_tests"), "-q", "-p", "no:cacheprovider", *args]
+    if pytester is not None:
+        return run_inline(pytester, *suite, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *suite], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
 
 
-def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path):
+def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path, pytester):
     """``--spec-seed`` (also from a file) changes every recorded fingerprint; a recording replayed under
     another seed is refused with both seeds named."""
     select = [
@@ -179,7 +188,7 @@ def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path):
     (tmp_path / "seed.txt").write_text("4242\n")
     for name, seed in (("default", None), ("seeded", "@" + str(tmp_path / "seed.txt"))):
         args = [*select, f"--spec-record={tmp_path / name}"] + ([f"--spec-seed={seed}"] if seed else [])
-        done = run_suite("spec_tests/test_norms.py", "spec_tests/test_model.py", *args)
+        done = run_suite("spec_tests/test_norms.py", "spec_tests/test_model.py", *args, pytester=pytester)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         data = torch.load(tmp_path / name / "expected-interleaved.pt", weights_only=True)
         fingerprints[name] = {k: e["fingerprint"] for k, e in data["entries"].items()}
@@ -187,11 +196,16 @@ def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path):
     assert any("logits_match_reference[llama_gqa" in k for k in default) and set(default) == set(seeded)
     assert not set(default.values()) & set(seeded.values())  # no input of one seed is an input of the other
     refused = run_suite(
-        "spec_tests/test_norms.py", "-k", "test_rmsnorm", "--spec-seed=5", f"--spec-replay={tmp_path / 'default'}"
+        "spec_tests/test_norms.py",
+        "-k",
+        "test_rmsnorm",
+        "--spec-seed=5",
+        f"--spec-replay={tmp_path / 'default'}",
+        pytester=pytester,
     )
     assert refused.returncode != 0 and "spec seed 0" in refused.stdout + refused.stderr
     assert "--spec-seed 5" in refused.stdout + refused.stderr
-    bad = run_suite("spec_tests/test_norms.py", "--spec-seed=x")
+    bad = run_suite("spec_tests/test_norms.py", "--spec-seed=x", pytester=pytester)
     assert bad.returncode != 0 and "--spec-seed must be an integer" in bad.stdout + bad.stderr
 
 
