@@ -240,9 +240,18 @@ def cached_step_of_one_token(ids):
     return ids
 
 
-def test_a_chunk_that_only_works_token_by_token_is_named():
-    lines, _ = probe("forward", cached_step_of_one_token, (torch.zeros(2, 9, dtype=torch.long),), {})
-    assert any("a [B, T] id input of T=9 tokens and works for T=1" in line for line in lines), lines
+def test_a_chunk_that_only_works_token_by_token_is_a_clue_not_a_cause():
+    """One token runs where a wrong shape broadcasts by chance (a cache appended on the head axis): said as a
+    note, never a likely cause."""
+    lines, codes = probe("forward", cached_step_of_one_token, (torch.zeros(2, 9, dtype=torch.long),), {})
+    assert codes == [] and not any(line.startswith("likely cause") for line in lines), lines
+    assert any(line.startswith("note: forward raises for a [B, T] id input of T=9 tokens and works for T=1")
+               for line in lines), lines  # fmt: skip
+
+
+def test_a_size_boundary_stands_for_the_boundary_code():
+    lines, codes = probe("forward", forward_rejecting_a_full_context, (torch.zeros(2, 8, dtype=torch.long),), {})
+    assert codes == ["boundary"], (codes, lines)
 
 
 def bytes_needing_n_kv_heads(config, batch_size, seq_len, dtype=torch.float32):

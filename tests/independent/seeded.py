@@ -679,7 +679,7 @@ SEEDED: tuple[SeededBug, ...] = (
         old="                start = max(0, total - ctx)",
         new="                start = 0",
         mistake="generate feeds the whole sequence, never cropping to the last context_length tokens",
-        accepted=("knob:window",),
+        accepted=("knob:window", "boundary"),  # boundary: "raises for a prompt of T tokens, works for fewer"
     ),
     # ---------------------------------------------------------------------------------------- training
     SeededBug(

@@ -56,6 +56,8 @@ class Probe:
     args: tuple
     kwargs: dict
     note: str = ""
+    code: str = "crash"  # the cause code a running variant stands for ("boundary": a size)
+    weak: bool = False  # a clue, not a cause: said as a note
 
 
 def _tensors(args, kwargs):
@@ -167,17 +169,30 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
         if a.ndim == 1 and a.numel() > 0:
             longer = torch.cat([a, a[:1]])
             new = (*args[:i], longer, *args[i + 1 :])
-            probes.append(Probe(f"a 1-D input of exactly {a.numel()} entries", f"{a.numel() + 1} entries", new, kwargs))
+            probes.append(
+                Probe(
+                    f"a 1-D input of exactly {a.numel()} entries",
+                    f"{a.numel() + 1} entries",
+                    new,
+                    kwargs,
+                    "",
+                    "boundary",
+                )
+            )
             break
         if a.ndim == 2 and a.shape[1] == 1:
             new = (*args[:i], a.repeat(1, 2), *args[i + 1 :])
-            probes.append(Probe("a sequence of length 1 (T=1)", "T=2", new, kwargs))
+            probes.append(Probe("a sequence of length 1 (T=1)", "T=2", new, kwargs, "", "boundary"))
             break
         if a.ndim == 2 and a.shape[1] >= 2:
             t = a.shape[1]
             for shorter in dict.fromkeys((t - 1, t // 2, 1)):
                 new = (*args[:i], a[:, :shorter].contiguous(), *args[i + 1 :])
-                probes.append(Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs))
+                # one token runs where a wrong shape broadcasts by chance: a clue, never a cause
+                probes.append(
+                    Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs, "", "boundary",
+                          weak=shorter == 1 and t > 2)
+                )  # fmt: skip
             break
     return probes
 
@@ -275,7 +290,14 @@ def _count_probes(name, args, kwargs) -> list[Probe]:
         return []
     size = x.shape[-1]
     return [
-        Probe(f"{key}={value}, above the last axis's {size} entries", f"{key}={size}", args, {**kwargs, key: size})
+        Probe(
+            f"{key}={value}, above the last axis's {size} entries",
+            f"{key}={size}",
+            args,
+            {**kwargs, key: size},
+            "",
+            "boundary",
+        )
         for key, value in kwargs.items()
         if key in COUNTS_OF_THE_LAST_AXIS and type(value) is int and value > size
     ]
@@ -404,14 +426,23 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict) -> tuple[list[str
             tried.append(p)
             continue
         working.append(p)
-    if working:
+    causes = [p for p in working if not p.weak]
+    clues = [
+        f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: a wrong shape "
+        f"may broadcast by chance there)"
+        for p in working
+        if p.weak
+    ]
+    if causes:
         lines = [
             f"likely cause: {name} raises for {p.failing} and works for {p.working}{p.note}. Look at the shape, "
             f"size and dtype assumptions in {name}; fix: accept every input the protocol allows (evidence: the "
             f"same call with only this changed runs)"
-            for p in working
+            for p in causes
         ]
-        return lines, ["crash"]
+        return lines + clues, list(dict.fromkeys(p.code for p in causes))
+    if clues:
+        return clues, []
     if tried:
         names = "; ".join(f"{p.working} instead of {p.failing}" for p in tried)
         return [f"note: the crash does not depend on what was probed: {name} raises as well with {names}"], []
