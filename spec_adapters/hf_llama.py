@@ -29,23 +29,14 @@ from transformers.models.llama.modeling_llama import repeat_kv as _hf_repeat_kv
 
 from spec_adapters import hf_common
 from spec_adapters.hf_names import llama_name_map as name_map
+from spec_tests.protocol import ALL_CAPABILITIES, IMPLIED_BY_V1
 
 ROPE_STYLE = "half"
 FAMILIES = ("llama",)
 SPEC_XFAILS = "hf_llama.xfails.toml"
 # What a protocol-v2 adapter of a Llama-derived transformers model declares besides its own capabilities: every v1
 # capability, and the sampler's top_k and top_p (this adapter, v1, implies them all).
-V2_CAPABILITIES = (
-    "gqa",
-    "tied_head",
-    "untied_head",
-    "linear_bias",
-    "dropout",
-    "free_d_ff",
-    "rope_theta",
-    "top_k",
-    "top_p",
-)
+V2_CAPABILITIES = (*ALL_CAPABILITIES, *IMPLIED_BY_V1)
 
 ATTN_IMPLEMENTATION = "eager"  # transformers' own attention code (the default "sdpa" calls torch's kernel)
 
