@@ -27,6 +27,7 @@ from pathlib import Path
 
 from spec_tests.harness.judging.results import VERDICTS, Status
 
+from . import forkserver
 from .collector import FINAL_NAME, FORMAT, PROGRESS_NAME
 from .packages import import_root, package_dir
 from .textsafe import clean
@@ -239,7 +240,7 @@ class JudgeRun:
             seed_file=seed_file,
         )
         self.env = judge_env(sandbox)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | forkserver.ForkedJudge | None = None
         self.log_path = self.folder / "judge.log"
         self.started = 0.0
         self.finished_at: float | None = None
@@ -250,6 +251,7 @@ class JudgeRun:
         self.exit_grace_s = EXIT_GRACE_S
         self._cgroup = None  # the judge's own memory group, where one can be made
         self.memory_limit = "none"
+        self.fork_failed: str | None = None  # why the fork server did not start this judge, if it did not
 
     def start(self) -> None:
         self.started = time.monotonic()
@@ -263,24 +265,50 @@ class JudgeRun:
             if self._cgroup is not None:
                 command = self._cgroup.wrap(command)
                 self.memory_limit = f"{judge_limit >> 20} MiB (cgroup v2 memory.max)"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                command,
-                cwd=self.out,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        if judge_limit and self._cgroup is None:
-            which = judge_rlimit(self.device)
-            try:  # the judge decodes what the worker sends: bound what that can make it allocate
-                resource.prlimit(self.proc.pid, which, (judge_limit, judge_limit))
-                name = "RLIMIT_AS" if which == resource.RLIMIT_AS else "RLIMIT_DATA"
-                self.memory_limit = f"{judge_limit >> 20} MiB ({name})"
-            except (OSError, ValueError):
-                pass
+        which = judge_rlimit(self.device)
+        rlimit = (which, judge_limit) if judge_limit and self._cgroup is None else None
+        self.proc = self._fork(rlimit) if self._forkable() else None
+        if self.proc is None:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    command,
+                    cwd=self.out,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            if rlimit is not None:
+                try:  # the judge decodes what the worker sends: bound what that can make it allocate
+                    resource.prlimit(self.proc.pid, which, (judge_limit, judge_limit))
+                except (OSError, ValueError):
+                    rlimit = None
+        if rlimit is not None:
+            name = "RLIMIT_AS" if which == resource.RLIMIT_AS else "RLIMIT_DATA"
+            self.memory_limit = f"{judge_limit >> 20} MiB ({name})"
+
+    def _forkable(self) -> bool:
+        """Whether this judge is the suite run ``judge_command`` builds (a test may give another command)."""
+        return forkserver.enabled() and self.command[:3] == [sys.executable, "-m", "pytest"]
+
+    def _fork(self, rlimit) -> forkserver.ForkedJudge | None:
+        """The judge forked from this process's fork server (``forkserver.py``); None: start it plainly."""
+        try:
+            server = forkserver.server_for({k: v for k, v in self.env.items() if k != "SPEC_SANDBOX"})
+            parent = f"--grading-parent-pid={server.pid}"  # the judge dies with the server, which dies with us
+            request = {
+                "argv": [parent if a.startswith("--grading-parent-pid=") else a for a in self.command[3:]],
+                "cwd": os.path.abspath(self.out),  # the server's own working folder is /
+                "env": self.env,
+                "log": os.path.abspath(self.log_path),
+                "cgroup_procs": str(self._cgroup.procs) if self._cgroup is not None else None,
+                "rlimit": list(rlimit) if rlimit is not None else None,
+            }
+            return server.spawn(request)
+        except (OSError, ValueError) as exc:
+            self.fork_failed = f"{type(exc).__name__}: {exc}"
+            return None
 
     def _release_cgroup(self) -> None:
         if self._cgroup is not None:

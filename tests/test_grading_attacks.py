@@ -262,14 +262,18 @@ def _children(pid: int) -> list[int]:
 
 
 def _judge_of(grader: subprocess.Popen, timeout: float = 60) -> int:
+    """The grader's judge: its child, or a child of its judge fork server (spec_grading/forkserver.py)."""
     stop = time.monotonic() + timeout
     while time.monotonic() < stop:
         for pid in _children(grader.pid):
             try:
-                if b"spec_grading.collector" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return pid
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
-                pass
+                continue
+            if b"spec_grading.collector" in cmdline:
+                return pid
+            if b"spec_grading.forkserver" in cmdline and (forked := _children(pid)):
+                return forked[0]
         time.sleep(0.1)
     raise AssertionError("no judge process appeared")
 
