@@ -6,29 +6,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from .attention_inputs import bottom_right, kv_heads, mha_weights, qkv
 from .harness.judging.tolerances import BIT_IDENTICAL
 from .harness.plugin.markers import judges
 from .inputs import S
 from .strategies import attention_shapes, seeds
 
 pytestmark = pytest.mark.component("attention")
-
-
-def qkv(spec, b, h, h_kv, t_q, t_k, d, *, seed, dtype=torch.float64):
-    q = spec.inputs.per_head(b, h, t_q, d, seed=seed, dtype=dtype)
-    k = spec.inputs.per_head(b, h_kv, t_k, d, seed=seed + 1, dtype=dtype)
-    v = spec.inputs.per_head(b, h_kv, t_k, d, seed=seed + 2, dtype=dtype)
-    return q, k, v
-
-
-def bottom_right(t_q: int, t_k: int, device) -> torch.Tensor:
-    """The protocol's causal mask, written out: query i sees key j iff j <= i + (t_k - t_q)."""
-    return (torch.arange(t_k)[None, :] <= torch.arange(t_q)[:, None] + (t_k - t_q)).to(device)
-
-
-def kv_heads(spec, grouped: int = S.H_KV) -> int:
-    """``grouped`` key/value heads when the implementation supports GQA, else one per query head."""
-    return grouped if "gqa" in spec.impl.capabilities else S.H
 
 
 @judges("causal_mask")
@@ -267,16 +251,6 @@ def test_flash_attention_stable_for_large_scores(spec):
         kind="attention",
         axes="b h t d",
         behaviour="flash_attention with scores near ±1e4",
-    )
-
-
-def mha_weights(spec, h, h_kv, *, seed, dtype=torch.float64):
-    d, dh = S.d_model, S.D_HEAD
-    return (
-        spec.inputs.fan_in_weight(h * dh, d, seed=seed, dtype=dtype),
-        spec.inputs.fan_in_weight(h_kv * dh, d, seed=seed + 1, dtype=dtype),
-        spec.inputs.fan_in_weight(h_kv * dh, d, seed=seed + 2, dtype=dtype),
-        spec.inputs.fan_in_weight(d, h * dh, seed=seed + 3, dtype=dtype),
     )
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from . import filters
+from .attention_inputs import qkv
 from .harness.plugin.markers import judges
 from .inputs import S
 from .protocol import ANY_LEADING, COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
-from .test_attention import qkv
 
 NAMES = [n for n in PRECISION_FUNCTIONS if n in ANY_LEADING]
 

@@ -10,10 +10,10 @@ import torch
 from einops import einsum
 
 from . import models
+from .attention_inputs import bottom_right, kv_heads, mha_weights
 from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
-from .test_attention import bottom_right, kv_heads, mha_weights
 from .test_kv_cache import check_chunks
 
 pytestmark = pytest.mark.component("model")

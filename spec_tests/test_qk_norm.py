@@ -12,10 +12,10 @@ import torch
 from einops import rearrange, repeat
 
 from . import models
+from .attention_inputs import kv_heads, mha_weights
 from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
-from .test_attention import kv_heads, mha_weights
 from .test_kv_cache import check_chunks
 
 pytestmark = pytest.mark.component("model")
