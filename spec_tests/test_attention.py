@@ -37,6 +37,20 @@ def test_causal_mask_bottom_right(spec, t_q, t_k):
     )
 
 
+@judges("causal_mask")
+@pytest.mark.bug_class("causal_mask")
+def test_causal_mask_default_device(spec):
+    """causal_mask(t_q, t_k) with its device omitted (the default None) is the same bool mask, on the CPU
+    (protocol: causal_mask, ``device=None``; torch's own factory functions read None as the default device)."""
+    mask = spec.impl.causal_mask(4, S.T)
+    spec.require(
+        isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device.type == "cpu",
+        behaviour="causal_mask(t_q, t_k) without a device returns a bool tensor on the CPU",
+        found=f"got {getattr(mask, 'dtype', type(mask).__name__)} on {getattr(mask, 'device', '?')}",
+    )
+    spec.call("causal_mask", 4, S.T, axes="q k", behaviour=f"causal_mask(4, {S.T}) with the default device")
+
+
 @judges("repeat_kv")
 @pytest.mark.bug_class("gqa")
 @pytest.mark.parametrize("n_rep", [S.n_rep, 1])

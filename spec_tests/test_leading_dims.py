@@ -1,5 +1,5 @@
 """Any leading dims: the names whose protocol shapes are ``[..., d]`` give the same result with one leading dim
-fewer or one more, not only on the [B, T, d] or [B, H, T, d] inputs a model hands them.
+fewer, one more or none at all, not only on the [B, T, d] or [B, H, T, d] inputs a model hands them.
 
 One generic test over the protocol entries that say so (``any_leading_dims``), on each one's float64 inputs
 (``precision_sample``), as ``@ops(op_db)`` reads OpInfos; judged at the name's math tolerance.
@@ -8,18 +8,19 @@ One generic test over the protocol entries that say so (``any_leading_dims``), o
 import pytest
 import torch
 
-from . import filters
+from . import filters, inputs
 from .attention_inputs import qkv
 from .harness.plugin.markers import judges
 from .inputs import S
 from .protocol import ANY_LEADING, COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
 
 NAMES = [n for n in PRECISION_FUNCTIONS if n in ANY_LEADING]
+WHAT = {"fewer": "one leading dim fewer", "more": "one leading dim more", "none": "no leading dims"}
 
 
-def _param(name: str):
+def _case(name: str, how: str):
     marks = [pytest.mark.component(COMPONENT_OF[name]), judges(name), pytest.mark.bug_class("leading_dims")]
-    return pytest.param(name, marks=marks, id=name)
+    return pytest.param(name, how, marks=marks, id=f"{name}-{how}")
 
 
 def _sharing(x: torch.Tensor, t: torch.Tensor, dims: int) -> bool:
@@ -46,22 +47,49 @@ def reshaped(args: tuple, kwargs: dict, how: str) -> tuple[tuple, dict]:
     return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
 
 
-@pytest.mark.parametrize("how", ["fewer", "more"])
-@pytest.mark.parametrize("name", [_param(n) for n in NAMES])
+def without_leading_dims(args: tuple, kwargs: dict, core: int) -> tuple[tuple, dict]:
+    """The inputs with no leading dim at all: the first tensor's row 0 of every leading dim, down to its ``core``
+    dims, and every tensor that shares those leading dims alike."""
+    x = next(a for a in args if isinstance(a, torch.Tensor))
+    lead = x.ndim - core
+
+    def change(v):
+        return v[(0,) * lead] if isinstance(v, torch.Tensor) and _sharing(x, v, lead) else v
+
+    return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
+
+
+def _first_rank(name: str) -> int:
+    args, _ = ENTRY[name].precision_sample(inputs, S, "cpu")
+    return next(a for a in args if isinstance(a, torch.Tensor)).ndim
+
+
+# "none" only where it differs from "fewer" (a first input with more than one leading dim)
+CASES = [
+    *[(n, how) for n in NAMES for how in ("fewer", "more")],
+    *[(n, "none") for n in NAMES if _first_rank(n) > ENTRY[n].core_rank + 1],
+]
+
+
+@pytest.mark.parametrize("name,how", [_case(n, how) for n, how in CASES])
 def test_any_leading_dims(spec, name, how):
     """A [..., d] name computes on inputs with one leading dim fewer (two merged, or a 2-D input's only one
-    dropped) or one more: its protocol shapes allow any leading dims (protocol: linear, softmax, silu, rmsnorm,
-    layernorm, swiglu, gelu_mlp, rope, scaled_dot_product_attention, sampling_probs, amendment 3)."""
+    dropped), one more, or none (a single row ``[d]``; rope's ``[T, d_head]``): its protocol shapes allow any
+    leading dims (protocol: linear, softmax, silu, rmsnorm, layernorm, swiglu, gelu_mlp, rope,
+    scaled_dot_product_attention, sampling_probs, amendment 3)."""
     args, kwargs = ENTRY[name].precision_sample(spec.inputs, S, spec.device)
     kwargs = filters.supported(spec.impl, kwargs)
-    args, kwargs = reshaped(args, kwargs, how)
+    if how == "none":
+        args, kwargs = without_leading_dims(args, kwargs, ENTRY[name].core_rank)
+    else:
+        args, kwargs = reshaped(args, kwargs, how)
     shape = list(next(a for a in args if isinstance(a, torch.Tensor)).shape)
     spec.call(
         name,
         *args,
         kind=ENTRY[name].tolerance,
         label=how,
-        behaviour=f"{name} of a {len(shape)}-D input {shape} (one leading dim {how}): any leading dims are allowed",
+        behaviour=f"{name} of a {len(shape)}-D input {shape} ({WHAT[how]}): any leading dims are allowed",
         **kwargs,
     )
 

@@ -162,6 +162,7 @@ SLOW_FILES = {
     "test_grading_reports.py",
     "test_grading_staging.py",
     "test_handout.py",
+    "test_judge_forkserver.py",
     "test_observation.py",
     "test_observed_modes.py",
     "test_plugin.py",

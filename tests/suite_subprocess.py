@@ -34,13 +34,81 @@ ROOT = Path(__file__).resolve().parent.parent
 SUITE_ARGS = (str(ROOT / "spec_tests"), "-q", "-p", "no:cacheprovider", "-p", "no:warnings")
 
 
-def run_suite(*args: str, cwd: Path | None = None, pytester=None) -> subprocess.CompletedProcess:
+def run_suite(*args: str, cwd: Path | None = None, pytester=None, forked: bool = False) -> subprocess.CompletedProcess:
     """``pytest spec_tests -q *args`` (no cache, no warnings summary) in ``cwd`` (default: the project's root):
-    in a fresh interpreter, or with ``pytester`` in this one (``run_inline``; default: in pytester's folder)."""
+    in a fresh interpreter, with ``pytester`` in this one (``run_inline``; default: in pytester's folder), or
+    ``forked`` from this one (``run_forked``)."""
     if pytester is not None:
         return run_inline(pytester, *SUITE_ARGS, *args, cwd=cwd)
+    if forked:
+        return run_forked(*SUITE_ARGS, *args, cwd=cwd)
     cmd = [sys.executable, "-m", "pytest", *SUITE_ARGS, *args]
     return subprocess.run(cmd, cwd=cwd or ROOT, capture_output=True, text=True, timeout=900)
+
+
+TORCH_START_SEED = 67280421310721  # torch's default generator's seed in a new interpreter
+FORKED_LIMIT_S = 900.0
+
+
+def run_forked(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``pytest *args`` in a fork of this interpreter, in ``cwd`` (default: the project's root): no interpreter or
+    torch start-up, and nothing the run changes comes back (it ends with the child). For the runners of
+    tests/ahead.py, whose tests cannot use ``pytester``. The child starts as a fresh interpreter would in what the
+    suite reads: torch's default dtype and seed, the working folder first on ``sys.path``, 80 columns unless
+    ``$COLUMNS`` says otherwise, its own ``--basetemp``; the modules this process imported are reused, as
+    ``run_inline`` reuses them."""
+    import tempfile
+    import time
+
+    folder = Path(cwd or ROOT)
+    with tempfile.TemporaryDirectory(prefix="forked-suite-") as tmp:
+        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        argv = [*args, f"--basetemp={Path(tmp) / 'basetemp'}"]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, out_path, os.O_WRONLY | os.O_CREAT)):
+                    opened = os.open(path, flags, 0o600)
+                    os.dup2(opened, fd)
+                    os.close(opened)
+                opened = os.open(err_path, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.dup2(opened, 2)
+                os.close(opened)
+                sys.stdout = open(1, "w", closefd=False)  # the child's streams, until os._exit
+                sys.stderr = open(2, "w", closefd=False)
+                os.chdir(folder)
+                sys.path.insert(0, str(folder))
+                os.environ["COLUMNS"] = os.environ.get("COLUMNS", "80")
+                torch.set_default_dtype(torch.float32)
+                torch.manual_seed(TORCH_START_SEED)
+                code = int(pytest.main(argv))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 - written to the run's stderr, and the run fails
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        deadline = time.monotonic() + FORKED_LIMIT_S
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(["pytest", *argv], FORKED_LIMIT_S)
+            time.sleep(0.05)
+        out, err = (path.read_text(encoding="utf-8", errors="replace") for path in (out_path, err_path))
+        return subprocess.CompletedProcess(list(args), os.waitstatus_to_exitcode(status), out, err)
 
 
 def run_inline(pytester, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -99,8 +167,9 @@ def implementation(tmp_path: Path, *bugs: str, edit=None) -> Path:
 
 
 def statuses(folder: Path, tmp_path: Path, select: str, pytester=None) -> dict[str, str]:
+    """Each selected test's status, from a run with ``pytester`` (in this interpreter) or forked from it."""
     proc = run_suite(
-        f"--impl={folder}", "-k", select, "-vv", cwd=tmp_path, pytester=pytester
+        f"--impl={folder}", "-k", select, "-vv", cwd=tmp_path, pytester=pytester, forked=pytester is None
     )  # -q -vv: a line per test
     found = dict(re.findall(r"spec_tests/(\S+::\S+) +(PASSED|FAILED|CONSEQUENCE|SKIPPED|XFAIL)", proc.stdout))
     assert found, proc.stdout[-3000:]

@@ -285,3 +285,58 @@ def nucleus_needing_top_k(logits, temperature=1.0, top_k=None, top_p=None):
 def test_top_k_none_is_given_every_token():
     lines, _ = probe("sampling_probs", nucleus_needing_top_k, (randn(2, 6),), {"top_p": 0.9})
     assert any("raises for top_k=None and works for top_k=6 (every token)" in line for line in lines), lines
+
+
+def flash_with_a_square_mask_table(q, k, v, causal=True, block_size=64):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    rows, cols = torch.arange(t_q)[:, None], torch.arange(t_k)[None, :]
+    allowed = torch.ones(t_q, t_q, dtype=torch.bool).tril(t_k - t_q)[rows, cols]  # the bug: a [t_q, t_q] table
+    return (q @ k.transpose(-2, -1)).masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+
+
+def test_more_keys_than_queries_is_named():
+    q, k = randn(2, 4, 5, 8), randn(2, 4, 9, 8)
+    lines, codes = probe("flash_attention", flash_with_a_square_mask_table, (q, k, k), {"block_size": 4})
+    assert codes == ["boundary"]
+    expected = "raises for 9 keys beside 5 queries and works for as many keys as queries (5)"
+    assert any(expected in line for line in lines), lines
+
+
+def batcher_squeezing_a_batch_of_one(data, batch_size, context_length, generator=None):
+    starts = torch.randint(0, len(data) - context_length, (batch_size, 1), generator=generator).squeeze()
+    x = torch.stack([data[s : s + context_length] for s in starts[:, None][:, 0]])  # the bug: B=1 squeezed to 0-d
+    return x, x
+
+
+def test_a_count_of_one_is_named():
+    args = (torch.arange(20), 1, 8)
+    lines, codes = probe("get_batch", batcher_squeezing_a_batch_of_one, args, {"generator": torch.Generator()})
+    assert codes == ["boundary"]
+    assert any("get_batch raises for batch_size=1 and works for batch_size=2" in line for line in lines), lines
+
+
+def train_with_an_interval_of_a_tenth(model, data, steps, batch_size, context_length, lr=1e-3, seed=0):
+    every = steps // 10  # the bug: 0 for fewer than ten steps
+    return [float(step % every) for step in range(steps)]
+
+
+def test_a_small_count_is_named():
+    lines, _ = probe("train", train_with_an_interval_of_a_tenth, (None, torch.arange(50), 3, 4, 8), {})
+    assert any("train raises for steps=3 and works for steps=30" in line for line in lines), lines
+    assert not any("batch_size" in line or "context_length" in line for line in lines), lines
+
+
+def attention_splitting_kv_in_equal_thirds(x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None):
+    qkv = x @ torch.cat([wq, wk, wv]).T
+    q, k, v = qkv.chunk(3, dim=-1)  # the bug: equal thirds, right only without GQA
+    b, t, _ = x.shape
+    q, k, v = (z.reshape(b, t, n_heads, -1).transpose(1, 2) for z in (q, k, v))
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+def test_gqa_weights_are_named():
+    d, h, h_kv, dh = 16, 4, 2, 4
+    args = (randn(2, 5, d), randn(h * dh, d), randn(h_kv * dh, d), randn(h_kv * dh, d), randn(d, h * dh), h, h_kv)
+    lines, _ = probe("multihead_self_attention", attention_splitting_kv_in_equal_thirds, args, {})
+    expected = "raises for n_kv_heads=2 beside n_heads=4 (GQA) and works for the key and value weights repeated to 4"
+    assert any(expected in line for line in lines), lines

@@ -1,6 +1,7 @@
 """Root causes cannot be gamed, and inlined components are charged: implementations made from the
-reference with catalogued patches applied, judged as users run the suite (in this interpreter, through
-``pytester``: tests/suite_subprocess.py says what such a run keeps apart).
+reference with catalogued patches applied, judged as users run the suite: each run by a runner of
+tests/ahead.py, in a fork of its interpreter (``run_forked``: tests/suite_subprocess.py says what such a
+run keeps apart).
 
 - A deliberately broken cheap component does not exempt a broken model: the model's failing test
   is rerun with that component replaced by a correct one, still fails, and is charged.
@@ -19,33 +20,34 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 from suite_subprocess import implementation, run_suite, statuses
 
-pytest_plugins = ["pytester"]
 LOGITS = "test_model.py::test_logits_match_reference[llama_gqa-f64]"
 
 
-def test_control_a_component_bug_alone_makes_the_model_a_consequence(tmp_path, pytester):
-    found = statuses(
-        implementation(tmp_path, "rmsnorm_eps_outside_root"), tmp_path, "rmsnorm or logits_match", pytester
-    )
-    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+@run_ahead
+def test_control_a_component_bug_alone_makes_the_model_a_consequence(tmp_path):
+    found = statuses(implementation(tmp_path, "rmsnorm_eps_outside_root"), tmp_path, "rmsnorm or logits_match")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED", found
     assert found[LOGITS] == "CONSEQUENCE", found
 
 
-def test_a_broken_cheap_component_does_not_exempt_a_broken_model(tmp_path, pytester):
+@run_ahead
+def test_a_broken_cheap_component_does_not_exempt_a_broken_model(tmp_path):
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root", "post_ln")
-    found = statuses(folder, tmp_path, "rmsnorm or logits_match", pytester)
-    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED", found
     assert found[LOGITS] == "FAILED", found  # still wrong with a correct rmsnorm: charged
 
 
 MHA = "test_attention.py::test_multihead_attention_with_rope[mha]"
 
 
-def test_control_attention_calling_a_broken_rope_is_a_consequence(tmp_path, pytester):
-    found = statuses(implementation(tmp_path, "rope_frequency_exponent"), tmp_path, "rope", pytester)
-    assert found["test_positions.py::test_rope[f64]"] == "FAILED"
+@run_ahead
+def test_control_attention_calling_a_broken_rope_is_a_consequence(tmp_path):
+    found = statuses(implementation(tmp_path, "rope_frequency_exponent"), tmp_path, "rope")
+    assert found["test_positions.py::test_rope[f64]"] == "FAILED", found
     assert found[MHA] == "CONSEQUENCE", found
 
 
@@ -54,7 +56,7 @@ def _inline_rope(folder: Path) -> None:
     path = folder / "attention.py"
     source = path.read_text()
     anchor = "from .positions import rope\n"
-    assert source.count(anchor) == 1
+    assert source.count(anchor) == 1, anchor
     copy = (
         "import types as _types\n\n"
         "rope = _types.FunctionType(rope.__code__, rope.__globals__, 'rope', rope.__defaults__, rope.__closure__)\n"
@@ -65,10 +67,11 @@ def _inline_rope(folder: Path) -> None:
     )
 
 
-def test_a_component_inlined_by_its_caller_with_its_bug_is_a_consequence(tmp_path, pytester):
+@run_ahead
+def test_a_component_inlined_by_its_caller_with_its_bug_is_a_consequence(tmp_path):
     folder = implementation(tmp_path, "rope_frequency_exponent", edit=_inline_rope)
-    found = statuses(folder, tmp_path, "rope", pytester)
-    assert found["test_positions.py::test_rope[f64]"] == "FAILED"
+    found = statuses(folder, tmp_path, "rope")
+    assert found["test_positions.py::test_rope[f64]"] == "FAILED", found
     assert found[MHA] == "CONSEQUENCE", found  # the copy behaves as the broken rope: one charge
 
 
@@ -88,10 +91,11 @@ def _private_norm_class(folder: Path) -> None:
     path.write_text(source)
 
 
-def test_a_cascade_in_code_that_never_calls_protocol_names_is_reported_once(tmp_path, pytester):
+@run_ahead
+def test_a_cascade_in_code_that_never_calls_protocol_names_is_reported_once(tmp_path):
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root", edit=_private_norm_class)
-    found = statuses(folder, tmp_path, "rmsnorm or logits_match", pytester)
-    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED", found
     assert found[LOGITS] == "CONSEQUENCE", found
 
 
@@ -126,20 +130,22 @@ def _recognise_composition(folder: Path) -> None:
     path.write_text(path.read_text() + RECOGNISES)
 
 
-def test_a_submission_that_recognises_the_composition_calls_gains_nothing(tmp_path, pytester):
+@run_ahead
+def test_a_submission_that_recognises_the_composition_calls_gains_nothing(tmp_path):
     """A broken model (post-LN) with a broken rmsnorm that answers correctly when the reference's
     code calls it: the composition then is the reference, which the broken model does not match."""
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root", "post_ln", edit=_recognise_composition)
-    found = statuses(folder, tmp_path, "rmsnorm or logits_match", pytester)
-    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED", found
     assert found[LOGITS] == "FAILED", found
 
 
-def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path, pytester):
+@run_ahead
+def test_a_test_of_two_functions_charges_the_one_that_failed(tmp_path):
     """test_sampling_probs_any_leading_shape judges sampling_probs and sample; with only
     sampling_probs wrong, the summary charges sampling_probs and never sample."""
     proc = run_suite(
-        f"--impl={implementation(tmp_path, 'top_p_before_top_k')}", "-k", "sampling", cwd=tmp_path, pytester=pytester
+        f"--impl={implementation(tmp_path, 'top_p_before_top_k')}", "-k", "sampling", cwd=tmp_path, forked=True
     )
     roots = proc.stdout.split("root causes, fix these first:", 1)[1].split("=====", 1)[0]
     assert "  sampling_probs: " in roots, proc.stdout[-3000:]
@@ -151,7 +157,7 @@ def _rope_table_crash(folder: Path) -> None:
     path = folder / "positions.py"
     source = path.read_text()
     old = "    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head\n"
-    assert source.count(old) == 1
+    assert source.count(old) == 1, old
     path.write_text(source.replace(old, '    raise IndexError("no frequencies for this head size")\n' + old))
 
 
@@ -161,24 +167,26 @@ def _forward_crash_of_its_own(folder: Path) -> None:
     path = folder / "model.py"
     source = path.read_text()
     old = "    if attention_mask is None and positions is None:\n        return model(ids, cache)\n"
-    assert source.count(old) == 1
+    assert source.count(old) == 1, old
     path.write_text(source.replace(old, '    raise IndexError("no frequencies for this head size")\n' + old))
 
 
-def test_a_crash_in_a_component_that_the_model_reaches_its_own_way_is_a_consequence(tmp_path, pytester):
+@run_ahead
+def test_a_crash_in_a_component_that_the_model_reaches_its_own_way_is_a_consequence(tmp_path):
     """The correct model composed with the implementation's rope raises the same exception: one charge."""
     folder = implementation(tmp_path, edit=_rope_table_crash)
-    found = statuses(folder, tmp_path, "test_rope or logits_match or multihead_attention_with_rope", pytester)
-    assert found["test_positions.py::test_rope[f64]"] == "FAILED"
+    found = statuses(folder, tmp_path, "test_rope or logits_match or multihead_attention_with_rope")
+    assert found["test_positions.py::test_rope[f64]"] == "FAILED", found
     assert found[LOGITS] == "CONSEQUENCE" and found[MHA] == "CONSEQUENCE", found
 
 
-def test_a_crash_of_its_own_that_looks_like_the_upstream_one_is_charged(tmp_path, pytester):
+@run_ahead
+def test_a_crash_of_its_own_that_looks_like_the_upstream_one_is_charged(tmp_path):
     """forward raises rope's exception (type and message) on a line of its own: the correct forward composed
     with this rope raises it too, but at rope's line, not forward's, so the test is charged."""
     folder = implementation(tmp_path, edit=_forward_crash_of_its_own)
-    found = statuses(folder, tmp_path, "test_rope or logits_match", pytester)
-    assert found["test_positions.py::test_rope[f64]"] == "FAILED"
+    found = statuses(folder, tmp_path, "test_rope or logits_match")
+    assert found["test_positions.py::test_rope[f64]"] == "FAILED", found
     assert found[LOGITS] == "FAILED", found
 
 
@@ -207,12 +215,13 @@ def test_in_grading_a_crash_is_never_credited_as_a_consequence():
 # model-bound names: one bug, one charged group (issue 18)
 
 
-def test_a_component_bug_is_not_charged_to_build_model_through_the_default_config(tmp_path, pytester):
+@run_ahead
+def test_a_component_bug_is_not_charged_to_build_model_through_the_default_config(tmp_path):
     """The defaults are judged as a relation on the implementation's own models (omitted = written out): an rmsnorm
     bug leaves it passing, and the default config's logits are rmsnorm's consequence."""
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root")
-    found = statuses(folder, tmp_path, "rmsnorm or defaults or default_config", pytester)
-    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    found = statuses(folder, tmp_path, "rmsnorm or defaults or default_config")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED", found
     assert found["test_model.py::test_config_defaults[llama]"] == "PASSED", found
     assert found["test_model.py::test_default_config_logits_match_reference[llama]"] == "CONSEQUENCE", found
 
@@ -221,12 +230,13 @@ def _default_theta_500000(folder: Path) -> None:
     path = folder / "config.py"
     source = path.read_text()
     old = "    rope_theta: float = 10000.0\n"
-    assert source.count(old) == 1
+    assert source.count(old) == 1, old
     path.write_text(source.replace(old, "    rope_theta: float = 500000.0\n"))
 
 
-def test_a_wrong_default_is_still_charged_to_build_model(tmp_path, pytester):
-    found = statuses(implementation(tmp_path, edit=_default_theta_500000), tmp_path, "config_defaults", pytester)
+@run_ahead
+def test_a_wrong_default_is_still_charged_to_build_model(tmp_path):
+    found = statuses(implementation(tmp_path, edit=_default_theta_500000), tmp_path, "config_defaults")
     assert found["test_model.py::test_config_defaults[llama]"] == "FAILED", found
     assert found["test_model.py::test_config_defaults[gpt2]"] == "PASSED", found  # no RoPE, no theta
 
@@ -234,19 +244,19 @@ def test_a_wrong_default_is_still_charged_to_build_model(tmp_path, pytester):
 STEP = "test_training.py::test_train_step_matches_reference[llama-no-clip-sgd]"
 
 
-def test_a_component_bug_is_not_charged_to_train_step(tmp_path, pytester):
+@run_ahead
+def test_a_component_bug_is_not_charged_to_train_step(tmp_path):
     """train_step is judged on top of the model's own forward (a correct step on the implementation's model): an
     rmsnorm bug fails forward as its consequence, and train_step as forward's, settled to rmsnorm."""
-    found = statuses(
-        implementation(tmp_path, "rmsnorm_eps_outside_root"), tmp_path, "rmsnorm or logits_match or step", pytester
-    )
-    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED"
+    found = statuses(implementation(tmp_path, "rmsnorm_eps_outside_root"), tmp_path, "rmsnorm or logits_match or step")
+    assert found["test_norms.py::test_rmsnorm[f64-small]"] == "FAILED", found
     assert found[LOGITS] == "CONSEQUENCE" and found[STEP] == "CONSEQUENCE", found
 
 
-def test_a_broken_train_step_is_charged_beside_a_broken_component(tmp_path, pytester):
+@run_ahead
+def test_a_broken_train_step_is_charged_beside_a_broken_component(tmp_path):
     folder = implementation(tmp_path, "rmsnorm_eps_outside_root", "train_step_no_zero_grad")
-    found = statuses(folder, tmp_path, "rmsnorm or logits_match or train_step_matches", pytester)
+    found = statuses(folder, tmp_path, "rmsnorm or logits_match or train_step_matches")
     assert found[STEP.replace("no-clip-sgd", "no-clip-adamw")] == "FAILED", found
 
 
@@ -279,8 +289,9 @@ def _copy_the_tied_head(folder: Path) -> None:
 COPY_SELECT = "logits_match_reference or count_parameters or train_step_matches or determined or tied_head"
 
 
-def test_a_tied_head_that_is_a_copy_is_charged_to_build_model_once(tmp_path, pytester):
-    found = statuses(implementation(tmp_path, edit=_copy_the_tied_head), tmp_path, COPY_SELECT, pytester)
+@run_ahead
+def test_a_tied_head_that_is_a_copy_is_charged_to_build_model_once(tmp_path):
+    found = statuses(implementation(tmp_path, edit=_copy_the_tied_head), tmp_path, COPY_SELECT)
     assert found["test_model.py::test_tied_head_is_the_embedding_parameter[llama]"] == "FAILED", found
     assert found["test_model.py::test_model_is_determined_by_its_weights[llama_gqa]"] == "FAILED", found
     assert found["test_model.py::test_logits_match_reference[llama_gqa-f64]"] == "CONSEQUENCE", found
@@ -295,13 +306,14 @@ def _copy_and_miscount(folder: Path) -> None:
     path = folder / "model.py"
     source = path.read_text()
     old = "    return sum(p.numel() for p in model.parameters())\n"
-    assert source.count(old) == 1
+    assert source.count(old) == 1, old
     path.write_text(source.replace(old, "    return sum(p.numel() for p in model.parameters()) + 1\n"))
 
 
-def test_beside_a_copied_head_a_broken_count_and_step_are_charged(tmp_path, pytester):
+@run_ahead
+def test_beside_a_copied_head_a_broken_count_and_step_are_charged(tmp_path):
     folder = implementation(tmp_path, "train_step_no_zero_grad", edit=_copy_and_miscount)
-    found = statuses(folder, tmp_path, COPY_SELECT, pytester)
+    found = statuses(folder, tmp_path, COPY_SELECT)
     assert found["test_model.py::test_count_parameters[llama_gqa]"] == "FAILED", found
     assert found[STEP.replace("no-clip-sgd", "no-clip-adamw")] == "FAILED", found
 
@@ -311,13 +323,12 @@ LAYOUT = "test_kv_cache.py::test_cache_layout_rotated_keys_plain_values[llama_gq
 GREEDY = "test_generation.py::test_greedy_generation_follows_the_model[llama-cache]"
 
 
-def test_a_crashing_cache_is_charged_once_and_generate_crashing_in_it_is_its_consequence(tmp_path, pytester):
+@run_ahead
+def test_a_crashing_cache_is_charged_once_and_generate_crashing_in_it_is_its_consequence(tmp_path):
     """The cache raises in its own update (forward given a cache, whose own tests pass): the cache's tests are
     charged to new_cache; cache_kv's and generate's tests, raising at the same place, are its consequences."""
     folder = implementation(tmp_path, "kv_cache_wrong_axis")
-    proc = run_suite(
-        f"--impl={folder}", "-k", "kv_cache or greedy or logits_match", "-vv", cwd=tmp_path, pytester=pytester
-    )
+    proc = run_suite(f"--impl={folder}", "-k", "kv_cache or greedy or logits_match", "-vv", cwd=tmp_path, forked=True)
     found = dict(re.findall(r"spec_tests/(\S+::\S+) +(PASSED|FAILED|CONSEQUENCE|SKIPPED)", proc.stdout))
     assert found[CACHED] == "FAILED" and found[LAYOUT] == "CONSEQUENCE" and found[GREEDY] == "CONSEQUENCE", found
     roots = proc.stdout.split("root causes, fix these first:", 1)[1].split("=====", 1)[0]
@@ -328,21 +339,23 @@ def _generate_crashes_on_its_own(folder: Path) -> None:
     path = folder / "generation.py"
     source = path.read_text()
     old = "    ctx = model.config.context_length\n"
-    assert source.count(old) == 1
+    assert source.count(old) == 1, old
     new = old + '    if use_cache:\n        raise RuntimeError("Sizes of tensors must match except in dimension 1")\n'
     path.write_text(source.replace(old, new))
 
 
-def test_a_generate_that_crashes_on_its_own_beside_a_crashing_cache_is_charged(tmp_path, pytester):
+@run_ahead
+def test_a_generate_that_crashes_on_its_own_beside_a_crashing_cache_is_charged(tmp_path):
     folder = implementation(tmp_path, "kv_cache_wrong_axis", edit=_generate_crashes_on_its_own)
-    found = statuses(folder, tmp_path, "cached_logits or greedy or logits_match", pytester)
+    found = statuses(folder, tmp_path, "cached_logits or greedy or logits_match")
     assert found[CACHED] == "FAILED" and found[GREEDY] == "FAILED", found
 
 
-def test_a_cache_that_appends_wrongly_costs_the_cache_once(tmp_path, pytester):
+@run_ahead
+def test_a_cache_that_appends_wrongly_costs_the_cache_once(tmp_path):
     """Positions restart at every cached call: the cache's contents after chunks differ from one prefill, which
     new_cache's logits relations already charge; what cache_kv reads is judged on one prefill, and is right."""
-    found = statuses(implementation(tmp_path, "cache_positions_restart"), tmp_path, "test_kv_cache", pytester)
+    found = statuses(implementation(tmp_path, "cache_positions_restart"), tmp_path, "test_kv_cache")
     assert found[CACHED] == "FAILED" and found[LAYOUT] == "CONSEQUENCE", found
     assert found["test_kv_cache.py::test_cache_holds_the_specified_keys_and_values[llama_gqa]"] == "PASSED", found
 
@@ -351,30 +364,31 @@ def _cache_kv_swaps_keys_and_values(folder: Path) -> None:
     path = folder / "kv_cache.py"
     source = path.read_text()
     old = "    return cache.kv(layer)\n"
-    assert source.count(old) == 1
+    assert source.count(old) == 1, old
     path.write_text(source.replace(old, "    k, v = cache.kv(layer)\n    return v, k\n"))
 
 
-def test_a_broken_cache_kv_beside_a_cache_that_appends_wrongly_is_charged(tmp_path, pytester):
+@run_ahead
+def test_a_broken_cache_kv_beside_a_cache_that_appends_wrongly_is_charged(tmp_path):
     folder = implementation(tmp_path, "cache_positions_restart", edit=_cache_kv_swaps_keys_and_values)
-    found = statuses(folder, tmp_path, "test_kv_cache", pytester)
+    found = statuses(folder, tmp_path, "test_kv_cache")
     assert found[LAYOUT] == "FAILED", found
 
 
 KEEPS = "test_training.py::test_train_keeps_its_optimizer_state_across_steps"
 
 
-def test_a_train_step_bug_is_not_charged_again_to_train(tmp_path, pytester):
+@run_ahead
+def test_a_train_step_bug_is_not_charged_again_to_train(tmp_path):
     """train is judged on top of the implementation's own train_step (which it may call): clipping after the step
     fails train_step, and train's losses are those of a correct loop around that train_step."""
-    found = statuses(
-        implementation(tmp_path, "clip_after_step"), tmp_path, "train_step_matches or train_keeps", pytester
-    )
+    found = statuses(implementation(tmp_path, "clip_after_step"), tmp_path, "train_step_matches or train_keeps")
     assert found["test_training.py::test_train_step_matches_reference[llama-clip0.5-sgd]"] == "FAILED", found
     assert found[KEEPS] == "CONSEQUENCE", found
 
 
-def test_a_broken_train_beside_a_broken_train_step_is_charged(tmp_path, pytester):
+@run_ahead
+def test_a_broken_train_beside_a_broken_train_step_is_charged(tmp_path):
     folder = implementation(tmp_path, "clip_after_step", "train_optimizer_made_every_step")
-    found = statuses(folder, tmp_path, "train_step_matches or train_keeps", pytester)
+    found = statuses(folder, tmp_path, "train_step_matches or train_keeps")
     assert found[KEEPS] == "FAILED", found

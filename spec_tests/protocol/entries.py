@@ -58,12 +58,14 @@ class Entry:
     - ``style_keyword``: the reference's option that selects the RoPE pairing (amendment 6).
     - ``catalog_groups``: the bug-catalog tags of the checks that judge it, besides its own name.
     - ``knob_family``: the name of its knob-family function in ``harness/diagnosis/knobs.py``.
-    - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so).
+    - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so); ``core_rank``: how many
+      dims its first input keeps with no leading dims at all (``[d]`` 1, rope's ``[T, d_head]`` 2, attention's
+      per-head ``[H, T, d]`` 3).
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
     - ``none_means``: its optional arguments whose ``None`` has an equivalent value the protocol states
       (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``bias=None`` a zero bias,
       ``max_grad_norm=None`` no clipping, ``generator=None`` a generator of its own, ``top_k=None`` all ``V``
-      tokens, ``top_p=None`` the whole mass): crash diagnosis passes
+      tokens, ``top_p=None`` the whole mass, ``device=None`` the default device): crash diagnosis passes
       that value instead, to tell an unhandled ``None`` from other triggers.
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
@@ -82,6 +84,7 @@ class Entry:
     catalog_groups: tuple[str, ...] = ()
     knob_family: str | None = None
     any_leading_dims: bool = False
+    core_rank: int = 1
     nan_rows_unspecified: bool = False
     none_means: tuple[str, ...] = ()
     capability: str | None = None
@@ -241,6 +244,7 @@ ENTRIES: tuple[Entry, ...] = (
         style_keyword="style",
         knob_family="_rope_family",
         any_leading_dims=True,
+        core_rank=2,
         amended_keywords={"scaling": 20},
     ),
     Entry(
@@ -258,6 +262,7 @@ ENTRIES: tuple[Entry, ...] = (
         model_part=True,
         substitutable=True,
         knob_family="_causal_mask",
+        none_means=("device",),
         amended_keywords={"window": 27},
     ),
     Entry("repeat_kv", "attention", model_part=True, substitutable=True, knob_family="_repeat_kv"),
@@ -272,6 +277,7 @@ ENTRIES: tuple[Entry, ...] = (
         reference_only=frozenset({"fused", "causal"}),
         knob_family="_sdpa",
         any_leading_dims=True,
+        core_rank=3,
         nan_rows_unspecified=True,
         none_means=("mask",),
         amended_keywords={"softcap": 25},

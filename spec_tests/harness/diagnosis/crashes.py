@@ -9,14 +9,16 @@ variants of its input, each one property changed and each as cheap as the origin
 - an optional argument left ``None``, passed or omitted, given the value ``None`` means instead
   (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``bias=None`` as zeros,
   ``max_grad_norm=None`` as ``inf``, ``generator=None`` as a generator, ``top_k=None`` as ``V``,
-  ``top_p=None`` as 1.0: the protocol's own meanings,
+  ``top_p=None`` as 1.0, ``device=None`` as the CPU: the protocol's own meanings,
   ``Entry.none_means``);
 - a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two, a ``[B, T]``
   id input one token shorter, half as long and one token long (a context length crossed, a cached chunk);
   a count of the last axis's entries above its size (``top_k > V``) given that size; an odd integer size
-  (``d_model``) given as the next even one;
+  (``d_model``) given as the next even one; an integer count of 1 given as 2, and one of 2 to 9 given ten times
+  larger (``batch_size=1``, ``steps=3``); k and v with more positions than q given as many as q has (their last);
 - a config that leaves optional keys out given with the protocol's defaults written out;
-- GQA: k and v with fewer heads than q given repeated to q's heads;
+- GQA: k and v with fewer heads than q given repeated to q's heads, and attention weights with fewer key/value
+  heads given with their key and value rows repeated to ``n_heads``;
 - the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype; a
   ``torch.dtype`` argument (``bfloat16``) as float32;
   integer data of a narrow dtype (numpy uint16, int32) as int64;
@@ -139,6 +141,8 @@ def _none_value(key: str, args, kwargs):
         return f"top_k={q.shape[-1]} (every token)", q.shape[-1]
     if key == "top_p":
         return "top_p=1.0 (the whole mass)", 1.0
+    if key == "device":
+        return 'device="cpu" (the default device)', "cpu"
     return None
 
 
@@ -280,6 +284,49 @@ def _gqa_probes(args, kwargs) -> list[Probe]:
     ]
 
 
+def _signature_names(name: str) -> list[str]:
+    """The parameter names of ``name`` in the reference's signature ([] where there is no reference: a handout)."""
+    try:
+        import inspect
+
+        import reference
+
+        return list(inspect.signature(getattr(reference, name)).parameters)
+    except Exception:  # noqa: BLE001 - no reference, or no such name
+        return []
+
+
+def _gqa_weight_probes(name, args, kwargs) -> list[Probe]:
+    """Attention weights with fewer key/value heads than query heads (``n_kv_heads < n_heads``) given with the
+    key and value weights' rows repeated head by head to ``n_heads`` (the protocol's GQA mapping), and
+    ``n_kv_heads = n_heads``."""
+    names = _signature_names(name)
+    values = {**dict(zip(names, args, strict=False)), **kwargs}
+    if not {"wk", "wv", "n_heads", "n_kv_heads"} <= set(values):
+        return []
+    wk, wv, h, h_kv = values["wk"], values["wv"], values["n_heads"], values["n_kv_heads"]
+    if not isinstance(wk, torch.Tensor) or type(h) is not int or type(h_kv) is not int or not 0 < h_kv < h or h % h_kv:
+        return []
+    d_head = wk.shape[0] // h_kv
+
+    def repeated(w):
+        rows = w.reshape(h_kv, d_head, *w.shape[1:]).repeat_interleave(h // h_kv, dim=0)
+        return rows.reshape(h * d_head, *w.shape[1:])
+
+    changed = {"wk": repeated(wk), "wv": repeated(wv), "n_kv_heads": h}
+    new_args = tuple(changed.get(n, a) for n, a in zip(names, args, strict=False)) + args[len(names) :]
+    new_kwargs = {key: changed.get(key, value) for key, value in kwargs.items()}
+    return [
+        Probe(
+            f"n_kv_heads={h_kv} beside n_heads={h} (GQA)",
+            f"the key and value weights repeated to {h} heads",
+            new_args,
+            new_kwargs,
+            "; the protocol's attention shares each kv head among its group of query heads",
+        )
+    ]
+
+
 COUNTS_OF_THE_LAST_AXIS = ("top_k",)  # keywords that count entries of the first tensor's last axis
 
 
@@ -343,6 +390,60 @@ def _odd_size_probes(args, kwargs) -> list[Probe]:
     ]
 
 
+def _labelled_ints(name, args, kwargs):
+    """``(label, where, value)`` for each plain int argument: positional ones named by the reference's
+    signature where it can be read (else "argument N"), keyword ones by their keyword."""
+    names = _signature_names(name)
+    for i, value in enumerate(args):
+        if type(value) is int:
+            yield (names[i] if i < len(names) else f"argument {i + 1}"), i, value
+    for key, value in kwargs.items():
+        if type(value) is int:
+            yield key, key, value
+
+
+def _with(args, kwargs, where, value):
+    if isinstance(where, int):
+        return (*args[:where], value, *args[where + 1 :]), kwargs
+    return args, {**kwargs, where: value}
+
+
+def _count_size_probes(name, args, kwargs) -> list[Probe]:
+    """An integer count of 1 (a batch of one, one step) given as 2, and a small count (2 to 9: a few steps)
+    given ten times larger: a size-1 axis squeezed away, or an interval ``count // 10`` that is 0."""
+    probes = []
+    for label, where, value in _labelled_ints(name, args, kwargs):
+        if value == 1:
+            probes.append(Probe(f"{label}=1", f"{label}=2", *_with(args, kwargs, where, 2), "", "boundary"))
+        elif 2 <= value <= 9:
+            more = value * 10
+            variant = _with(args, kwargs, where, more)
+            probes.append(Probe(f"{label}={value}", f"{label}={more}", *variant, "", "boundary"))
+    return probes
+
+
+def _key_length_probes(args, kwargs) -> list[Probe]:
+    """Per-head q ``[..., Tq, d]`` beside k and v of more positions ``[..., Tk, d]`` (a chunk after a cached
+    prefix) given k and v cut to their last Tq positions, a mask's key axis alike: as many keys as queries."""
+    floats = [t for t in args[:3] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if len(floats) < 3:
+        return []
+    q, k, v = floats
+    if q.ndim < 2 or k.ndim != q.ndim or k.shape[-2:] != v.shape[-2:] or k.shape[-2] <= q.shape[-2]:
+        return []
+    tq, tk = q.shape[-2], k.shape[-2]
+
+    def crop(t):
+        if isinstance(t, torch.Tensor) and t.ndim >= 2 and t.shape[-1] == tk and t is not q and t.shape[-2] in (1, tq):
+            return t[..., tk - tq :].contiguous()  # a mask [..., Tq, Tk]
+        return t
+
+    new_args = (q, k[..., tk - tq :, :].contiguous(), v[..., tk - tq :, :].contiguous(), *(crop(a) for a in args[3:]))
+    new_kwargs = {key: crop(value) for key, value in kwargs.items()}
+    failing = f"{tk} keys beside {tq} queries"
+    return [Probe(failing, f"as many keys as queries ({tq})", new_args, new_kwargs, "", "boundary")]
+
+
 def _dtype_argument_probes(args, kwargs) -> list[Probe]:
     """A ``torch.dtype`` argument other than float32 (``torch.bfloat16``) given as float32."""
     for key, value in [*enumerate(args), *kwargs.items()]:
@@ -386,10 +487,13 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
     found = (
         _none_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
+        + _gqa_weight_probes(name, args, kwargs)
         + _broadcast_probes(args, kwargs)
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
+        + _key_length_probes(args, kwargs)
         + _count_probes(name, args, kwargs)
+        + _count_size_probes(name, args, kwargs)
         + _config_probes(args, kwargs)
         + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
