@@ -40,8 +40,8 @@ def test_causal_mask_bottom_right(spec, t_q, t_k):
 @judges("causal_mask")
 @pytest.mark.bug_class("causal_mask")
 def test_causal_mask_default_device(spec):
-    """causal_mask(t_q, t_k) with its device omitted (the default None) is the same bool mask, on the CPU
-    (protocol: causal_mask, ``device=None``; torch's own factory functions read None as the default device)."""
+    """causal_mask(t_q, t_k) with its device omitted (the default None) is the same bool mask, on the CPU, as
+    torch's own factory functions read None (protocol: causal_mask)."""
     mask = spec.impl.causal_mask(4, S.T)
     spec.require(
         isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.device.type == "cpu",

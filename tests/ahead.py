@@ -10,7 +10,7 @@ idle. Two kinds of work can be done ahead:
   ``@built_ahead`` fixtures of its module (declared above it).
 
 ``tests/conftest.py`` moves the tests that use such work to the end of the run, and when the session's
-first test starts, ``SPEC_TESTS_AHEAD`` runner processes (default 2; ``python tests/ahead.py``) claim
+first test starts, ``SPEC_TESTS_AHEAD`` runner processes (default 3; ``python tests/ahead.py``) claim
 the jobs one by one, in the order the tests will need them, and do them while the other tests run. A
 test that reaches a job nobody has claimed yet does it itself, in the test process. Each job is done
 once, and its outcome reaches the tests that need it: a value, a skip (``pytest.skip``), or a failure
@@ -45,7 +45,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ENV_RUNNERS = "SPEC_TESTS_AHEAD"
-DEFAULT_RUNNERS = 2
+DEFAULT_RUNNERS = 3
 POLL_S = 0.2
 
 # module file -> name -> the fixture builder or test function, in the order the module declares them

@@ -200,7 +200,8 @@ def pytest_runtest_setup(item):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent:
+        in_slow_file = item.path.name in SLOW_FILES and item.path.parent == Path(__file__).parent
+        if in_slow_file or getattr(getattr(item, "function", None), "run_ahead", False):  # a runner does it
             item.add_marker(pytest.mark.slow)
     # what waits on work done ahead runs last, so that the other tests run while runners do it
     items.sort(key=ahead.runs_last)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 
 from spec_tests.harness.judging import consequences, rootcause, settling
 from spec_tests.harness.judging.results import TestVerdict
@@ -40,6 +41,7 @@ print("\\n".join(summary_lines("x", verdicts, {n: [f"t_{n}"] for n in reversed(n
 """
 
 
+@run_ahead
 def test_the_summary_is_the_same_for_every_hash_seed():
     outs = set()
     for seed in ("0", "1", "12345"):

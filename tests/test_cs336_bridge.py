@@ -4,7 +4,8 @@ here in the course's style: ``tests/fixtures_cs336/good`` (nn.Module classes loa
 is given, and a copy with two bugs fails them, naming the catalogued bug and the student's own file
 and line (never the bridge's).
 
-The suite runs in this interpreter (``pytester``) but on the buggy copy: both checkouts are the
+The suite runs in a fork of a runner's interpreter (tests/ahead.py) or in this one (``pytester``), but on the
+buggy copy in a fresh one: both checkouts are the
 package ``cs336_basics``, which the bridge imports by name from the checkout it puts on ``sys.path``,
 so in an interpreter that has imported the good one (test_the_bridge_maps_names_only does) the good
 code would answer for the buggy copy. That one runs in a fresh interpreter."""
@@ -19,14 +20,14 @@ from pathlib import Path
 
 import pytest
 from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
-from suite_subprocess import run_inline
+from suite_subprocess import run_forked, run_inline
 
 GOOD = Path(__file__).resolve().parent / "fixtures_cs336" / "good"
 
 pytest_plugins = ["pytester"]
 
 
-def suite(impl: str, *args: str, pytester=None) -> subprocess.CompletedProcess:
+def suite(impl: str, *args: str, pytester=None, forked: bool = False) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
@@ -42,6 +43,8 @@ def suite(impl: str, *args: str, pytester=None) -> subprocess.CompletedProcess:
     root = Path(__file__).resolve().parents[1]
     if pytester is not None:  # in this interpreter
         return run_inline(pytester, *cmd[3:], *args, cwd=root)
+    if forked:  # in a fork of this interpreter (a runner's)
+        return run_forked(*cmd[3:], *args, cwd=root)
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=900, cwd=root)
 
 
@@ -50,8 +53,9 @@ def counts(output: str) -> dict[str, int]:
     return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|not implemented|error)", tail)}
 
 
-def test_a_correct_checkout_passes_what_the_assignment_has(pytester):
-    proc = suite(f"cs336:{GOOD}", "-rf", pytester=pytester)
+@run_ahead
+def test_a_correct_checkout_passes_what_the_assignment_has():
+    proc = suite(f"cs336:{GOOD}", "-rf", forked=True)
     found = counts(proc.stdout)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert found.get("failed", 0) == 0, proc.stdout[-4000:]

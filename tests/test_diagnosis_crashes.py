@@ -340,3 +340,18 @@ def test_gqa_weights_are_named():
     lines, _ = probe("multihead_self_attention", attention_splitting_kv_in_equal_thirds, args, {})
     expected = "raises for n_kv_heads=2 beside n_heads=4 (GQA) and works for the key and value weights repeated to 4"
     assert any(expected in line for line in lines), lines
+
+
+def top_k_for_2d_logits_only(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_k is not None and top_k < logits.shape[-1]:
+        ranked = logits.sort(-1, descending=True).values
+        kth = ranked.gather(-1, torch.full((logits.shape[0], 1), top_k - 1))  # the bug: [B, V] logits only
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return (logits / temperature).softmax(-1)
+
+
+def test_a_filter_turned_off_by_a_larger_count_is_not_a_cause():
+    """top_k ten times larger than 9 is above V and skips the filter that raises: never "works for top_k=90"."""
+    lines, _ = probe("sampling_probs", top_k_for_2d_logits_only, (randn(2, 3, 67),), {"top_k": 9})
+    assert not any("top_k=90" in line for line in lines), lines
+    assert any("raises for 3-D input and works for 2-D" in line for line in lines), lines

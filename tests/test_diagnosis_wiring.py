@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 from diagnosis_cases import rope_complex
 
 from spec_tests import models
@@ -238,6 +239,7 @@ def _model_bugs() -> list[str]:
     return sorted(name for name, bug in CATALOG.items() if "model" in bug.components)
 
 
+@run_ahead
 @pytest.mark.parametrize("config", CONFIGS)
 def test_catalogued_model_bugs_are_named_by_their_wiring_and_no_other(config):
     """Every catalogued bug that changes the model's logits, run on the same inputs: a wiring mistake is named by

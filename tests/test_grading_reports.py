@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_grading import autograder, handout, report
@@ -340,6 +341,7 @@ def test_reports_name_the_rubric_everywhere():
 # -- issue 19 item 5, end to end: the attack as described --------------------------------------------
 
 
+@run_ahead
 def test_a_hostile_upload_cannot_forge_the_staff_report_or_the_gradebook(tmp_path):
     """An upload named like a formula, holding a large file whose name has newlines, ``#``, ``*`` and
     ``|`` (so it appears in the staff flags), graded with every report form and ``--staff``."""

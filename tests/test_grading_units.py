@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 
 from spec_grading import judge, textsafe, workspace
 from spec_grading.collector import FINAL_NAME, PROGRESS_NAME
@@ -326,6 +327,7 @@ def test_text_from_the_submission_cannot_forge_report_headings():
     assert sum(part.count("points**") for part in outside) == 1
 
 
+@run_ahead
 @pytest.mark.slow  # a real judge and sandboxed worker (tests/conftest.py: the slow tier)
 def test_the_worker_started_early_is_the_one_that_serves_the_tests(tmp_path):
     """The judge starts the worker on a thread while it collects. The worker dies with the *thread*

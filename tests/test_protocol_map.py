@@ -7,17 +7,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def pmap(monkeypatch):
+def load_pmap():
+    """tools/protocol_map.py as a module of its own (kept in ``sys.modules``: dataclasses look it up)."""
     spec = importlib.util.spec_from_file_location("protocol_map_under_test", ROOT / "tools" / "protocol_map.py")
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while it executes
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def pmap():
+    return load_pmap()
 
 
 def with_clause(pmap, clause_id, **changes):
@@ -141,7 +147,8 @@ def test_citations_resolve_to_clause_ids(pmap):
     assert pmap.resolve("protocol: somewhere else", [], ids) == (set(), ["protocol: somewhere else"])
 
 
-def test_listed_parameter_ids_exist(pmap):
+@run_ahead
+def test_listed_parameter_ids_exist():
     """The check verifies test functions; this verifies the parametrised ids the inventory names, by collection."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "spec_tests", "--collect-only", "-q", "-p", "no:cacheprovider"],
@@ -151,6 +158,7 @@ def test_listed_parameter_ids_exist(pmap):
         timeout=300,
     )
     collected = {line.strip().removeprefix("spec_tests/") for line in proc.stdout.splitlines() if "::" in line}
+    pmap = load_pmap()
     listed = {
         ref for c in pmap.load_clauses(pmap.CLAUSE_DATA) for v in c.edges.values() if isinstance(v, dict) for ref in v
     }

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 
 from spec_tests.harness.remote import cgroup, sandbox, seccomp, wire
 from spec_tests.harness.remote.client import Worker, WorkerCrashed, WorkerGaveUp, WorkerProtocolError, WorkerTimeout
@@ -110,6 +111,7 @@ def test_restarts_are_capped_and_then_every_request_fails_at_once(tmp_path):
         assert "softmax" in w.names  # what it declared stays known
 
 
+@run_ahead
 def test_restarts_slow_imports_are_charged_to_a_budget_and_then_it_gives_up(tmp_path):
     impl = tmp_path / "slow_import.py"
     impl.write_text(CRASHER.replace("IMPORT_S", "3.0"))
