@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
-from suite_subprocess import run_inline
+from suite_subprocess import run_forked
 
 from spec_tests import inputs, models
 from spec_tests.harness.judging import compare
@@ -45,8 +45,6 @@ run_timeout_s = 240
 memory_mb = 3072
 """
 FIXED_SEED = 918273645
-
-pytest_plugins = ["pytester"]
 
 
 @pytest.fixture
@@ -166,18 +164,19 @@ def test_property_tests_draw_their_examples_from_the_spec_seed(seeded):
     assert prop._hypothesis_internal_use_seed is None
 
 
-def run_suite(*args, pytester=None) -> subprocess.CompletedProcess:
-    """The suite in the project's root folder: in a fresh interpreter, or with ``pytester`` in this one (its plugin
-    sets the spec seed when a session starts and resets it when the session ends)."""
+def run_suite(*args, forked: bool = False) -> subprocess.CompletedProcess:
+    """The suite in the project's root folder: in a fresh interpreter, or ``forked`` from this one (a runner's:
+    its plugin sets the spec seed when a session starts and resets it when the session ends)."""
     suite = [str(ROOT / "spec_tests"), "-q", "-p", "no:cacheprovider", *args]
-    if pytester is not None:
-        return run_inline(pytester, *suite, cwd=ROOT)
+    if forked:
+        return run_forked(*suite, cwd=ROOT)
     return subprocess.run(
         [sys.executable, "-m", "pytest", *suite], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
 
 
-def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path, pytester):
+@run_ahead
+def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path):
     """``--spec-seed`` (also from a file) changes every recorded fingerprint; a recording replayed under
     another seed is refused with both seeds named."""
     select = [
@@ -188,25 +187,27 @@ def test_the_option_reaches_inputs_configs_and_hypothesis(tmp_path, pytester):
     (tmp_path / "seed.txt").write_text("4242\n")
     for name, seed in (("default", None), ("seeded", "@" + str(tmp_path / "seed.txt"))):
         args = [*select, f"--spec-record={tmp_path / name}"] + ([f"--spec-seed={seed}"] if seed else [])
-        done = run_suite("spec_tests/test_norms.py", "spec_tests/test_model.py", *args, pytester=pytester)
+        done = run_suite("spec_tests/test_norms.py", "spec_tests/test_model.py", *args, forked=True)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         data = torch.load(tmp_path / name / "expected-interleaved.pt", weights_only=True)
         fingerprints[name] = {k: e["fingerprint"] for k, e in data["entries"].items()}
     default, seeded = fingerprints["default"], fingerprints["seeded"]
-    assert any("logits_match_reference[llama_gqa" in k for k in default) and set(default) == set(seeded)
-    assert not set(default.values()) & set(seeded.values())  # no input of one seed is an input of the other
+    assert any("logits_match_reference[llama_gqa" in k for k in default) and set(default) == set(seeded), default
+    shared = set(default.values()) & set(seeded.values())
+    assert not shared, shared  # no input of one seed is an input of the other
     refused = run_suite(
         "spec_tests/test_norms.py",
         "-k",
         "test_rmsnorm",
         "--spec-seed=5",
         f"--spec-replay={tmp_path / 'default'}",
-        pytester=pytester,
+        forked=True,
     )
-    assert refused.returncode != 0 and "spec seed 0" in refused.stdout + refused.stderr
-    assert "--spec-seed 5" in refused.stdout + refused.stderr
-    bad = run_suite("spec_tests/test_norms.py", "--spec-seed=x", pytester=pytester)
-    assert bad.returncode != 0 and "--spec-seed must be an integer" in bad.stdout + bad.stderr
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "spec seed 0" in said and "--spec-seed 5" in said, said[-3000:]
+    bad = run_suite("spec_tests/test_norms.py", "--spec-seed=x", forked=True)
+    said = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "--spec-seed must be an integer" in said, said[-3000:]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ def build(folder: Path, name: str, extra: dict[str, str]) -> Path:
 def replay_table(tmp: Path) -> str:
     """The handout's recording of the graded tests, as a fingerprint -> values table in a .py file."""
     done = run_suite(
-        "spec_tests/test_norms.py", "spec_tests/test_positions.py", "--impl=reference", f"--spec-record={tmp}"
+        "spec_tests/test_norms.py", "spec_tests/test_positions.py", "--impl=reference", f"--spec-record={tmp}", forked=True
     )
     assert done.returncode == 0, done.stdout[-3000:]
     data = torch.load(tmp / "expected-interleaved.pt", weights_only=True)

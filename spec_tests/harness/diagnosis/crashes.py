@@ -289,9 +289,9 @@ def _signature_names(name: str) -> list[str]:
     try:
         import inspect
 
-        import reference
+        from ..subject.subject import reference_module
 
-        return list(inspect.signature(getattr(reference, name)).parameters)
+        return list(inspect.signature(getattr(reference_module(), name)).parameters)
     except Exception:  # noqa: BLE001 - no reference, or no such name
         return []
 
