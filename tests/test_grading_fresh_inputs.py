@@ -235,7 +235,11 @@ def build(folder: Path, name: str, extra: dict[str, str]) -> Path:
 def replay_table(tmp: Path) -> str:
     """The handout's recording of the graded tests, as a fingerprint -> values table in a .py file."""
     done = run_suite(
-        "spec_tests/test_norms.py", "spec_tests/test_positions.py", "--impl=reference", f"--spec-record={tmp}", forked=True
+        "spec_tests/test_norms.py",
+        "spec_tests/test_positions.py",
+        "--impl=reference",
+        f"--spec-record={tmp}",
+        forked=True,
     )
     assert done.returncode == 0, done.stdout[-3000:]
     data = torch.load(tmp / "expected-interleaved.pt", weights_only=True)
