@@ -285,8 +285,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def slow_submission(attacks):
+def slow_submission(attacks) -> Path:
     return attacks["tmp"] / "subs" / "cheaters" / "alarm_thread"
 
 
@@ -306,14 +305,15 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def test_a_killed_judge_still_gives_a_report_with_every_test(attacks, slow_submission, tmp_path):
+@run_ahead
+def test_a_killed_judge_still_gives_a_report_with_every_test(attacks, tmp_path):
     out = tmp_path / "results.json"
-    grader = _start_grader(slow_submission, attacks["tmp"], out)
+    grader = _start_grader(slow_submission(attacks), attacks["tmp"], out)
     judge = _judge_of(grader)
     stop = time.monotonic() + 300  # the judge starts its sandbox after collecting: poll, never a fixed wait
     while not (sandbox_processes := _descendants(judge)) and time.monotonic() < stop:  # bubblewrap, the worker
         time.sleep(0.2)
-    assert sandbox_processes
+    assert sandbox_processes, "no sandbox process appeared under the judge"
     time.sleep(1.0)  # the worker's own children (if any) too
     sandbox_processes = _descendants(judge)
     os.kill(judge, signal.SIGKILL)
@@ -324,30 +324,32 @@ def test_a_killed_judge_still_gives_a_report_with_every_test(attacks, slow_submi
         time.sleep(0.1)
     assert not [p for p in sandbox_processes if _alive(p)], "the worker outlived its judge"
     results = json.loads(out.read_text())
-    assert len(results["tests"]) == len(attacks["test_ids"])
+    assert len(results["tests"]) == len(attacks["test_ids"]), (len(results["tests"]), len(attacks["test_ids"]))
     not_run = [t for t in results["tests"] if t.get("output", "").startswith("not run:")]
-    assert not_run and all("SIGKILL" in t["output"] for t in not_run)
-    assert "SIGKILL" in results["output"]
+    assert not_run and all("SIGKILL" in t["output"] for t in not_run), not_run
+    assert "SIGKILL" in results["output"], results["output"]
 
 
-def test_the_whole_run_limit_stops_a_hanging_submission(attacks, slow_submission, tmp_path):
+@run_ahead
+def test_the_whole_run_limit_stops_a_hanging_submission(attacks, tmp_path):
     out = tmp_path / "results.json"
     started = time.monotonic()
-    grader = _start_grader(slow_submission, attacks["tmp"], out, "--run-timeout", "8", "--test-timeout", "60")
+    grader = _start_grader(slow_submission(attacks), attacks["tmp"], out, "--run-timeout", "8", "--test-timeout", "60")
     stdout, stderr = grader.communicate(timeout=300)
     assert grader.returncode == 0, stderr
     # the 8 s limit, plus start-up and clean-up on a loaded machine; far under the 60 s x hanging tests
-    assert time.monotonic() - started < 150
+    assert time.monotonic() - started < 150, time.monotonic() - started
     results = json.loads(out.read_text())
-    assert len(results["tests"]) == len(attacks["test_ids"])
+    assert len(results["tests"]) == len(attacks["test_ids"]), (len(results["tests"]), len(attacks["test_ids"]))
     assert any("whole-run limit of 8 s" in t.get("output", "") for t in results["tests"])
 
 
-def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, slow_submission, tmp_path):
+@run_ahead
+def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, tmp_path):
     from spec_grading.workspace import base_folder
 
     for how in (signal.SIGTERM, signal.SIGKILL):
-        grader = _start_grader(slow_submission, attacks["tmp"], tmp_path / "results.json")
+        grader = _start_grader(slow_submission(attacks), attacks["tmp"], tmp_path / "results.json")
         judge = _judge_of(grader)
         [folder] = base_folder().glob(f"run-{grader.pid}-*")
         grader.send_signal(how)
@@ -362,7 +364,7 @@ def test_a_stopped_grader_kills_its_judge_and_removes_its_folder(attacks, slow_s
             args = ["--prepare", "--select", SELECT, "--cache-dir", str(attacks["tmp"] / "cache")]
             assert spec_grade(*args, "--rubric", str(attacks["tmp"] / "rubric.toml")).returncode == 0
         assert not folder.exists(), f"{folder} left behind after {how.name}"
-        assert not (tmp_path / "results.json").exists()
+        assert not (tmp_path / "results.json").exists(), f"a grader stopped by {how.name} wrote its results"
 
 
 @run_ahead
