@@ -67,6 +67,8 @@ def test_rope_positions_scattered_and_broadcast(spec):
         label="2d",
         axes="t d",
     )
+    far = scattered + 9000  # any non-negative positions: past a 4096- or 8192-row table
+    spec.call("rope", x, far, behaviour="rope at positions past 9000", kind="positions", label="far", axes="b h t d")
 
 
 @judges("rope")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.component("training")
 
 @judges("get_batch")
 @pytest.mark.bug_class("unshifted_labels", "get_batch")
-@pytest.mark.parametrize("kind", ["numpy", "numpy-uint16", "tensor"])
+@pytest.mark.parametrize("kind", ["numpy", "numpy-uint16", "tensor", "tensor-int32"])
 def test_get_batch_windows_and_shift(spec, kind):
     """get_batch returns windows x of the data and y = the same windows one token ahead, long whatever the data's
     integer dtype: nanoGPT stores its tokens as numpy uint16 (course notes: loss on unshifted labels; protocol:
@@ -29,6 +29,7 @@ def test_get_batch_windows_and_shift(spec, kind):
         "numpy": np.arange(100, 160),
         "numpy-uint16": np.arange(100, 160, dtype=np.uint16),
         "tensor": torch.arange(100, 160),
+        "tensor-int32": torch.arange(100, 160, dtype=torch.int32),
     }[kind]
     x, y = spec.impl.get_batch(data, 5, 8, generator=spec.inputs.generator(0, device="cpu"), device=spec.device)
     spec.require(

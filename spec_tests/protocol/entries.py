@@ -65,7 +65,8 @@ class Entry:
     - ``none_means``: its optional arguments whose ``None`` has an equivalent value the protocol states
       (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``bias=None`` a zero bias,
       ``max_grad_norm=None`` no clipping, ``generator=None`` a generator of its own, ``top_k=None`` all ``V``
-      tokens, ``top_p=None`` the whole mass, ``device=None`` the default device): crash diagnosis passes
+      tokens, ``top_p=None`` the whole mass, ``device=None`` the default device, ``dtype=None`` torch's default
+      dtype): crash diagnosis passes
       that value instead, to tell an unhandled ``None`` from other triggers.
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
@@ -253,6 +254,7 @@ ENTRIES: tuple[Entry, ...] = (
         model_part=True,
         substitutable=True,
         knob_family="_sinusoidal",
+        none_means=("dtype",),
         amended_keywords={"dtype": 5},
     ),
     # ------------------------------------------------------------------ attention
@@ -291,6 +293,8 @@ ENTRIES: tuple[Entry, ...] = (
         tolerance="attention",
         precision_sample=lambda i, S, device: (tuple(_per_head(i, S)), {"causal": True, "block_size": 4}),
         knob_family="_flash",
+        any_leading_dims=True,
+        core_rank=3,
         nan_rows_unspecified=True,
     ),
     Entry(

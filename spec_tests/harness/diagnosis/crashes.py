@@ -9,13 +9,15 @@ variants of its input, each one property changed and each as cheap as the origin
 - an optional argument left ``None``, passed or omitted, given the value ``None`` means instead
   (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``bias=None`` as zeros,
   ``max_grad_norm=None`` as ``inf``, ``generator=None`` as a generator, ``top_k=None`` as ``V``,
-  ``top_p=None`` as 1.0, ``device=None`` as the CPU: the protocol's own meanings,
+  ``top_p=None`` as 1.0, ``device=None`` as the CPU, ``dtype=None`` as torch's default: the protocol's own
+  meanings,
   ``Entry.none_means``);
 - a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two, a ``[B, T]``
   id input one token shorter, half as long and one token long (a context length crossed, a cached chunk);
   a count of the last axis's entries above its size (``top_k > V``) given that size; an odd integer size
   (``d_model``) given as the next even one; an integer count of 1 given as 2, and one of 2 to 9 given ten times
-  larger (``batch_size=1``, ``steps=3``); k and v with more positions than q given as many as q has (their last);
+  larger (``batch_size=1``, ``steps=3``; never an axis such as ``dim``); an odd batch of ``[B, T]`` ids given one
+  more row; k and v with more positions than q given as many as q has (their last);
 - a config that leaves optional keys out given with the protocol's defaults written out;
 - GQA: k and v with fewer heads than q given repeated to q's heads, and attention weights with fewer key/value
   heads given with their key and value rows repeated to ``n_heads``;
@@ -143,6 +145,9 @@ def _none_value(key: str, args, kwargs):
         return "top_p=1.0 (the whole mass)", 1.0
     if key == "device":
         return 'device="cpu" (the default device)', "cpu"
+    if key == "dtype":
+        default = torch.get_default_dtype()
+        return f"dtype={str(default).removeprefix('torch.')} (torch's default dtype)", default
     return None
 
 
@@ -408,6 +413,9 @@ def _with(args, kwargs, where, value):
     return args, {**kwargs, where: value}
 
 
+AXES = ("dim", "axis")
+
+
 def _count_size_probes(name, args, kwargs) -> list[Probe]:
     """An integer count of 1 (a batch of one, one step) given as 2, and a small count (2 to 9: a few steps)
     given ten times larger: a size-1 axis squeezed away, or an interval ``count // 10`` that is 0. Never ten
@@ -415,6 +423,8 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
     in the filter would "run"."""
     probes = []
     for label, where, value in _labelled_ints(name, args, kwargs):
+        if label in AXES:  # which axis, not how many: another axis is another computation
+            continue
         if value == 1:
             probes.append(Probe(f"{label}=1", f"{label}=2", *_with(args, kwargs, where, 2), "", "boundary"))
         elif 2 <= value <= 9 and label not in COUNTS_OF_THE_LAST_AXIS:  # top_k >= V turns its filter off
@@ -422,6 +432,23 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
             variant = _with(args, kwargs, where, more)
             probes.append(Probe(f"{label}={value}", f"{label}={more}", *variant, "", "boundary"))
     return probes
+
+
+def _odd_batch_probes(args, kwargs) -> list[Probe]:
+    """A ``[B, T]`` id input with an odd number of rows B >= 3 given one more row (a copy of its first), every tensor
+    sharing its B rows alike: a batch split in two equal halves, or pairs of rows."""
+    ids = next((a for a in args if isinstance(a, torch.Tensor) and a.ndim == 2 and not a.is_floating_point()), None)
+    if ids is None or ids.dtype == torch.bool or ids.shape[0] < 3 or ids.shape[0] % 2 == 0:
+        return []
+    b = ids.shape[0]
+
+    def grow(t):
+        if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[0] == b:
+            return torch.cat([t, t[:1]]).contiguous()
+        return t
+
+    new_args, new_kwargs = _map(args, kwargs, grow)
+    return [Probe(f"a batch of {b} rows (odd)", f"{b + 1} rows", new_args, new_kwargs, "", "boundary")]
 
 
 def _key_length_probes(args, kwargs) -> list[Probe]:
@@ -494,6 +521,7 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _key_length_probes(args, kwargs)
+        + _odd_batch_probes(args, kwargs)
         + _count_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
         + _config_probes(args, kwargs)
