@@ -17,7 +17,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 SELECT = "test_norms"
@@ -122,8 +122,7 @@ def test_the_zips_project_builds_as_a_wheel(autograder):
         assert path in names, path
 
 
-@run_ahead
-def test_an_installed_copy_grades_from_any_folder(autograder):
+def test_an_installed_copy_grades_from_any_folder(autograder):  # after the test that builds the wheel
     """The zip's project installed (not editable) into a folder of its own, run from an empty folder:
     the grader finds the suite, the reference and itself by importing them."""
     [wheel] = (autograder["tmp"] / "wheel").glob("*.whl")
