@@ -77,6 +77,13 @@ def _map(args, kwargs, fn):
     )
 
 
+def _with(args, kwargs, where, value):
+    """``(args, kwargs)`` with the argument at ``where`` (a position or a keyword) replaced by ``value``."""
+    if isinstance(where, int):
+        return (*args[:where], value, *args[where + 1 :]), kwargs
+    return args, {**kwargs, where: value}
+
+
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
@@ -369,10 +376,7 @@ def _config_probes(args, kwargs) -> list[Probe]:
         for group in groups:
             written = {**value, **{k: defaults[k] for k in group}}
             shown = ", ".join(f"{k}={defaults[k]!r}" for k in group)
-            if isinstance(key, int):
-                new_args, new_kwargs = (*args[:key], written, *args[key + 1 :]), kwargs
-            else:
-                new_args, new_kwargs = args, {**kwargs, key: written}
+            new_args, new_kwargs = _with(args, kwargs, key, written)
             probes.append(
                 Probe(
                     "a config that leaves optional keys out",
@@ -405,12 +409,6 @@ def _labelled_ints(name, args, kwargs):
     for key, value in kwargs.items():
         if type(value) is int:
             yield key, key, value
-
-
-def _with(args, kwargs, where, value):
-    if isinstance(where, int):
-        return (*args[:where], value, *args[where + 1 :]), kwargs
-    return args, {**kwargs, where: value}
 
 
 AXES = ("dim", "axis")
@@ -478,11 +476,7 @@ def _dtype_argument_probes(args, kwargs) -> list[Probe]:
     for key, value in [*enumerate(args), *kwargs.items()]:
         if isinstance(value, torch.dtype) and value != torch.float32:
             shown = str(value).removeprefix("torch.")
-            if isinstance(key, int):
-                new_args, new_kwargs = (*args[:key], torch.float32, *args[key + 1 :]), kwargs
-            else:
-                new_args, new_kwargs = args, {**kwargs, key: torch.float32}
-            return [Probe(f"dtype {shown}", "float32", new_args, new_kwargs)]
+            return [Probe(f"dtype {shown}", "float32", *_with(args, kwargs, key, torch.float32))]
     return []
 
 
@@ -505,9 +499,7 @@ def _broadcast_probes(args, kwargs) -> list[Probe]:
             other, failing, working = value.reshape(-1, value.shape[-1])[0].contiguous(), f"{value.ndim}-D", "1-D"
         failing = f"{failing} positions {_shape(value)} with a {_shape(x)} input"
         working = f"positions {working} {_shape(other)}"
-        if isinstance(key, int):
-            return [Probe(failing, working, (*args[:key], other, *args[key + 1 :]), kwargs, note)]
-        return [Probe(failing, working, args, {**kwargs, key: other}, note)]
+        return [Probe(failing, working, *_with(args, kwargs, key, other), note)]
     return []
 
 
