@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from suite_subprocess import implementation, run_suite
 
-from spec_tests.harness.diagnosis.crashes import own_frame, probe
+from spec_tests.harness.diagnosis.crashes import own_frame, probe, probes_for
 
 pytest_plugins = ["pytester"]
 
@@ -355,3 +355,19 @@ def test_a_filter_turned_off_by_a_larger_count_is_not_a_cause():
     lines, _ = probe("sampling_probs", top_k_for_2d_logits_only, (randn(2, 3, 67),), {"top_k": 9})
     assert not any("top_k=90" in line for line in lines), lines
     assert any("raises for 3-D input and works for 2-D" in line for line in lines), lines
+
+
+def rope_with_a_fixed_table(x, positions, theta=10000.0):
+    table = torch.ones(4096, x.shape[-1], dtype=x.dtype)  # the bug: cos/sin kept for 4096 positions only
+    return x * torch.nn.functional.embedding(positions, table)
+
+
+def test_far_positions_are_named():
+    x, positions = randn(2, 5, 4), torch.tensor([0, 3, 700, 5000, 9001])
+    lines, codes = probe("rope", rope_with_a_fixed_table, (x, positions), {})
+    assert codes == ["boundary"]
+    assert any(
+        "rope raises for positions up to 9001 and works for the same positions modulo 1024" in ln for ln in lines
+    )
+    near = [p.working for p in probes_for("rope", (x, torch.tensor([0, 3, 700, 1500, 2047])), {})]
+    assert "the same positions modulo 1024" not in near, near  # positions of a typical context are not probed

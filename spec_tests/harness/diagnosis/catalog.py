@@ -86,17 +86,23 @@ def bug_subjects(subject: str, rope_style: str, names=None) -> list:
     ]
 
 
-def matching_bugs(subject: str, compute_on, actual, tol: Tolerance, rope_style: str, names=None) -> list:
+def matching_bugs(
+    subject: str, compute_on, actual, tol: Tolerance, rope_style: str, names=None, ruled_out: set | None = None
+) -> list:
     """The catalogued bugs whose output on the check's inputs matches ``actual`` within ``tol`` (of ``names``
-    only, where given)."""
+    only, where given; none of ``ruled_out``, to which each bug that ran and did not match is added)."""
     matches = []
     for bug, bug_subject in bug_subjects(subject, rope_style, names):
+        if ruled_out is not None and bug.name in ruled_out:
+            continue
         try:
             out = compute_on(bug_subject)
         except Exception:  # noqa: BLE001 - a bug that cannot run on these inputs cannot be the one
             continue
         if mismatch(actual, out, tol) is None:
             matches.append(bug)
+        elif ruled_out is not None:
+            ruled_out.add(bug.name)
     return matches
 
 

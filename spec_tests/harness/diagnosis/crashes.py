@@ -26,6 +26,8 @@ variants of its input, each one property changed and each as cheap as the origin
   integer data of a narrow dtype (numpy uint16, int32) as int64;
 - a broadcastable shape: 1-D positions ``[T]`` given in full, ``x.shape[:-1]``, and fuller positions
   given as one row ``[T]``.
+- far positions: positions reaching 2048 or further given modulo 1024 (a table built for a fixed number of
+  positions).
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
 the probes showed is said; when every variant raises too, the line says which ones were tried.
@@ -503,6 +505,26 @@ def _broadcast_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+FAR_POSITION = 2048  # positions from here on are "far": past a table built for a typical context length
+
+
+def _far_position_probes(name, args, kwargs) -> list[Probe]:
+    """Integer ``positions`` reaching ``FAR_POSITION`` or further given as the same positions taken modulo 1024
+    (same shape, dtype and pattern): a table of cos/sin (or of anything per position) built for a fixed number of
+    positions runs out past it."""
+    names = _signature_names(name)
+    where = next((i for i, n in enumerate(names[: len(args)]) if n == "positions"), "positions")
+    value = args[where] if isinstance(where, int) else kwargs.get("positions")
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dtype == torch.bool:
+        return []
+    if value.numel() == 0 or int(value.max()) < FAR_POSITION:
+        return []
+    failing = f"positions up to {int(value.max())}"
+    note = "; the protocol defines positions without an upper bound"
+    variant = _with(args, kwargs, where, value % 1024)
+    return [Probe(failing, "the same positions modulo 1024", *variant, note, "boundary")]
+
+
 def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
     """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``)."""
     found = (
@@ -510,6 +532,7 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
         + _gqa_probes(args, kwargs)
         + _gqa_weight_probes(name, args, kwargs)
         + _broadcast_probes(args, kwargs)
+        + _far_position_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _key_length_probes(args, kwargs)

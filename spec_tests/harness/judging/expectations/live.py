@@ -12,6 +12,8 @@ class LiveExpectations:
         self.reference = reference
         # a check (test function, label, subject) -> the catalogued bugs its first matching case matched
         self._matched: dict[str, set[str]] = {}
+        # a check -> the catalogued bugs that ran on one of its failing cases and did not match it
+        self._ruled_out: dict[str, set[str]] = {}
 
     def value(self, key: str, compute, inputs=()):
         return compute(self.reference)
@@ -22,15 +24,19 @@ class LiveExpectations:
     def known_bugs(self, key: str, subject: str, compute_on, actual, tol) -> list:
         """Catalogued bugs whose output, on this check's inputs, matches ``actual``.
 
-        Once a case of a check (one test function's check label, whatever its parameters) has matched catalogued
-        bugs, its further cases try only those: one mistake fails every case alike, and a failing run must not pay
-        for the whole catalog at each of them. A case that matched none leaves the next to try the whole catalog
-        again (a bug may not run on one case's inputs, a non-square weight, and match on the next)."""
+        One mistake fails every case of a check (one test function's check label, whatever its parameters) alike,
+        and a failing run must not pay for the whole catalog at each case. Once a case has matched catalogued bugs,
+        the further cases try only those. A bug that ran on a failing case and did not match it is not tried on the
+        check's further cases: an implementation with that bug alone computes its output on every case. A bug that
+        could not run on a case's inputs (a non-square weight, say) is tried again on the next."""
         from ...diagnosis.catalog import matching_bugs
 
         test, _, label = key.rpartition("::")
         check = f"{test.split('[')[0]}::{label.split('#')[0]}::{subject}"
-        found = matching_bugs(subject, compute_on, actual, tol, self.reference.rope_style, self._matched.get(check))
+        ruled_out = self._ruled_out.setdefault(check, set())
+        found = matching_bugs(
+            subject, compute_on, actual, tol, self.reference.rope_style, self._matched.get(check), ruled_out
+        )
         if found and check not in self._matched:
             self._matched[check] = {bug.name for bug in found}
         return found
