@@ -371,3 +371,14 @@ def test_far_positions_are_named():
     )
     near = [p.working for p in probes_for("rope", (x, torch.tensor([0, 3, 700, 1500, 2047])), {})]
     assert "the same positions modulo 1024" not in near, near  # positions of a typical context are not probed
+
+
+def repeat_kv_view_after_expand(x, n_rep):
+    b, h, t, d = x.shape  # the bug: .view of an expanded axis works for one kv head only
+    return x[:, :, None].expand(b, h, n_rep, t, d).view(b, h * n_rep, t, d)
+
+
+def test_several_kv_heads_are_named():
+    lines, codes = probe("repeat_kv", repeat_kv_view_after_expand, (randn(2, 3, 5, 4), 2), {})
+    assert codes == ["crash"]
+    assert any("repeat_kv raises for 3 kv heads repeated 2 times and works for one kv head" in ln for ln in lines)

@@ -342,6 +342,7 @@ def test_a_modified_manifest_is_prepared_again(batch, tmp_path):
         (["--impl", "student", "--jobs", "-2"], "--jobs must be >= 0, got -2"),
     ],
 )
+@run_ahead
 def test_usage_errors_exit_2(args, message):
     proc = spec_grade(*args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -356,6 +357,7 @@ def test_usage_errors_exit_2(args, message):
         ("[[tests]]\nlive = true\nweight = 2\n", "unknown keys ['live']"),
     ],
 )
+@run_ahead
 def test_malformed_rubric_is_a_usage_error(tmp_path, text, message):
     bad = tmp_path / "rubric.toml"
     bad.write_text("total = 100\n" + text)
@@ -363,15 +365,16 @@ def test_malformed_rubric_is_a_usage_error(tmp_path, text, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@run_ahead
 def test_an_unusable_upload_still_gets_a_gradescope_result(tmp_path):
     upload = tmp_path / "upload"
     upload.mkdir()
     (upload / "notes.txt").write_text("no code here")
     out = tmp_path / "results.json"
     proc = spec_grade("--impl", str(upload), "--gradescope", str(out))
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stderr
     res = json.loads(out.read_text())
-    assert res["score"] == 0 and "neither a package" in res["tests"][0]["output"]
+    assert res["score"] == 0 and "neither a package" in res["tests"][0]["output"], res
 
 
 def test_default_rubric_loads_and_sums_to_its_total():

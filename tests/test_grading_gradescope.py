@@ -17,7 +17,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 SELECT = "test_norms"
@@ -99,19 +99,26 @@ def test_run_autograder_writes_results_as_gradescope_expects(autograder):
     assert results["stdout_visibility"] == "hidden" and isinstance(results["execution_time"], int)
 
 
-def test_the_zips_project_builds_as_a_wheel(autograder):
-    source = autograder["root"] / "source"
-    meta = tomllib.loads((source / "pyproject.toml").read_text())
-    assert meta["project"]["scripts"]["spec-grade"] == "spec_grading.cli:main"
+@built_ahead
+def wheel(autograder):
+    """The zip's project built as a wheel (what setup.sh installs on Gradescope)."""
     out = autograder["tmp"] / "wheel"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out)]
+        + [str(autograder["root"] / "source")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert built.returncode == 0, built.stderr[-3000:]
-    [wheel] = out.glob("*.whl")
+    [found] = out.glob("*.whl")
+    return found
+
+
+def test_the_zips_project_builds_as_a_wheel(autograder, wheel):
+    source = autograder["root"] / "source"
+    meta = tomllib.loads((source / "pyproject.toml").read_text())
+    assert meta["project"]["scripts"]["spec-grade"] == "spec_grading.cli:main"
     names = zipfile.ZipFile(wheel).namelist()
     for path in (
         "spec_grading/cli.py",
@@ -122,20 +129,21 @@ def test_the_zips_project_builds_as_a_wheel(autograder):
         assert path in names, path
 
 
-def test_an_installed_copy_grades_from_any_folder(autograder):  # after the test that builds the wheel
+@run_ahead
+def test_an_installed_copy_grades_from_any_folder(wheel, tmp_path):
     """The zip's project installed (not editable) into a folder of its own, run from an empty folder:
     the grader finds the suite, the reference and itself by importing them."""
-    [wheel] = (autograder["tmp"] / "wheel").glob("*.whl")
-    target, elsewhere = autograder["tmp"] / "installed", autograder["tmp"] / "elsewhere"
+    target, elsewhere = tmp_path / "installed", tmp_path / "elsewhere"
     elsewhere.mkdir()
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)]
-    assert subprocess.run(pip, capture_output=True, text=True, timeout=300).returncode == 0
+    installed = subprocess.run(pip, capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
     env = {**os.environ, "PYTHONPATH": str(target)}
     names = ("spec_grading", "spec_tests", "reference")
     where = f"import {', '.join(names)}; print({', '.join(f'{n}.__file__' for n in names)})"
     found = subprocess.run([sys.executable, "-c", where], capture_output=True, text=True, env=env, cwd=elsewhere)
     assert found.stdout.split() and all(path.startswith(str(target)) for path in found.stdout.split()), found
-    out = autograder["tmp"] / "installed.json"
+    out = tmp_path / "installed.json"
     cmd = [
         sys.executable,
         "-m",
@@ -147,8 +155,8 @@ def test_an_installed_copy_grades_from_any_folder(autograder):  # after the test
         "--gradescope",
         str(out),
     ]
-    cmd += ["--cache-dir", str(autograder["tmp"] / "cache-installed")]
+    cmd += ["--cache-dir", str(tmp_path / "cache-installed")]
     graded = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
     assert graded.returncode == 0, graded.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert results["score"] == 100.0 and len(results["tests"]) == 10
+    assert results["score"] == 100.0 and len(results["tests"]) == 10, results

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_grading import batch as batch_mod
@@ -428,6 +428,7 @@ def rmsnorm(x, weight, eps=1e-5):
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+@run_ahead
 def test_a_stopped_grader_writes_the_reports_of_what_it_judged(grading_dir, tmp_path, how):
     subs = tmp_path / "subs"
     copy_reference(subs / "a_good")
@@ -451,9 +452,10 @@ def test_a_stopped_grader_writes_the_reports_of_what_it_judged(grading_dir, tmp_
         if grader.poll() is None:
             grader.kill()
     assert grader.returncode == 128 + how, stderr[-3000:]
-    assert results(out, "a_good")["score"] == 100.0
-    assert sorted(p.name for p in (out / "a_good").iterdir()) == ["report.md", "report.xml", "results.json"]
-    assert not (out / "b_hang").exists()
+    assert results(out, "a_good")["score"] == 100.0, results(out, "a_good")
+    written = sorted(p.name for p in (out / "a_good").iterdir())
+    assert written == ["report.md", "report.xml", "results.json"], written
+    assert not (out / "b_hang").exists(), "the submission being judged when the grader stopped has reports"
     rows = list(csv.DictReader(gradebook.open(encoding="utf-8")))
-    assert [r["submission"] for r in rows] == ["a_good"]
-    assert "Grade for a_good" in stdout and "submissions judged were written" in stderr
+    assert [r["submission"] for r in rows] == ["a_good"], rows
+    assert "Grade for a_good" in stdout and "submissions judged were written" in stderr, (stdout, stderr[-3000:])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ahead import built_ahead  # tests/ahead.py: built in a runner while other tests run
+from ahead import built_ahead, run_ahead  # tests/ahead.py: built in a runner while other tests run
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDOUT = [sys.executable, "-m", "spec_grading.handout"]
@@ -219,6 +219,7 @@ def test_replay_refuses_inputs_it_did_not_record():
         replay.value("spec_tests/test_a.py::test_b::other#0", None, (x,))
 
 
+@run_ahead
 def test_a_modified_recording_is_refused(handout, tmp_path):
     """The replay provider checks each recording's SHA-256 against its sidecar before using it."""
     copy = tmp_path / "handout"
