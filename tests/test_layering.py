@@ -12,6 +12,7 @@ other, directly or around a cycle.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,9 @@ def imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
     return found
 
 
+@functools.cache  # the checkout's graph serves three tests; each test's own tree is built before it is read
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """Every module of the suite's packages under root -> the modules it imports (anything else too)."""
+    """Every module of the suite's packages under root -> the modules it imports (anything else too); read only."""
     modules: dict[str, Path] = {}
     for folder, package in FOLDERS.items():
         for path in sorted((root / folder).rglob("*.py")):

@@ -20,7 +20,8 @@ variants of its input, each one property changed and each as cheap as the origin
   more row; k and v with more positions than q given as many as q has (their last);
 - a config that leaves optional keys out given with the protocol's defaults written out;
 - GQA: k and v with fewer heads than q given repeated to q's heads, and attention weights with fewer key/value
-  heads given with their key and value rows repeated to ``n_heads``;
+  heads given with their key and value rows repeated to ``n_heads``; several kv heads (k and v, or
+  ``repeat_kv``'s input with ``n_rep > 1``) given as one (MQA);
 - the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype; a
   ``torch.dtype`` argument (``bfloat16``) as float32;
   integer data of a narrow dtype (numpy uint16, int32) as int64;
@@ -298,6 +299,31 @@ def _gqa_probes(args, kwargs) -> list[Probe]:
     ]
 
 
+def _one_kv_head_probes(name, args, kwargs) -> list[Probe]:
+    """Several key/value heads shared by groups of query heads given as one kv head (MQA), everything else the
+    same: per-head k and v with 1 < Hkv < Hq heads, or the ``[..., Hkv, T, d]`` input of a name that takes
+    ``n_rep`` with Hkv > 1 and n_rep > 1 (a group mapping that only works for one group, or for none)."""
+    note = "; the protocol's GQA maps query head h to kv head h // (Hq / Hkv) for any number of kv heads"
+    names = _signature_names(name)
+    values = {**dict(zip(names, args, strict=False)), **kwargs}
+    n_rep, x = values.get("n_rep"), args[0] if args else None
+    if type(n_rep) is int and n_rep > 1 and isinstance(x, torch.Tensor) and x.ndim >= 3 and x.shape[-3] > 1:
+        failing, working = f"{x.shape[-3]} kv heads repeated {n_rep} times", f"one kv head repeated {n_rep} times"
+        return [Probe(failing, working, (x[..., :1, :, :].contiguous(), *args[1:]), kwargs, note)]
+    floats = [t for t in args[:3] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if len(floats) < 3:
+        return []
+    q, k, v = floats
+    if q.ndim < 3 or k.shape != v.shape or k.ndim != q.ndim:
+        return []
+    hq, hkv = q.shape[-3], k.shape[-3]
+    if not 1 < hkv < hq or hq % hkv:
+        return []
+    one = (q, k[..., :1, :, :].contiguous(), v[..., :1, :, :].contiguous())
+    failing = f"k and v with {hkv} heads beside {hq} query heads (GQA)"  # as _gqa_probes says it: one line
+    return [Probe(failing, "one kv head (MQA)", (*one, *args[3:]), kwargs, note)]
+
+
 def _signature_names(name: str) -> list[str]:
     """The parameter names of ``name`` in the reference's signature ([] where there is no reference: a handout)."""
     try:
@@ -531,6 +557,7 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
         _none_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
         + _gqa_weight_probes(name, args, kwargs)
+        + _one_kv_head_probes(name, args, kwargs)
         + _broadcast_probes(args, kwargs)
         + _far_position_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
