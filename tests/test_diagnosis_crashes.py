@@ -382,3 +382,26 @@ def test_several_kv_heads_are_named():
     lines, codes = probe("repeat_kv", repeat_kv_view_after_expand, (randn(2, 3, 5, 4), 2), {})
     assert codes == ["crash"]
     assert any("repeat_kv raises for 3 kv heads repeated 2 times and works for one kv head" in ln for ln in lines)
+
+
+def build_stacking_qkv(config, state_dict):
+    stacked = torch.stack([state_dict[f"layers.0.attn.{w}.weight"] for w in ("wq", "wk", "wv")])  # the bug
+    return stacked.sum(0)
+
+
+def test_a_gqa_model_is_named():
+    config = {"n_heads": 4, "n_kv_heads": 2, "d_model": 8}
+    weights = {f"layers.0.attn.{w}.weight": randn(rows, 8) for w, rows in (("wq", 8), ("wk", 4), ("wv", 4))}
+    lines, _ = probe("build_model", build_stacking_qkv, (config, weights), {})
+    assert any("build_model raises for a GQA config (n_kv_heads=2 beside n_heads=4)" in ln for ln in lines), lines
+
+
+def generate_needing_top_p(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None, generator=None):
+    if abs(top_p - 1.0) < 1e-6:  # the bug: the protocol's default top_p=None
+        return prompt
+    return prompt
+
+
+def test_an_omitted_sampling_option_of_generate_is_given_what_none_means():
+    lines, _ = probe("generate", generate_needing_top_p, (torch.nn.Identity(), torch.zeros(1, 3).long(), 2), {})
+    assert any("generate raises for top_p=None and works for top_p=1.0" in ln for ln in lines), lines

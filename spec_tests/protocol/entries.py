@@ -423,6 +423,7 @@ ENTRIES: tuple[Entry, ...] = (
         calls_model_parts=True,
         catalog_groups=("generation",),
         amended_keywords={"attention_mask": 23},
+        none_means=("top_k", "top_p", "generator"),  # as sample's: generate samples through sampling_probs
     ),
     Entry("count_parameters", "model", calls=(), catalog_groups=("model",)),
     Entry("kv_cache_bytes", "model", substitutable=True, catalog_groups=("model",)),

@@ -21,7 +21,8 @@ variants of its input, each one property changed and each as cheap as the origin
 - a config that leaves optional keys out given with the protocol's defaults written out;
 - GQA: k and v with fewer heads than q given repeated to q's heads, and attention weights with fewer key/value
   heads given with their key and value rows repeated to ``n_heads``; several kv heads (k and v, or
-  ``repeat_kv``'s input with ``n_rep > 1``) given as one (MQA);
+  ``repeat_kv``'s input with ``n_rep > 1``) given as one (MQA); a GQA config given to ``build_model`` as
+  ``n_kv_heads = n_heads`` with its canonical k and v weights repeated alike;
 - the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype; a
   ``torch.dtype`` argument (``bfloat16``) as float32;
   integer data of a narrow dtype (numpy uint16, int32) as int64;
@@ -299,6 +300,42 @@ def _gqa_probes(args, kwargs) -> list[Probe]:
     ]
 
 
+def _gqa_state_dict_probes(args, kwargs) -> list[Probe]:
+    """A config with fewer key/value heads than query heads (GQA) and its canonical weights given as the same model
+    with ``n_kv_heads = n_heads``: each ``layers.{i}.attn.wk``/``wv`` weight and bias repeated head by head (the
+    protocol's GQA mapping), so the variant computes what the original does."""
+    config = args[0] if args else kwargs.get("config")
+    state = args[1] if len(args) > 1 else kwargs.get("state_dict")
+    if not isinstance(config, dict) or not {"n_heads", "n_kv_heads"} <= set(config):
+        return []
+    h, h_kv = config["n_heads"], config["n_kv_heads"]
+    if type(h) is not int or type(h_kv) is not int or not 0 < h_kv < h or h % h_kv:
+        return []
+    repeated_state = state
+    if isinstance(state, dict):
+        repeated_state = {}
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key.endswith(
+                ("attn.wk.weight", "attn.wv.weight", "attn.wk.bias", "attn.wv.bias")
+            ):
+                rows = value.reshape(h_kv, value.shape[0] // h_kv, *value.shape[1:])
+                value = rows.repeat_interleave(h // h_kv, dim=0).reshape(-1, *value.shape[1:])
+            repeated_state[key] = value
+    changed = {"config": {**config, "n_kv_heads": h}, "state_dict": repeated_state}
+    new_args = tuple(changed[("config", "state_dict")[i]] if i < 2 else a for i, a in enumerate(args))
+    new_kwargs = {key: changed.get(key, value) for key, value in kwargs.items()}
+    working = f"n_kv_heads={h}" + (" with the key and value weights repeated to it" if state is not None else "")
+    return [
+        Probe(
+            f"a GQA config (n_kv_heads={h_kv} beside n_heads={h})",
+            working,
+            new_args,
+            new_kwargs,
+            "; the protocol's models share each kv head among its group of query heads",
+        )
+    ]
+
+
 def _one_kv_head_probes(name, args, kwargs) -> list[Probe]:
     """Several key/value heads shared by groups of query heads given as one kv head (MQA), everything else the
     same: per-head k and v with 1 < Hkv < Hq heads, or the ``[..., Hkv, T, d]`` input of a name that takes
@@ -557,6 +594,7 @@ def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
         _none_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
         + _gqa_weight_probes(name, args, kwargs)
+        + (_gqa_state_dict_probes(args, kwargs) if name == "build_model" else [])
         + _one_kv_head_probes(name, args, kwargs)
         + _broadcast_probes(args, kwargs)
         + _far_position_probes(name, args, kwargs)
