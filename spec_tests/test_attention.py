@@ -96,6 +96,19 @@ def test_sdpa_matches_reference(spec, dtype):
         axes="b h t d",
         behaviour="causal attention with a [T, T] bool mask",
     )
+    t = 2 * 64 + 7  # a longer sequence: no query count is special (tiles of 64, say)
+    q, k, v = qkv(spec, 1, 2, 2, t, t, S.D_HEAD, seed=53, dtype=dtype)
+    spec.call(
+        "scaled_dot_product_attention",
+        q,
+        k,
+        v,
+        bottom_right(t, t, spec.device),
+        kind="attention",
+        label="long",
+        axes="b h t d",
+        behaviour=f"causal attention over {t} queries and keys",
+    )
 
 
 @judges("scaled_dot_product_attention")

@@ -64,3 +64,5 @@ def test_silu(spec, dtype):
     x = spec.inputs.randn(S.B, S.T, S.D_FF, seed=8, scale=4.0, dtype=dtype)
     x[0, 0, :4] = torch.tensor([-80.0, -30.0, 30.0, 80.0], dtype=dtype)
     spec.call("silu", x, behaviour="silu(x) = x * sigmoid(x)")
+    scalar = spec.inputs.randn(1, seed=9, scale=4.0, dtype=dtype)[0]  # elementwise: a 0-d tensor is an x too
+    spec.call("silu", scalar, label="0-d", behaviour="silu of a 0-d tensor")

@@ -405,3 +405,15 @@ def generate_needing_top_p(model, prompt, max_new_tokens, temperature=1.0, top_k
 def test_an_omitted_sampling_option_of_generate_is_given_what_none_means():
     lines, _ = probe("generate", generate_needing_top_p, (torch.nn.Identity(), torch.zeros(1, 3).long(), 2), {})
     assert any("generate raises for top_p=None and works for top_p=1.0" in ln for ln in lines), lines
+
+
+def sdpa_tiling_queries_by_four(q, k, v, mask=None):
+    q.unflatten(-2, (-1, 4))  # the bug: a query count that is not a multiple of 4 raises
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+def test_an_argument_given_by_position_is_not_said_to_be_none():
+    q = randn(1, 2, 5, 4)
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    lines, _ = probe("scaled_dot_product_attention", sdpa_tiling_queries_by_four, (q, q, q, mask), {})
+    assert not any("mask=None" in line for line in lines), lines

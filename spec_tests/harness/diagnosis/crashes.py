@@ -166,7 +166,8 @@ def _none_probes(name, args, kwargs) -> list[Probe]:
     """An optional argument left ``None`` (passed, or omitted where the protocol gives it a meaning) given the
     value that ``None`` means instead."""
     keys = [key for key, value in kwargs.items() if value is None]
-    keys += [key for key in NONE_MEANS.get(name, ()) if key not in kwargs]
+    given = set(_signature_names(name)[: len(args)])  # passed by position: not omitted
+    keys += [key for key in NONE_MEANS.get(name, ()) if key not in kwargs and key not in given]
     probes = []
     for key in keys:
         found = _none_value(key, args, kwargs)
