@@ -301,6 +301,13 @@ def _gqa_probes(args, kwargs) -> list[Probe]:
     ]
 
 
+def _heads_repeated(w: torch.Tensor, h_kv: int, h: int) -> torch.Tensor:
+    """A key or value weight (or bias) of ``h_kv`` heads, rows grouped by head, with each head's rows repeated
+    to ``h`` heads: kv head ``j`` serves query heads ``j * h // h_kv`` on (the protocol's GQA mapping)."""
+    rows = w.reshape(h_kv, w.shape[0] // h_kv, *w.shape[1:]).repeat_interleave(h // h_kv, dim=0)
+    return rows.reshape(-1, *w.shape[1:])
+
+
 def _gqa_state_dict_probes(args, kwargs) -> list[Probe]:
     """A config with fewer key/value heads than query heads (GQA) and its canonical weights given as the same model
     with ``n_kv_heads = n_heads``: each ``layers.{i}.attn.wk``/``wv`` weight and bias repeated head by head (the
@@ -319,8 +326,7 @@ def _gqa_state_dict_probes(args, kwargs) -> list[Probe]:
             if isinstance(value, torch.Tensor) and key.endswith(
                 ("attn.wk.weight", "attn.wv.weight", "attn.wk.bias", "attn.wv.bias")
             ):
-                rows = value.reshape(h_kv, value.shape[0] // h_kv, *value.shape[1:])
-                value = rows.repeat_interleave(h // h_kv, dim=0).reshape(-1, *value.shape[1:])
+                value = _heads_repeated(value, h_kv, h)
             repeated_state[key] = value
     changed = {"config": {**config, "n_kv_heads": h}, "state_dict": repeated_state}
     new_args = tuple(changed[("config", "state_dict")[i]] if i < 2 else a for i, a in enumerate(args))
@@ -385,13 +391,7 @@ def _gqa_weight_probes(name, args, kwargs) -> list[Probe]:
     wk, wv, h, h_kv = values["wk"], values["wv"], values["n_heads"], values["n_kv_heads"]
     if not isinstance(wk, torch.Tensor) or type(h) is not int or type(h_kv) is not int or not 0 < h_kv < h or h % h_kv:
         return []
-    d_head = wk.shape[0] // h_kv
-
-    def repeated(w):
-        rows = w.reshape(h_kv, d_head, *w.shape[1:]).repeat_interleave(h // h_kv, dim=0)
-        return rows.reshape(h * d_head, *w.shape[1:])
-
-    changed = {"wk": repeated(wk), "wv": repeated(wv), "n_kv_heads": h}
+    changed = {"wk": _heads_repeated(wk, h_kv, h), "wv": _heads_repeated(wv, h_kv, h), "n_kv_heads": h}
     new_args = tuple(changed.get(n, a) for n, a in zip(names, args, strict=False)) + args[len(names) :]
     new_kwargs = {key: changed.get(key, value) for key, value in kwargs.items()}
     return [
