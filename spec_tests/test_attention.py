@@ -67,6 +67,14 @@ def test_repeat_kv_interleaves(spec, n_rep):
         axes="b h t d",
         behaviour=f"repeat_kv(x [B, {S.H_KV}, T, d], {n_rep}): head h is kv head h // {n_rep}",
     )
+    spec.call(
+        "repeat_kv",
+        x[:, :, :0].contiguous(),
+        n_rep,
+        label="T=0",
+        axes="b h t d",
+        behaviour=f"repeat_kv(x [B, {S.H_KV}, 0, d], {n_rep}): an empty time axis (a cache before its first token)",
+    )
 
 
 @judges("scaled_dot_product_attention")

@@ -417,3 +417,61 @@ def test_an_argument_given_by_position_is_not_said_to_be_none():
     mask = torch.ones(5, 5, dtype=torch.bool)
     lines, _ = probe("scaled_dot_product_attention", sdpa_tiling_queries_by_four, (q, q, q, mask), {})
     assert not any("mask=None" in line for line in lines), lines
+
+
+def test_a_models_config_is_named_through_the_model_it_was_built_from(tmp_path, pytester):
+    """End to end: a copy of the reference whose train_step raises for a model with several kv heads shared by groups
+    of query heads. The model is an argument the suite built (``spec.impl.build``): the crash is retried on the model
+    built again with one config property changed (its optimizer made again over it), and the change that runs names
+    the trigger (``diagnosis/model_variants.py``)."""
+
+    def edit(folder):
+        training = folder / "training.py"
+        training.write_text(
+            training.read_text().replace(
+                "    model.train()\n    optimizer.zero_grad(set_to_none=True)\n",
+                "    model.train()\n    if 1 < model.config.n_kv_heads < model.config.n_heads:\n"
+                "        raise RuntimeError('custom backward: one kv head only')\n"
+                "    optimizer.zero_grad(set_to_none=True)\n",
+                1,
+            )
+        )
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_train_step_matches_reference and llama-no-clip-sgd"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    said = "train_step raises for a GQA model (n_kv_heads=2 beside n_heads=8) and works for the model built with"
+    assert said in out, out[-3000:]
+
+
+def silu_needing_a_leading_dim(x):
+    x.shape[0]  # the bug: silu is elementwise, a 0-d tensor is an input too
+    return x * torch.sigmoid(x)
+
+
+def test_a_0d_input_of_an_elementwise_name_is_named():
+    lines, _ = probe("silu", silu_needing_a_leading_dim, (torch.tensor(0.5, dtype=torch.float64),), {})
+    assert any("silu raises for a 0-d input and works for 1-D" in line for line in lines), lines
+
+
+def sdpa_tiling_queries_by_64(q, k, v, mask=None):
+    if q.shape[-2] > 64:
+        q.unflatten(-2, (-1, 64))  # the bug: above one tile, a query count that is not a multiple of 64 raises
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+def test_a_size_of_an_axis_is_named_when_nothing_specific_runs():
+    """No specific probe runs (the mask is given, the dtype and rank are not the trigger): the sizes of the first
+    tensor's axes are tried, each on every tensor axis of that size alike, and the one that runs is named."""
+    q = randn(1, 2, 135, 4)
+    mask = torch.ones(135, 135, dtype=torch.bool).tril()
+    lines, codes = probe("scaled_dot_product_attention", sdpa_tiling_queries_by_64, (q, q, q, mask), {})
+    axes = "q's axis 2, k's axis 2, v's axis 2, mask's axis 0, mask's axis 1"
+    said = f"raises for a size of 135 ({axes}) and works for 128"
+    assert any(said in line for line in lines), lines
+    assert codes == ["boundary"]
+
+
+def test_sizes_are_not_tried_when_a_specific_property_runs():
+    lines, _ = probe("rmsnorm", rmsnorm_3d_only, (randn(2, 3, 4, 8), randn(8)), {})
+    assert not any("a size of" in line for line in lines), lines

@@ -29,7 +29,14 @@ variants of its input, each one property changed and each as cheap as the origin
 - a broadcastable shape: 1-D positions ``[T]`` given in full, ``x.shape[:-1]``, and fuller positions
   given as one row ``[T]``.
 - far positions: positions reaching 2048 or further given modulo 1024 (a table built for a fixed number of
-  positions).
+  positions);
+- a 0-d input of an elementwise name (``silu``) as the same value in 1-D;
+- a built model among the arguments (or its optimizer or cache) built again with one config property changed:
+  GQA as MHA or as one kv head, a tied head untied and back, one layer, no dropout (``model_variants.py``).
+
+Where no variant above runs, the sizes of the first tensor argument's leading axes are tried, each changed on
+every tensor axis of that size alike (cut to the power of two below it and to half, 1 given as 2): a size
+limit, a tile or a squeezed axis that no specific probe knows (``_axis_size_probes``).
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
 the probes showed is said; when every variant raises too, the line says which ones were tried.
@@ -66,6 +73,10 @@ class Probe:
     note: str = ""
     code: str = "crash"  # the cause code a running variant stands for ("boundary": a size)
     weak: bool = False  # a clue, not a cause: said as a note
+    make: Callable | None = None  # builds ``(args, kwargs)`` when tried (a model built again), else args, kwargs
+
+    def arguments(self) -> tuple[tuple, dict]:
+        return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
 
 
 def _tensors(args, kwargs):
@@ -101,10 +112,13 @@ def _rank_probes(name, args, kwargs) -> list[Probe]:
     """One more leading dim on the first tensor argument, alone and with every tensor that shares its leading
     dim (``cross_entropy``'s targets beside its logits); a 3-D or deeper one with its two leading dims merged."""
     x = _primary(args, kwargs)
-    if x is None or x.ndim == 0 or name not in ANY_LEADING:  # another rank is no input the protocol allows
+    if x is None or name not in ANY_LEADING:  # another rank is no input the protocol allows
         return []
     n = x.ndim
     note = "; the protocol allows any leading dims"
+    if n == 0:  # an elementwise name's 0-d input (a core rank of 0): the same value as a 1-D one
+        variant = _map(args, kwargs, lambda t: t.reshape(1) if t is x else t)
+        return [Probe("a 0-d input", "1-D (the same value as [1])", *variant, note)]
     probes = []
     if n >= 3:
         lead = x.shape[:2]
@@ -589,11 +603,49 @@ def _far_position_probes(name, args, kwargs) -> list[Probe]:
     return [Probe(failing, "the same positions modulo 1024", *variant, note, "boundary")]
 
 
-def probes_for(name: str, args: tuple, kwargs: dict) -> list[Probe]:
-    """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``)."""
+def _axis_size_probes(name, args, kwargs) -> list[Probe]:
+    """A fallback when no property above explains a crash: each size of the first tensor argument's leading axes
+    (its last, the feature size, stays) changed on every tensor axis of that size alike, in the same prefix-keeping
+    way: a size above 2 cut to the power of two below it and to half, a size of 1 given as 2 (the entries
+    repeated). A size that runs where the original raises is named: a limit, a tile, an axis squeezed away."""
+    x = _primary(args, kwargs)
+    if x is None or x.ndim < 2:
+        return []
+    names = _signature_names(name)
+    keys = [*(names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))), *kwargs]
+    values = [*args, *kwargs.values()]
+    feature = x.shape[-1]
+    probes = []
+    for n in sorted({s for s in x.shape[:-1] if s != feature and (s == 1 or s > 2)}, reverse=True):
+        where = [
+            f"{key}'s axis {axis}"
+            for key, value in zip(keys, values, strict=True)
+            if isinstance(value, torch.Tensor)
+            for axis, size in enumerate(value.shape)
+            if size == n
+        ]
+        sizes = [2] if n == 1 else list(dict.fromkeys((1 << (n - 1).bit_length() - 1, n // 2)))
+
+        for m in sizes:
+
+            def resize(t, m=m, n=n):
+                for axis, size in enumerate(t.shape):
+                    if size == n:
+                        t = torch.cat([t, t], axis) if m > n else t.narrow(axis, 0, m)
+                return t.contiguous()
+
+            failing = f"a size of {n} ({', '.join(where)})"
+            probes.append(Probe(failing, f"{m}", *_map(args, kwargs, resize), "", "boundary"))
+    return probes
+
+
+def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]:
+    """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``); with a
+    ``model_variants.Ledger``, a model among the arguments built again with one config property changed."""
     found = (
         _none_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
+        + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
         + _gqa_weight_probes(name, args, kwargs)
         + (_gqa_state_dict_probes(args, kwargs) if name == "build_model" else [])
         + _one_kv_head_probes(name, args, kwargs)
@@ -624,23 +676,33 @@ def _clone(value):
     return value
 
 
-def probe(name: str, run: Callable, args: tuple, kwargs: dict) -> tuple[list[str], list[str]]:
-    """``(lines, codes)``: which input property the crash of ``run(*args, **kwargs)`` depends on.
-
-    ``run`` calls the implementation; it is retried once per variant (``probes_for``), on copies.
-    """
-    tried, working = [], []
-    for p in probes_for(name, args, kwargs):
+def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[Probe]) -> None:
+    """Run each probe's variant; a variant that runs goes to ``working``, one that raises to ``tried``."""
+    for p in probes:
         if any(w.failing == p.failing for w in working):  # the nearest variant that runs has said it
             continue
         try:
-            run(*_clone(p.args), **_clone(p.kwargs))
+            variant_args, variant_kwargs = p.arguments()
+            run(*variant_args, **variant_kwargs)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # noqa: BLE001 - the variant raises too: the property is not the trigger
             tried.append(p)
             continue
         working.append(p)
+
+
+def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> tuple[list[str], list[str]]:
+    """``(lines, codes)``: which input property the crash of ``run(*args, **kwargs)`` depends on.
+
+    ``run`` calls the implementation; it is retried once per variant (``probes_for``), on copies; where no variant
+    runs but a weak one, the sizes of the first tensor's axes are tried (``_axis_size_probes``). ``ledger``
+    (``model_variants.Ledger``) builds a model among the arguments again with one config property changed.
+    """
+    tried, working = [], []
+    _try(probes_for(name, args, kwargs, ledger), run, tried, working)
+    if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
+        _try(_axis_size_probes(name, args, kwargs)[:MAX_TRIES], run, tried, working)
     causes = [p for p in working if not p.weak]
     clues = [
         f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: a wrong shape "
@@ -710,29 +772,42 @@ _OPS_CALLING = {"build": "build_model"}
 
 class Probing:
     """A subject whose protocol functions report a crash to ``on_crash(name, run, args, kwargs, exc)``
-    before it propagates; everything else is the subject's own (``spec.impl`` in tests)."""
+    before it propagates; everything else is the subject's own (``spec.impl`` in tests). What a test builds
+    through it (models, optimizers, caches) is recorded in ``ledger`` (``model_variants.Ledger``), so that a crash
+    can be retried on a model built again with one config property changed."""
 
     def __init__(self, subject, on_crash: Callable):
+        from .model_variants import Ledger
+
         self._subject, self._on_crash = subject, on_crash
+        self.ledger = Ledger(subject)
 
     def __getattr__(self, name: str):
         value = getattr(self._subject, name)
         called = _OPS_CALLING.get(name, name)  # the subject's own operation that calls a protocol name
-        if name.startswith("_") or not callable(value) or called not in _protocol_names():
+        recorded = name in _RECORDED
+        if name.startswith("_") or not callable(value) or (called not in _protocol_names() and not recorded):
             return value
         from ..subject.subject import ImplementationError
 
         def call(*args, **kwargs):
             try:
-                return value(*args, **kwargs)
+                result = value(*args, **kwargs)
             except ImplementationError as exc:
-                self._on_crash(called, value, args, kwargs, exc)
+                if called in _protocol_names():
+                    self._on_crash(called, value, args, kwargs, exc)
                 raise
+            if recorded:
+                self.ledger.record(name, args, kwargs, result)
+            return result
 
         return call
 
     def __repr__(self) -> str:
         return repr(self._subject)
+
+
+_RECORDED = ("build", "make_optimizer", "new_cache", "forward", "set_training")  # what model_variants.Ledger keeps
 
 
 def _protocol_names() -> tuple[str, ...]:

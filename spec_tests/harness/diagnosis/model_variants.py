@@ -1,0 +1,185 @@
+"""Crash probes for calls on a built model: the same call on the model built again with one config property changed.
+
+A call such as ``train_step(model, optimizer, x, y)`` or ``generate(model, prompt, ...)`` can raise because of how the
+model was configured (several kv heads shared by groups of query heads, a tied head, more than one layer, dropout)
+rather than because of its other arguments. The ``Ledger`` keeps what a test built through its subject (each
+model's config, weights and build options; each optimizer's model and options; each cache's model, batch size
+and the tokens forwarded into it), so a crash can be retried on a model built again with one property changed,
+its optimizer made again over it and its cache refilled with the same tokens. A variant that runs names the
+property: "train_step raises for a GQA model (n_kv_heads=2 beside n_heads=8) and works for the model built with
+n_kv_heads=8". Every variant is built through the subject's own operations (``build``, ``make_optimizer``,
+``new_cache``, ``forward``), so the same probes run in grading, where the model is a handle in the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Ledger:
+    """What a test built through its subject, by object identity (the objects are held, so no identity is reused
+    while the test runs)."""
+
+    def __init__(self, subject):
+        self.subject = subject
+        self.models: dict[int, tuple] = {}  # id -> (model, config, state_dict, build options)
+        self.optimizers: dict[int, tuple] = {}  # id -> (optimizer, model, further args, kwargs)
+        self.caches: dict[int, tuple] = {}  # id -> (cache, model, batch_size, [ids forwarded into it])
+        self.modes: dict[int, bool] = {}  # id(model) -> the training mode a test set
+
+    def record(self, op: str, args: tuple, kwargs: dict, result) -> None:
+        """After ``op(*args, **kwargs)`` returned ``result`` on the subject."""
+        if op == "build":
+            values = dict(zip(("config", "state_dict"), args, strict=False)) | kwargs
+            options = {k: v for k, v in values.items() if k not in ("config", "state_dict")}
+            if isinstance(values.get("config"), dict):
+                self.models[id(result)] = (result, values["config"], values.get("state_dict"), options)
+        elif op == "make_optimizer" and args and id(args[0]) in self.models:
+            self.optimizers[id(result)] = (result, args[0], args[1:], kwargs)
+        elif op == "new_cache" and args and id(args[0]) in self.models:
+            batch_size = args[1] if len(args) > 1 else kwargs.get("batch_size")
+            self.caches[id(result)] = (result, args[0], batch_size, [])
+        elif op == "forward":
+            cache = args[2] if len(args) > 2 else kwargs.get("cache")
+            if cache is not None and id(cache) in self.caches and len(args) > 1:
+                self.caches[id(cache)][3].append(args[1].detach().clone())
+        elif op == "set_training" and len(args) > 1:
+            self.modes[id(args[0])] = bool(args[1])
+
+    def _model_of(self, value):
+        """The recorded model ``value`` is, or the one its optimizer or cache belongs to."""
+        for table, at in ((self.models, None), (self.optimizers, 1), (self.caches, 1)):
+            entry = table.get(id(value))
+            if entry is not None:
+                return entry[0] if at is None else entry[at]
+        return None
+
+    def probes(self, name: str, args: tuple, kwargs: dict, probe_type) -> list:
+        """One ``probe_type`` (``crashes.Probe``) per config change that applies to the one model among the call's
+        arguments (the model itself, its optimizer or its cache)."""
+        found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
+        if len(found) != 1:
+            return []
+        (model,) = found.values()
+        _, config, state, options = self.models[id(model)]
+        probes = []
+        for change in CHANGES:
+            made = change(config, state)
+            if made is None:
+                continue
+            failing, working, new_config, new_state = made
+            make = self._maker(model, new_config, new_state, options, args, kwargs)
+            probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make))
+        return probes
+
+    def _maker(self, model, config, state, options, args, kwargs) -> Callable:
+        """A function building the variant and returning the call's arguments with it in place of the model (an
+        optimizer made again over it, a cache made for it and refilled with the same tokens)."""
+        subject = self.subject
+
+        def make():
+            variant = subject.build(config, state, **options)
+            if id(model) in self.modes:
+                subject.set_training(variant, self.modes[id(model)])
+
+            def swap(value):
+                if value is model:
+                    return variant
+                if id(value) in self.optimizers:
+                    _, _, rest, opt_kwargs = self.optimizers[id(value)]
+                    return subject.make_optimizer(variant, *rest, **opt_kwargs)
+                if id(value) in self.caches:
+                    _, _, batch_size, forwarded = self.caches[id(value)]
+                    cache = subject.new_cache(variant, batch_size)
+                    for ids in forwarded:
+                        subject.forward(variant, ids.clone(), cache)
+                    return cache
+                return value
+
+            return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+        return make
+
+
+def _ints(config, *keys) -> bool:
+    return all(type(config.get(k)) is int for k in keys)
+
+
+def _kv_rows(state, keep: Callable):
+    """The state dict with each key/value projection weight and bias (``attn.wk``/``attn.wv``) passed through
+    ``keep``; None stays None (the variant is initialised afresh)."""
+    if not isinstance(state, dict):
+        return state
+    kv = ("attn.wk.weight", "attn.wv.weight", "attn.wk.bias", "attn.wv.bias")
+    return {k: keep(v) if k.endswith(kv) else v for k, v in state.items()}
+
+
+def _as_mha(config, state):
+    """GQA as MHA: ``n_kv_heads = n_heads``, each kv head's rows repeated to its group (the same model)."""
+    if not _ints(config, "n_heads", "n_kv_heads"):
+        return None
+    h, h_kv = config["n_heads"], config["n_kv_heads"]
+    if not 0 < h_kv < h or h % h_kv:
+        return None
+    from .crashes import _heads_repeated
+
+    return (
+        f"a GQA model (n_kv_heads={h_kv} beside n_heads={h})",
+        f"the model built with n_kv_heads={h} (its key and value weights repeated)",
+        {**config, "n_kv_heads": h},
+        _kv_rows(state, lambda w: _heads_repeated(w, h_kv, h)),
+    )
+
+
+def _as_mqa(config, state):
+    """Several kv heads shared by groups as one kv head (MQA): the first head's rows kept."""
+    if not _ints(config, "n_heads", "n_kv_heads"):
+        return None
+    h, h_kv = config["n_heads"], config["n_kv_heads"]
+    if not 1 < h_kv < h or h % h_kv:
+        return None
+    return (
+        f"a GQA model (n_kv_heads={h_kv} beside n_heads={h})",  # as _as_mha says it: tried when that one raises
+        "the model built with one kv head (MQA)",
+        {**config, "n_kv_heads": 1},
+        _kv_rows(state, lambda w: w[: w.shape[0] // h_kv].clone()),
+    )
+
+
+def _untied(config, state):
+    """A tied head (the default) as a separate head holding a copy of the embedding."""
+    if config.get("tie_embeddings", True) is not True:
+        return None
+    if isinstance(state, dict) and "tok_embeddings.weight" in state:
+        state = {**state, "lm_head.weight": state["tok_embeddings.weight"].clone()}
+    working = "the same weights with tie_embeddings=False"
+    return "a model with a tied head", working, {**config, "tie_embeddings": False}, state
+
+
+def _tied(config, state):
+    """A separate head as the tied one (the head's own weight dropped)."""
+    if config.get("tie_embeddings", True) is not False:
+        return None
+    if isinstance(state, dict):
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    working = "the model built with tie_embeddings=True"
+    return "a model with an untied head", working, {**config, "tie_embeddings": True}, state
+
+
+def _one_layer(config, state):
+    """Several layers as one: the first layer's weights kept."""
+    if not _ints(config, "n_layers") or config["n_layers"] < 2:
+        return None
+    if isinstance(state, dict):
+        state = {k: v for k, v in state.items() if not (k.startswith("layers.") and k.split(".")[1] != "0")}
+    return f"a model of {config['n_layers']} layers", "the model built with one layer", {**config, "n_layers": 1}, state
+
+
+def _no_dropout(config, state):
+    dropout = config.get("dropout")
+    if not isinstance(dropout, int | float) or not dropout > 0:
+        return None
+    return f"a model with dropout={dropout}", "the same weights with dropout=0.0", {**config, "dropout": 0.0}, state
+
+
+CHANGES = (_as_mha, _as_mqa, _untied, _tied, _one_layer, _no_dropout)
