@@ -81,6 +81,8 @@ def greedy_case(spec, config, seeds, t, n, *, use_cache, behaviour, causes=(), c
     out = spec.impl.generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
     check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
     want = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=use_cache)
+    if use_cache and not torch.equal(out.cpu(), want.cpu()):
+        causes, codes = _cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes)
     if within is not None and causes and not torch.equal(out.cpu(), want.cpu()):
         short = prompt_for(spec, config, t=within[0], seed=seeds[1])
         right = torch.equal(
@@ -95,6 +97,31 @@ def greedy_case(spec, config, seeds, t, n, *, use_cache, behaviour, causes=(), c
                        "is wrong as well: test_greedy_generation_follows_the_model comes first",)  # fmt: skip
             codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
     check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
+
+
+def _cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes):
+    """Where cached generation differs from the model's own cached greedy teacher: whether the model's cached
+    forward picks the tokens its uncached forward picks on this very prompt. Where it does not, the tokens depend
+    on how generate feeds the cache (every way is right for a consistent cache), so this check cannot judge
+    generate: a consequence of new_cache or forward where they fail their own tests, else ``causes`` are weak."""
+    plain = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=False)
+    if torch.equal(plain.cpu(), want.cpu()):
+        return causes, codes
+    failing = spec.failing(("new_cache", "forward"))
+    if failing:
+        names = ", ".join(failing)
+        raise spec.defer(
+            failing,
+            behaviour,
+            f"consequence of failing {names}: your model's cached forward picks other tokens than its uncached "
+            f"forward on this prompt, so the tokens depend on how generate feeds the cache. Fix {names} first.",
+        )
+    causes = tuple(c.replace("likely cause:", "likely cause (weak evidence):", 1) for c in causes)
+    codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
+    return causes + (
+        "note: your model's cached forward picks other tokens than its uncached forward on this prompt "
+        "(test_kv_cache judges the cache), so the tokens also depend on how generate feeds the cache",
+    ), codes
 
 
 @judges("generate", uses=("build_model", "forward", "new_cache"))

@@ -440,7 +440,7 @@ def test_a_models_config_is_named_through_the_model_it_was_built_from(tmp_path, 
     folder = implementation(tmp_path, edit=edit)
     selected = "test_train_step_matches_reference and llama-no-clip-sgd"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    said = "train_step raises for a GQA model (n_kv_heads=2 beside n_heads=8) and works for the model built with"
+    said = "train_step raises for a GQA model (n_kv_heads=2 beside n_heads=8) and works for the same model with"
     assert said in out, out[-3000:]
 
 
@@ -467,11 +467,61 @@ def test_a_size_of_an_axis_is_named_when_nothing_specific_runs():
     mask = torch.ones(135, 135, dtype=torch.bool).tril()
     lines, codes = probe("scaled_dot_product_attention", sdpa_tiling_queries_by_64, (q, q, q, mask), {})
     axes = "q's axis 2, k's axis 2, v's axis 2, mask's axis 0, mask's axis 1"
-    said = f"raises for a size of 135 ({axes}) and works for 128"
+    said = f"raises for a size of 135 ({axes}) and works for 256 (every entry kept, repeated)"
     assert any(said in line for line in lines), lines
     assert codes == ["boundary"]
+
+
+def attention_limited_to_100_queries(q, k, v, mask=None):
+    if q.shape[-2] > 100:
+        raise ValueError("too many queries")  # the bug: the protocol sets no such limit
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+def nan_rows_raise(q, k, v, mask=None):
+    if torch.isnan(q[..., 100:, :]).any():
+        raise RuntimeError("nan")  # a crash on values, not on a size
+    return q
+
+
+def test_a_size_limit_is_a_clue_and_a_crash_on_values_is_no_size():
+    """Cutting an axis keeps a prefix: the limit runs below it, said as a clue (what was cut away may be what it
+    raises on); a crash on values (a NaN past row 100) runs when cut as well, so it is a clue too, never a cause;
+    growing keeps every entry, so the NaN crash raises there and no size is named as its cause."""
+    q = randn(1, 2, 135, 4)
+    lines, codes = probe("scaled_dot_product_attention", attention_limited_to_100_queries, (q, q, q), {})
+    assert codes == [] and any(ln.startswith("note:") and "works for 67 (its first 67)" in ln for ln in lines), lines
+    q[..., 120, :] = float("nan")
+    lines, codes = probe("scaled_dot_product_attention", nan_rows_raise, (q, q, q), {})
+    assert codes == [] and not any(ln.startswith("likely cause") for ln in lines), lines
 
 
 def test_sizes_are_not_tried_when_a_specific_property_runs():
     lines, _ = probe("rmsnorm", rmsnorm_3d_only, (randn(2, 3, 4, 8), randn(8)), {})
     assert not any("a size of" in line for line in lines), lines
+
+
+def causal_mask_from_a_square(t_q, t_k, device=None):
+    square = torch.ones(t_k, t_k, dtype=torch.bool).tril()
+    rows = square[t_k - t_q :]  # the bug: more queries than keys leaves too few rows
+    if rows.shape[0] != t_q:
+        raise RuntimeError(f"shape {tuple(rows.shape)}")
+    return rows
+
+
+def test_an_integer_size_above_another_is_named():
+    lines, _ = probe("causal_mask", causal_mask_from_a_square, (16, 13), {})
+    assert any("causal_mask raises for t_q=16 and works for t_q=13 (as t_k)" in line for line in lines), lines
+
+
+def sdpa_with_a_matrix_mask(q, k, v, mask=None):
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask.expand(q.shape[-2], k.shape[-2]), float("-inf"))
+    return scores.softmax(-1) @ v  # the bug: a mask with leading dims (broadcastable) is expanded to 2-D
+
+
+def test_a_mask_with_leading_dims_is_named():
+    q = randn(2, 3, 5, 4)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 1, 5, 5)
+    lines, _ = probe("scaled_dot_product_attention", sdpa_with_a_matrix_mask, (q, q, q, mask), {})
+    said = "raises for a 4-D mask [2, 1, 5, 5] and works for the same mask as [5, 5]"
+    assert any(said in line for line in lines), lines

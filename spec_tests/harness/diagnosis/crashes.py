@@ -73,6 +73,7 @@ class Probe:
     note: str = ""
     code: str = "crash"  # the cause code a running variant stands for ("boundary": a size)
     weak: bool = False  # a clue, not a cause: said as a note
+    clue: str = "a wrong shape may broadcast by chance there"  # why it is only a clue
     make: Callable | None = None  # builds ``(args, kwargs)`` when tried (a model built again), else args, kwargs
 
     def arguments(self) -> tuple[tuple, dict]:
@@ -583,6 +584,22 @@ def _broadcast_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+def _mask_probes(args, kwargs) -> list[Probe]:
+    """A boolean mask with leading dims (``[B, 1, Tq, Tk]``, broadcastable against the scores) that holds the same
+    ``[Tq, Tk]`` matrix in every leading slice given as that matrix: the same mask, two dims only."""
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.ndim < 3:
+            continue
+        flat = value.reshape(-1, *value.shape[-2:])
+        if not bool((flat == flat[:1]).all()):
+            continue
+        matrix = flat[0].contiguous()
+        note = "; the protocol's masks broadcast against the scores [..., Hq, Tq, Tk]"
+        failing, working = f"a {value.ndim}-D mask {_shape(value)}", f"the same mask as {_shape(matrix)}"
+        return [Probe(failing, working, *_with(args, kwargs, key, matrix), note)]
+    return []
+
+
 FAR_POSITION = 2048  # positions from here on are "far": past a table built for a typical context length
 
 
@@ -604,10 +621,11 @@ def _far_position_probes(name, args, kwargs) -> list[Probe]:
 
 
 def _axis_size_probes(name, args, kwargs) -> list[Probe]:
-    """A fallback when no property above explains a crash: each size of the first tensor argument's leading axes
-    (its last, the feature size, stays) changed on every tensor axis of that size alike, in the same prefix-keeping
-    way: a size above 2 cut to the power of two below it and to half, a size of 1 given as 2 (the entries
-    repeated). A size that runs where the original raises is named: a limit, a tile, an axis squeezed away."""
+    """A fallback when no property above explains a crash: each size n of the first tensor argument's leading axes
+    (its last, the feature size, stays) changed on every tensor axis of that size alike. First grown to the next
+    power of two with every entry kept (repeated): a crash that depends on the values (a NaN row) still raises, so a
+    variant that runs names the size (a tile, an axis squeezed away). Then cut, keeping a prefix (to the power of
+    two below n and to half): a limit; only a clue, since what was cut away may be what it raises on."""
     x = _primary(args, kwargs)
     if x is None or x.ndim < 2:
         return []
@@ -616,7 +634,7 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
     values = [*args, *kwargs.values()]
     feature = x.shape[-1]
     probes = []
-    for n in sorted({s for s in x.shape[:-1] if s != feature and (s == 1 or s > 2)}, reverse=True):
+    for n in sorted({s for s in x.shape[:-1] if s != feature and s >= 1}, reverse=True):
         where = [
             f"{key}'s axis {axis}"
             for key, value in zip(keys, values, strict=True)
@@ -624,18 +642,44 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
             for axis, size in enumerate(value.shape)
             if size == n
         ]
-        sizes = [2] if n == 1 else list(dict.fromkeys((1 << (n - 1).bit_length() - 1, n // 2)))
+        failing = f"a size of {n} ({', '.join(where)})"
+        grown = 1 << n.bit_length()  # the next power of two above n
 
-        for m in sizes:
+        def grow(t, n=n, m=grown):
+            for axis, size in enumerate(t.shape):
+                if size == n:
+                    t = t.repeat_interleave(-(-m // n), dim=axis).narrow(axis, 0, m)
+            return t.contiguous()
 
-            def resize(t, m=m, n=n):
+        probes.append(
+            Probe(failing, f"{grown} (every entry kept, repeated)", *_map(args, kwargs, grow), "", "boundary")
+        )
+        for m in dict.fromkeys((1 << (n - 1).bit_length() - 1, n // 2)) if n > 2 else ():
+
+            def cut(t, n=n, m=m):
                 for axis, size in enumerate(t.shape):
                     if size == n:
-                        t = torch.cat([t, t], axis) if m > n else t.narrow(axis, 0, m)
+                        t = t.narrow(axis, 0, m)
                 return t.contiguous()
 
-            failing = f"a size of {n} ({', '.join(where)})"
-            probes.append(Probe(failing, f"{m}", *_map(args, kwargs, resize), "", "boundary"))
+            probes.append(
+                Probe(failing, f"{m} (its first {m})", *_map(args, kwargs, cut), "", "boundary", weak=True,
+                      clue="the entries cut away may be what it raises on")
+            )  # fmt: skip
+    return probes
+
+
+def _int_size_probes(name, args, kwargs) -> list[Probe]:
+    """A fallback beside ``_axis_size_probes``: each integer size given as the value of a smaller integer size of the
+    same call (``causal_mask(16, 13)`` as ``causal_mask(13, 13)``): a size that may not exceed another one."""
+    skip = AXES + COUNTS_OF_THE_LAST_AXIS  # another axis is another computation; a smaller top_k another filter
+    sizes = [(label, where, value) for label, where, value in _labelled_ints(name, args, kwargs) if label not in skip]
+    probes = []
+    for label, where, value in sizes:
+        for other, _, smaller in sizes:
+            if other != label and 1 <= smaller < value:
+                variant = _with(args, kwargs, where, smaller)
+                probes.append(Probe(f"{label}={value}", f"{label}={smaller} (as {other})", *variant, "", "boundary"))
     return probes
 
 
@@ -650,6 +694,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + (_gqa_state_dict_probes(args, kwargs) if name == "build_model" else [])
         + _one_kv_head_probes(name, args, kwargs)
         + _broadcast_probes(args, kwargs)
+        + _mask_probes(args, kwargs)
         + _far_position_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
@@ -702,11 +747,11 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
     tried, working = [], []
     _try(probes_for(name, args, kwargs, ledger), run, tried, working)
     if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
-        _try(_axis_size_probes(name, args, kwargs)[:MAX_TRIES], run, tried, working)
+        fallback = _axis_size_probes(name, args, kwargs) + _int_size_probes(name, args, kwargs)
+        _try(fallback[:MAX_TRIES], run, tried, working)
     causes = [p for p in working if not p.weak]
     clues = [
-        f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: a wrong shape "
-        f"may broadcast by chance there)"
+        f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: {p.clue})"
         for p in working
         if p.weak
     ]
