@@ -31,12 +31,15 @@ variants of its input, each one property changed and each as cheap as the origin
 - far positions: positions reaching 2048 or further given modulo 1024 (a table built for a fixed number of
   positions);
 - a 0-d input of an elementwise name (``silu``) as the same value in 1-D;
-- a built model among the arguments (or its optimizer or cache) built again with one config property changed:
-  GQA as MHA or as one kv head, a tied head untied and back, one layer, no dropout (``model_variants.py``).
+- a mask with leading dims holding one ``[Tq, Tk]`` matrix given as that matrix;
+- a built model among the arguments (or its optimizer or cache) built again with one config property changed
+  that keeps every value it computes: GQA as MHA (its kv weights repeated), a tied head as an untied copy
+  (``model_variants.py``).
 
-Where no variant above runs, the sizes of the first tensor argument's leading axes are tried, each changed on
-every tensor axis of that size alike (cut to the power of two below it and to half, 1 given as 2): a size
-limit, a tile or a squeezed axis that no specific probe knows (``_axis_size_probes``).
+Where no variant above runs, sizes are tried (``_axis_size_probes``, ``_int_size_probes``): each size of the first
+tensor argument's leading axes grown to the next power of two on every axis of that size, every entry kept (a
+cause: a tile, a squeezed axis), or cut to a prefix (a clue only: what was cut may be what it raises on); an
+integer size given as a smaller size of the same call (``causal_mask(16, 13)``).
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
 the probes showed is said; when every variant raises too, the line says which ones were tried.
