@@ -33,6 +33,17 @@ def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: in
     return ids
 
 
+def sampled_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, generator, **kw):
+    """Sampled continuation by the implementation's own forward and ``sample``: ``[B, T + n]``. Each token is
+    ``sample(last logits over the last context_length tokens, generator=generator, **kw)``."""
+    ids = prompt
+    for _ in range(n):
+        logits = impl.forward(model, ids[:, -context_length:])
+        next_id = impl.sample(logits[:, -1], generator=generator, **kw)
+        ids = torch.cat((ids, next_id.reshape(-1, 1).to(ids.dtype)), dim=1)
+    return ids
+
+
 def windows(n_tokens: int, context_length: int) -> list[tuple[int, int]]:
     """``(start, length)`` of evaluate's windows: consecutive, non-overlapping, from 0, the last shorter."""
     n_pred = n_tokens - 1

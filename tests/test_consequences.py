@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
+from suite_subprocess import implementation, run_suite
 
 from spec_tests.harness.judging import consequences, rootcause, settling
 from spec_tests.harness.judging.results import TestVerdict
@@ -17,6 +18,7 @@ from spec_tests.harness.judging.rootcause import FailureRegistry
 from spec_tests.harness.plugin.terminal import summary_lines
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytester"]
 
 
 def V(test, subjects, status, roots=(), maybe=(), component="attention"):
@@ -256,3 +258,26 @@ def test_a_name_failing_only_as_a_consequence_is_offered_to_defer_and_rebase_and
     assert (settled["t_step"].status, settled["t_step"].roots) == ("consequence", ["repeat_kv"])
     alone = settling.settle([V("t_step", ["train_step"], "consequence", ["forward"], component="training")])
     assert alone["t_step"].status == "failed"  # forward fails nothing, of its own or as a consequence: charged
+
+
+def test_a_relation_generate_breaks_with_its_own_sample_is_a_consequence_of_sample(tmp_path, pytester):
+    """A copy of the reference whose sample draws from the global RNG and whose generate draws with its own copy of
+    that function (not the protocol's name, so no substitution reaches it): generate is not reproducible per
+    generator, and neither is generation that draws every token with the implementation's own sample, so
+    generate's failure is reported as a consequence of sample (issue 18: one bug costs once)."""
+
+    def edit(folder):
+        sampling = folder / "sampling.py"
+        text = sampling.read_text()
+        assert "1, generator=generator\n    )" in text
+        sampling.write_text(text.replace("1, generator=generator\n    )", "1\n    )", 1))
+        generation = folder / "generation.py"
+        text = generation.read_text().replace("next_id = sample(", "next_id = _own_sample(", 1)
+        generation.write_text(text + "\n\nimport types as _types\n_own_sample = _types.FunctionType(sample.__code__, "
+                              "sample.__globals__, '_own_sample', sample.__defaults__)\n")  # fmt: skip
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_sampled_generation_is_reproducible or test_sample_is_reproducible_per_generator"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "sample: 4 failing test(s) of its own; 2 other failure(s) trace back to it" in out, out[-3000:]
+    assert "generate: " not in out.split("root causes")[-1], out[-3000:]
