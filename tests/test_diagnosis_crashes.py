@@ -525,3 +525,27 @@ def test_a_mask_with_leading_dims_is_named():
     lines, _ = probe("scaled_dot_product_attention", sdpa_with_a_matrix_mask, (q, q, q, mask), {})
     said = "raises for a 4-D mask [2, 1, 5, 5] and works for the same mask as [5, 5]"
     assert any(said in line for line in lines), lines
+
+
+def test_probing_stops_at_a_variant_that_takes_the_process_down():
+    """In grading a variant that times out or crashes the worker costs a restart, and restarts are limited: the first
+    such variant ends probing (a chaos submission's probes once used up its 25 restarts, and its later tests could
+    not run)."""
+    from spec_tests.harness.subject.subject import ImplementationError
+
+    calls = []
+
+    def rmsnorm_lost(x, w):
+        calls.append(x.shape)
+        raise ImplementationError("rmsnorm", ("Crash",), "the worker crashed", process=True)
+
+    lines, codes = probe("rmsnorm", rmsnorm_lost, (randn(2, 3, 4, 8), randn(8)), {})
+    assert len(calls) == 1 and (lines, codes) == ([], [])
+
+    def rmsnorm_raises(x, w):
+        calls.append(x.shape)
+        raise ImplementationError("rmsnorm", ("RuntimeError",), "shape")
+
+    calls.clear()
+    probe("rmsnorm", rmsnorm_raises, (randn(2, 3, 4, 8), randn(8)), {})
+    assert len(calls) > 1  # an ordinary raise is probed on

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from ...protocol import ANY_LEADING, NONE_MEANS, config_defaults
+from .model_variants import Ledger, heads_repeated
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
 MAX_TRIES = 12
@@ -319,13 +320,6 @@ def _gqa_probes(args, kwargs) -> list[Probe]:
     ]
 
 
-def _heads_repeated(w: torch.Tensor, h_kv: int, h: int) -> torch.Tensor:
-    """A key or value weight (or bias) of ``h_kv`` heads, rows grouped by head, with each head's rows repeated
-    to ``h`` heads: kv head ``j`` serves query heads ``j * h // h_kv`` on (the protocol's GQA mapping)."""
-    rows = w.reshape(h_kv, w.shape[0] // h_kv, *w.shape[1:]).repeat_interleave(h // h_kv, dim=0)
-    return rows.reshape(-1, *w.shape[1:])
-
-
 def _gqa_state_dict_probes(args, kwargs) -> list[Probe]:
     """A config with fewer key/value heads than query heads (GQA) and its canonical weights given as the same model
     with ``n_kv_heads = n_heads``: each ``layers.{i}.attn.wk``/``wv`` weight and bias repeated head by head (the
@@ -344,7 +338,7 @@ def _gqa_state_dict_probes(args, kwargs) -> list[Probe]:
             if isinstance(value, torch.Tensor) and key.endswith(
                 ("attn.wk.weight", "attn.wv.weight", "attn.wk.bias", "attn.wv.bias")
             ):
-                value = _heads_repeated(value, h_kv, h)
+                value = heads_repeated(value, h_kv, h)
             repeated_state[key] = value
     changed = {"config": {**config, "n_kv_heads": h}, "state_dict": repeated_state}
     new_args = tuple(changed[("config", "state_dict")[i]] if i < 2 else a for i, a in enumerate(args))
@@ -409,7 +403,7 @@ def _gqa_weight_probes(name, args, kwargs) -> list[Probe]:
     wk, wv, h, h_kv = values["wk"], values["wv"], values["n_heads"], values["n_kv_heads"]
     if not isinstance(wk, torch.Tensor) or type(h) is not int or type(h_kv) is not int or not 0 < h_kv < h or h % h_kv:
         return []
-    changed = {"wk": _heads_repeated(wk, h_kv, h), "wv": _heads_repeated(wv, h_kv, h), "n_kv_heads": h}
+    changed = {"wk": heads_repeated(wk, h_kv, h), "wv": heads_repeated(wv, h_kv, h), "n_kv_heads": h}
     new_args = tuple(changed.get(n, a) for n, a in zip(names, args, strict=False)) + args[len(names) :]
     new_kwargs = {key: changed.get(key, value) for key, value in kwargs.items()}
     return [
@@ -724,8 +718,14 @@ def _clone(value):
     return value
 
 
+class _ProcessLost(Exception):
+    """A variant timed out or took down the process running the code: probing stops there."""
+
+
 def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[Probe]) -> None:
-    """Run each probe's variant; a variant that runs goes to ``working``, one that raises to ``tried``."""
+    """Run each probe's variant; a variant that runs goes to ``working``, one that raises to ``tried``. A variant
+    that times out or takes the process down ends probing (``_ProcessLost``): in grading each one would cost a
+    restart of the worker, and the restarts a submission gets are limited."""
     for p in probes:
         if any(w.failing == p.failing for w in working):  # the nearest variant that runs has said it
             continue
@@ -734,7 +734,9 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
             run(*variant_args, **variant_kwargs)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException:  # noqa: BLE001 - the variant raises too: the property is not the trigger
+        except BaseException as exc:  # noqa: BLE001 - the variant raises too: the property is not the trigger
+            if getattr(exc, "process", False):
+                raise _ProcessLost from None
             tried.append(p)
             continue
         working.append(p)
@@ -748,10 +750,13 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
     (``model_variants.Ledger``) builds a model among the arguments again with one config property changed.
     """
     tried, working = [], []
-    _try(probes_for(name, args, kwargs, ledger), run, tried, working)
-    if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
-        fallback = _axis_size_probes(name, args, kwargs) + _int_size_probes(name, args, kwargs)
-        _try(fallback[:MAX_TRIES], run, tried, working)
+    try:
+        _try(probes_for(name, args, kwargs, ledger), run, tried, working)
+        if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
+            fallback = _axis_size_probes(name, args, kwargs) + _int_size_probes(name, args, kwargs)
+            _try(fallback[:MAX_TRIES], run, tried, working)
+    except _ProcessLost:
+        pass  # what ran before it still says what it says
     causes = [p for p in working if not p.weak]
     clues = [
         f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: {p.clue})"
@@ -825,8 +830,6 @@ class Probing:
     can be retried on a model built again with one config property changed."""
 
     def __init__(self, subject, on_crash: Callable):
-        from .model_variants import Ledger
-
         self._subject, self._on_crash = subject, on_crash
         self.ledger = Ledger(subject)
 

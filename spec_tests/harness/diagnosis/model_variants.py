@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 
 class Ledger:
     """What a test built through its subject, by object identity (the objects are held, so no identity is reused
@@ -103,6 +105,13 @@ class Ledger:
         return make
 
 
+def heads_repeated(w: torch.Tensor, h_kv: int, h: int) -> torch.Tensor:
+    """A key or value weight (or bias) of ``h_kv`` heads, rows grouped by head, with each head's rows repeated
+    to ``h`` heads: kv head ``j`` serves query heads ``j * h // h_kv`` on (the protocol's GQA mapping)."""
+    rows = w.reshape(h_kv, w.shape[0] // h_kv, *w.shape[1:]).repeat_interleave(h // h_kv, dim=0)
+    return rows.reshape(-1, *w.shape[1:])
+
+
 def _ints(config, *keys) -> bool:
     return all(type(config.get(k)) is int for k in keys)
 
@@ -114,12 +123,10 @@ def _as_mha(config):
     h, h_kv = config["n_heads"], config["n_kv_heads"]
     if not 0 < h_kv < h or h % h_kv:
         return None
-    from .crashes import _heads_repeated
-
     kv = ("attn.wk.weight", "attn.wv.weight", "attn.wk.bias", "attn.wv.bias")
 
     def transform(state):
-        return {k: _heads_repeated(v, h_kv, h) if k.endswith(kv) else v for k, v in state.items()}
+        return {k: heads_repeated(v, h_kv, h) if k.endswith(kv) else v for k, v in state.items()}
 
     failing = f"a GQA model (n_kv_heads={h_kv} beside n_heads={h})"
     return (

@@ -317,7 +317,9 @@ class Spec:
         key = (exc.name, exc.type_name, exc.message)
         if key not in self._crashes and len(self._crashes) < 2:  # Hypothesis examples crash alike: probe twice
             self._crashes[key] = None  # a probe's own crash is not probed again
-            lines, codes = probe(name, run, args, kwargs, self.impl.ledger)
+            # a timeout or a lost process is not an input's fault that a retry could show, and every retry
+            # would cost the worker a restart
+            lines, codes = ([], []) if exc.process else probe(name, run, args, kwargs, self.impl.ledger)
             where = own_frame(exc.original)
             subject = exc.name if exc.name in PROTOCOL_NAMES else (self.subjects[0] if self.subjects else "")
             result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")

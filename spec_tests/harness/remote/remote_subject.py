@@ -79,12 +79,17 @@ class RemoteSubject(Subject):
             raise ImplementationError(name, short, exc.message, exc.where or "") from None
         except WorkerTimeout:
             raise ImplementationError(
-                name, ("Timeout",), f"{what} did not finish within the test's limit of {self.test_timeout:g} s"
+                name,
+                ("Timeout",),
+                f"{what} did not finish within the test's limit of {self.test_timeout:g} s",
+                process=True,
             ) from None
         except WorkerGaveUp as exc:
             message = f"could not run: the process running your code {exc.reason}"
-            raise ImplementationError(name, ("NotRun",), message) from None
+            raise ImplementationError(name, ("NotRun",), message, process=True) from None
         except WorkerCrashed as exc:
-            raise ImplementationError(name, ("Crash",), f"the process running your code {exc}") from None
+            raise ImplementationError(name, ("Crash",), f"the process running your code {exc}", process=True) from None
         except StaleHandleError as exc:
-            raise ImplementationError(name, ("Crash",), f"{exc} (your code's process was restarted)") from None
+            raise ImplementationError(
+                name, ("Crash",), f"{exc} (your code's process was restarted)", process=True
+            ) from None
