@@ -281,3 +281,34 @@ def test_a_relation_generate_breaks_with_its_own_sample_is_a_consequence_of_samp
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     assert "sample: 4 failing test(s) of its own; 2 other failure(s) trace back to it" in out, out[-3000:]
     assert "generate: " not in out.split("root causes")[-1], out[-3000:]
+
+
+def test_a_model_mistake_invisible_at_one_token_leaves_the_cache_uncharged(tmp_path, pytester):
+    """A copy of the reference whose model attends through its own copy of multihead_self_attention that merges
+    heads without a transpose (invisible at T = 1): the uncached forward and every multi-token chunk are wrong, and
+    decoding token by token through the cache is right, so the cache's tests are consequences of forward (a held-out
+    bug was charged to forward and new_cache)."""
+
+    def edit(folder):
+        attention = folder / "attention.py"
+        attention.write_text(
+            attention.read_text()
+            + "\n\nimport types as _types\n_own = dict(globals(), merge_heads=lambda x: x.reshape(x.shape[0], "
+            "x.shape[2], -1))\n_own_mhsa = _types.FunctionType(multihead_self_attention.__code__, _own, '_own_mhsa', "
+            "multihead_self_attention.__defaults__)\n"
+            "_own_mhsa.__kwdefaults__ = multihead_self_attention.__kwdefaults__\n"
+        )
+        model = folder / "model.py"
+        model.write_text(
+            model.read_text().replace(
+                "from .attention import multihead_self_attention\n",
+                "from .attention import _own_mhsa as multihead_self_attention\n",
+                1,
+            )
+        )
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_logits_match_reference or test_cached_logits_equal_full_forward or test_cache_equals_no_cache"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "forward: " in roots and "new_cache: " not in roots, out[-3000:]

@@ -549,3 +549,45 @@ def test_probing_stops_at_a_variant_that_takes_the_process_down():
     calls.clear()
     probe("rmsnorm", rmsnorm_raises, (randn(2, 3, 4, 8), randn(8)), {})
     assert len(calls) > 1  # an ordinary raise is probed on
+
+
+def evaluate_windows_dividing_the_data(data, context_length, batch_size=8):
+    if (len(data) - 1) % context_length:  # the bug: a shorter last window indexes past the end
+        raise IndexError("index out of range")
+    return 0.0
+
+
+def test_a_limit_or_a_parity_needs_its_control_to_hold():
+    """A change that runs names a limit or a parity only where a further variant agrees: 36 entries run where 35
+    raise, but 37 raise again (a multiple, not a minimum length); context_length 7 -> 8 runs, but 9 raises again (no
+    parity); context_length 7 -> 3 (as batch_size) runs, but 4 raises again (no limit). None of them is said."""
+    data = torch.arange(35)
+    lines, codes = probe("evaluate", evaluate_windows_dividing_the_data, (data, 7, 3), {})
+    assert not any(ln.startswith("likely cause") for ln in lines), lines
+    assert codes == []
+
+
+def flash_needing_whole_key_blocks(q, k, v, causal=True, block_size=64):
+    if k.shape[-2] % block_size:  # the bug: the last key block is assumed full
+        raise RuntimeError("The size of tensor a must match the size of tensor b")
+    return q
+
+
+def test_a_size_that_must_be_a_multiple_of_an_integer_argument_is_named():
+    q, k = randn(1, 2, 7, 4), randn(1, 2, 9, 4)
+    lines, codes = probe("flash_attention", flash_needing_whole_key_blocks, (q, k, k), {"block_size": 4})
+    said = "raises for a size of 9 (k's axis 2, v's axis 2) with block_size=4 and works for 12, a multiple of"
+    assert any(said in line for line in lines), lines
+    assert codes == ["boundary"]
+
+
+def attention_needing_n_kv_heads(x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None):
+    if n_heads % n_kv_heads:  # the bug: None means n_heads
+        raise ValueError("bad heads")
+    return x
+
+
+def test_an_omitted_n_kv_heads_is_given_n_heads():
+    x, w = randn(2, 5, 8), randn(8, 8)
+    lines, _ = probe("multihead_self_attention", attention_needing_n_kv_heads, (x, w, w, w, w, 2), {})
+    assert any("raises for n_kv_heads=None and works for n_kv_heads=2 (n_heads)" in line for line in lines), lines

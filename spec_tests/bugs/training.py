@@ -205,4 +205,16 @@ BUGS = (
         corner=True,
         code="knob:optimizer_state",
     ),
+    Bug(
+        "train_dropout_unseeded",
+        "training",
+        TRAINING,
+        "training.py",
+        old="        torch.manual_seed(seed)  # dropout masks\n",
+        new="",
+        explanation="train draws its dropout masks from the global RNG without seeding it from seed, so the same "
+        "seed gives other losses whenever the global RNG is elsewhere",
+        fix="torch.manual_seed(seed) before the loop (inside fork_rng, to leave the caller's RNG as it was)",
+        corner=True,
+    ),
 )

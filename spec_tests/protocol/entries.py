@@ -321,7 +321,7 @@ ENTRIES: tuple[Entry, ...] = (
         style_keyword="rope_style",
         knob_family="_mha_family",
         nan_rows_unspecified=True,
-        none_means=("positions",),
+        none_means=("n_kv_heads", "positions"),
         amended_keywords={"q_norm": 24, "k_norm": 24, "norm_eps": 24, "softcap": 25, "window": 27},
     ),
     # ------------------------------------------------------------------ losses

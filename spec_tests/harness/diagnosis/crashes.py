@@ -9,9 +9,8 @@ variants of its input, each one property changed and each as cheap as the origin
 - an optional argument left ``None``, passed or omitted, given the value ``None`` means instead
   (``mask=None`` as an all-True mask, ``positions=None`` as ``arange(T)``, ``bias=None`` as zeros,
   ``max_grad_norm=None`` as ``inf``, ``generator=None`` as a generator, ``top_k=None`` as ``V``,
-  ``top_p=None`` as 1.0, ``device=None`` as the CPU, ``dtype=None`` as torch's default: the protocol's own
-  meanings,
-  ``Entry.none_means``);
+  ``top_p=None`` as 1.0, ``device=None`` as the CPU, ``dtype=None`` as torch's default, ``n_kv_heads=None`` as
+  ``n_heads``: the protocol's own meanings, ``Entry.none_means``);
 - a size at a boundary: a 1-D token stream one token longer, a length-1 time axis of two, a ``[B, T]``
   id input one token shorter, half as long and one token long (a context length crossed, a cached chunk);
   a count of the last axis's entries above its size (``top_k > V``) given that size; an odd integer size
@@ -36,10 +35,19 @@ variants of its input, each one property changed and each as cheap as the origin
   that keeps every value it computes: GQA as MHA (its kv weights repeated), a tied head as an untied copy
   (``model_variants.py``).
 
-Where no variant above runs, sizes are tried (``_axis_size_probes``, ``_int_size_probes``): each size of the first
-tensor argument's leading axes grown to the next power of two on every axis of that size, every entry kept (a
-cause: a tile, a squeezed axis), or cut to a prefix (a clue only: what was cut may be what it raises on); an
-integer size given as a smaller size of the same call (``causal_mask(16, 13)``).
+Where no variant above runs, sizes are tried (``_multiple_probes``, ``_axis_size_probes``, ``_int_size_probes``):
+a tensor axis whose size is no multiple of an integer argument (``block_size``) grown to the next multiple; each
+size of the first tensor argument's leading axes grown to the next power of two on every axis of that size, every
+entry kept (a cause: a tile, a squeezed axis), or cut to a prefix (a clue only: what was cut may be what it raises
+on); an integer size given as a smaller size of the same call (``causal_mask(16, 13)``).
+
+A limit, a parity or a multiple is named only where a control agrees (``Probe.controls``): 36 entries that run
+where 35 raise name a minimum length only if 37 run too; an odd size, a size above another and a multiple only if
+the next odd size, one past the other size and one past the multiple raise again; a count too small (1 -> 2, 7 ->
+70) only if one more than the larger count runs too.
+
+Probing stops at a variant that times out or takes the worker's process down (``_ProcessLost``), and a timeout or
+a lost process is not probed at all (``Spec._crashed``): in grading each would cost a restart, and they are limited.
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
 the probes showed is said; when every variant raises too, the line says which ones were tried.
@@ -79,6 +87,9 @@ class Probe:
     weak: bool = False  # a clue, not a cause: said as a note
     clue: str = "a wrong shape may broadcast by chance there"  # why it is only a clue
     make: Callable | None = None  # builds ``(args, kwargs)`` when tried (a model built again), else args, kwargs
+    # ``(args, kwargs, runs)``: further variants that must run (``runs``) or raise as the original does for the
+    # property to be the trigger (13 entries raising like 11 where 12 runs: a multiple, not a limit)
+    controls: tuple = ()
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -164,6 +175,9 @@ def _none_value(key: str, args, kwargs):
         return "positions=arange(T)", torch.arange(q.shape[-2], device=q.device)
     if key == "max_grad_norm":
         return "max_grad_norm=inf (no clipping)", float("inf")
+    if key == "n_kv_heads":  # multihead_self_attention(x, wq, wk, wv, wo, n_heads, n_kv_heads=None, ...)
+        n_heads = args[5] if len(args) > 5 else kwargs.get("n_heads")
+        return (f"n_kv_heads={n_heads} (n_heads)", n_heads) if type(n_heads) is int else None
     if key == "bias" and len(args) >= 2 and isinstance(args[1], torch.Tensor) and args[1].ndim == 2:
         weight = args[1]
         return "a zero bias", torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
@@ -209,6 +223,8 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
         if a.ndim == 1 and a.numel() > 0:
             longer = torch.cat([a, a[:1]])
             new = (*args[:i], longer, *args[i + 1 :])
+            # a limit: two longer runs as well (where it raises, the length is a multiple or a parity, no limit)
+            control = (*args[:i], torch.cat([a, a[:2]]), *args[i + 1 :])
             probes.append(
                 Probe(
                     f"a 1-D input of exactly {a.numel()} entries",
@@ -217,6 +233,7 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
                     kwargs,
                     "",
                     "boundary",
+                    controls=((control, kwargs, True),) if a.numel() >= 2 else (),
                 )
             )
             break
@@ -469,9 +486,15 @@ def _config_probes(args, kwargs) -> list[Probe]:
 
 
 def _odd_size_probes(args, kwargs) -> list[Probe]:
-    """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one."""
+    """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one; the
+    next odd one must raise as well (control), or oddness is not what it raises on."""
     return [
-        Probe(f"an odd size {value} (argument {i + 1})", f"{value + 1}", (*args[:i], value + 1, *args[i + 1 :]), kwargs)
+        Probe(
+            f"an odd size {value} (argument {i + 1})",
+            f"{value + 1}",
+            *_with(args, kwargs, i, value + 1),
+            controls=((*_with(args, kwargs, i, value + 2), False),),
+        )  # fmt: skip
         for i, value in enumerate(args)
         if type(value) is int and value >= 3 and value % 2
     ]
@@ -501,12 +524,17 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
     for label, where, value in _labelled_ints(name, args, kwargs):
         if label in AXES:  # which axis, not how many: another axis is another computation
             continue
+        # a count too small: one more than the larger count runs as well (where it raises, a parity is the trigger)
         if value == 1:
-            probes.append(Probe(f"{label}=1", f"{label}=2", *_with(args, kwargs, where, 2), "", "boundary"))
+            controls = ((*_with(args, kwargs, where, 3), True),)
+            probes.append(
+                Probe(f"{label}=1", f"{label}=2", *_with(args, kwargs, where, 2), "", "boundary", controls=controls)
+            )
         elif 2 <= value <= 9 and label not in COUNTS_OF_THE_LAST_AXIS:  # top_k >= V turns its filter off
             more = value * 10
             variant = _with(args, kwargs, where, more)
-            probes.append(Probe(f"{label}={value}", f"{label}={more}", *variant, "", "boundary"))
+            controls = ((*_with(args, kwargs, where, more + 1), True),)
+            probes.append(Probe(f"{label}={value}", f"{label}={more}", *variant, "", "boundary", controls=controls))
     return probes
 
 
@@ -626,31 +654,14 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
     x = _primary(args, kwargs)
     if x is None or x.ndim < 2:
         return []
-    names = _signature_names(name)
-    keys = [*(names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))), *kwargs]
-    values = [*args, *kwargs.values()]
+    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
     feature = x.shape[-1]
     probes = []
     for n in sorted({s for s in x.shape[:-1] if s != feature and s >= 1}, reverse=True):
-        where = [
-            f"{key}'s axis {axis}"
-            for key, value in zip(keys, values, strict=True)
-            if isinstance(value, torch.Tensor)
-            for axis, size in enumerate(value.shape)
-            if size == n
-        ]
-        failing = f"a size of {n} ({', '.join(where)})"
+        failing = f"a size of {n} ({', '.join(_axes_of_size(keys, values, n))})"
         grown = 1 << n.bit_length()  # the next power of two above n
-
-        def grow(t, n=n, m=grown):
-            for axis, size in enumerate(t.shape):
-                if size == n:
-                    t = t.repeat_interleave(-(-m // n), dim=axis).narrow(axis, 0, m)
-            return t.contiguous()
-
-        probes.append(
-            Probe(failing, f"{grown} (every entry kept, repeated)", *_map(args, kwargs, grow), "", "boundary")
-        )
+        variant = _map(args, kwargs, _grown(n, grown))
+        probes.append(Probe(failing, f"{grown} (every entry kept, repeated)", *variant, "", "boundary"))
         for m in dict.fromkeys((1 << (n - 1).bit_length() - 1, n // 2)) if n > 2 else ():
 
             def cut(t, n=n, m=m):
@@ -676,8 +687,60 @@ def _int_size_probes(name, args, kwargs) -> list[Probe]:
         for other, _, smaller in sizes:
             if other != label and 1 <= smaller < value:
                 variant = _with(args, kwargs, where, smaller)
-                probes.append(Probe(f"{label}={value}", f"{label}={smaller} (as {other})", *variant, "", "boundary"))
+                # a limit: one past the other size raises as the original does
+                controls = ((*_with(args, kwargs, where, smaller + 1), False),) if smaller + 1 < value else ()
+                probes.append(
+                    Probe(f"{label}={value}", f"{label}={smaller} (as {other})", *variant, "", "boundary",
+                          controls=controls)
+                )  # fmt: skip
     return probes
+
+
+def _multiple_probes(name, args, kwargs) -> list[Probe]:
+    """A fallback: a tensor axis (not the last) whose size is no multiple of an integer argument (a block size)
+    grown to the next multiple, every entry kept (repeated); one more than that must raise (control), so the
+    variant names a size that must be a multiple (a partial last block), not any larger size."""
+    skip = AXES + COUNTS_OF_THE_LAST_AXIS
+    ints = [(label, value) for label, _, value in _labelled_ints(name, args, kwargs) if label not in skip]
+    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    sizes = sorted({s for t in _tensors(args, kwargs) for s in t.shape[:-1] if s > 1}, reverse=True)
+    probes = []
+    for label, block in ints:
+        for n in (n for n in sizes if block >= 2 and n % block):
+            m = -(-n // block) * block
+            where = _axes_of_size(keys, values, n)
+            failing = f"a size of {n} ({', '.join(where)}) with {label}={block}"
+            controls = ((*_map(args, kwargs, _grown(n, m + 1)), False),)
+            working = f"{m}, a multiple of {label} (every entry kept, repeated)"
+            probes.append(Probe(failing, working, *_map(args, kwargs, _grown(n, m)), "", "boundary", controls=controls))
+    return probes
+
+
+def _argument_keys(name, args, kwargs) -> list[str]:
+    names = _signature_names(name)
+    return [*(names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))), *kwargs]
+
+
+def _axes_of_size(keys, values, n) -> list[str]:
+    return [
+        f"{key}'s axis {axis}"
+        for key, value in zip(keys, values, strict=True)
+        if isinstance(value, torch.Tensor)
+        for axis, size in enumerate(value.shape)
+        if size == n
+    ]
+
+
+def _grown(n: int, m: int) -> Callable:
+    """Every axis of size ``n`` grown to ``m`` with every entry kept (repeated in place)."""
+
+    def grow(t):
+        for axis, size in enumerate(t.shape):
+            if size == n:
+                t = t.repeat_interleave(-(-m // n), dim=axis).narrow(axis, 0, m)
+        return t.contiguous()
+
+    return grow
 
 
 def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]:
@@ -729,17 +792,27 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
     for p in probes:
         if any(w.failing == p.failing for w in working):  # the nearest variant that runs has said it
             continue
-        try:
-            variant_args, variant_kwargs = p.arguments()
-            run(*variant_args, **variant_kwargs)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - the variant raises too: the property is not the trigger
-            if getattr(exc, "process", False):
-                raise _ProcessLost from None
+        if not _runs(run, p.arguments):  # the variant raises too: the property is not the trigger
             tried.append(p)
-            continue
-        working.append(p)
+        elif all(_runs(run, lambda a=a, k=k: (_clone(a), _clone(k))) == runs for a, k, runs in p.controls):
+            working.append(p)
+        else:  # a control contradicts it: the change ran for another reason
+            tried.append(p)
+
+
+def _runs(run: Callable, arguments: Callable) -> bool:
+    """Whether ``run`` returns on ``arguments()`` (``(args, kwargs)``: a variant built when tried, which may raise
+    too); ``_ProcessLost`` where it times out or takes the process down."""
+    try:
+        args, kwargs = arguments()
+        run(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever the implementation raises
+        if getattr(exc, "process", False):
+            raise _ProcessLost from None
+        return False
+    return True
 
 
 def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> tuple[list[str], list[str]]:
@@ -753,7 +826,11 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
     try:
         _try(probes_for(name, args, kwargs, ledger), run, tried, working)
         if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
-            fallback = _axis_size_probes(name, args, kwargs) + _int_size_probes(name, args, kwargs)
+            fallback = (
+                _multiple_probes(name, args, kwargs)
+                + _axis_size_probes(name, args, kwargs)
+                + _int_size_probes(name, args, kwargs)
+            )
             _try(fallback[:MAX_TRIES], run, tried, working)
     except _ProcessLost:
         pass  # what ran before it still says what it says
