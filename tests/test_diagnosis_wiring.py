@@ -116,6 +116,9 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         elif bug == "parallel_shared_norm":
             h = norm(x, f"{p}.attn_norm")
             x = x + attention(h, p) + mlp(h, p)
+        elif bug == "mlp_on_attn_norm":
+            x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = x + mlp(norm(x, f"{p}.attn_norm"), p)
         elif bug == "doubled_residual":
             x = 2 * x + attention(norm(x, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
@@ -260,3 +263,34 @@ def test_catalogued_model_bugs_are_named_by_their_wiring_and_no_other(config):
         if got != want:
             wrong[name] = sorted(got)
     assert not wrong, f"wirings fitting other bugs (or missing their own): {wrong}"
+
+
+class _Functional:
+    """A model given as ``functional_logits`` with one ``bug`` (None: the protocol's)."""
+
+    def __init__(self, cfg, bug=None):
+        self.cfg, self.bug = cfg, bug
+
+    def logits(self, sd, ids):
+        return functional_logits(self.cfg, sd, ids, self.bug)
+
+
+@pytest.mark.parametrize("bug, ignored", [("mlp_on_attn_norm", "layers.0.mlp_norm.weight"), ("head_scaled", None)])
+def test_a_weight_the_model_does_not_use_is_named(bug, ignored):
+    """diagnosis/sensitivity.py: each canonical weight changed alone; one whose change leaves the implementation's
+    output exactly as it was while the specified model's moves is named (the MLP normalised with the attention's norm
+    leaves mlp_norm unused); a mistake that uses every weight (the head's output scaled) names none."""
+    from spec_tests.harness.diagnosis.sensitivity import ignored_weights
+
+    cfg, sd, ids = _inputs("gpt2")
+    compute = lambda m, sd, ids: m.logits(sd, ids)
+    impl = _Functional(cfg, None if bug == "head_scaled" else bug)
+    if bug == "head_scaled":
+        impl.logits = lambda sd, ids: OTHER_BUGS["head_scaled"](cfg, sd, ids)
+    actual = compute(impl, sd, ids)
+    expected = compute(_Functional(cfg), sd, ids)
+    lines, codes = ignored_weights(compute, impl, _Functional(cfg), (sd, ids), (sd, ids), actual, expected, TOL)
+    if ignored is None:
+        assert (lines, codes) == ([], []), lines
+    else:
+        assert codes == ["ignored_weight"] and ignored in lines[0] and "attn_norm" not in lines[0], lines

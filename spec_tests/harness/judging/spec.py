@@ -235,6 +235,11 @@ class Spec:
                 from ..diagnosis.model_knobs import remember
 
                 remember(memo, [v for v in fitting if v not in variants])
+            if model_knobs and reference is not None and not fitting:  # no wiring fits: which weights are unused?
+                from ..diagnosis.sensitivity import ignored_weights
+
+                found = ignored_weights(compute, self.impl, reference, pristine, args64, actual, expected, tol)
+                lines, codes = lines + found[0], codes + found[1]
             more, more_codes = run(
                 subject=subject,
                 call=call,
