@@ -312,3 +312,29 @@ def test_a_model_mistake_invisible_at_one_token_leaves_the_cache_uncharged(tmp_p
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "forward: " in roots and "new_cache: " not in roots, out[-3000:]
+
+
+def test_a_sample_that_draws_from_its_own_wrong_filter_is_a_consequence_of_sampling_probs(tmp_path, pytester):
+    """A copy of the reference whose top-k sets the logits it drops to 0 (not -inf) and whose sample filters through
+    its own copy of sampling_probs (not the protocol's name): sample(top_k=1) is not the argmax, and the
+    implementation's own sampling_probs(top_k=1) keeps the token it drew, so sample's failure is a consequence of
+    sampling_probs (a held-out sampler was charged to both)."""
+
+    def edit(folder):
+        sampling = folder / "sampling.py"
+        text = sampling.read_text()
+        dropped = 'return logits.masked_fill(logits < kth, float("-inf"))'
+        assert dropped in text
+        text = text.replace(dropped, "return logits.masked_fill(logits < kth, 0.0)", 1).replace(
+            "    probs = sampling_probs(logits, temperature, top_k, top_p)",
+            "    probs = _own_probs(logits, temperature, top_k, top_p)",
+            1,
+        )
+        own = "_types.FunctionType(sampling_probs.__code__, sampling_probs.__globals__, '_own_probs', "
+        sampling.write_text(text + f"\n\nimport types as _types\n_own_probs = {own}sampling_probs.__defaults__)\n")
+
+    folder = implementation(tmp_path, edit=edit)
+    out = run_suite(f"--impl={folder}", "-k", "test_sampling_probs_any_leading_shape or test_top_k_keeps_exactly_k",
+                    cwd=tmp_path, pytester=pytester).stdout  # fmt: skip
+    roots = out.split("root causes")[-1]
+    assert "sampling_probs: " in roots and "sample: " not in roots, out[-3000:]
