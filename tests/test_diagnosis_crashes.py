@@ -509,9 +509,12 @@ def causal_mask_from_a_square(t_q, t_k, device=None):
     return rows
 
 
-def test_an_integer_size_above_another_is_named():
-    lines, _ = probe("causal_mask", causal_mask_from_a_square, (16, 13), {})
-    assert any("causal_mask raises for t_q=16 and works for t_q=13 (as t_k)" in line for line in lines), lines
+def test_an_integer_size_above_another_is_a_clue():
+    """Said as a clue, never a cause: a smaller value of the same call may run for another reason (a held-out
+    evaluate needing (n - 1) % context_length == 0 ran with context_length set to its batch_size)."""
+    lines, codes = probe("causal_mask", causal_mask_from_a_square, (16, 13), {})
+    said = "note: causal_mask raises for t_q=16 and works for t_q=13 (as t_k)"
+    assert any(line.startswith(said) for line in lines) and codes == [], lines
 
 
 def sdpa_with_a_matrix_mask(q, k, v, mask=None):

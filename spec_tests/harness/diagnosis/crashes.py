@@ -39,11 +39,13 @@ Where no variant above runs, sizes are tried (``_multiple_probes``, ``_axis_size
 a tensor axis whose size is no multiple of an integer argument (``block_size``) grown to the next multiple; each
 size of the first tensor argument's leading axes grown to the next power of two on every axis of that size, every
 entry kept (a cause: a tile, a squeezed axis), or cut to a prefix (a clue only: what was cut may be what it raises
-on); an integer size given as a smaller size of the same call (``causal_mask(16, 13)``).
+on); an integer size given as a smaller size of the same call (``causal_mask(16, 13)``; a clue only: a held-out
+``evaluate`` that needs ``(n - 1) % context_length == 0`` ran with ``context_length`` set to its ``batch_size``).
 
 A limit, a parity or a multiple is named only where a control agrees (``Probe.controls``): 36 entries that run
-where 35 raise name a minimum length only if 37 run too; an odd size, a size above another and a multiple only if
-the next odd size, one past the other size and one past the multiple raise again; a count too small (1 -> 2, 7 ->
+where 35 raise name a minimum length only if 37 run too; an odd size only if the next odd size raises and the even
+one after it runs; a multiple only if one past the multiple raises; a size above another (a clue only) only if one
+past the other and one below the original raise and one below the other runs; a count too small (1 -> 2, 7 ->
 70) only if one more than the larger count runs too.
 
 Probing stops at a variant that times out or takes the worker's process down (``_ProcessLost``), and a timeout or
@@ -487,14 +489,14 @@ def _config_probes(args, kwargs) -> list[Probe]:
 
 def _odd_size_probes(args, kwargs) -> list[Probe]:
     """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one; the
-    next odd one must raise as well (control), or oddness is not what it raises on."""
+    next odd one must raise as well and the even one after it run (controls), or oddness is not what it raises on."""
     return [
         Probe(
             f"an odd size {value} (argument {i + 1})",
             f"{value + 1}",
             *_with(args, kwargs, i, value + 1),
-            controls=((*_with(args, kwargs, i, value + 2), False),),
-        )  # fmt: skip
+            controls=((*_with(args, kwargs, i, value + 2), False), (*_with(args, kwargs, i, value + 3), True)),
+        )
         for i, value in enumerate(args)
         if type(value) is int and value >= 3 and value % 2
     ]
@@ -687,11 +689,15 @@ def _int_size_probes(name, args, kwargs) -> list[Probe]:
         for other, _, smaller in sizes:
             if other != label and 1 <= smaller < value:
                 variant = _with(args, kwargs, where, smaller)
-                # a limit: one past the other size raises as the original does
-                controls = ((*_with(args, kwargs, where, smaller + 1), False),) if smaller + 1 < value else ()
+                # a limit: one past the other size and one below the original raise as the original does, one
+                # below the other size runs
+                above = dict.fromkeys(v for v in (smaller + 1, value - 1) if smaller < v < value)
+                controls = tuple((*_with(args, kwargs, where, v), False) for v in above)
+                controls += ((*_with(args, kwargs, where, smaller - 1), True),) if smaller > 1 else ()
                 probes.append(
                     Probe(f"{label}={value}", f"{label}={smaller} (as {other})", *variant, "", "boundary",
-                          controls=controls)
+                          controls=controls, weak=True, clue="a smaller value may run for another reason, such as a "
+                          "divisor of a length")
                 )  # fmt: skip
     return probes
 
