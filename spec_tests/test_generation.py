@@ -100,8 +100,8 @@ def greedy_case(
             causes += (f"note: generation within the context ({within[0]}-token prompt, {within[1]} new tokens) "
                        "is wrong as well: test_greedy_generation_follows_the_model comes first",)  # fmt: skip
             codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
-    first_right = out.shape == want.shape and torch.equal(out[:, t].cpu(), want[:, t].cpu())
-    if prompt_causes and first_right and not torch.equal(out.cpu(), want.cpu()):
+    wrong = not torch.equal(out.cpu(), want.cpu())
+    if prompt_causes and wrong and out.shape == want.shape and torch.equal(out[:, t].cpu(), want[:, t].cpu()):
         causes = (
             "note: the first new token is right in every row, so the prompt was cropped; a later token differs, once "
             "the sequence has passed context_length (how generation slides: test_generation_slides_past_the_context)",

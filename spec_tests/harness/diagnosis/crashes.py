@@ -502,16 +502,19 @@ def _odd_size_probes(args, kwargs) -> list[Probe]:
     ]
 
 
-def _labelled_ints(name, args, kwargs):
-    """``(label, where, value)`` for each plain int argument: positional ones named by the reference's
-    signature where it can be read (else "argument N"), keyword ones by their keyword."""
+def _argument_keys(name, args, kwargs) -> list[str]:
+    """Each argument's label: positional ones named by the reference's signature where it can be read (else
+    "argument N"), keyword ones by their keyword."""
     names = _signature_names(name)
-    for i, value in enumerate(args):
+    return [*(names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))), *kwargs]
+
+
+def _labelled_ints(name, args, kwargs):
+    """``(label, where, value)`` for each plain int argument (``where``: its position or keyword)."""
+    wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
+    for label, where, value in zip(_argument_keys(name, args, kwargs), wheres, values, strict=True):
         if type(value) is int:
-            yield (names[i] if i < len(names) else f"argument {i + 1}"), i, value
-    for key, value in kwargs.items():
-        if type(value) is int:
-            yield key, key, value
+            yield label, where, value
 
 
 AXES = ("dim", "axis")
@@ -720,11 +723,6 @@ def _multiple_probes(name, args, kwargs) -> list[Probe]:
             working = f"{m}, a multiple of {label} (every entry kept, repeated)"
             probes.append(Probe(failing, working, *_map(args, kwargs, _grown(n, m)), "", "boundary", controls=controls))
     return probes
-
-
-def _argument_keys(name, args, kwargs) -> list[str]:
-    names = _signature_names(name)
-    return [*(names[i] if i < len(names) else f"argument {i + 1}" for i in range(len(args))), *kwargs]
 
 
 def _axes_of_size(keys, values, n) -> list[str]:
