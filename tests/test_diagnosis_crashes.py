@@ -554,20 +554,22 @@ def test_probing_stops_at_a_variant_that_takes_the_process_down():
     assert len(calls) > 1  # an ordinary raise is probed on
 
 
-def evaluate_windows_dividing_the_data(data, context_length, batch_size=8):
+def evaluate_windows_dividing_the_data(model, data, context_length, batch_size=8):
     if (len(data) - 1) % context_length:  # the bug: a shorter last window indexes past the end
         raise IndexError("index out of range")
     return 0.0
 
 
 def test_a_limit_or_a_parity_needs_its_control_to_hold():
-    """A change that runs names a limit or a parity only where a further variant agrees: 36 entries run where 35
-    raise, but 37 raise again (a multiple, not a minimum length); context_length 7 -> 8 runs, but 9 raises again (no
-    parity); context_length 7 -> 3 (as batch_size) runs, but 4 raises again (no limit). None of them is said."""
-    data = torch.arange(35)
-    lines, codes = probe("evaluate", evaluate_windows_dividing_the_data, (data, 7, 3), {})
-    assert not any(ln.startswith("likely cause") for ln in lines), lines
-    assert codes == []
+    """A change that runs names a limit, a parity or a multiple only where further variants agree: 36 entries run
+    where 35 raise, but 37 raise again (no minimum length) and 39 too (not a multiple of batch_size 3); context_length
+    7 -> 8 runs, but 9 raises again (no parity); context_length 7 -> 3 (as batch_size) runs, but 4 raises again (no
+    limit). What is said is the size the windows need: one more than a multiple of context_length (43 runs too)."""
+    lines, codes = probe("evaluate", evaluate_windows_dividing_the_data, (None, torch.arange(35), 7, 3), {})
+    causes = [ln for ln in lines if ln.startswith("likely cause")]
+    said = "raises for a size of 35 (data's axis 0) with context_length=7 and works for 36, one more than a multiple"
+    assert len(causes) == 1 and said in causes[0], lines
+    assert codes == ["boundary"]
 
 
 def flash_needing_whole_key_blocks(q, k, v, causal=True, block_size=64):

@@ -706,23 +706,33 @@ def _int_size_probes(name, args, kwargs) -> list[Probe]:
 
 
 def _multiple_probes(name, args, kwargs) -> list[Probe]:
-    """A fallback: a tensor axis (not the last) whose size is no multiple of an integer argument (a block size)
-    grown to the next multiple, every entry kept (repeated); one more than that must raise (control), so the
-    variant names a size that must be a multiple (a partial last block), not any larger size."""
+    """A fallback: a tensor axis (not a float tensor's last, its features) whose size is no multiple of an integer
+    argument (a block size), or not one more than a multiple (token data cut into windows of ``context_length + 1``
+    that share an entry), grown to the next such size, every entry kept (repeated); one more than that must raise
+    (control), so the variant names a size that must fit (a partial last block or window), not any larger size."""
     skip = AXES + COUNTS_OF_THE_LAST_AXIS
     ints = [(label, value) for label, _, value in _labelled_ints(name, args, kwargs) if label not in skip]
     keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
-    sizes = sorted({s for t in _tensors(args, kwargs) for s in t.shape[:-1] if s > 1}, reverse=True)
+    sizes = sorted({s for t in _tensors(args, kwargs) for s in _size_axes(t) if s > 1}, reverse=True)
     probes = []
-    for label, block in ints:
-        for n in (n for n in sizes if block >= 2 and n % block):
-            m = -(-n // block) * block
-            where = _axes_of_size(keys, values, n)
-            failing = f"a size of {n} ({', '.join(where)}) with {label}={block}"
-            controls = ((*_map(args, kwargs, _grown(n, m + 1)), False),)
-            working = f"{m}, a multiple of {label} (every entry kept, repeated)"
-            probes.append(Probe(failing, working, *_map(args, kwargs, _grown(n, m)), "", "boundary", controls=controls))
+    for offset, fits in ((0, "a multiple of"), (1, "one more than a multiple of")):
+        for label, block in ints:
+            for n in (n for n in sizes if block >= 2 and (n - offset) % block):
+                m = -(-(n - offset) // block) * block + offset
+                where = _axes_of_size(keys, values, n)
+                failing = f"a size of {n} ({', '.join(where)}) with {label}={block}"
+                # one past it raises and the next such size runs: a size that must fit, not one that happens to
+                controls = ((*_map(args, kwargs, _grown(n, m + 1)), False), (*_map(args, kwargs, _grown(n, m + block)), True))
+                working = f"{m}, {fits} {label} (every entry kept, repeated)"
+                variant = _map(args, kwargs, _grown(n, m))
+                probes.append(Probe(failing, working, *variant, "", "boundary", controls=controls))
     return probes
+
+
+def _size_axes(t: torch.Tensor) -> torch.Size:
+    """The sizes of ``t``'s axes that count items: all of an integer tensor's (token ids), a float tensor's but its
+    last (the features)."""
+    return t.shape if not (t.is_floating_point() or t.is_complex()) else t.shape[:-1]
 
 
 def _axes_of_size(keys, values, n) -> list[str]:
