@@ -722,7 +722,8 @@ def _multiple_probes(name, args, kwargs) -> list[Probe]:
                 where = _axes_of_size(keys, values, n)
                 failing = f"a size of {n} ({', '.join(where)}) with {label}={block}"
                 # one past it raises and the next such size runs: a size that must fit, not one that happens to
-                controls = ((*_map(args, kwargs, _grown(n, m + 1)), False), (*_map(args, kwargs, _grown(n, m + block)), True))
+                past, next_fit = _map(args, kwargs, _grown(n, m + 1)), _map(args, kwargs, _grown(n, m + block))
+                controls = ((*past, False), (*next_fit, True))
                 working = f"{m}, {fits} {label} (every entry kept, repeated)"
                 variant = _map(args, kwargs, _grown(n, m))
                 probes.append(Probe(failing, working, *variant, "", "boundary", controls=controls))
