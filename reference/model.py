@@ -194,20 +194,14 @@ class Block(nn.Module):
         return x + self.drop(self.mlp_post_norm(h))
 
 
-def _embedding(n: int, d: int) -> nn.Embedding:
-    # Left uninitialised: init_weights or a state_dict gives the values. (nn.Embedding's own normal_
-    # on the meta device imports torch._dynamo, a second of a GPT-2-small count on meta.)
-    return nn.Embedding(n, d, _weight=torch.empty(n, d))
-
-
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, rope_style: str = "interleaved"):
         super().__init__()
         self.config = cfg
         llama = cfg.family == "llama"
         check_rope_style(rope_style)
-        self.tok_embeddings = _embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_embeddings = None if llama else _embedding(cfg.context_length, cfg.d_model)
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embeddings = None if llama else nn.Embedding(cfg.context_length, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg, rope_style) for _ in range(cfg.n_layers))
         Norm = functools.partial(RMSNorm, offset=cfg.norm_offset) if llama else LayerNorm
@@ -273,8 +267,6 @@ def init_weights(model: Transformer) -> None:
     biases 0; norm weights 1 (0 for the offsets of ``norm_offset``, amendment 26: a gain of 1 either way)."""
     residual_std = 0.02 / math.sqrt(2 * model.config.n_layers)
     for name, p in model.named_parameters():
-        if p.is_meta:  # no values to draw
-            continue
         if name.endswith(RESIDUAL_PROJECTIONS):
             p.normal_(0.0, residual_std)
         elif name.endswith("norm.weight"):
