@@ -102,8 +102,10 @@ def model_variants(config):
         found.append(
             Variant(
                 "knob:rope_style",
-                f"the model's RoPE pairs channels {style}-style, not in its declared style",
-                "rotate the pairs of the declared ROPE_STYLE (rope and the model alike)",
+                f"the model's RoPE pairs channels {style}-style, not in its declared style (the same logits: the "
+                "rows of wq and wk permuted at load, as Hugging Face's Llama conversion does, with the declared style)",
+                "rotate the pairs of the declared ROPE_STYLE (rope and the model alike), and load wq and wk as they "
+                "are given",
                 lambda ref, sd, ids, style=style: (
                     None if ref.rope_style == style else models.logits(reference_subject(style), config, sd, ids)
                 ),

@@ -338,3 +338,24 @@ def test_a_sample_that_draws_from_its_own_wrong_filter_is_a_consequence_of_sampl
                     cwd=tmp_path, pytester=pytester).stdout  # fmt: skip
     roots = out.split("root causes")[-1]
     assert "sampling_probs: " in roots and "sample: " not in roots, out[-3000:]
+
+
+def test_padded_generation_through_a_forward_that_counts_from_one_is_a_consequence_of_forward(tmp_path, pytester):
+    """A copy of the reference whose padded positions are cumsum(mask) without the - 1: the padded forward's rows
+    differ from each row alone and the variant that counts from 1 names it; greedy generate(attention_mask) picks
+    exactly the tokens a correct generate picks with that forward, so the generation tests are forward's
+    consequences (a held-out bug was charged to forward and generate)."""
+
+    def edit(folder):
+        padding = folder / "padding.py"
+        text = padding.read_text()
+        counted = "return (real.long().cumsum(dim=-1) - 1).clamp(min=0)"
+        assert counted in text
+        padding.write_text(text.replace(counted, "return real.long().cumsum(dim=-1)", 1))
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_padded_forward_rows_equal_each_row_alone or test_padded_greedy or test_padded_cached_generation"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "forward: " in roots and "generate: " not in roots, out[-3000:]
+    assert "positions count each row's real tokens from 1" in out, out[-3000:]

@@ -596,3 +596,69 @@ def test_an_omitted_n_kv_heads_is_given_n_heads():
     x, w = randn(2, 5, 8), randn(8, 8)
     lines, _ = probe("multihead_self_attention", attention_needing_n_kv_heads, (x, w, w, w, w, 2), {})
     assert any("raises for n_kv_heads=None and works for n_kv_heads=2 (n_heads)" in line for line in lines), lines
+
+
+def repeat_kv_inferring_heads(x, n_rep):
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, -1, t, d)  # the bug: -1 is ambiguous for t = 0
+
+
+def test_an_empty_axis_is_named():
+    lines, codes = probe("repeat_kv", repeat_kv_inferring_heads, (randn(1, 2, 0, 4), 3), {})
+    assert any("raises for an empty axis (x's axis 2 of size 0) and works for one entry there" in ln for ln in lines)
+    assert codes == ["boundary"]
+
+
+def sampling_probs_dividing_first(logits, temperature=1.0, top_k=None, top_p=None):
+    scaled = logits * (1.0 / temperature)  # the bug: temperature 0 (greedy) is handled after this
+    return torch.softmax(scaled, -1)
+
+
+def test_a_float_argument_of_zero_is_named():
+    lines, _ = probe("sampling_probs", sampling_probs_dividing_first, (randn(2, 9),), {"temperature": 0.0})
+    assert any("raises for temperature=0 and works for temperature=0.001" in ln for ln in lines), lines
+
+
+def cross_entropy_flattening_leading_axes(logits, targets, ignore_index=-100):
+    flat = logits.flatten(0, -2)  # the bug: a 1-D [V] logits row has no leading axis to flatten
+    return torch.nn.functional.cross_entropy(flat, targets.reshape(-1), ignore_index=ignore_index)
+
+
+def test_rank_is_named_with_a_0d_target_beside_1d_logits():
+    lines, _ = probe("cross_entropy", cross_entropy_flattening_leading_axes, (randn(9), torch.tensor(3)), {})
+    said = "raises for 1-D input and works for 2-D (a leading dim added to it and to the inputs sharing its leading"
+    assert any(said in ln for ln in lines), lines
+
+
+def test_a_family_is_named_on_fresh_models_of_both_families():
+    """A call that raises for every gpt2 model (fresh weights too) and runs for a llama one of the same sizes names the
+    family; the gpt2 config's odd head size (RoPE needs an even one) takes the nearest head count that gives an even
+    one, and gpt2 with that head count must raise too. A crash on these weights' values names nothing."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    ledger = Ledger(subject)
+    config = dict(models.CONFIGS["gpt2"])  # d_model 42, 6 heads: a head size of 7
+    model = subject.build(config, models.random_state_dict(config, seed=1))
+    ledger.record("build", (config, None), {}, model)
+
+    def new_cache_reading_rotary_sizes(model, batch_size):
+        if model.config.family == "gpt2":  # the bug: the head size is read from the rotary tables
+            raise AttributeError("'NoneType' object has no attribute 'head_dim'")
+        return subject.new_cache(model, batch_size)
+
+    lines, _ = probe("new_cache", new_cache_reading_rotary_sizes, (model, 2), {}, ledger=ledger)
+    said = "new_cache raises for a gpt2 model and works for a llama model of the same sizes with n_heads=7"
+    assert any(said in ln for ln in lines), lines
+
+    first = model.tok_embeddings.weight.detach().clone()
+
+    def new_cache_raising_on_these_weights(m, batch_size):
+        if torch.equal(m.tok_embeddings.weight.detach(), first):  # a crash on values, not on the family
+            raise RuntimeError("nan")
+        return subject.new_cache(m, batch_size)
+
+    lines, _ = probe("new_cache", new_cache_raising_on_these_weights, (model, 2), {}, ledger=ledger)
+    assert not any("a gpt2 model" in ln and ln.startswith("likely cause") for ln in lines), lines

@@ -95,6 +95,9 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         elif bug == "no_mlp_residual":
             x = x + attention(norm(x, f"{p}.attn_norm"), p)
             x = mlp(norm(x, f"{p}.mlp_norm"), p)
+        elif bug == "mlp_residual_from_input":
+            h = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = x + mlp(norm(h, f"{p}.mlp_norm"), p)
         elif bug == "post_ln":
             x = norm(x + attention(x, p), f"{p}.attn_norm")
             x = norm(x + mlp(x, p), f"{p}.mlp_norm")

@@ -20,6 +20,7 @@ from .catalog import CLASS_CODES, known_bug_lines
 from .cause import WEAK, Cause
 from .codes import PREFIX_KNOB
 from .knobs import knob_causes
+from .order import item_order_causes
 from .ranking import describe, is_ambiguous, rank
 from .structural import structural_causes
 
@@ -70,6 +71,8 @@ def diagnose(
     if structural and isinstance(expected, torch.Tensor):
         inputs = _tensor_inputs(args64, call[1] if call else None)
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
+    if structural and isinstance(expected, list | tuple):
+        causes += item_order_causes(expected, actual, atol=tol.atol, rtol=tol.rtol)
     known_codes = {c for c in map(bug_code, bugs) if c}
     if any(c.code in known_codes for c in causes):  # the knob search found the matched bug again: keep
         # that knob's own line (where to look, the fix), drop rival and ambiguous knob settings

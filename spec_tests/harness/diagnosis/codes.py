@@ -17,6 +17,7 @@ STRUCTURAL = {
     "mask": "wrong only on or above the diagonal, or only in masked positions",
     "boundary": "wrong only past some index, or only in the last block, window or chunk",
     "precision": "the error is at the level of float32 rounding: precision, not math",
+    "item_order": "a sequence output holds the expected items in another order ((values, keys) for (keys, values))",
     "rope_pairing": "wrong only in one half or in the odd channels: RoPE pairs the wrong channels",
     "nan_rows": "whole rows are NaN: a row with every entry masked",
     "causality": "earlier outputs change when later tokens change: the model sees the future",

@@ -89,8 +89,8 @@ class Probe:
     weak: bool = False  # a clue, not a cause: said as a note
     clue: str = "a wrong shape may broadcast by chance there"  # why it is only a clue
     make: Callable | None = None  # builds ``(args, kwargs)`` when tried (a model built again), else args, kwargs
-    # ``(args, kwargs, runs)``: further variants that must run (``runs``) or raise as the original does for the
-    # property to be the trigger (13 entries raising like 11 where 12 runs: a multiple, not a limit)
+    # ``(args, kwargs, runs)`` or ``(make, runs)``: further variants that must run (``runs``) or raise as the
+    # original does for the property to be the trigger (13 entries raising like 11 where 12 runs: a multiple)
     controls: tuple = ()
 
     def arguments(self) -> tuple[tuple, dict]:
@@ -128,7 +128,8 @@ def _primary(args, kwargs) -> torch.Tensor | None:
 
 def _rank_probes(name, args, kwargs) -> list[Probe]:
     """One more leading dim on the first tensor argument, alone and with every tensor that shares its leading
-    dim (``cross_entropy``'s targets beside its logits); a 3-D or deeper one with its two leading dims merged."""
+    dim or all its leading dims (``cross_entropy``'s targets beside its logits); a 3-D or deeper one with its two
+    leading dims merged."""
     x = _primary(args, kwargs)
     if x is None or name not in ANY_LEADING:  # another rank is no input the protocol allows
         return []
@@ -149,10 +150,13 @@ def _rank_probes(name, args, kwargs) -> list[Probe]:
     def add_to_first(t):
         return t.unsqueeze(0) if t is x else t
 
-    def add_to_all(t):
-        return t.unsqueeze(0) if t is x or (t.ndim >= 1 and t.shape[0] == x.shape[0] and t.ndim <= n) else t
+    def shares(t):  # its leading dim, or all of them (a 0-d target beside 1-D logits)
+        return (t.ndim >= 1 and t.shape[0] == x.shape[0] and t.ndim <= n) or t.shape == x.shape[:-1]
 
-    together = [t for t in _tensors(args, kwargs) if t is not x and t.ndim >= 1 and t.shape[0] == x.shape[0]]
+    def add_to_all(t):
+        return t.unsqueeze(0) if t is x or shares(t) else t
+
+    together = [t for t in _tensors(args, kwargs) if t is not x and shares(t)]
     if together:
         probes.append(
             Probe(
@@ -212,6 +216,32 @@ def _none_probes(name, args, kwargs) -> list[Probe]:
         note = "; mask=None means none" if key == "mask" else ""
         probes.append(Probe(f"{key}=None", working, args, {**kwargs, key: value}, note))
     return probes
+
+
+def _empty_probes(name, args, kwargs) -> list[Probe]:
+    """Every empty axis (size 0: a fresh cache's keys, no tokens yet) given one entry (zeros)."""
+    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    where = [f"{key}'s axis {axis}" for key, value in zip(keys, values, strict=True) if isinstance(value, torch.Tensor)
+             for axis, size in enumerate(value.shape) if size == 0]  # fmt: skip
+    if not where:
+        return []
+
+    def one_entry(t):
+        return torch.zeros([max(s, 1) for s in t.shape], dtype=t.dtype, device=t.device) if t.numel() == 0 else t
+
+    failing = f"an empty axis ({', '.join(where)} of size 0)"
+    return [Probe(failing, "one entry there (zeros)", *_map(args, kwargs, one_entry), "", "boundary")]
+
+
+def _zero_float_probes(name, args, kwargs) -> list[Probe]:
+    """A float argument of exactly 0 (a temperature, a rate) given as 0.001: a division by it, or a 0 that means
+    something (greedy decoding) handled after a computation that cannot take it."""
+    wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
+    return [
+        Probe(f"{label}=0", f"{label}=0.001", *_with(args, kwargs, where, 0.001), "", "boundary")
+        for label, where, value in zip(_argument_keys(name, args, kwargs), wheres, values, strict=True)
+        if type(value) is float and value == 0.0
+    ]
 
 
 def _boundary_probes(args, kwargs) -> list[Probe]:
@@ -771,6 +801,8 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _broadcast_probes(args, kwargs)
         + _mask_probes(args, kwargs)
         + _far_position_probes(name, args, kwargs)
+        + _empty_probes(name, args, kwargs)
+        + _zero_float_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _key_length_probes(args, kwargs)
@@ -809,10 +841,18 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
             continue
         if not _runs(run, p.arguments):  # the variant raises too: the property is not the trigger
             tried.append(p)
-        elif all(_runs(run, lambda a=a, k=k: (_clone(a), _clone(k))) == runs for a, k, runs in p.controls):
+        elif all(_runs(run, _control_arguments(c)) == c[-1] for c in p.controls):
             working.append(p)
         else:  # a control contradicts it: the change ran for another reason
             tried.append(p)
+
+
+def _control_arguments(control: tuple) -> Callable:
+    """A control's ``(args, kwargs)``, given as ``(args, kwargs, runs)`` or built when tried, ``(make, runs)``."""
+    if len(control) == 2:
+        return control[0]
+    args, kwargs, _ = control
+    return lambda: (_clone(args), _clone(kwargs))
 
 
 def _runs(run: Callable, arguments: Callable) -> bool:

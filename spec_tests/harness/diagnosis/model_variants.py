@@ -72,17 +72,29 @@ class Ledger:
             failing, working, new_config, transform = made
             make = self._maker(model, new_config, state, transform, options, args, kwargs)
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make))
+        other = _other_family(config, getattr(self.subject, "families", ()))
+        if other is not None:
+            failing, working, new_config, same = other
+            fresh = {**options, "seed": 0}
+            make = self._maker(model, new_config, None, None, fresh, args, kwargs)
+            # the same family built fresh raises too: the family, not these weights' values (nor a head count)
+            controls = tuple((self._maker(model, c, None, None, fresh, args, kwargs), False) for c in same)
+            probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
         return probes
 
     def _maker(self, model, config, state, transform, options, args, kwargs) -> Callable:
         """A function building the variant from the model's weights (those it was built from, else its
         ``canonical_state_dict``) passed through ``transform``, and returning the call's arguments with it in place
-        of the model (an optimizer made again over it, a cache made for it and refilled with the same tokens)."""
+        of the model (an optimizer made again over it, a cache made for it and refilled with the same tokens);
+        ``transform=None``: freshly initialised weights."""
         subject = self.subject
 
         def make():
-            weights = state if isinstance(state, dict) else subject.canonical_state_dict(model)
-            variant = subject.build(config, transform(dict(weights)), **options)
+            if transform is None:  # fresh weights
+                variant = subject.build(config, None, **options)
+            else:
+                weights = state if isinstance(state, dict) else subject.canonical_state_dict(model)
+                variant = subject.build(config, transform(dict(weights)), **options)
             if id(model) in self.modes:
                 subject.set_training(variant, self.modes[id(model)])
 
@@ -149,6 +161,39 @@ def _untied(config):
     return "a model with a tied head", working, {**config, "tie_embeddings": False}, transform
 
 
+V1_CONFIG_KEYS = frozenset(
+    ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "family", "norm_eps",
+     "tie_embeddings", "dropout", "rope_theta")
+)  # fmt: skip
+
+
+def _other_family(config, families):
+    """``(failing, working, config, controls)``: the model's sizes in the other family (a v1 config only, MHA where
+    it is gpt2), for a crash only one family's models meet (a head size read from the rotary tables). Its weights
+    have other names, so it is built fresh, and it is said only where the same family built fresh raises too
+    (``controls``: configs that must raise). RoPE needs an even head size: an odd one takes the nearest head count
+    that gives an even one, and the same family with that head count is a control too."""
+    family = config.get("family", "llama")
+    other = {"llama": "gpt2", "gpt2": "llama"}.get(family)
+    if other not in families or set(config) - V1_CONFIG_KEYS or not _ints(config, "d_model", "n_heads"):
+        return None
+    d, h = config["d_model"], config["n_heads"]
+    if other == "gpt2" and config.get("n_kv_heads") not in (None, h):
+        return None
+    new = {k: v for k, v in config.items() if k != "rope_theta"} | {"family": other}
+    controls, working = [config], f"a {other} model of the same sizes (fresh weights)"
+    if other == "llama" and (d // h) % 2:
+        even = [n for n in range(1, d + 1) if d % n == 0 and (d // n) % 2 == 0]
+        if not even:
+            return None
+        h = min(even, key=lambda n: (abs(n - h), n))
+        new |= {"n_heads": h, "n_kv_heads": h}
+        controls.append({**config, "n_heads": h, "n_kv_heads": h})
+        working = f"a {other} model of the same sizes with n_heads={h} (RoPE needs an even head size; fresh weights)"
+    return f"a {family} model", working, new, controls
+
+
 # Only changes that keep every value the model computes: a crash that depends on values (a NaN that one layer
-# fewer would not spread, say) then raises in the variant too, and no property is wrongly named.
+# fewer would not spread, say) then raises in the variant too, and no property is wrongly named. (The family,
+# which changes the values, has a control instead: _other_family.)
 CHANGES = (_as_mha, _untied)

@@ -76,6 +76,9 @@ def _block_forward(kind: str):
         if kind == "no_mlp_residual":
             x = x + drop(attn(n1(x)))
             return drop(mlp(n2(x)))
+        if kind == "mlp_residual_from_input":
+            h = x + drop(attn(n1(x)))
+            return x + drop(mlp(n2(h)))
         if kind == "post_ln":
             x = n1(x + drop(attn(x)))
             return n2(x + drop(mlp(x)))
@@ -238,6 +241,14 @@ WIRINGS = (
         "the MLP branch has no residual connection: its output replaces the stream (x = mlp(norm(x)))",
         f"add the branch to the stream it read: {PRE_NORM}",
         rewire=_rewire_blocks("no_mlp_residual"),
+    ),
+    Wiring(
+        "mlp_residual_from_input",
+        "knob:missing_residual",
+        "the MLP's residual adds to the block's input, not to the stream after attention: the attention output "
+        "only feeds the MLP (x + mlp(norm(x + attn(norm(x)))))",
+        f"add the MLP branch to the stream after the attention residual: {PRE_NORM}",
+        rewire=_rewire_blocks("mlp_residual_from_input"),
     ),
     Wiring(
         "post_ln",
