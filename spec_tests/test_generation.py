@@ -70,7 +70,7 @@ def check_tokens(spec, actual, expected, *, behaviour: str, causes=(), codes=(),
 
 
 def greedy_case(
-    spec, config, seeds, t, n, *, use_cache, behaviour, causes=(), codes=(), within=None, prompt_causes=False
+    spec, config, seeds, t, n, *, use_cache, behaviour, causes=(), codes=(), within=None, prompt_causes=False, b=2
 ):
     """Greedy generation of ``n`` tokens from a ``t``-token prompt against the model's own greedy teacher.
 
@@ -78,10 +78,10 @@ def greedy_case(
     stays within it on the same weights. The causes are confident only when that case is right: otherwise the
     generation is wrong whatever the length, and they are shown as weak evidence. ``prompt_causes``: the causes are
     about what the prompt conditions (its cropping), which the first new token already shows: where it is right in
-    every row, they are replaced by what differs."""
+    every row, they are replaced by what differs. ``b``: the prompt's rows."""
     sd = models.random_state_dict(config, seed=seeds[0], device=spec.device)
     model = models.build(spec.impl, config, sd)
-    prompt = prompt_for(spec, config, t=t, seed=seeds[1])
+    prompt = prompt_for(spec, config, t=t, seed=seeds[1], b=b)
     out = spec.impl.generate(model, prompt, n, temperature=0.0, use_cache=use_cache)
     check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
     want = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=use_cache)
@@ -154,7 +154,8 @@ def test_greedy_generation_follows_the_model(spec, config, use_cache):
 
 @judges("generate", uses=("build_model", "forward", "new_cache"))
 def test_generation_from_a_single_token(spec, config):
-    """A one-token prompt is extended like any other (protocol: generate)."""
+    """A prompt of one row and one token is extended like any other: a batch of one is a batch (protocol: generate,
+    prompt [B, T])."""
     greedy_case(
         spec,
         config,
@@ -162,7 +163,8 @@ def test_generation_from_a_single_token(spec, config):
         1,
         6,
         use_cache=True,
-        behaviour="greedy generation of 6 tokens from a 1-token prompt follows the model",
+        behaviour="greedy generation of 6 tokens from a [1, 1] prompt (one row, one token) follows the model",
+        b=1,
     )
 
 

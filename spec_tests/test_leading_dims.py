@@ -15,7 +15,12 @@ from .inputs import S
 from .protocol import ANY_LEADING, COMPONENT_OF, ENTRY, PRECISION_FUNCTIONS
 
 NAMES = [n for n in PRECISION_FUNCTIONS if n in ANY_LEADING]
-WHAT = {"fewer": "one leading dim fewer", "more": "one leading dim more", "none": "no leading dims"}
+WHAT = {
+    "fewer": "one leading dim fewer",
+    "more": "one leading dim more",
+    "none": "no leading dims",
+    "strided": "a non-contiguous view",
+}
 
 
 def _case(name: str, how: str):
@@ -47,6 +52,19 @@ def reshaped(args: tuple, kwargs: dict, how: str) -> tuple[tuple, dict]:
     return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
 
 
+def strided(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The inputs with the first tensor, and every tensor that shares its leading dims, as a non-contiguous view of
+    the same values (stored with its first two axes swapped, then swapped back)."""
+    x = next(a for a in args if isinstance(a, torch.Tensor))
+
+    def change(v):
+        if isinstance(v, torch.Tensor) and v.ndim >= 2 and _sharing(x, v, 1):
+            return v.transpose(0, 1).contiguous().transpose(0, 1)
+        return v
+
+    return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
+
+
 def without_leading_dims(args: tuple, kwargs: dict, core: int) -> tuple[tuple, dict]:
     """The inputs with no leading dim at all: the first tensor's row 0 of every leading dim, down to its ``core``
     dims, and every tensor that shares those leading dims alike."""
@@ -66,7 +84,7 @@ def _first_rank(name: str) -> int:
 
 # "none" only where it differs from "fewer" (a first input with more than one leading dim)
 CASES = [
-    *[(n, how) for n in NAMES for how in ("fewer", "more")],
+    *[(n, how) for n in NAMES for how in ("fewer", "more", "strided")],
     *[(n, "none") for n in NAMES if _first_rank(n) > ENTRY[n].core_rank + 1],
 ]
 
@@ -76,11 +94,14 @@ def test_any_leading_dims(spec, name, how):
     """A [..., d] name computes on inputs with one leading dim fewer (two merged, or a 2-D input's only one
     dropped), one more, or none (a single row ``[d]``; rope's ``[T, d_head]``): its protocol shapes allow any
     leading dims (protocol: linear, softmax, silu, rmsnorm, layernorm, swiglu, gelu_mlp, rope,
-    scaled_dot_product_attention, sampling_probs, amendment 3)."""
+    scaled_dot_product_attention, sampling_probs, amendment 3); and on a non-contiguous view of the same values
+    (amendment 30: a view that cannot be flattened without a copy, HF's Conv1D ``x.view(-1, d)``)."""
     args, kwargs = ENTRY[name].precision_sample(spec.inputs, S, spec.device)
     kwargs = filters.supported(spec.impl, kwargs)
     if how == "none":
         args, kwargs = without_leading_dims(args, kwargs, ENTRY[name].core_rank)
+    elif how == "strided":
+        args, kwargs = strided(args, kwargs)
     else:
         args, kwargs = reshaped(args, kwargs, how)
     shape = list(next(a for a in args if isinstance(a, torch.Tensor)).shape)
@@ -89,7 +110,8 @@ def test_any_leading_dims(spec, name, how):
         *args,
         kind=ENTRY[name].tolerance,
         label=how,
-        behaviour=f"{name} of a {len(shape)}-D input {shape} ({WHAT[how]}): any leading dims are allowed",
+        behaviour=f"{name} of a {len(shape)}-D input {shape} ({WHAT[how]}): "
+        + ("any memory layout is allowed" if how == "strided" else "any leading dims are allowed"),
         **kwargs,
     )
 

@@ -442,28 +442,35 @@ def test_train_is_deterministic_for_a_seed(spec, family):
 @judges("train", "evaluate", uses=("build_model", "forward"))
 @pytest.mark.bug_class("training", "evaluation")
 def test_train_and_evaluate_take_tokens_of_any_integer_dtype(spec, family):
-    """train and evaluate give the same results on numpy uint16 tokens (nanoGPT's format) as on the same tokens in a
-    long tensor (protocol: amendment 29)."""
+    """train and evaluate give the same results on numpy uint16 tokens (nanoGPT's format) and on int16 and uint8
+    tensors as on the same tokens in a long tensor (protocol: amendment 29: a numpy array or a tensor of any integer
+    dtype)."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=69, dtype="float32", device=spec.device)
     tokens = CORPUS % config["vocab_size"]
-    kinds = {"a long tensor": tokens, "numpy uint16": tokens.numpy().astype(np.uint16)}
+    kinds = {
+        "a long tensor": tokens,
+        "numpy uint16": tokens.numpy().astype(np.uint16),
+        "an int16 tensor": tokens.to(torch.int16),
+        "a uint8 tensor": tokens.to(torch.uint8),
+    }
     found = {}
     for label, data in kinds.items():
         model = models.build(spec.impl, config, sd, training=True)
         losses = spec.impl.train(model, data, steps=2, batch_size=2, context_length=8, seed=1)
         found[label] = (losses, spec.impl.evaluate(model, data, 8, batch_size=4)["loss"])
-    (want_train, want_eval), (got_train, got_eval) = found.values()
-    spec.require(
-        got_train == want_train,
-        behaviour="train on numpy uint16 tokens gives the losses it gives on the same tokens as a long tensor",
-        found=f"{got_train} on uint16 vs {want_train} on long",
-    )
-    spec.require(
-        got_eval == want_eval,
-        behaviour="evaluate on numpy uint16 tokens gives the loss it gives on the same tokens as a long tensor",
-        found=f"{got_eval} on uint16 vs {want_eval} on long",
-    )
+    want_train, want_eval = found.pop("a long tensor")
+    for label, (got_train, got_eval) in found.items():
+        spec.require(
+            got_train == want_train,
+            behaviour=f"train on {label} gives the losses it gives on the same tokens as a long tensor",
+            found=f"{got_train} on {label} vs {want_train} on long",
+        )
+        spec.require(
+            got_eval == want_eval,
+            behaviour=f"evaluate on {label} gives the loss it gives on the same tokens as a long tensor",
+            found=f"{got_eval} on {label} vs {want_eval} on long",
+        )
 
 
 @judges("train", uses=("build_model", "forward", "canonical_state_dict"))

@@ -662,3 +662,33 @@ def test_a_family_is_named_on_fresh_models_of_both_families():
 
     lines, _ = probe("new_cache", new_cache_raising_on_these_weights, (model, 2), {}, ledger=ledger)
     assert not any("a gpt2 model" in ln and ln.startswith("likely cause") for ln in lines), lines
+
+
+def generate_squeezing_the_next_token(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                      generator=None):  # fmt: skip
+    nxt = prompt[:, -1].squeeze()  # the bug: a batch of one row is squeezed to a 0-d tensor
+    return torch.cat([prompt, nxt[:, None]], dim=1)
+
+
+def test_a_batch_of_one_row_is_named():
+    prompt = torch.tensor([[3, 1, 4]])
+    lines, codes = probe("generate", generate_squeezing_the_next_token, (torch.nn.Identity(), prompt, 1), {})
+    assert any("generate raises for a batch of one row and works for 2 rows (the row repeated)" in ln for ln in lines)
+    assert codes == ["boundary"]
+
+
+def gelu_mlp_viewing_its_input(x, w_fc, b_fc, w_proj, b_proj):
+    flat = x.view(-1, x.shape[-1])  # the bug (Hugging Face's Conv1D): a view of a non-contiguous input raises
+    hidden = torch.nn.functional.gelu(flat @ w_fc.T + b_fc, approximate="tanh")
+    return (hidden @ w_proj.T + b_proj).view(*x.shape[:-1], -1)
+
+
+def test_a_non_contiguous_input_is_named_and_no_rank_is():
+    """A crash on a view is named by the contiguous copy alone: merging the leading dims runs too (a 2-D input's view
+    to [N, d] changes nothing), but the rank is not what it raises on."""
+    x = randn(3, 2, 5, 4).transpose(1, 2)
+    w_fc, w_proj = randn(6, 4), randn(4, 6)
+    args = (x, w_fc, torch.zeros(6, dtype=torch.float64), w_proj, torch.zeros(4, dtype=torch.float64))
+    lines, _ = probe("gelu_mlp", gelu_mlp_viewing_its_input, args, {})
+    causes = [ln for ln in lines if ln.startswith("likely cause")]
+    assert len(causes) == 1 and "raises for a non-contiguous x and works for a contiguous copy" in causes[0], lines

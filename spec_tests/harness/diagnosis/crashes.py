@@ -92,6 +92,9 @@ class Probe:
     # ``(args, kwargs, runs)`` or ``(make, runs)``: further variants that must run (``runs``) or raise as the
     # original does for the property to be the trigger (13 entries raising like 11 where 12 runs: a multiple)
     controls: tuple = ()
+    # the one cause where it runs: a contiguous copy changes only the layout, so another variant that runs as well
+    # (a 2-D input, on which a view to [N, d] is no change) is no evidence of its own
+    exclusive: bool = False
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -102,12 +105,33 @@ def _tensors(args, kwargs):
     yield from (v for v in kwargs.values() if isinstance(v, torch.Tensor))
 
 
-def _map(args, kwargs, fn):
-    """``(args, kwargs)`` with ``fn`` applied to every tensor (``fn`` returns the tensor or a new one)."""
+def _map(args, kwargs, fn, *, layout=True):
+    """``(args, kwargs)`` with ``fn`` applied to every tensor (``fn`` returns the tensor or a new one). A new tensor
+    made from a non-contiguous one is made non-contiguous too (``layout``), so a variant changes only what it says
+    (a reshape's copy would also mend a crash on a view)."""
+
+    def apply(t):
+        new = fn(t)
+        if layout and new is not t and not t.is_contiguous() and new.is_contiguous() and new.ndim >= 2:
+            new = new.transpose(0, 1).contiguous().transpose(0, 1)
+        return new
+
     return (
-        tuple(fn(a) if isinstance(a, torch.Tensor) else a for a in args),
-        {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()},
+        tuple(apply(a) if isinstance(a, torch.Tensor) else a for a in args),
+        {k: apply(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()},
     )
+
+
+def _layout_probes(name, args, kwargs) -> list[Probe]:
+    """Every non-contiguous tensor argument (a transposed or sliced view) given as a contiguous copy."""
+    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    views = [k for k, v in zip(keys, values, strict=True) if isinstance(v, torch.Tensor) and not v.is_contiguous()]
+    if not views:
+        return []
+    variant = _map(args, kwargs, lambda t: t.contiguous(), layout=False)
+    note = "; any memory layout is allowed (x.view raises on such a view, x.reshape does not)"
+    failing, working = f"a non-contiguous {', '.join(views)}", "a contiguous copy of the same values"
+    return [Probe(failing, working, *variant, note, exclusive=True)]
 
 
 def _with(args, kwargs, where, value):
@@ -574,10 +598,11 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
 
 
 def _odd_batch_probes(args, kwargs) -> list[Probe]:
-    """A ``[B, T]`` id input with an odd number of rows B >= 3 given one more row (a copy of its first), every tensor
-    sharing its B rows alike: a batch split in two equal halves, or pairs of rows."""
+    """A ``[B, T]`` id input with an odd number of rows B given one more row (a copy of its first), every tensor
+    sharing its B rows alike: a batch of one squeezed away (B = 1), a batch split in two equal halves, or pairs of
+    rows (B >= 3)."""
     ids = next((a for a in args if isinstance(a, torch.Tensor) and a.ndim == 2 and not a.is_floating_point()), None)
-    if ids is None or ids.dtype == torch.bool or ids.shape[0] < 3 or ids.shape[0] % 2 == 0:
+    if ids is None or ids.dtype == torch.bool or ids.shape[0] % 2 == 0:
         return []
     b = ids.shape[0]
 
@@ -587,6 +612,8 @@ def _odd_batch_probes(args, kwargs) -> list[Probe]:
         return t
 
     new_args, new_kwargs = _map(args, kwargs, grow)
+    if b == 1:
+        return [Probe("a batch of one row", "2 rows (the row repeated)", new_args, new_kwargs, "", "boundary")]
     return [Probe(f"a batch of {b} rows (odd)", f"{b + 1} rows", new_args, new_kwargs, "", "boundary")]
 
 
@@ -792,7 +819,8 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
     """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``); with a
     ``model_variants.Ledger``, a model among the arguments built again with one config property changed."""
     found = (
-        _none_probes(name, args, kwargs)
+        _layout_probes(name, args, kwargs)
+        + _none_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
         + _gqa_weight_probes(name, args, kwargs)
@@ -890,6 +918,8 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
     except _ProcessLost:
         pass  # what ran before it still says what it says
     causes = [p for p in working if not p.weak]
+    if any(p.exclusive for p in causes):
+        causes, working = [p for p in causes if p.exclusive], [p for p in working if p.exclusive]
     clues = [
         f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: {p.clue})"
         for p in working
