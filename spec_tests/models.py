@@ -256,6 +256,29 @@ def determined(m, cfg: dict, state_dict: dict, ids, tol) -> bool:
     return mismatch(m.forward(build(m, cfg, state_dict, seed=BUILD_SEED + 2), ids), first, tol) is None
 
 
+PLAIN_SEED = 277
+
+
+def plain_given(spec, family: str = "llama"):
+    """``spec.check``'s ``given`` for a model check of an option (protocol v2's, a window, a scaling): the check
+    presumes the model is right without it. Where the implementation's logits on the family's plain configuration
+    (``family_config``, fresh weights) differ from the reference's, the check cannot judge the option: one mistake
+    in the model fails every model check, and test_logits_match_reference charges it to forward."""
+    from .harness.judging.compare import mismatch
+    from .harness.judging.tolerances import tolerance
+
+    def holds() -> bool:
+        impl = getattr(spec.impl, "_subject", spec.impl)  # without crash probing: a side computation
+        plain = family_config(spec.impl, family)
+        sd = random_state_dict(plain, seed=PLAIN_SEED, device=spec.device)
+        ids = spec.inputs.token_ids(2, 9, vocab=plain["vocab_size"], seed=PLAIN_SEED)
+        want = spec.expected(lambda m, sd, ids: logits(m, plain, sd, ids), sd, ids, label="plain model")
+        return mismatch(logits(impl, plain, sd, ids), want, tolerance("model", device=spec.device)) is None
+
+    why = f"your model's logits are wrong on the plain {family} configuration too (test_logits_match_reference)"
+    return ("forward",), holds, why
+
+
 def logits(m, cfg: dict, state_dict: dict, ids):
     """Logits of a freshly built model: ``[B, T, V]``."""
     return m.forward(build(m, cfg, state_dict), ids)

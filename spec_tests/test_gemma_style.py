@@ -34,6 +34,7 @@ def logits_check(spec, config, sd, ids, behaviour, variants):
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
+        given=models.plain_given(spec),
         subject="forward",
         kind="model",
         axes="b t v",

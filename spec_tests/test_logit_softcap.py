@@ -159,6 +159,7 @@ def test_logits_match_reference_with_softcaps(spec):
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
+        given=models.plain_given(spec),
         subject="forward",
         kind="model",
         axes="b t v",
@@ -196,6 +197,7 @@ def test_loss_uses_the_capped_logits(spec):
         lambda m, sd, data: m.evaluate(models.build(m, config, sd), data, 11)["loss"],
         sd,
         data,
+        given=models.plain_given(spec),
         subject="evaluate",
         kind="model",
         variants=[

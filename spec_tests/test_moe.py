@@ -246,6 +246,7 @@ def test_logits_match_reference_with_moe(spec):
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
+        given=models.plain_given(spec),
         subject="forward",
         kind="model",
         axes="b t v",

@@ -37,6 +37,7 @@ def test_logits_match_reference_with_qkv_bias(spec):
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
+        given=models.plain_given(spec),
         subject="forward",
         kind="model",
         axes="b t v",

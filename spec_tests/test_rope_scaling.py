@@ -181,6 +181,7 @@ def test_model_honours_rope_scaling(spec, kind):
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
+        given=models.plain_given(spec),
         subject="forward",
         kind="model",
         axes="b t v",

@@ -185,6 +185,7 @@ def test_logits_match_reference_with_sliding_window(spec, pattern):
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
+        given=models.plain_given(spec),
         subject="forward",
         kind="model",
         axes="b t v",
