@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from . import models
 from .harness.diagnosis.variant import Variant
+from .harness.judging.compare import mismatch
+from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
-from .harness.subject.subject import reference_subject
+from .harness.subject.subject import ImplementationError, reference_subject
 
 pytestmark = pytest.mark.component("generation")
 
@@ -176,11 +178,47 @@ def test_padded_cached_forward_equals_uncached(spec, config):
     model = models.build(spec.impl, config, sd)
     ids, mask = left_padded(spec, config, PADS, T + 2, seed=263)
     full = spec.impl.forward(model, ids, attention_mask=mask)
-    cache = spec.impl.new_cache(model, ids.shape[0])
-    steps = [spec.impl.forward(model, ids[:, :T], cache, attention_mask=mask[:, :T])]
-    for t in (T, T + 1):
-        steps.append(spec.impl.forward(model, ids[:, t : t + 1], cache, attention_mask=mask[:, : t + 1]))
+    behaviour = (
+        f"forward through the cache (prefill, then 1 + 1 tokens) with left padding {PADS} and the whole mask at each "
+        "call equals one uncached forward, at every real token"
+    )
+    tol = tolerance("model", device=spec.device)
+
+    def cache_wrong_without_padding() -> list[str]:
+        """The failing ``new_cache`` where the same chunks without padding go wrong too (padding shows nothing)."""
+        failing = spec.failing(("new_cache",))
+        if not failing:
+            return []
+        try:
+            plain = [spec.impl.forward(model, ids[:, :T], cache := spec.impl.new_cache(model, ids.shape[0]))]
+            plain += [spec.impl.forward(model, ids[:, t : t + 1], cache) for t in (T, T + 1)]
+        except ImplementationError:
+            return failing
+        return failing if mismatch(torch.cat(plain, dim=1), spec.impl.forward(model, ids), tol) is not None else []
+
+    def defer(failing):
+        return spec.defer(
+            failing,
+            behaviour,
+            f"consequence of failing {', '.join(failing)}: without padding too, the same chunks through your cache "
+            "give other logits than your uncached forward, or raise (test_cached_logits_equal_full_forward).",
+        )
+
+    try:
+        cache = spec.impl.new_cache(model, ids.shape[0])
+        steps = [spec.impl.forward(model, ids[:, :T], cache, attention_mask=mask[:, :T])]
+        for t in (T, T + 1):
+            steps.append(spec.impl.forward(model, ids[:, t : t + 1], cache, attention_mask=mask[:, : t + 1]))
+    except ImplementationError:
+        failing = cache_wrong_without_padding()
+        if failing:
+            raise defer(failing) from None
+        raise
     cached = torch.cat(steps, dim=1)
+    if mismatch(real_parts(cached, PADS), real_parts(full, PADS), tol) is not None:
+        failing = cache_wrong_without_padding()
+        if failing:
+            raise defer(failing)
     prefill_right = torch.allclose(real_parts(cached[:, :T], PADS), real_parts(full[:, :T], PADS), atol=1e-6)
     hint = None
     if prefill_right:
@@ -199,8 +237,7 @@ def test_padded_cached_forward_equals_uncached(spec, config):
         hint=hint,
         hint_code="~knob:cache_contents",
         structural=False,
-        behaviour=f"forward through the cache (prefill, then 1 + 1 tokens) with left padding {PADS} and the whole "
-        "mask at each call equals one uncached forward, at every real token",
+        behaviour=behaviour,
     )
 
 
@@ -242,6 +279,27 @@ def generation_causes(out, alone, pads) -> tuple[tuple[str, ...], tuple[str, ...
             "per new token",
         ), ("~knob:position_offset",)
     return (), ()
+
+
+def cached_generation(spec, behaviour, model, prompt, **kw):
+    """``generate(model, prompt, NEW, temperature=0, **kw)`` (the cache by default); where it raises through the cache,
+    runs without it, and new_cache fails its own tests, the crash is new_cache's consequence."""
+    try:
+        return spec.impl.generate(model, prompt, NEW, temperature=0.0, **kw)
+    except ImplementationError:
+        failing = spec.failing(("new_cache",)) if kw.get("use_cache", True) else []
+        if not failing:
+            raise
+        try:
+            spec.impl.generate(model, prompt, NEW, temperature=0.0, **{**kw, "use_cache": False})
+        except ImplementationError:
+            raise  # it raises without the cache as well: generate's own
+        raise spec.defer(
+            failing,
+            behaviour,
+            f"consequence of failing {', '.join(failing)}: generation through your cache raises, and without it "
+            "runs. Fix the cache first.",
+        ) from None
 
 
 def own_padded_greedy(spec, model, prompt, mask, n=NEW):
@@ -311,7 +369,8 @@ def test_padded_greedy_generation_equals_each_row_alone(spec, config, padding, s
     sd = models.random_state_dict(config, seed=257, device=spec.device)
     model = models.build(spec.impl, config, sd)
     prompt, mask = left_padded(spec, config, pads, t, seed=seed)
-    out = spec.impl.generate(model, prompt, NEW, temperature=0.0, attention_mask=mask)
+    behaviour = f"greedy generate(attention_mask) with left padding {pads}: each row equals its generation alone"
+    out = cached_generation(spec, behaviour, model, prompt, attention_mask=mask)
     alone = [spec.impl.generate(model, prompt[b : b + 1, p:], NEW, temperature=0.0)[0] for b, p in enumerate(pads)]
     causes, codes = generation_causes(out, alone, pads)
     check_rows(
@@ -320,7 +379,7 @@ def test_padded_greedy_generation_equals_each_row_alone(spec, config, padding, s
         prompt,
         alone,
         pads,
-        behaviour=f"greedy generate(attention_mask) with left padding {pads}: each row equals its generation alone",
+        behaviour=behaviour,
         causes=causes,
         codes=codes,
         own=lambda: own_padded_greedy(spec, model, prompt, mask),
@@ -337,7 +396,8 @@ def test_padded_cached_generation_equals_uncached(spec, config):
     sd = models.random_state_dict(config, seed=258, device=spec.device)
     model = models.build(spec.impl, config, sd)
     prompt, mask = left_padded(spec, config, PADS, seed=259)
-    cached = spec.impl.generate(model, prompt, NEW, temperature=0.0, attention_mask=mask, use_cache=True)
+    behaviour = f"greedy generate(attention_mask, use_cache=True) with left padding {PADS}: each row equals its "
+    cached = cached_generation(spec, behaviour + "generation alone", model, prompt, attention_mask=mask, use_cache=True)
     uncached = spec.impl.generate(model, prompt, NEW, temperature=0.0, attention_mask=mask, use_cache=False)
     alone = [spec.impl.generate(model, prompt[b : b + 1, p:], NEW, temperature=0.0)[0] for b, p in enumerate(PADS)]
     uncached_right = all(torch.equal(uncached[b, p:].cpu(), a.cpu()) for b, (p, a) in enumerate(zip(PADS, alone)))
@@ -357,8 +417,7 @@ def test_padded_cached_generation_equals_uncached(spec, config):
         prompt,
         alone,
         PADS,
-        behaviour=f"greedy generate(attention_mask, use_cache=True) with left padding {PADS}: each row equals its "
-        "generation alone (and generation without the cache)",
+        behaviour=behaviour + "generation alone (and generation without the cache)",
         causes=causes,
         codes=codes,
         own=lambda: own_padded_greedy(spec, model, prompt, mask),

@@ -359,3 +359,23 @@ def test_padded_generation_through_a_forward_that_counts_from_one_is_a_consequen
     roots = out.split("root causes")[-1]
     assert "forward: " in roots and "generate: " not in roots, out[-3000:]
     assert "positions count each row's real tokens from 1" in out, out[-3000:]
+
+
+def test_padded_cached_paths_through_a_cache_that_loses_its_length_are_consequences_of_new_cache(tmp_path, pytester):
+    """A copy of the reference whose cache sets its length to the last chunk's (wrong from the third cached call):
+    the cache's own tests fail; the padded cached forward and padded cached generation (which raise on the mask's
+    length, or differ) go wrong without padding too, so they are new_cache's consequences, not forward's or
+    generate's (a held-out cache was charged to new_cache, forward and generate)."""
+
+    def edit(folder):
+        kv_cache = folder / "kv_cache.py"
+        text = kv_cache.read_text()
+        length = "        self.lengths[layer] = end\n"
+        assert length in text
+        kv_cache.write_text(text.replace(length, "        self.lengths[layer] = end - start if start else end\n", 1))
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_cached_logits_equal_full_forward or test_padded_cached or test_padded_greedy"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "new_cache: " in roots and "forward: " not in roots and "generate: " not in roots, out[-3000:]
