@@ -66,6 +66,27 @@ def test_moe_mlp(spec, dtype):
 
 
 @judges("moe_mlp")
+@pytest.mark.bug_class("moe", "leading_dims")
+@pytest.mark.parametrize("lead", ["2-D", "1-D", "4-D"])
+def test_moe_mlp_any_leading_dims(spec, lead):
+    """moe_mlp routes every token alike whatever leads it: x [N, d] (tokens flattened), a single token [d], and
+    [2, B, T, d] (protocol: amendment 28, x [..., d])."""
+    x, router, w_gate, w_up, w_down = moe_inputs(spec, seed=287)
+    x = {"2-D": x.reshape(-1, x.shape[-1]), "1-D": x[0, 0], "4-D": x.reshape(1, *x.shape).expand(2, *x.shape)}[lead]
+    spec.call(
+        "moe_mlp",
+        x.contiguous(),
+        router,
+        w_gate,
+        w_up,
+        w_down,
+        top_k=TOP_K,
+        behaviour=f"moe_mlp of a {x.ndim}-D input {list(x.shape)}: any leading dims are allowed",
+        kind="matmul",
+    )
+
+
+@judges("moe_mlp")
 @pytest.mark.bug_class("moe")
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_moe_mlp_other_top_k(spec, top_k):

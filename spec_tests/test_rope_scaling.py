@@ -171,30 +171,33 @@ def test_dynamic_scaling_follows_the_sequence_length(spec):
 @pytest.mark.parametrize("kind", TYPES)
 def test_model_honours_rope_scaling(spec, kind):
     """A llama config's rope_scaling (a Hugging Face dict) scales the model's RoPE: logits of 29 tokens, past
-    original_max_position_embeddings where the type has one below it (protocol: amendment 20)."""
+    original_max_position_embeddings where the type has one below it, and for dynamic scaling of 9 tokens too,
+    within it, where it is plain RoPE (protocol: amendment 20)."""
     spec.impl.require_capability(f"rope_scaling:{kind}")
     config = models.family_config(spec.impl, "llama", rope_scaling=SCALINGS[kind])
     sd = models.random_state_dict(config, seed=144, device=spec.device)
-    ids = spec.inputs.token_ids(2, config["context_length"], vocab=config["vocab_size"], seed=145)
     plain = dict(config, rope_scaling=None)
-    spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
-        sd,
-        ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
-        variants=[
-            Variant(
-                "knob:rope_scaling",
-                "the model ignores config rope_scaling (plain RoPE)",
-                "pass the config's rope_scaling to every attention layer's RoPE",
-                lambda ref, sd, ids: models.logits(ref, plain, sd, ids),
-            )
-        ],
-        behaviour=f"logits of a llama model with rope_scaling {SCALINGS[kind]}",
-    )
+    for t in (config["context_length"], *((9,) if kind == "dynamic" else ())):
+        ids = spec.inputs.token_ids(2, t, vocab=config["vocab_size"], seed=145)
+        spec.check(
+            lambda m, sd, ids: models.logits(m, config, sd, ids),
+            sd,
+            ids,
+            given=models.plain_given(spec),
+            subject="forward",
+            kind="model",
+            axes="b t v",
+            label=f"T={t}",
+            variants=[
+                Variant(
+                    "knob:rope_scaling",
+                    "the model ignores config rope_scaling (plain RoPE)",
+                    "pass the config's rope_scaling to every attention layer's RoPE",
+                    lambda ref, sd, ids: models.logits(ref, plain, sd, ids),
+                )
+            ],
+            behaviour=f"logits of a llama model with rope_scaling {SCALINGS[kind]} for {t} tokens",
+        )
 
 
 @judges("rope")

@@ -504,6 +504,44 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
     )
 
 
+@judges("train", uses=("build_model", "forward", "canonical_state_dict"))
+@pytest.mark.bug_class("training")
+def test_train_uses_the_given_lr(spec, family):
+    """train(..., lr=4e-3) takes AdamW steps of that learning rate: on data of one repeated token every window is the
+    same batch, and AdamW's first update is lr * sign(gradient), so the second loss pins the rate (protocol: train's
+    lr). The tolerance is test_train_defaults_to_adamw_at_lr_1e_3's (weight decay unspecified)."""
+    lr = 4e-3
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=71, device=spec.device)
+    data = torch.full((40,), 5)
+    x = torch.full((4, 10), 5, device=spec.device)
+    model = models.build(spec.impl, config, sd, training=True)
+    losses = spec.impl.train(model, data, steps=2, batch_size=4, context_length=10, lr=lr)
+
+    def correct(rate):
+        return spec.impl.correct_steps(models.build(spec.impl, config, sd), "adamw", rate, 1e-8, x, x, 1.0, 2)
+
+    spec.close(
+        [float(v) for v in losses],
+        correct(lr),
+        tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 4e-3"),
+        behaviour=f"train(model, data, steps=2, batch_size=4, context_length=10, lr={lr}): the losses of "
+        f"AdamW(lr={lr}) steps",
+        variants=[
+            Variant(
+                "knob:learning_rate",
+                "train ignores its lr argument: the steps are those of the default lr 1e-3",
+                "pass lr to the optimizer train makes",
+                lambda: correct(1e-3),
+            )
+        ],
+        rebase=(
+            ("train_step",),
+            lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", lr, 1.0),
+        ),
+    )
+
+
 @judges("train", uses=("build_model",))
 @pytest.mark.bug_class("training")
 def test_train_draws_fresh_windows_every_step(spec, family):

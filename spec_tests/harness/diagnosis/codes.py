@@ -63,6 +63,7 @@ KNOBS = {
     "label_shift": "labels are unshifted or shifted twice",
     "loss_reduction": "the loss is summed, or averaged over the wrong count (mean of batch means)",
     "init_std": "initial weights have the wrong standard deviation (no residual scaling)",
+    "learning_rate": "the given learning rate is not used (the default, or another one, is)",
     "clipping": "gradient clipping is missing, per-parameter, or applied after the step",
     "tying": "the tied LM head is a copy (or a detached use) of the embedding, not the same parameter",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
