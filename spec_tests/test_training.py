@@ -508,8 +508,8 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
 @pytest.mark.bug_class("training")
 def test_train_uses_the_given_lr(spec, family):
     """train(..., lr=4e-3) takes AdamW steps of that learning rate: on data of one repeated token every window is the
-    same batch, and AdamW's first update is lr * sign(gradient), so the second loss pins the rate (protocol: train's
-    lr). The tolerance is test_train_defaults_to_adamw_at_lr_1e_3's (weight decay unspecified)."""
+    same batch, and AdamW's first update is lr * sign(gradient), so the second loss pins the rate (protocol: train).
+    The tolerance is test_train_defaults_to_adamw_at_lr_1e_3's (weight decay unspecified)."""
     lr = 4e-3
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=71, device=spec.device)
