@@ -692,3 +692,49 @@ def test_a_non_contiguous_input_is_named_and_no_rank_is():
     lines, _ = probe("gelu_mlp", gelu_mlp_viewing_its_input, args, {})
     causes = [ln for ln in lines if ln.startswith("likely cause")]
     assert len(causes) == 1 and "raises for a non-contiguous x and works for a contiguous copy" in causes[0], lines
+
+
+def generate_refusing_zero_tokens(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                  generator=None):  # fmt: skip
+    if max_new_tokens <= 0:  # the bug: zero new tokens returns the prompt
+        raise ValueError("max_new_tokens must be positive")
+    return prompt
+
+
+def test_a_count_of_zero_is_named():
+    lines, _ = probe("generate", generate_refusing_zero_tokens, (torch.nn.Identity(), torch.zeros(2, 3).long(), 0), {})
+    assert any("raises for max_new_tokens=0 and works for max_new_tokens=1" in ln for ln in lines), lines
+
+
+def sampling_probs_thresholding_without_keepdim(logits, temperature=1.0, top_k=None, top_p=None):
+    kth = logits.topk(top_k, dim=-1).values[..., -1]  # the bug: [N] against [N, V] broadcasts only for N = 1
+    return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
+
+
+def test_several_rows_are_named_where_each_row_alone_runs():
+    lines, _ = probe("sampling_probs", sampling_probs_thresholding_without_keepdim, (randn(3, 9),), {"top_k": 2})
+    assert any("raises for 3 rows (2-D input) and works for each row alone" in ln for ln in lines), lines
+
+
+def sampling_probs_failing_on_one_row(logits, temperature=1.0, top_k=None, top_p=None):
+    if (logits[:, 0] > 0.5).any():  # a crash on a row's values: not the number of rows
+        raise RuntimeError("bad row")
+    return torch.softmax(logits, -1)
+
+
+def test_rows_are_not_named_where_a_row_alone_raises():
+    x = randn(3, 9)
+    x[1, 0], x[0, 0], x[2, 0] = 1.0, 0.0, 0.0
+    lines, _ = probe("sampling_probs", sampling_probs_failing_on_one_row, (x,), {})
+    assert not any("each row alone" in ln and ln.startswith("likely cause") for ln in lines), lines
+
+
+def cross_entropy_gathering_every_target(logits, targets, ignore_index=-100):
+    picked = logits.gather(-1, targets[..., None])  # the bug: ignored targets (-100) are gathered before masking
+    return -(picked.squeeze(-1) - logits.logsumexp(-1))[targets != ignore_index].mean()
+
+
+def test_negative_ignored_targets_are_named():
+    targets = torch.tensor([1, -100, 3, 2])
+    lines, _ = probe("cross_entropy", cross_entropy_gathering_every_target, (randn(4, 5), targets), {})
+    assert any("raises for targets holding -100 and works for those entries set to 0" in ln for ln in lines), lines

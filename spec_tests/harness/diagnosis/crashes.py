@@ -575,7 +575,7 @@ AXES = ("dim", "axis")
 
 
 def _count_size_probes(name, args, kwargs) -> list[Probe]:
-    """An integer count of 1 (a batch of one, one step) given as 2, and a small count (2 to 9: a few steps)
+    """An integer count of 0 given as 1, of 1 (a batch of one, one step) as 2, and a small count (2 to 9: a few steps)
     given ten times larger: a size-1 axis squeezed away, or an interval ``count // 10`` that is 0. Never ten
     times a count of an axis's entries (``top_k``): past the axis's size it turns the filter off, so anything
     in the filter would "run"."""
@@ -584,7 +584,12 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
         if label in AXES:  # which axis, not how many: another axis is another computation
             continue
         # a count too small: one more than the larger count runs as well (where it raises, a parity is the trigger)
-        if value == 1:
+        if value == 0:  # none at all (zero new tokens, zero steps): an empty loop or a check that says <= 0
+            controls = ((*_with(args, kwargs, where, 2), True),)
+            probes.append(
+                Probe(f"{label}=0", f"{label}=1", *_with(args, kwargs, where, 1), "", "boundary", controls=controls)
+            )
+        elif value == 1:
             controls = ((*_with(args, kwargs, where, 3), True),)
             probes.append(
                 Probe(f"{label}=1", f"{label}=2", *_with(args, kwargs, where, 2), "", "boundary", controls=controls)
@@ -595,6 +600,38 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
             controls = ((*_with(args, kwargs, where, more + 1), True),)
             probes.append(Probe(f"{label}={value}", f"{label}={more}", *variant, "", "boundary", controls=controls))
     return probes
+
+
+def _rows_alone_probes(name, args, kwargs) -> list[Probe]:
+    """A first tensor of several rows (``[N, ...]``, N <= 8) given as its first row alone, every tensor sharing its N
+    rows alike; each other row alone must run too (controls), so no row's values are what it raises on: a batch of
+    rows is the trigger (a per-row threshold that does not broadcast against its rows)."""
+    x = _primary(args, kwargs)
+    if x is None or x.ndim < 2 or not 2 <= x.shape[0] <= 8 or name not in ANY_LEADING:
+        return []
+    n = x.shape[0]
+
+    def row(i):
+        return _map(args, kwargs, lambda t: t[i : i + 1] if t.ndim >= 1 and t.shape[0] == n else t)
+
+    controls = tuple((*row(i), True) for i in range(1, n))
+    return [Probe(f"{n} rows ({x.ndim}-D input)", "each row alone ([1, ...])", *row(0), "", "boundary",
+                  controls=controls)]  # fmt: skip
+
+
+def _negative_id_probes(name, args, kwargs) -> list[Probe]:
+    """An integer tensor holding negative entries (targets marked ignore_index, -100 by default) given with those
+    entries set to 0: an index taken before the ignored targets are masked out."""
+    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    for key, value in zip(keys, values, strict=True):
+        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool:
+            negative = sorted({int(v) for v in value[value < 0].unique()})
+            if negative:
+                variant = _map(args, kwargs, lambda t, v=value: t.clamp(min=0) if t is v else t)
+                shown = ", ".join(map(str, negative[:3]))
+                note = "; the protocol marks ignored targets with ignore_index"
+                return [Probe(f"{key} holding {shown}", "those entries set to 0", *variant, note)]
+    return []
 
 
 def _odd_batch_probes(args, kwargs) -> list[Probe]:
@@ -835,6 +872,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _boundary_probes(args, kwargs)
         + _key_length_probes(args, kwargs)
         + _odd_batch_probes(args, kwargs)
+        + _negative_id_probes(name, args, kwargs)
         + _count_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
         + _config_probes(args, kwargs)
@@ -910,7 +948,8 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
         _try(probes_for(name, args, kwargs, ledger), run, tried, working)
         if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
             fallback = (
-                _multiple_probes(name, args, kwargs)
+                _rows_alone_probes(name, args, kwargs)
+                + _multiple_probes(name, args, kwargs)
                 + _axis_size_probes(name, args, kwargs)
                 + _int_size_probes(name, args, kwargs)
             )
