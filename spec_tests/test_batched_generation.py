@@ -302,20 +302,35 @@ def cached_generation(spec, behaviour, model, prompt, **kw):
         ) from None
 
 
-def own_padded_greedy(spec, model, prompt, mask, n=NEW):
-    """The tokens a correct greedy generate(attention_mask) picks with the implementation's own forward (uncached,
-    the mask grown by a 1 per new token)."""
-    ids = prompt
+def own_padded_greedy(spec, model, prompt, mask, n=NEW, *, use_cache=False):
+    """The tokens a correct greedy generate(attention_mask) picks with the implementation's own forward: uncached
+    (the mask grown by a 1 per new token), or through its own cache (a prefill, then one token at a time with the
+    whole mask)."""
+    ids, cache = prompt, spec.impl.new_cache(model, prompt.shape[0]) if use_cache else None
+    logits = spec.impl.forward(model, ids, cache, attention_mask=mask) if use_cache else None
     for _ in range(n):
-        nxt = spec.impl.forward(model, ids, attention_mask=mask)[:, -1].argmax(-1, keepdim=True)
-        ids, mask = torch.cat([ids, nxt.to(ids.dtype)], dim=1), torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if not use_cache:
+            logits = spec.impl.forward(model, ids, attention_mask=mask)
+        nxt = logits[:, -1].argmax(-1, keepdim=True).to(ids.dtype)
+        ids, mask = torch.cat([ids, nxt], dim=1), torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if use_cache and ids.shape[1] < prompt.shape[1] + n:
+            logits = spec.impl.forward(model, nxt, cache, attention_mask=mask)
     return ids
 
 
-def check_rows(spec, out, prompt, alone, pads, *, behaviour, causes=(), codes=(), own=None):
-    """Each row of ``out`` is ``prompt`` then the row's generation alone. ``own()``: the tokens a correct generate
-    picks with the implementation's own forward; where forward fails its own tests and they are ``out``, a
-    difference is forward's."""
+def own_tokens(spec, model, prompt, mask, *, cached=True):
+    """``check_rows``' ``own``: greedy decoding with the implementation's own uncached forward, and, for a generation
+    through the cache, with its own cached forward."""
+    pairs = [(("forward",), lambda: own_padded_greedy(spec, model, prompt, mask))]
+    if cached:
+        pairs.append((("forward", "new_cache"), lambda: own_padded_greedy(spec, model, prompt, mask, use_cache=True)))
+    return pairs
+
+
+def check_rows(spec, out, prompt, alone, pads, *, behaviour, causes=(), codes=(), own=()):
+    """Each row of ``out`` is ``prompt`` then the row's generation alone. ``own``: ``(names, tokens)`` pairs,
+    ``tokens()`` the tokens a correct generate picks with the implementation's own ``names``; where some of them fail
+    their own tests and those tokens are ``out``, a difference is theirs."""
     spec.require(
         tuple(out.shape) == (prompt.shape[0], prompt.shape[1] + NEW),
         behaviour=behaviour,
@@ -327,14 +342,16 @@ def check_rows(spec, out, prompt, alone, pads, *, behaviour, causes=(), codes=()
         found="the returned ids do not start with the padded prompt",
     )
     wrong = any(not torch.equal(out[b, pads[b] :].cpu(), a.cpu()) for b, a in enumerate(alone))
-    failing = spec.failing(("forward",)) if wrong and own is not None else []
-    if failing and torch.equal(out.cpu(), own().cpu()):
-        raise spec.defer(
-            failing,
-            behaviour,
-            "consequence of failing forward: the rows differ from their generation alone, and they are the tokens a "
-            "correct generate picks with your own forward(attention_mask). Fix forward first.",
-        )
+    for names, tokens in own or ():
+        failing = spec.failing(names) if wrong else []
+        if failing and torch.equal(out.cpu(), tokens().cpu()):
+            raise spec.defer(
+                failing,
+                behaviour,
+                f"consequence of failing {', '.join(failing)}: the rows differ from their generation alone, and they "
+                f"are the tokens a correct generate picks with your own {' and '.join(names)}. Fix "
+                f"{', '.join(failing)} first.",
+            )
     for b, a in enumerate(alone):
         got = out[b, pads[b] :].cpu()
         diff = torch.nonzero(got != a.cpu())
@@ -382,7 +399,7 @@ def test_padded_greedy_generation_equals_each_row_alone(spec, config, padding, s
         behaviour=behaviour,
         causes=causes,
         codes=codes,
-        own=lambda: own_padded_greedy(spec, model, prompt, mask),
+        own=own_tokens(spec, model, prompt, mask),
     )
 
 
@@ -420,7 +437,7 @@ def test_padded_cached_generation_equals_uncached(spec, config):
         behaviour=behaviour + "generation alone (and generation without the cache)",
         causes=causes,
         codes=codes,
-        own=lambda: own_padded_greedy(spec, model, prompt, mask),
+        own=own_tokens(spec, model, prompt, mask),
     )
     check_rows(
         spec,
@@ -430,7 +447,7 @@ def test_padded_cached_generation_equals_uncached(spec, config):
         PADS,
         behaviour=f"greedy generate(attention_mask, use_cache=False) with left padding {PADS}: each row equals its "
         "generation alone",
-        own=lambda: own_padded_greedy(spec, model, prompt, mask),
+        own=own_tokens(spec, model, prompt, mask, cached=False),
     )
 
 

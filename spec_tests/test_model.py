@@ -464,6 +464,15 @@ def test_kv_cache_bytes(spec, dtype):
                 "element_size of the dtype",
                 lambda want=want: want * 4 // torch.empty((), dtype=dtype).element_size(),
             ),
+            *(
+                Variant(
+                    "scale",
+                    f"{wrong} is counted instead of seq_len (17)",
+                    "count the seq_len positions asked for",
+                    lambda want=want, n=n: want * n // 17,
+                )
+                for wrong, n in (("context_length", cfg["context_length"]), ("the batch size", 3))
+            ),
         ]
         spec.close(
             got, want, tol=EXACT, variants=variants, behaviour=f"kv_cache_bytes({name}, batch 3, seq 17, {dtype})"
