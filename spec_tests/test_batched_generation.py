@@ -63,6 +63,14 @@ def padded_rows_hint(actual, expected, pads, t=T) -> tuple[str | None, str]:
         start += n
     if not wrong or any(pads[b] == 0 for b in wrong):
         return None, ""
+    if actual.isnan().any() and not expected.isnan().any():
+        return (
+            f"likely cause: the padded rows ({wrong}) hold NaN at their real tokens, the unpadded row is right: a "
+            "padding query with every key masked gives NaN (a softmax of -inf only: a padding query that may not "
+            "see even itself, or the mask applied to the queries' rows), and the next layer spreads it, since a "
+            "masked key's weight 0 times its NaN value is NaN. Fix: mask the keys (columns) whose attention_mask is "
+            "0, and let each padding query attend at least one key (itself), or zero its output"
+        ), "nan_rows"
     return (
         f"likely cause (weak evidence): only the padded rows ({wrong}) differ from the row alone; the unpadded row is "
         "right, so the "
