@@ -79,6 +79,8 @@ def diagnose(
         causes = [
             c for c in causes if not c.code.startswith(PREFIX_KNOB) or (c.code in known_codes and not is_ambiguous(c))
         ]
+    if bugs:  # a catalogued bug reproduces the output exactly: what else the structure shows is its symptom
+        causes = [c for c in causes if c.code.startswith(PREFIX_KNOB) or c.code in known_codes]
     described = describe(rank(causes)) if causes else []
     lines += described
     if described and not bugs and not described[0].startswith("likely cause (ambiguous"):
