@@ -459,3 +459,15 @@ def test_shape_and_dtype_not_claimed_when_both_right():
     x = randn(B, T, D_MODEL, seed=28)
     causes = diagnose(x, noise_like(x, 29), inputs={"x": x})
     assert best(causes, "shape") is None and best(causes, "dtype") is None
+
+
+def test_nan_rows_beside_a_boolean_mask_are_not_said_to_have_no_mask():
+    """Rows of NaN where a boolean mask is among the inputs: a row with every key masked, never "no input is masked"
+    (bool inputs were left out of the inputs the detectors read)."""
+    expected = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    actual = expected.clone()
+    actual[:, 4] = float("nan")
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    causes = structural_causes(expected, actual, axes="b t d", inputs={"mask": mask}, atol=1e-8, rtol=1e-8)
+    said = [c.summary for c in causes if c.code == "nan_rows"]
+    assert said and all("no input is masked" not in s for s in said), said

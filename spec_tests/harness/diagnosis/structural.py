@@ -46,6 +46,7 @@ class _Case:
     bad: np.ndarray  # entries outside tolerance
     inputs: dict[str, np.ndarray]
     is_bool: bool
+    masked: bool = False  # an input masks entries: a boolean tensor, or one holding -inf
 
     def fits(self, candidate: np.ndarray, care: np.ndarray | None = None) -> bool:
         return fits(candidate, self.a, self.atol, self.rtol, self.care if care is None else care)
@@ -109,11 +110,14 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
     e_raw, a_raw = as_array(expected), as_array(actual)
     if e_raw is None or a_raw is None:
         return causes
-    input_arrays = {}
+    input_arrays, masked = {}, False
     for name, value in (inputs or {}).items():
         arr = as_array(value)
         if arr is not None and arr.dtype == np.float64:
             input_arrays[name] = arr
+        masked = masked or (
+            arr is not None and arr.size > 0 and (arr.dtype == np.bool_ or bool(np.isneginf(arr).any()))
+        )
     causes += _guarded(_dtype_causes, expected, actual, e_raw, a_raw, inputs or {})
     if e_raw.dtype == np.bool_ and a_raw.dtype != np.bool_ and e_raw.shape == a_raw.shape:
         return causes  # a float/int mask: the dtype cause says how its values relate
@@ -132,7 +136,7 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
     bad = ~close(e, a, atol, rtol) & care
     if not bad.any():
         return causes
-    case = _Case(e, a, names, groups, named, atol, rtol, care, bad, input_arrays, is_bool)
+    case = _Case(e, a, names, groups, named, atol, rtol, care, bad, input_arrays, is_bool, masked)
 
     if not is_bool:
         detectors = [_nonfinite_causes, _sign_causes, _scale_causes]
@@ -355,8 +359,7 @@ def _nonfinite_causes(c: _Case) -> list[Cause]:
     if a.ndim >= 2 and rows.any() and not (wrong & ~covered).any():
         n_rows = int(rows.sum())
         idx_text, hint = _describe_rows(c, rows)
-        masked = any(v.dtype == bool or bool(np.isneginf(v).any()) for v in c.inputs.values() if v.size)
-        if c.inputs and not masked:  # nothing was masked: every exp in those rows underflowed (or a sum was 0)
+        if c.inputs and not c.masked:  # nothing was masked: every exp in those rows underflowed (or a sum was 0)
             out.append(
                 Cause(
                     "nan_rows",
