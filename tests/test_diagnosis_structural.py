@@ -468,6 +468,7 @@ def test_nan_rows_beside_a_boolean_mask_are_not_said_to_have_no_mask():
     actual = expected.clone()
     actual[:, 4] = float("nan")
     mask = torch.ones(5, 5, dtype=torch.bool).tril()
-    causes = structural_causes(expected, actual, axes="b t d", inputs={"mask": mask}, atol=1e-8, rtol=1e-8)
+    inputs = {"q": expected + 1.0, "mask": mask}
+    causes = structural_causes(expected, actual, axes="b t d", inputs=inputs, atol=1e-8, rtol=1e-8)
     said = [c.summary for c in causes if c.code == "nan_rows"]
     assert said and all("no input is masked" not in s for s in said), said
