@@ -279,6 +279,23 @@ def plain_given(spec, family: str = "llama"):
     return ("forward",), holds, why
 
 
+def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, variants=(), label=None):
+    """``spec.check`` of the logits of a model whose config has an option (protocol v2's, a scaling, a window):
+    judged as ``forward`` at the model tolerance, where the plain model is right (``plain_given``)."""
+    return spec.check(
+        lambda m, sd, ids: logits(m, config, sd, ids),
+        sd,
+        ids,
+        given=plain_given(spec),
+        subject="forward",
+        kind="model",
+        axes="b t v",
+        label=label,
+        variants=variants,
+        behaviour=behaviour,
+    )
+
+
 def logits(m, cfg: dict, state_dict: dict, ids):
     """Logits of a freshly built model: ``[B, T, V]``."""
     return m.forward(build(m, cfg, state_dict), ids)

@@ -30,14 +30,11 @@ def option_config(impl, *options, **changes) -> dict:
 
 
 def logits_check(spec, config, sd, ids, behaviour, variants):
-    return spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    return models.check_option_logits(
+        spec,
+        config,
         sd,
         ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
         variants=variants,
         behaviour=behaviour,
     )

@@ -155,14 +155,11 @@ def test_logits_match_reference_with_softcaps(spec):
     config = softcap_config(spec.impl, attn_logit_softcap=ATTN_CAP, final_logit_softcap=FINAL_CAP)
     sd = models.random_state_dict(config, seed=256, device=spec.device)
     ids = spec.inputs.token_ids(2, 11, vocab=config["vocab_size"], seed=257)
-    logits = spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    logits = models.check_option_logits(
+        spec,
+        config,
         sd,
         ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
         variants=softcap_variants(config),
         behaviour=f"logits of a llama model with attn_logit_softcap={ATTN_CAP}, final_logit_softcap={FINAL_CAP} "
         "for ids [2, 11]",

@@ -263,14 +263,11 @@ def test_logits_match_reference_with_moe(spec):
     config = moe_config(spec.impl)
     sd = models.random_state_dict(config, seed=295, device=spec.device)
     ids = spec.inputs.token_ids(2, 11, vocab=config["vocab_size"], seed=296)
-    spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    models.check_option_logits(
+        spec,
+        config,
         sd,
         ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
         behaviour="logits of a llama model with n_experts=4, n_experts_per_token=2 for ids [2, 11]",
     )
 

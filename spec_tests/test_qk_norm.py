@@ -200,14 +200,11 @@ def test_logits_match_reference_with_qk_norm(spec):
         with ref.substituted({"multihead_self_attention": mistaken_attention(ref, knob)}):
             return models.logits(ref, config, sd, ids)
 
-    spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    models.check_option_logits(
+        spec,
+        config,
         sd,
         ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
         variants=[
             Variant(
                 "knob:qk_norm",

@@ -33,14 +33,11 @@ def test_logits_match_reference_with_qkv_bias(spec):
     config = bias_config(spec.impl)
     sd = models.random_state_dict(config, seed=221, device=spec.device)
     ids = spec.inputs.token_ids(2, 11, vocab=config["vocab_size"], seed=222)
-    spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    models.check_option_logits(
+        spec,
+        config,
         sd,
         ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
         variants=[
             Variant(
                 "knob:qkv_bias",

@@ -179,14 +179,11 @@ def test_model_honours_rope_scaling(spec, kind):
     plain = dict(config, rope_scaling=None)
     for t in (config["context_length"], *((9,) if kind == "dynamic" else ())):
         ids = spec.inputs.token_ids(2, t, vocab=config["vocab_size"], seed=145)
-        spec.check(
-            lambda m, sd, ids: models.logits(m, config, sd, ids),
+        models.check_option_logits(
+            spec,
+            config,
             sd,
             ids,
-            given=models.plain_given(spec),
-            subject="forward",
-            kind="model",
-            axes="b t v",
             label=f"T={t}",
             variants=[
                 Variant(

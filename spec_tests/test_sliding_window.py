@@ -181,14 +181,11 @@ def test_logits_match_reference_with_sliding_window(spec, pattern):
     config = sliding_config(spec.impl, pattern)
     sd = models.random_state_dict(config, seed=276, device=spec.device)
     ids = spec.inputs.token_ids(2, CHUNKED_T, vocab=config["vocab_size"], seed=277)
-    spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    models.check_option_logits(
+        spec,
+        config,
         sd,
         ids,
-        given=models.plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
         variants=model_variants(config, lambda ref, cfg, sd, ids: models.logits(ref, cfg, sd, ids)),
         behaviour=f"logits of a llama model with sliding_window={W}"
         + ("" if pattern is None else f", layer_types={pattern}")
