@@ -41,7 +41,7 @@ def test_partial_implementation_skips_what_it_does_not_provide(pytester, suite):
         """,
     )
     proc = suite(f"--impl={impl}", "-rs", "-k", "silu or rmsnorm")
-    assert "6 passed" in proc.stdout and "skipped" in proc.stdout, proc.stdout[-2000:]  # 3 + any leading dims
+    assert "7 passed" in proc.stdout and "skipped" in proc.stdout, proc.stdout[-2000:]  # 3 + any leading dims, layout
     assert f"not provided by {impl}: rmsnorm" in proc.stdout
 
 
@@ -297,7 +297,7 @@ def test_spec_check_runs_an_adapter_from_another_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_silu.py"]
     plain = [sys.executable, "-m", "pytest", "--pyargs", "spec_tests", "--impl=my_silu", "-q", "-k", "silu"]
     proc = subprocess.run(plain, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]  # silu: 3 + 3
+    assert proc.returncode == 0 and "7 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]  # silu: 3 + 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my_silu.py"]
 
 
@@ -330,12 +330,13 @@ def test_tests_downstream_of_an_expected_failure_are_judged_as_usual(pytester, s
         "test_leading_dims.py::test_any_leading_dims[rope-fewer]",
         "test_leading_dims.py::test_any_leading_dims[rope-more]",
         "test_leading_dims.py::test_any_leading_dims[rope-none]",
+        "test_leading_dims.py::test_any_leading_dims[rope-strided]",
     ]
     xfails = pytester.path / "xfails.toml"
     xfails.write_text("[xfail]\n" + "".join(f'"{t}" = "declared"\n' for t in own))
     proc = suite("--impl=bug:rope_frequency_exponent", f"--spec-xfails={xfails}", "-k", "rope and not scaling", "-rfE")
     out = proc.stdout
-    assert proc.returncode == 1 and "8 xfailed" in out, out
+    assert proc.returncode == 1 and "9 xfailed" in out, out
     for case in ("mha", "gqa"):  # rerun with a correct rope they would pass: judged anyway
         test = f"test_attention.py::test_multihead_attention_with_rope[{case}]"
         assert re.search(rf"^FAILED \S*{re.escape(test)}( |$)", out, re.MULTILINE), out

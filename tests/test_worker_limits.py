@@ -122,13 +122,15 @@ def test_restarts_slow_imports_are_charged_to_a_budget_and_then_it_gives_up(tmp_
     impl.write_text(CRASHER.replace("IMPORT_S", "6.0"))
     with Worker(impl, restart_budget_s=60.0) as w:
         w.start()  # the first start is the harness's time (the whole-run limit bounds it)
-        assert w.import_s >= 6.0 and w.restart_import_s == 0, (w.import_s, w.restart_import_s)
+        # the client times the import from reading "started", which the worker sends just before it imports: a 6 s
+        # sleep may read a few ms short
+        assert w.import_s >= 5.95 and w.restart_import_s == 0, (w.import_s, w.restart_import_s)
         w.restart_budget_s = float(math.ceil(w.import_s + 3.0))  # a whole number: the message shows it so
         with pytest.raises(WorkerCrashed):
             w.call("repeat_kv", (torch.zeros(2), 1), deadline=soon())
         # a restart's import is not the test's time: the call still gets its own 2 s
         assert w.call("softmax", (torch.zeros(2),), deadline=time.monotonic() + 2.0).tolist() == [0.5, 0.5]
-        assert 6.0 <= w.restart_import_s < w.restart_budget_s, (w.restart_import_s, w.restart_budget_s)
+        assert 5.95 <= w.restart_import_s < w.restart_budget_s, (w.restart_import_s, w.restart_budget_s)
         with pytest.raises(WorkerCrashed):
             w.call("repeat_kv", (torch.zeros(2), 1), deadline=soon())
         left = w.restart_budget_s - w.restart_import_s  # under 6 s: the next import cannot finish in it
