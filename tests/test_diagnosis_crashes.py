@@ -3,6 +3,8 @@ the property whose change makes it run is named; nothing is claimed when no vari
 
 from __future__ import annotations
 
+import json
+
 import torch
 from suite_subprocess import implementation, run_suite
 
@@ -738,3 +740,30 @@ def test_negative_ignored_targets_are_named():
     targets = torch.tensor([1, -100, 3, 2])
     lines, _ = probe("cross_entropy", cross_entropy_gathering_every_target, (randn(4, 5), targets), {})
     assert any("raises for targets holding -100 and works for those entries set to 0" in ln for ln in lines), lines
+
+
+RESULTS_DUMP = """
+import json, pathlib
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        for key, value in report.user_properties:
+            if key == "spec_results":
+                with pathlib.Path("results.jsonl").open("a") as f:
+                    f.write(json.dumps({"test": report.nodeid, "outcome": report.outcome, "results": value}) + "\\n")
+"""
+
+
+def test_an_expected_error_is_not_probed_as_a_crash(tmp_path, pytester):
+    """A validation test whose call raises the protocol's error passes with no crash record: the probe of
+    "which input makes it raise" is for calls on inputs the protocol allows, and would name the invalid one."""
+    (tmp_path / "results_dump.py").write_text(RESULTS_DUMP)
+    proc = run_suite(
+        "--impl=reference", "-k", "test_invalid_arguments_raise or rope_rejects_odd", "-p", "results_dump",
+        cwd=tmp_path, pytester=pytester,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(lines) >= 10 and all(line["outcome"] == "passed" for line in lines)
+    failed = [(line["test"], r) for line in lines for r in line["results"] if r["outcome"] != "passed"]
+    assert not failed, failed[:2]

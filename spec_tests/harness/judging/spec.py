@@ -79,6 +79,7 @@ class Spec:
 
         self.impl, self.expectations, self.device = Probing(impl, self._crashed), expectations, device
         self._crashes: dict = {}  # (name, type, message) of a crash -> (probe lines, own frame)
+        self._raise_expected = False  # inside ``raises``: an exception is the contract, not a crash to probe
         self.failing = failing  # names -> those of them whose own failures can explain a math check
         self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
         self.crash_consequences = crash_consequences  # not in grading (rootcause.FailureRegistry)
@@ -319,6 +320,8 @@ class Spec:
         (``diagnosis/crashes.py``), record it as a failed result, and add it to the exception's message."""
         from ..diagnosis.crashes import own_frame, probe
 
+        if self._raise_expected:
+            return
         key = (exc.name, exc.type_name, exc.message)
         if key not in self._crashes and len(self._crashes) < 2:  # Hypothesis examples crash alike: probe twice
             self._crashes[key] = None  # a probe's own crash is not probed again
@@ -473,6 +476,7 @@ class Spec:
         result, never a failure: the protocol fixes the exception type and condition, not the wording.
         """
         result = self._result(subject, behaviour, kind="raises")
+        expected, self._raise_expected = self._raise_expected, True
         try:
             call()
         except NotImplementedInImpl:
@@ -491,6 +495,8 @@ class Spec:
                 result.found += f" (at {exc.where})"
             result.causes, result.cause_codes = list(causes), list(codes)  # the condition was not checked either
             raise SpecFailure(result) from None
+        finally:
+            self._raise_expected = expected
         result.outcome, result.found = "failed", f"no error was raised (expected {exc_type.__name__})"
         result.causes, result.cause_codes = list(causes), list(codes)
         raise SpecFailure(result)
