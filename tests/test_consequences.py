@@ -345,15 +345,8 @@ def test_padded_generation_through_a_forward_that_counts_from_one_is_a_consequen
     differ from each row alone and the variant that counts from 1 names it; greedy generate(attention_mask) picks
     exactly the tokens a correct generate picks with that forward, so the generation tests are forward's
     consequences (a held-out bug was charged to forward and generate)."""
-
-    def edit(folder):
-        padding = folder / "padding.py"
-        text = padding.read_text()
-        counted = "return (real.long().cumsum(dim=-1) - 1).clamp(min=0)"
-        assert counted in text
-        padding.write_text(text.replace(counted, "return real.long().cumsum(dim=-1)", 1))
-
-    folder = implementation(tmp_path, edit=edit)
+    counted = "return (real.long().cumsum(dim=-1) - 1).clamp(min=0)", "return real.long().cumsum(dim=-1)"
+    folder = implementation(tmp_path, patch=("padding.py", *counted))
     selected = "test_padded_forward_rows_equal_each_row_alone or test_padded_greedy or test_padded_cached_generation"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
@@ -366,15 +359,8 @@ def test_padded_cached_paths_through_a_cache_that_loses_its_length_are_consequen
     the cache's own tests fail; the padded cached forward and padded cached generation (which raise on the mask's
     length, or differ) go wrong without padding too, so they are new_cache's consequences, not forward's or
     generate's (a held-out cache was charged to new_cache, forward and generate)."""
-
-    def edit(folder):
-        kv_cache = folder / "kv_cache.py"
-        text = kv_cache.read_text()
-        length = "        self.lengths[layer] = end\n"
-        assert length in text
-        kv_cache.write_text(text.replace(length, "        self.lengths[layer] = end - start if start else end\n", 1))
-
-    folder = implementation(tmp_path, edit=edit)
+    length = ("kv_cache.py", "self.lengths[layer] = end\n", "self.lengths[layer] = end - start if start else end\n")
+    folder = implementation(tmp_path, patch=length)
     selected = "test_cached_logits_equal_full_forward or test_padded_cached or test_padded_greedy"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
