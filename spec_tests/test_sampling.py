@@ -232,21 +232,31 @@ def test_at_least_one_token_kept(spec, seed, top_p, float32):
     logits = batch_logits(spec, seed % 1000).to(torch.float32 if float32 else torch.float64)
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
     top = logits.argmax(dim=-1)
+    at_top = probs.gather(-1, top[:, None]).flatten()
     spec.require(
-        bool((probs.gather(-1, top[:, None]) == 1).all()),
+        bool((at_top == 1).all()),
         behaviour=f"top_p={top_p:.2g} keeps exactly the argmax",
-        found=f"probabilities at argmax {probs.gather(-1, top[:, None]).flatten().tolist()}",
-        causes=(
-            "likely cause: "
-            + (
-                "every token is dropped (all -inf, then NaN): the top token must always stay"
-                if bool(probs.isnan().any())
-                else "the nucleus drops the top token for a tiny top_p"
-            )
-            + ". Fix: never drop the most probable token (keep it whatever the cumulative mass)",
-        ),
-        codes=("nan_rows" if bool(probs.isnan().any()) else "knob:top_p_boundary",),
+        found=f"probabilities at argmax {at_top.tolist()}",
+        **tiny_top_p_cause(probs, at_top),
     )
+
+
+def tiny_top_p_cause(probs, at_top) -> dict:
+    """What a tiny top_p's wrong output shows: every token dropped (NaN), the top token dropped (0 at the argmax),
+    or the argmax kept alone at its own probability (not renormalised); else only what differs."""
+    keep_top = "Fix: never drop the most probable token (keep it whatever the cumulative mass)"
+    if bool(probs.isnan().any()):
+        why = "every token is dropped (all -inf, then NaN): the top token must always stay"
+        return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("nan_rows",)}
+    if bool((at_top == 0).any()):
+        why = "the nucleus drops the top token for a tiny top_p"
+        return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("knob:top_p_boundary",)}
+    if bool(((probs > 0).sum(-1) == 1).all()):
+        why = "the argmax is kept alone but keeps its own probability: the kept mass is not renormalised to 1"
+        return {"causes": (f"likely cause: {why}. Fix: divide the kept probabilities by their sum",),
+                "codes": ("knob:renormalisation",)}  # fmt: skip
+    kept = (probs > 0).sum(-1).tolist()
+    return {"causes": (f"note: tokens kept per row {kept}; only the argmax should be, at probability 1",)}
 
 
 @judges("sampling_probs", "sample")

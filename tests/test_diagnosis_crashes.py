@@ -767,3 +767,19 @@ def test_an_expected_error_is_not_probed_as_a_crash(tmp_path, pytester):
     assert len(lines) >= 10 and all(line["outcome"] == "passed" for line in lines)
     failed = [(line["test"], r) for line in lines for r in line["results"] if r["outcome"] != "passed"]
     assert not failed, failed[:2]
+
+
+def batcher_stacking_slices(data, batch_size, context_length):
+    starts = range(batch_size)
+    return torch.stack([data[i : i + context_length] for i in starts])  # the bug: numpy slices are not tensors
+
+
+def test_numpy_data_is_named():
+    """Amendment 29 allows numpy token data; a batcher that stacks its slices with torch raises for it only."""
+    import numpy as np
+
+    data = np.arange(40, dtype=np.uint16)
+    lines, codes = probe("get_batch", batcher_stacking_slices, (data, 2, 8), {})
+    assert codes == ["crash"], lines
+    found = "get_batch raises for data given as a numpy array (uint16) and works for the same values as a torch"
+    assert found in lines[0], lines

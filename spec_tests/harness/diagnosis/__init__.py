@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .catalog import CLASS_CODES, known_bug_lines
-from .cause import WEAK, Cause
+from .cause import EXACT_SHARED, WEAK, Cause
 from .codes import PREFIX_KNOB
 from .knobs import knob_causes
 from .order import item_order_causes
@@ -81,6 +81,10 @@ def diagnose(
         ]
     if bugs:  # a catalogued bug reproduces the output exactly: what else the structure shows is its symptom
         causes = [c for c in causes if c.code.startswith(PREFIX_KNOB) or c.code in known_codes]
+    exact_knobs = {c.code for c in causes if c.source == "knob" and c.confidence >= EXACT_SHARED}
+    if len(exact_knobs) == 1:  # one knob of the specified function reproduces the output: the same, the structure
+        # shows its symptom (a top-p filter left unnormalised read as a RoPE pairing, a boundary, a scale)
+        causes = [c for c in causes if c.source != "structural"]
     described = describe(rank(causes)) if causes else []
     lines += described
     if described and not bugs and not described[0].startswith("likely cause (ambiguous"):

@@ -369,6 +369,26 @@ def _integer_dtype_probes(args, kwargs) -> list[Probe]:
     return [Probe(f"integer data of dtype {', '.join(kinds)}", "the same values as int64", new_args, new_kwargs)]
 
 
+def _numpy_probes(args, kwargs) -> list[Probe]:
+    """A numpy array argument (token data, amendment 29) given as a torch tensor of the same values: code that
+    slices it and calls torch on the slices (``torch.stack``) raises for numpy data only."""
+    arrays = [v for v in (*args, *kwargs.values()) if type(v).__module__ == "numpy" and hasattr(v, "dtype")]
+    if not arrays or any(v.dtype.kind not in "iub" for v in arrays):
+        return []
+    native = ("int64", "int32", "int16", "uint8", "bool")  # dtypes torch computes with, kept as they are
+
+    def tensor(v):
+        if any(v is a for a in arrays):
+            return torch.as_tensor(v if str(v.dtype) in native else v.astype("int64"))
+        return v
+
+    changed = any(str(v.dtype) not in native for v in arrays)
+    working = "the same values as a torch tensor" + (" (int64)" if changed else "")
+    new_args, new_kwargs = tuple(tensor(a) for a in args), {k: tensor(v) for k, v in kwargs.items()}
+    kinds = ", ".join(sorted({str(v.dtype) for v in arrays}))
+    return [Probe(f"data given as a numpy array ({kinds})", working, new_args, new_kwargs)]
+
+
 def _gqa_probes(args, kwargs) -> list[Probe]:
     """Per-head q, k, v with fewer key/value heads than query heads (GQA) given with k and v repeated to the
     query heads (repeat_interleave, the protocol's GQA mapping)."""
@@ -879,6 +899,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
         + _dtype_probes(args, kwargs)
+        + _numpy_probes(args, kwargs)
         + _integer_dtype_probes(args, kwargs)
     )
     return found[:MAX_TRIES]
