@@ -30,6 +30,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rope_q_only": ("RoPE applied to queries only", (ATTENTION, MODEL, CACHE)),
     "rope_scaling": ("RoPE scaling for long context (linear, dynamic, llama3, yarn)", ("test_rope_scaling",)),
     "qkv_bias": ("Qwen2-style biases on the q, k, v projections only", ("test_qkv_bias",)),
+    "config_defaults": ("a config key written out at its default read as set", ("test_config_defaults",)),
     "sliding_window": (
         "sliding-window attention (protocol v2): the window's width, alignment, per-layer pattern, cached path",
         ("test_sliding_window",),

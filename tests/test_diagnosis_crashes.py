@@ -783,3 +783,18 @@ def test_numpy_data_is_named():
     assert codes == ["crash"], lines
     found = "get_batch raises for data given as a numpy array (uint16) and works for the same values as a torch"
     assert found in lines[0], lines
+
+
+def test_a_written_default_is_named(tmp_path, pytester):
+    """End to end: a copy of the reference that reads sliding_window as int(config["sliding_window"]) whenever the
+    key is present (Hugging Face's files write "sliding_window": null) fails the written-default test, and the
+    probe names the written default (amendment 31)."""
+    present = (
+        "    if cfg.sliding_window is not None or cfg.layer_types is not None:\n",
+        '    if "sliding_window" in config:\n        cfg = replace(cfg, sliding_window=int(config["sliding_window"]))\n'
+        "    if cfg.sliding_window is not None or cfg.layer_types is not None:\n",
+    )
+    folder = implementation(tmp_path, patch=("config.py", *present))
+    out = run_suite(f"--impl={folder}", "-k", "written_at_its_default", cwd=tmp_path, pytester=pytester).stdout
+    assert "1 failed, 11 passed" in out, out[-3000:]
+    assert "raises for a config that writes sliding_window=None (the default) and works for the same config" in out

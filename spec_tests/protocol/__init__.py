@@ -39,6 +39,7 @@ from .names import (
     SAMPLING_NAMES,
     TRAINING_NAMES,
     V2_CAPABILITIES,
+    V2_CONFIG_DEFAULTS,
     config_defaults,
     effective_capabilities,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "SUBSTITUTABLE",
     "TOLERANCE_KIND",
     "TRAINING_NAMES",
+    "V2_CONFIG_DEFAULTS",
     "V2_CAPABILITIES",
     "Entry",
     "config_defaults",

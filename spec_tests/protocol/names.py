@@ -79,6 +79,25 @@ def config_defaults(config: dict) -> dict:
     return defaults
 
 
+# The optional config keys of protocol v2 -> (the capability that gives the key, its documented default, whether
+# gpt2 has it too): amendments 20 and 22-28. Written out at its default a key means what leaving it out means
+# (amendment 31).
+V2_CONFIG_DEFAULTS = {
+    "rope_scaling": ("rope_scaling", None, False),
+    "qkv_bias": ("qkv_bias", False, False),
+    "qk_norm": ("qk_norm", False, False),
+    "attn_logit_softcap": ("logit_softcap", None, True),
+    "final_logit_softcap": ("logit_softcap", None, True),
+    "norm_offset": ("norm_offset", False, False),
+    "embed_scale": ("embed_scale", False, False),
+    "geglu": ("geglu", False, False),
+    "post_norms": ("post_norms", False, False),
+    "sliding_window": ("sliding_window", None, True),
+    "layer_types": ("layer_types", None, True),
+    "n_experts": ("moe", 0, False),
+}
+
+
 def effective_capabilities(declared, version=None) -> frozenset[str]:
     """What a ``CAPABILITIES`` list means under ``PROTOCOL_VERSION`` ``version``.
 

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...protocol import ANY_LEADING, NONE_MEANS, config_defaults
+from ...protocol import ANY_LEADING, NONE_MEANS, V2_CONFIG_DEFAULTS, config_defaults
 from .model_variants import Ledger, heads_repeated
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
@@ -561,6 +561,23 @@ def _config_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+def _written_default_probes(args, kwargs) -> list[Probe]:
+    """A config that writes protocol v2 keys at their defaults (``"sliding_window": None``) given without them:
+    code that asks whether a key is present reads a written default as set (amendment 31)."""
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, dict) or "n_heads" not in value:
+            continue
+        written = [k for k, (_, default, _) in V2_CONFIG_DEFAULTS.items() if k in value and value[k] == default]
+        written = [k for k in written if type(value[k]) is type(V2_CONFIG_DEFAULTS[k][1])]  # 0 is no False
+        if not written:
+            return []
+        shown = ", ".join(f"{k}={value[k]!r}" for k in written)
+        new_args, new_kwargs = _with(args, kwargs, key, {k: v for k, v in value.items() if k not in written})
+        return [Probe(f"a config that writes {shown} (the default)", "the same config without", new_args, new_kwargs,
+                      "; a key written at its default means what leaving it out means (amendment 31)")]  # fmt: skip
+    return []
+
+
 def _odd_size_probes(args, kwargs) -> list[Probe]:
     """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one; the
     next odd one must raise as well and the even one after it run (controls), or oddness is not what it raises on."""
@@ -896,6 +913,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _count_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
         + _config_probes(args, kwargs)
+        + _written_default_probes(args, kwargs)
         + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
         + _dtype_probes(args, kwargs)
