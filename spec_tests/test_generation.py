@@ -396,26 +396,58 @@ def test_generate_samples_from_sampling_probs(spec, kw):
             "tests report (test_batch_rows_are_independent)",
         )
     probs = spec.impl.sampling_probs(one[0, -1], **{"temperature": 1.0, **kw}).double().cpu()
-    out = spec.impl.generate(model, prompt, 1, generator=spec.inputs.generator(0), **kw)
+    bound = 5.5 * (probs * (1 - probs) / N_DRAWS).sqrt() + 4e-3
+
+    def first_tokens(use_cache: bool):
+        out = spec.impl.generate(model, prompt, 1, generator=spec.inputs.generator(0), use_cache=use_cache, **kw)
+        if tuple(out.shape) != (N_DRAWS, prompt.shape[1] + 1):
+            return out, None
+        return out, torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
+
+    def follows(freq) -> bool:
+        return (
+            freq is not None and bool(((freq - probs).abs() <= bound).all()) and not bool((freq[probs == 0] > 0).any())
+        )
+
+    out, freq = first_tokens(True)
+    if not follows(freq) and follows(first_tokens(False)[1]):
+        found = (
+            "through the cache generate draws its first token from another distribution than sampling_probs of "
+            "forward's logits, and without it (use_cache=False) from that one"
+        )
+        failing = spec.failing(("new_cache",))
+        behaviour = f"generate({kw}) draws with sampling_probs' probabilities"
+        if failing:
+            raise spec.defer(
+                failing, behaviour, f"consequence of failing {', '.join(failing)}: {found}. Fix the cache."
+            )
+        spec.require(
+            False,
+            behaviour=behaviour,
+            found=found,
+            causes=(
+                "likely cause: the cached prompt's logits differ from forward's (test_kv_cache.py tells how). Fix: "
+                "the cached path computes forward's logits",
+            ),
+            codes=("cache_contents",),
+        )
     spec.require(
-        tuple(out.shape) == (N_DRAWS, prompt.shape[1] + 1),
+        freq is not None,
         behaviour=f"generate(prompt [{N_DRAWS}, {prompt.shape[1]}], 1 new token) returns the prompt and one token",
         found=f"the output has shape {list(out.shape)}: {out.shape[-1]} tokens per row, {prompt.shape[1] + 1} expected",
     )
-    freq = torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
     outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]
     spec.require(
         not outside,
         behaviour=f"generate({kw}) draws only tokens sampling_probs keeps",
         found=f"drew filtered-out tokens {outside[:10]}",
-        causes=(  # weak: logits that differ from forward's (a broken cache path) draw outside the kept set too
+        causes=(  # weak: logits that differ from forward's draw outside the kept set too
             "likely cause (weak evidence): generate samples from the raw (or only temperature-scaled) logits instead "
             "of sampling_probs, or from logits other than forward's for the prompt. Fix: draw from the filtered "
             "distribution of the model's last logits",
         ),
         codes=("~knob:sampling_order",),
     )
-    bound = 5.5 * (probs * (1 - probs) / N_DRAWS).sqrt() + 4e-3
     worst = int(torch.argmax((freq - probs).abs() - bound))
     spec.require(
         bool(((freq - probs).abs() <= bound).all()),

@@ -102,12 +102,12 @@ def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:
         return None, ""
     if chunks[0] == 1 and not spans[0][2]:
         return (
-            "likely cause (weak evidence): the very first step, one token into an empty cache, already differs "
-            "from the uncached forward, so nothing cached can be to blame: one token (T = 1) and a whole sequence "
-            "are computed differently. Either the model's own path for one new token (decoding: head grouping, "
-            "attention) is wrong, or the general one is, by a mistake invisible at T = 1 (heads split or merged "
-            "without a transpose); test_model.py's logits tests tell which. Fix: the same computation for any T"
-        ), "~boundary"
+            "note: the very first step, one token into an empty cache, already differs from the uncached forward, "
+            "so no earlier call's keys and values are to blame: either what this call writes to the cache is read "
+            "back wrong (keys and values stored in each other's place, or in another layout), or one token (T = 1) "
+            "is computed differently from a whole sequence (the model's own decoding path, or a mistake invisible "
+            "at T = 1 such as heads split without a transpose); test_model.py's logits tests tell the second"
+        ), ""
     later_multi = [ok for s, n, ok in spans if s > 0 and n > 1]
     later_single = [ok for s, n, ok in spans if s > 0 and n == 1]
     if later_multi and not any(later_multi) and any(later_single) and all(s > 0 and n > 1 for s, n in wrong):
