@@ -12,7 +12,14 @@ import torch
 
 from spec_tests import models
 from spec_tests.harness.diagnosis import codes
-from spec_tests.harness.diagnosis.bookkeeping import ADAMW_RULES, AdamWRule, count_variants, start_range, target_shift
+from spec_tests.harness.diagnosis.bookkeeping import (
+    ADAMW_RULES,
+    AdamWRule,
+    argument_ratio_causes,
+    count_variants,
+    start_range,
+    target_shift,
+)
 from spec_tests.harness.diagnosis.variant import fitting_variants
 from spec_tests.harness.judging.compare import mismatch
 from spec_tests.harness.judging.tolerances import EXACT
@@ -167,3 +174,23 @@ def test_counts_off_by_one_group_are_named_by_that_group(config):
         fit = fitting_variants(variants, got, EXACT)
         assert [label in v.summary for v in fit] == [True], (label, [v.summary for v in fit])
     assert fitting_variants(variants, want + 1, EXACT) == []
+
+
+# ------------------------------------------------------------------------------------- a scalar's divisor
+
+
+def test_a_loss_divided_by_an_integer_argument_is_named():
+    """A load-balancing loss divided by its top_k (a uniform router gives 1, not top_k) is named by the argument."""
+    e, a = torch.tensor(2.00125, dtype=torch.float64), torch.tensor(2.00125 / 2, dtype=torch.float64)
+    (cause,) = argument_ratio_causes({"router_logits": torch.zeros(3), "top_k": 2}, e, a, 1e-6, 1e-6)
+    assert cause.summary == "the result is the expected one divided by top_k=2" and cause.code == "scale"
+
+
+def test_a_ratio_two_arguments_explain_is_not_named():
+    """Where two integer arguments hold the same value, the factor names neither; a ratio no argument gives, and a
+    right result, name nothing."""
+    e = torch.tensor(3.0, dtype=torch.float64)
+    assert argument_ratio_causes({"batch_size": 4, "context_length": 4}, e, e * 4, 1e-6, 1e-6) == []
+    assert argument_ratio_causes({"top_k": 2}, e, e * 3, 1e-6, 1e-6) == []
+    assert argument_ratio_causes({"top_k": 2}, e, e, 1e-6, 1e-6) == []
+    assert argument_ratio_causes({"flag": True}, e, e * 2, 1e-6, 1e-6) == []

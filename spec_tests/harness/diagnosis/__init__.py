@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from .bookkeeping import argument_ratio_causes
 from .catalog import CLASS_CODES, known_bug_lines
 from .cause import EXACT_SHARED, WEAK, Cause
 from .codes import PREFIX_KNOB
+from .crashes import argument_keys
 from .knobs import knob_causes
 from .order import item_order_causes
 from .ranking import describe, is_ambiguous, rank
@@ -68,6 +70,9 @@ def diagnose(
     if call is not None and args64 is not None:
         name, kwargs = call
         causes += knob_causes(name, args64, kwargs, actual, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol)
+    if call is not None:
+        named = {**dict(zip(argument_keys(call[0], args64 or (), {}), args64 or (), strict=True)), **call[1]}
+        causes += argument_ratio_causes(named, expected, actual, tol.atol, tol.rtol)
     if structural and isinstance(expected, torch.Tensor):
         inputs = _tensor_inputs(args64, call[1] if call else None)
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)

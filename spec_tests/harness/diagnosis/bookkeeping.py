@@ -176,3 +176,44 @@ def count_variants(sizes: dict[str, int], want: int) -> list[Variant]:
         twice = "the tied embedding/head matrix is counted twice (state_dict() lists it under both names)"
         variants.append(Variant("knob:parameter_groups", twice, fix, lambda n=sizes["tok_embeddings.weight"]: want + n))
     return variants
+
+
+# ------------------------------------------------------------------------------- a scalar's divisor
+
+
+def argument_ratio_causes(kwargs: dict, expected, actual, atol: float, rtol: float) -> list:
+    """A scalar result (a loss, a count, a metric) off by exactly a factor that is one of the call's integer
+    arguments (``top_k=2``): the definition's divisor or factor is that argument, applied where it should not be
+    or missing where it should. Nothing where no argument matches, or more than one does (no single reading)."""
+    from .cause import EXACT_SHARED, Cause
+
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        return []
+    if expected.numel() != 1 or actual.numel() != 1:
+        return []
+    e, a = float(expected.double().reshape(())), float(actual.double().reshape(()))
+    if not (e and a) or abs(a - e) <= atol + rtol * abs(e):
+        return []
+    found = []
+    for key, value in kwargs.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            continue
+        for ratio, how, fix in (
+            (1 / value, f"divided by {key}={value}", f"remove the division by {key} (or multiply where it is missing)"),
+            (value, f"times {key}={value}", f"remove the factor {key} (or divide by it where it is missing)"),
+        ):
+            if abs(a - ratio * e) <= atol + rtol * abs(ratio * e):
+                found.append((how, fix))
+    if len(found) != 1:
+        return []
+    how, fix = found[0]
+    return [
+        Cause(
+            "scale",
+            f"the result is the expected one {how}",
+            "what the definition divides or multiplies by (a normalisation, an average's count)",
+            fix,
+            f"actual {a:.6g} == expected {e:.6g} {how.split('=')[0]} exactly",
+            EXACT_SHARED,
+        )
+    ]

@@ -124,7 +124,7 @@ def _map(args, kwargs, fn, *, layout=True):
 
 def _layout_probes(name, args, kwargs) -> list[Probe]:
     """Every non-contiguous tensor argument (a transposed or sliced view) given as a contiguous copy."""
-    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
     views = [k for k, v in zip(keys, values, strict=True) if isinstance(v, torch.Tensor) and not v.is_contiguous()]
     if not views:
         return []
@@ -244,7 +244,7 @@ def _none_probes(name, args, kwargs) -> list[Probe]:
 
 def _empty_probes(name, args, kwargs) -> list[Probe]:
     """Every empty axis (size 0: a fresh cache's keys, no tokens yet) given one entry (zeros)."""
-    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
     where = [f"{key}'s axis {axis}" for key, value in zip(keys, values, strict=True) if isinstance(value, torch.Tensor)
              for axis, size in enumerate(value.shape) if size == 0]  # fmt: skip
     if not where:
@@ -263,7 +263,7 @@ def _zero_float_probes(name, args, kwargs) -> list[Probe]:
     wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
     return [
         Probe(f"{label}=0", f"{label}=0.001", *_with(args, kwargs, where, 0.001), "", "boundary")
-        for label, where, value in zip(_argument_keys(name, args, kwargs), wheres, values, strict=True)
+        for label, where, value in zip(argument_keys(name, args, kwargs), wheres, values, strict=True)
         if type(value) is float and value == 0.0
     ]
 
@@ -593,7 +593,7 @@ def _odd_size_probes(args, kwargs) -> list[Probe]:
     ]
 
 
-def _argument_keys(name, args, kwargs) -> list[str]:
+def argument_keys(name, args, kwargs) -> list[str]:
     """Each argument's label: positional ones named by the reference's signature where it can be read (else
     "argument N"), keyword ones by their keyword."""
     names = _signature_names(name)
@@ -603,7 +603,7 @@ def _argument_keys(name, args, kwargs) -> list[str]:
 def _labelled_ints(name, args, kwargs):
     """``(label, where, value)`` for each plain int argument (``where``: its position or keyword)."""
     wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
-    for label, where, value in zip(_argument_keys(name, args, kwargs), wheres, values, strict=True):
+    for label, where, value in zip(argument_keys(name, args, kwargs), wheres, values, strict=True):
         if type(value) is int:
             yield label, where, value
 
@@ -659,7 +659,7 @@ def _rows_alone_probes(name, args, kwargs) -> list[Probe]:
 def _negative_id_probes(name, args, kwargs) -> list[Probe]:
     """An integer tensor holding negative entries (targets marked ignore_index, -100 by default) given with those
     entries set to 0: an index taken before the ignored targets are masked out."""
-    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
     for key, value in zip(keys, values, strict=True):
         if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool:
             negative = sorted({int(v) for v in value[value < 0].unique()})
@@ -790,7 +790,7 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
     x = _primary(args, kwargs)
     if x is None or x.ndim < 2:
         return []
-    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
     feature = x.shape[-1]
     probes = []
     for n in sorted({s for s in x.shape[:-1] if s != feature and s >= 1}, reverse=True):
@@ -843,7 +843,7 @@ def _multiple_probes(name, args, kwargs) -> list[Probe]:
     (control), so the variant names a size that must fit (a partial last block or window), not any larger size."""
     skip = AXES + COUNTS_OF_THE_LAST_AXIS
     ints = [(label, value) for label, _, value in _labelled_ints(name, args, kwargs) if label not in skip]
-    keys, values = _argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
     sizes = sorted({s for t in _tensors(args, kwargs) for s in _size_axes(t) if s > 1}, reverse=True)
     probes = []
     for offset, fits in ((0, "a multiple of"), (1, "one more than a multiple of")):
