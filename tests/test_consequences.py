@@ -365,3 +365,24 @@ def test_padded_cached_paths_through_a_cache_that_loses_its_length_are_consequen
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "new_cache: " in roots and "forward: " not in roots and "generate: " not in roots, out[-3000:]
+
+
+def test_a_train_that_calls_its_own_broken_step_is_a_consequence_of_train_step(tmp_path, pytester):
+    """A copy of the reference whose train_step clears the gradients between backward() and step(), and whose train
+    calls that step under a private name (no protocol name to substitute): train does not overfit, and neither does
+    a correct loop around the copy's own train_step, so the overfit test is train_step's consequence."""
+
+    def edit(folder):
+        training = folder / "training.py"
+        text = training.read_text()
+        step = "    optimizer.step()\n    return loss.item()\n"
+        call = "losses.append(train_step(model, optimizer, x, y, max_grad_norm))"
+        assert step in text and call in text
+        text = text.replace(step, "    optimizer.zero_grad(set_to_none=True)\n" + step + "\n\n_own_step = train_step\n")
+        training.write_text(text.replace(call, call.replace("train_step(", "_own_step("), 1))
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_train_step_matches_reference or test_tiny_model_overfits"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "train_step: " in roots and "train: " not in roots, out[-3000:]

@@ -426,10 +426,21 @@ def pytest_collection_modifyitems(config, items):
 
         make_failures_red(reporter)
 
-    # upstream components first, so that a consequence can be told from its cause
+    # upstream components first, and within a component the tests that rest on upstream names only (a model
+    # option's attention tests before its model tests), so that a consequence can be told from its cause
+    from ..judging.settling import DEPTH
+
     rank = {c: i for i, c in enumerate(COMPONENT_ORDER)}
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda i: (rank.get(markers.component_of(i), -1) if is_spec_item(i) else -1, position[id(i)]))
+
+    def order(item) -> tuple:
+        if not is_spec_item(item):
+            return (-1, -1, position[id(item)])
+        subjects, uses = markers.subjects_of(item)  # as deep as the deepest name its verdict rests on
+        depth = max((DEPTH.get(s, len(DEPTH)) for s in (*subjects, *uses)), default=len(DEPTH))
+        return (rank.get(markers.component_of(item), -1), depth, position[id(item)])
+
+    items.sort(key=order)
 
     xfails = _xfails(config, state.impl)
     matched = set()
