@@ -386,3 +386,16 @@ def test_a_train_that_calls_its_own_broken_step_is_a_consequence_of_train_step(t
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "train_step: " in roots and "train: " not in roots, out[-3000:]
+
+
+def test_two_names_that_raise_at_the_same_place_are_one_charge(tmp_path, pytester):
+    """A copy of the reference whose config check asks every family for an even head size: the suite's gpt2 config
+    (head size 7) makes build_model and kv_cache_bytes raise at the same line, one bug charged to one name."""
+    folder = implementation(
+        tmp_path, patch=("config.py", 'if cfg.family == "llama" and cfg.d_head % 2:', "if cfg.d_head % 2:")
+    )
+    selected = "test_kv_cache_bytes or test_logits_match_reference or test_config_defaults"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert sum(line.startswith("  ") and ": " in line for line in roots.splitlines()) == 1, out[-3000:]
+    assert "odd head size" in out, out[-3000:]

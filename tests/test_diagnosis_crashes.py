@@ -798,3 +798,18 @@ def test_a_written_default_is_named(tmp_path, pytester):
     out = run_suite(f"--impl={folder}", "-k", "written_at_its_default", cwd=tmp_path, pytester=pytester).stdout
     assert "1 failed, 11 passed" in out, out[-3000:]
     assert "raises for a config that writes sliding_window=None (the default) and works for the same config" in out
+
+
+def build_rejecting_odd_heads(config, state_dict=None):
+    if (config["d_model"] // config["n_heads"]) % 2:  # the bug: only RoPE (llama) needs an even head size
+        raise ValueError("head size must be even")
+    return config
+
+
+def test_an_odd_head_size_of_a_gpt2_config_is_named():
+    config = dict(family="gpt2", d_model=42, n_heads=6, n_kv_heads=6, vocab_size=11, context_length=8, d_ff=8)
+    lines, codes = probe("build_model", build_rejecting_odd_heads, (config, None), {})
+    assert codes == ["crash"], lines
+    assert "odd head size (d_model=42 / n_heads=6 = 7) and works for n_heads=7" in lines[0], lines
+    llama = dict(config, family="llama")
+    assert not any("odd head size" in line for line in probe("build_model", build_rejecting_odd_heads, (llama,), {})[0])

@@ -578,6 +578,34 @@ def _written_default_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+def _head_size_probes(args, kwargs) -> list[Probe]:
+    """A gpt2 config (MHA) whose head size ``d_model / n_heads`` is odd given with the nearest head count that makes
+    it even, every weight's shape unchanged; said only where another head count with an odd head size raises too (a
+    control: the parity, not the count). Only RoPE needs an even head size, and gpt2 has none."""
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, dict) or value.get("family") != "gpt2":
+            continue
+        d, h = value.get("d_model"), value.get("n_heads")
+        if type(d) is not int or type(h) is not int or value.get("n_kv_heads") not in (None, h) or h < 1 or d % h:
+            return []
+        even = [n for n in range(1, d + 1) if d % n == 0 and (d // n) % 2 == 0]
+        odd = [n for n in range(1, d + 1) if d % n == 0 and (d // n) % 2 and n != h]
+        if (d // h) % 2 == 0 or not even or not odd:
+            return []
+
+        def with_heads(n, key=key, value=value):
+            heads = {"n_heads": n, **({"n_kv_heads": n} if "n_kv_heads" in value else {})}
+            return _with(args, kwargs, key, {**value, **heads})
+
+        near = min(even, key=lambda n: (abs(n - h), n))
+        new_args, new_kwargs = with_heads(near)
+        failing = f"a gpt2 config with an odd head size (d_model={d} / n_heads={h} = {d // h})"
+        working = f"n_heads={near} (head size {d // near}; every weight's shape the same)"
+        note = "; only RoPE needs an even head size, and gpt2 has none"
+        return [Probe(failing, working, new_args, new_kwargs, note, controls=((*with_heads(odd[0]), False),))]
+    return []
+
+
 def _odd_size_probes(args, kwargs) -> list[Probe]:
     """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one; the
     next odd one must raise as well and the even one after it run (controls), or oddness is not what it raises on."""
@@ -914,6 +942,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _count_size_probes(name, args, kwargs)
         + _config_probes(args, kwargs)
         + _written_default_probes(args, kwargs)
+        + _head_size_probes(args, kwargs)
         + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
         + _dtype_probes(args, kwargs)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from ...protocol import PROTOCOL_NAMES
 from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import consequences
 from .consequences import upstream_closure
@@ -190,7 +191,10 @@ def judge_failure(
     # a crash (in a judged name, or in one the test uses: "setup") may be an upstream function's crash
     crashed = registry.crash_consequences and status in CRASHES and isinstance(exc, ImplementationError)
     if crashed:
-        same = registry.same_crash(exc, (upstream_closure(used) | used) - set(run.subjects))
+        # what it uses, and any name outside its own callers: two names that raise at the same place in the code
+        # (a config parser that build_model and kv_cache_bytes share) are one bug, charged where it showed first
+        callers = {n for n in PROTOCOL_NAMES if set(run.subjects) & (upstream_closure([n]) - {n})}
+        same = registry.same_crash(exc, set(PROTOCOL_NAMES) - callers - set(run.subjects))
         if same:
             names = ", ".join(same)
             message = (
