@@ -292,6 +292,7 @@ def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, va
         axes="b t v",
         label=label,
         variants=variants,
+        weights_used=True,
         behaviour=behaviour,
     )
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
 from diagnosis_cases import rope_complex
+from suite_subprocess import implementation, run_suite
 
 from spec_tests import models
 from spec_tests.harness.diagnosis.model_knobs import model_variants
@@ -27,6 +28,8 @@ from spec_tests.harness.judging.tolerances import tolerance
 from spec_tests.harness.subject.subject import reference_subject
 
 TOL = tolerance("model", torch.float64)
+
+pytest_plugins = ["pytester"]
 
 
 def _linear(x, w, b=None, *, transposed=False):
@@ -297,3 +300,14 @@ def test_a_weight_the_model_does_not_use_is_named(bug, ignored):
         assert (lines, codes) == ([], []), lines
     else:
         assert codes == ["ignored_weight"] and ignored in lines[0] and "attn_norm" not in lines[0], lines
+
+
+@pytest.mark.slow  # runs the suite
+def test_a_weight_an_option_model_does_not_use_is_named(tmp_path, pytester):
+    """End to end, on a model option (post_norms): a copy of the reference that normalises the attention's output with
+    the MLP's post-norm leaves attn_post_norm.weight unused, and the option's logits test names it."""
+    swapped = "x = x + self.drop(self.attn_post_norm(h))", "x = x + self.drop(self.mlp_post_norm(h))"
+    folder = implementation(tmp_path, patch=("model.py", *swapped))
+    out = run_suite(f"--impl={folder}", "-k", "test_logits_match_reference_with_post_norms", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    assert "does not depend on layers.0.attn_post_norm.weight, layers.1.attn_post_norm.weight" in out, out[-3000:]

@@ -160,6 +160,7 @@ class Spec:
         hint_code: str | None = None,
         variants=(),
         model_knobs: bool = False,
+        weights_used: bool = False,
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
 
@@ -180,6 +181,8 @@ class Spec:
         the specified computation with one knob changed; one that reproduces the failing output is named.
         ``model_knobs``: also try the reference model with one knob of one of its components turned
         (``diagnosis/model_knobs.py``), for computations that run a model.
+        ``weights_used``: where no variant fits, change each canonical weight alone (``diagnosis/sensitivity.py``)
+        and name those the implementation ignores (with ``model_knobs`` too).
         """
         pristine = clone_tensors(args)
         try:
@@ -236,7 +239,7 @@ class Spec:
                 from ..diagnosis.model_knobs import remember
 
                 remember(memo, [v for v in fitting if v not in variants])
-            if model_knobs and reference is not None and not fitting:  # no wiring fits: which weights are unused?
+            if (model_knobs or weights_used) and reference is not None and not fitting:  # which weights are unused?
                 from ..diagnosis.sensitivity import ignored_weights
 
                 found = ignored_weights(compute, self.impl, reference, pristine, args64, actual, expected, tol)
