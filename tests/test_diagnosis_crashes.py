@@ -487,12 +487,14 @@ def nan_rows_raise(q, k, v, mask=None):
 
 
 def test_a_size_limit_is_a_clue_and_a_crash_on_values_is_no_size():
-    """Cutting an axis keeps a prefix: the limit runs below it, said as a clue (what was cut away may be what it
-    raises on); a crash on values (a NaN past row 100) runs when cut as well, so it is a clue too, never a cause;
-    growing keeps every entry, so the NaN crash raises there and no size is named as its cause."""
+    """Cutting an axis keeps a prefix: the limit runs below it, and the kept entries copied back to the full size
+    raise again, so the size is the cause; a crash on values (a NaN past row 100) runs when cut as well, but its
+    copies run too, so it is a clue, never a cause; growing keeps every entry, so the NaN crash raises there and no
+    size is named as its cause."""
     q = randn(1, 2, 135, 4)
     lines, codes = probe("scaled_dot_product_attention", attention_limited_to_100_queries, (q, q, q), {})
-    assert codes == [] and any(ln.startswith("note:") and "works for 67 (its first 67)" in ln for ln in lines), lines
+    limit = "works for 67 (its first 67); 135 entries copied from those raise as well"
+    assert codes == ["boundary"] and any(ln.startswith("likely cause") and limit in ln for ln in lines), lines
     q[..., 120, :] = float("nan")
     lines, codes = probe("scaled_dot_product_attention", nan_rows_raise, (q, q, q), {})
     assert codes == [] and not any(ln.startswith("likely cause") for ln in lines), lines

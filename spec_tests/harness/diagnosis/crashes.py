@@ -834,8 +834,19 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
                         t = t.narrow(axis, 0, m)
                 return t.contiguous()
 
+            def tiled(t, n=n, m=m):  # n entries again, each a copy of one of the first m
+                for axis, size in enumerate(t.shape):
+                    if size == n:
+                        t = t.index_select(axis, torch.arange(n, device=t.device) % m)
+                return t
+
+            working = f"{m} (its first {m})"
+            # the first m entries, which run alone, tiled back to n: raising as well, the size is what it raises on
+            control = (*_map(args, kwargs, tiled), False)
+            copied = f"; {n} entries copied from those raise as well"
+            probes.append(Probe(failing, working, *_map(args, kwargs, cut), copied, "boundary", controls=(control,)))
             probes.append(
-                Probe(failing, f"{m} (its first {m})", *_map(args, kwargs, cut), "", "boundary", weak=True,
+                Probe(failing, working, *_map(args, kwargs, cut), "", "boundary", weak=True,
                       clue="the entries cut away may be what it raises on")
             )  # fmt: skip
     return probes
