@@ -170,6 +170,22 @@ def _time_steps_held(shape, want) -> str:
     return ""
 
 
+PREFILL_DIFFERS = (
+    "your prefill through the cache gives other logits than your uncached forward "
+    "(test_cached_logits_equal_full_forward): what the cache holds is new_cache's mistake"
+)
+
+
+def prefill_reads_back(spec, config, sd, ids) -> bool:
+    """Whether the implementation's own prefill of ``ids`` through its cache gives its uncached logits: what the
+    cache stores is what its attention reads back. A cache that stores keys as values fails this, and its contents
+    with it; RoPE on values, rotated alike on both paths, passes (its contents are cache_kv's to answer for)."""
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side computation: no crash probing
+    model = models.build(impl, config, sd)
+    cached = impl.forward(model, ids, impl.new_cache(model, ids.shape[0]))
+    return mismatch(cached, impl.forward(model, ids), tolerance("model", device=spec.device)) is None
+
+
 @judges("cache_kv", uses=("build_model", "forward", "new_cache"))
 @pytest.mark.bug_class("kv_cache", "rope_on_values")
 def test_cache_layout_rotated_keys_plain_values(spec, config):
@@ -186,6 +202,10 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
     sd = models.random_state_dict(config, seed=25, device=spec.device)
     ids = spec.inputs.token_ids(2, 9, vocab=config["vocab_size"], seed=26)
     ids[:, 6] = ids[:, 1]
+    failing = spec.failing(("new_cache",))
+    if failing and not prefill_reads_back(spec, config, sd, ids):
+        raise spec.defer(failing, "cache_kv is judged on a cache whose prefill gives the uncached logits",
+                         f"not judged: {PREFILL_DIFFERS}")  # fmt: skip
     model = models.build(spec.impl, config, sd)
 
     def contents(chunks):
@@ -292,6 +312,7 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
         ids,
         kind="model",
         axes="b h t d",
+        given=(("new_cache",), lambda: prefill_reads_back(spec, config, sd, ids), PREFILL_DIFFERS),
         behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after one prefill of 9 tokens; "
         "[i] is layer i, [i][0] keys, [i][1] values",
     )

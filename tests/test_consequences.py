@@ -399,3 +399,18 @@ def test_two_names_that_raise_at_the_same_place_are_one_charge(tmp_path, pyteste
     roots = out.split("root causes")[-1].split("short test summary")[0]
     assert sum(line.startswith("  ") and ": " in line for line in roots.splitlines()) == 1, out[-3000:]
     assert "odd head size" in out, out[-3000:]
+
+
+def test_a_cache_that_stores_keys_as_values_is_charged_to_new_cache_alone(tmp_path, pytester):
+    """A copy of the reference whose cache writes the keys into the value buffer: its own prefill through the cache
+    already differs from its uncached forward, so what cache_kv returns is new_cache's mistake (a held-out cache was
+    charged to new_cache, cache_kv and generate)."""
+    keys_as_values = (
+        "self.value_buffers[layer][..., start:end, :] = v",
+        "self.value_buffers[layer][..., start:end, :] = k",
+    )
+    folder = implementation(tmp_path, patch=("kv_cache.py", *keys_as_values))
+    selected = "test_cached_logits_equal_full_forward or test_cache_holds or test_cache_layout"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "new_cache: " in roots and "cache_kv: " not in roots, out[-3000:]
