@@ -414,3 +414,16 @@ def test_a_cache_that_stores_keys_as_values_is_charged_to_new_cache_alone(tmp_pa
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "new_cache: " in roots and "cache_kv: " not in roots, out[-3000:]
+
+
+def test_a_crash_through_the_cache_in_a_forward_test_is_new_cache_s(tmp_path, pytester):
+    """A copy of the reference whose cache buffers are float32 whatever the model's dtype: a float64 model's cached
+    forward raises in attention, in new_cache's tests and in forward's padded-cache test alike, one charge (new_cache
+    is among the names that test uses, though it is also one of forward's callers)."""
+    regrown = "    grown = like.new_zeros(*buffer.shape[:-2], capacity, buffer.shape[-1])\n"
+    float32 = "    grown = torch.zeros(*buffer.shape[:-2], capacity, buffer.shape[-1], device=like.device)\n"
+    folder = implementation(tmp_path, patch=("kv_cache.py", regrown, float32))
+    selected = "test_logits_match_reference or test_cached_logits_equal or test_padded_cache_holds_each_row"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "new_cache: " in roots and "forward: " not in roots, out[-3000:]

@@ -194,7 +194,8 @@ def judge_failure(
         # what it uses, and any name outside its own callers: two names that raise at the same place in the code
         # (a config parser that build_model and kv_cache_bytes share) are one bug, charged where it showed first
         callers = {n for n in PROTOCOL_NAMES if set(run.subjects) & (upstream_closure([n]) - {n})}
-        same = registry.same_crash(exc, set(PROTOCOL_NAMES) - callers - set(run.subjects))
+        candidates = upstream_closure(used) | used | (set(PROTOCOL_NAMES) - callers)
+        same = registry.same_crash(exc, candidates - set(run.subjects))
         if same:
             names = ", ".join(same)
             message = (
