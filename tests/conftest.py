@@ -153,6 +153,7 @@ SLOW_FILES = {
     "test_consequences.py",
     "test_cs336_bridge.py",
     "test_diagnosis_crashes.py",
+    "test_diagnosis_wiring.py",
     "test_grading.py",
     "test_grading_assignment.py",
     "test_grading_attacks.py",

@@ -302,7 +302,6 @@ def test_a_weight_the_model_does_not_use_is_named(bug, ignored):
         assert codes == ["ignored_weight"] and ignored in lines[0] and "attn_norm" not in lines[0], lines
 
 
-@pytest.mark.slow  # runs the suite
 def test_a_weight_an_option_model_does_not_use_is_named(tmp_path, pytester):
     """End to end, on a model option (post_norms): a copy of the reference that normalises the attention's output with
     the MLP's post-norm leaves attn_post_norm.weight unused, and the option's logits test names it."""

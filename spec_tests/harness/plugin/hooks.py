@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ...protocol import COMPONENT_ORDER
+from ...protocol import COMPONENT_NAMES, COMPONENT_ORDER
 from ..judging import rootcause
 from ..judging.results import RESULTS_KEY, VERDICT_KEY, verdict_of
 from ..subject.loading import ACCEPTED_FORMS, ImplImportError, ImplUsageError, load_implementation
@@ -426,19 +426,18 @@ def pytest_collection_modifyitems(config, items):
 
         make_failures_red(reporter)
 
-    # upstream components first, and within a component the tests that rest on upstream names only (a model
-    # option's attention tests before its model tests), so that a consequence can be told from its cause
-    from ..judging.settling import DEPTH
-
+    # upstream components first, and within a component the tests that judge component functions alone (a model
+    # option's attention tests in its model-level file) before the tests of the model, so that a consequence can be
+    # told from its cause; otherwise the files' order
     rank = {c: i for i, c in enumerate(COMPONENT_ORDER)}
     position = {id(item): i for i, item in enumerate(items)}
 
     def order(item) -> tuple:
         if not is_spec_item(item):
             return (-1, -1, position[id(item)])
-        subjects, uses = markers.subjects_of(item)  # as deep as the deepest name its verdict rests on
-        depth = max((DEPTH.get(s, len(DEPTH)) for s in (*subjects, *uses)), default=len(DEPTH))
-        return (rank.get(markers.component_of(item), -1), depth, position[id(item)])
+        subjects, _ = markers.subjects_of(item)
+        functions_only = bool(subjects) and set(subjects) <= set(COMPONENT_NAMES)
+        return (rank.get(markers.component_of(item), -1), 0 if functions_only else 1, position[id(item)])
 
     items.sort(key=order)
 
