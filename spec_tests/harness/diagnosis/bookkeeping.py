@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .cause import EXACT_SHARED, Cause
 from .variant import Variant
 
 # ----------------------------------------------------------------------------------------- AdamW
@@ -185,8 +186,6 @@ def argument_ratio_causes(kwargs: dict, expected, actual, atol: float, rtol: flo
     """A scalar result (a loss, a count, a metric) off by exactly a factor that is one of the call's integer
     arguments (``top_k=2``): the definition's divisor or factor is that argument, applied where it should not be
     or missing where it should. Nothing where no argument matches, or more than one does (no single reading)."""
-    from .cause import EXACT_SHARED, Cause
-
     if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
         return []
     if expected.numel() != 1 or actual.numel() != 1:
@@ -198,22 +197,22 @@ def argument_ratio_causes(kwargs: dict, expected, actual, atol: float, rtol: flo
     for key, value in kwargs.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             continue
-        for ratio, how, fix in (
-            (1 / value, f"divided by {key}={value}", f"remove the division by {key} (or multiply where it is missing)"),
-            (value, f"times {key}={value}", f"remove the factor {key} (or divide by it where it is missing)"),
+        for ratio, op, fix in (
+            (1 / value, "divided by", f"remove the division by {key} (or multiply where it is missing)"),
+            (value, "times", f"remove the factor {key} (or divide by it where it is missing)"),
         ):
             if abs(a - ratio * e) <= atol + rtol * abs(ratio * e):
-                found.append((how, fix))
+                found.append((f"{op} {key}", value, fix))
     if len(found) != 1:
         return []
-    how, fix = found[0]
+    ((how, value, fix),) = found
     return [
         Cause(
             "scale",
-            f"the result is the expected one {how}",
+            f"the result is the expected one {how}={value}",
             "what the definition divides or multiplies by (a normalisation, an average's count)",
             fix,
-            f"actual {a:.6g} == expected {e:.6g} {how.split('=')[0]} exactly",
+            f"actual {a:.6g} == expected {e:.6g} {how} exactly",
             EXACT_SHARED,
         )
     ]
