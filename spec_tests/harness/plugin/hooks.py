@@ -426,18 +426,20 @@ def pytest_collection_modifyitems(config, items):
 
         make_failures_red(reporter)
 
-    # upstream components first, and within a component the tests that judge component functions alone (a model
-    # option's attention tests in its model-level file) before the tests of the model, so that a consequence can be
-    # told from its cause; otherwise the files' order
+    # every test after the tests whose failure can explain its own (ordering.py), so that a consequence can be
+    # told from its cause
+    from .ordering import levels, sort_key
+
     rank = {c: i for i, c in enumerate(COMPONENT_ORDER)}
     position = {id(item): i for i, item in enumerate(items)}
+    level = levels(markers.subjects_of(item) for item in spec_items)
 
     def order(item) -> tuple:
         if not is_spec_item(item):
-            return (-1, -1, position[id(item)])
+            return (-1, -1, -1, position[id(item)])
         subjects, _ = markers.subjects_of(item)
         functions_only = bool(subjects) and set(subjects) <= set(COMPONENT_NAMES)
-        return (rank.get(markers.component_of(item), -1), 0 if functions_only else 1, position[id(item)])
+        return sort_key(subjects, level, rank.get(markers.component_of(item), -1), functions_only, position[id(item)])
 
     items.sort(key=order)
 
