@@ -58,4 +58,3 @@ def sort_key(subjects, level: dict[str, int], component_rank: int, functions_onl
     then the files' order."""
     own = [level.get(s, 0) for s in subjects] or [0]
     return (max(own), min(own), component_rank, 0 if functions_only else 1, position)
-
