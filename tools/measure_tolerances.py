@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spec_tests.harness.judging.tolerances import MATH  # noqa: E402
+from spec_tests.harness.judging.tolerances import BFLOAT16, MATH  # noqa: E402
 
 MIN_HEADROOM = 4.0
 FLOAT32_INTERNAL = ("reference", "tests/independent/half_f32_mha")
@@ -75,7 +75,7 @@ def main() -> int:
                 measured[kind] = entry
     bad = []
     print(f"{'kind':<10} {'measured':>10} {'tolerance':>10} {'headroom':>9}  where")
-    for kind, tol in MATH.items():
+    for kind, tol in [*MATH.items(), *((f"{k}@bfloat16", t) for k, t in BFLOAT16.items())]:
         m = measured.get(kind, {}).get("measured")
         if m is None:
             print(f"{kind:<10} {'-':>10} {tol.atol:>10.1e} {'-':>9}  (no check of this kind)")

@@ -42,7 +42,7 @@ PASS_THROUGH = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Excep
 # Failure kinds (``failure_kind``) that can explain a downstream check at math tolerance.
 EXPLAINING_KINDS = frozenset({"math", "error"})
 # Bug classes of tests that judge conventions, not the math a downstream check depends on.
-CONVENTION_CLASSES = frozenset({"precision", "validation", "init", "memory"})
+CONVENTION_CLASSES = frozenset({"precision", "half_precision", "validation", "init", "memory"})
 
 
 # ------------------------------------------------------------------------------------------------

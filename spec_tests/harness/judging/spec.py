@@ -22,8 +22,17 @@ from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import tolerance_measurement
 from .compare import mismatch, shape_note
 from .results import CheckResult
-from .tolerances import Tolerance, tolerance
+from .tolerances import BFLOAT16, Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
+
+
+def tolerance_dtype(kind: str, value) -> torch.dtype:
+    """The dtype whose tolerance judges a check of ``kind`` on ``value``: its floating dtype; bfloat16 only where the
+    table has a bfloat16 entry for the kind, float32 for other 16-bit values."""
+    dtype = floating_dtype(value) or torch.float64
+    if dtype == torch.bfloat16 and kind in BFLOAT16:
+        return dtype
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 class SpecFailure(AssertionError):
@@ -106,8 +115,7 @@ class Spec:
     def _tolerance(self, kind: str, value, tol: Tolerance | None) -> Tolerance:
         if tol is not None:
             return tol
-        dtype = floating_dtype(value) or torch.float64
-        return tolerance(kind, dtype if dtype in (torch.float32, torch.float64) else torch.float32, self.device)
+        return tolerance(kind, tolerance_dtype(kind, value), self.device)
 
     # ---------------------------------------------------------------------------------- checks
     def expected(self, compute: Callable, *args, label: str | None = None):
@@ -205,7 +213,10 @@ class Spec:
         subject = subject or (self.subjects[0] if self.subjects else "")
         self.expectations.observe_check(key, subject, lambda bug: compute(bug, *pristine))
         if tol is None and tolerance_measurement.enabled():  # only checks judged at a math tolerance
-            tolerance_measurement.record(kind, self.test_id, actual, expected, floating_dtype(args))
+            dtype = tolerance_dtype(kind, args)
+            tolerance_measurement.record(
+                kind if dtype != torch.bfloat16 else f"{kind}@bfloat16", self.test_id, actual, expected
+            )
         tol = self._tolerance(kind, args, tol)
         found = mismatch(actual, expected, tol)
         result = self._result(subject, behaviour, kind="compare", tolerance=tol.describe())

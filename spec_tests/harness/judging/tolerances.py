@@ -65,6 +65,20 @@ MATH = {
     ),
 }
 
+# kind -> math tolerance for bfloat16 inputs, where the suite judges them (models, amendment 32): 10x the largest
+# measured max |bfloat16-internal - float64 reference| / (1 + |reference|), on code computing in bfloat16 throughout
+# but for the statistics amendment 11 keeps in at least float32.
+BFLOAT16 = {
+    "model": Tolerance(
+        0.7,
+        0.7,
+        "measured 6.6e-2 (logits of 2-layer dense models in bfloat16 over spec seeds 0-7: the reference, the "
+        "independent implementations, transformers' Llama, Qwen2 and GPT-2, and one implementation kept out of the "
+        "repository); "
+        "x10, rounded up",
+    ),
+}
+
 # CUDA float32 runs with TF32 disabled by the plugin. Not yet measured on a GPU (none was lent to
 # the sessions so far): x4 headroom over the CPU table is an estimate for kernels that block sums
 # differently; `python tools/measure_tolerances.py --device cuda` measures it on a GPU machine.
@@ -74,12 +88,17 @@ KINDS = tuple(MATH)
 
 
 def tolerance(kind: str, dtype: torch.dtype = torch.float64, device: str = "cpu") -> Tolerance:
-    """The math tolerance for a computation of ``kind`` on float64 or float32 inputs."""
+    """The math tolerance for a computation of ``kind`` on float64, float32 or (models only) bfloat16 inputs."""
     if kind not in MATH:
         raise ValueError(f"unknown tolerance kind {kind!r}; known: {KINDS}")
-    if dtype not in (torch.float64, torch.float32):
-        raise ValueError(f"the suite compares float64 and float32 only, got {dtype}")
-    tol = MATH[kind]
+    if dtype == torch.bfloat16:
+        if kind not in BFLOAT16:
+            raise ValueError(f"the suite compares bfloat16 results of {tuple(BFLOAT16)} only, got kind {kind!r}")
+        tol, kind = BFLOAT16[kind], f"{kind}, bfloat16"
+    elif dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"the suite compares float64, float32 and bfloat16 only, got {dtype}")
+    else:
+        tol = MATH[kind]
     if device == "cuda":
         return tol.scaled(CUDA_FACTOR, f"{kind}, CUDA")
     return Tolerance(tol.atol, tol.rtol, tol.why, kind)

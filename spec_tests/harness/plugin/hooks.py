@@ -426,22 +426,22 @@ def pytest_collection_modifyitems(config, items):
 
         make_failures_red(reporter)
 
-    # every test after the tests whose failure can explain its own (ordering.py), so that a consequence can be
+    # upstream components first, and within a component the tests that judge component functions alone (a model
+    # option's attention tests in its model-level file) before the tests of the model; otherwise the files' order,
+    # but every test after the tests whose failure can explain its own (ordering.py), so that a consequence can be
     # told from its cause
-    from .ordering import levels, sort_key
+    from .ordering import run_order
 
     rank = {c: i for i, c in enumerate(COMPONENT_ORDER)}
-    position = {id(item): i for i, item in enumerate(items)}
-    level = levels(markers.subjects_of(item) for item in spec_items)
+    others = [item for item in items if not is_spec_item(item)]
 
-    def order(item) -> tuple:
-        if not is_spec_item(item):
-            return (-1, -1, -1, position[id(item)])
+    def key(position: int, item) -> tuple:
         subjects, _ = markers.subjects_of(item)
         functions_only = bool(subjects) and set(subjects) <= set(COMPONENT_NAMES)
-        return sort_key(subjects, level, rank.get(markers.component_of(item), -1), functions_only, position[id(item)])
+        return (rank.get(markers.component_of(item), -1), 0 if functions_only else 1, position)
 
-    items.sort(key=order)
+    keys = [key(i, item) for i, item in enumerate(spec_items)]
+    items[:] = others + [spec_items[i] for i in run_order([markers.subjects_of(i) for i in spec_items], keys)]
 
     xfails = _xfails(config, state.impl)
     matched = set()

@@ -5,14 +5,17 @@ decides as the tests run), so a test must run after every test of a name its ver
 tests' own ``@judges(subjects, uses=...)`` markers say which names those are: a test of ``s`` rests on
 ``uses`` and on everything ``s`` and ``uses`` may call (``protocol.MAY_CALL``). That gives a graph over
 protocol names; each name's **level** is one more than the deepest level it rests on, with names that
-rest on each other (a cycle: the model, its cache and its state dict) sharing one level. Tests run by
-the deepest level of their subjects (``sort_key``).
+rest on each other (a cycle: the model, its cache and its state dict) sharing one level. A test runs once
+the tests of every name below its level that it rests on have run, and otherwise in the files' order
+(``run_order``).
 
 Inside a cycle, order cannot settle it: the checks there defer to each other explicitly
 (``models.plain_given``, a cache's prefill compared with its own forward).
 """
 
 from __future__ import annotations
+
+import heapq
 
 from ..judging.consequences import upstream_closure
 
@@ -52,9 +55,43 @@ def levels(declarations) -> dict[str, int]:
     return {n: visit(cycle[n]) for n in names}
 
 
-def sort_key(subjects, level: dict[str, int], component_rank: int, functions_only: bool, position: int) -> tuple:
-    """By the deepest subject's level; at one level, a test that also judges a shallower name (``forward`` and
-    ``generate``) before the tests resting on that name, then by component, component functions alone first,
-    then the files' order."""
-    own = [level.get(s, 0) for s in subjects] or [0]
-    return (max(own), min(own), component_rank, 0 if functions_only else 1, position)
+def run_order(declarations, keys) -> list[int]:
+    """Indices of ``declarations`` (``(subjects, uses)`` per test) in run order.
+
+    A test is ready once every test of each name it rests on below its own level has run; of the ready tests the
+    one with the smallest ``keys`` entry runs next (the suite's key: upstream components first, component functions
+    alone first, then the files' order). So the order is the files' wherever that already puts causes first, and a
+    test moves only as far as it must. Should tests wait on each other all the same (a test of two names), the
+    smallest key runs."""
+    declarations = list(declarations)
+    level = levels(declarations)
+    remaining: dict[str, int] = {}
+    for subjects, _ in declarations:
+        for name in subjects:
+            remaining[name] = remaining.get(name, 0) + 1
+    waits = []
+    for subjects, uses in declarations:
+        mine = max((level.get(s, 0) for s in subjects), default=0)
+        waits.append({n for n in rests_on(subjects, uses) if n in remaining and level.get(n, 0) < mine})
+    ready = [(keys[i], i) for i, w in enumerate(waits) if not w]
+    heapq.heapify(ready)
+    pending = {i for i, w in enumerate(waits) if w}
+    out: list[int] = []
+    while ready or pending:
+        if not ready:  # tests waiting on each other: the smallest key goes first
+            first = min(pending, key=lambda i: keys[i])
+            pending.discard(first)
+            heapq.heappush(ready, (keys[first], first))
+        _, i = heapq.heappop(ready)
+        out.append(i)
+        done = set()
+        for name in declarations[i][0]:
+            remaining[name] -= 1
+            if remaining[name] == 0:
+                done.add(name)
+        for j in [j for j in pending if waits[j] & done]:
+            waits[j] -= done
+            if not waits[j]:
+                pending.discard(j)
+                heapq.heappush(ready, (keys[j], j))
+    return out
