@@ -101,8 +101,8 @@ BUGS = (
         "half_precision",
         MOE_MLP,
         "moe.py",
-        old="        out = out + torch.where(chosen, gate * swiglu(x, w_gate[e], w_up[e], w_down[e]), 0.0).to(x.dtype)\n",
-        new="        out = out + torch.where(chosen, gate * swiglu(x, w_gate[e], w_up[e], w_down[e]), 0.0)\n",
+        old="w_down[e]), 0.0).to(x.dtype)\n",
+        new="w_down[e]), 0.0)\n",
         explanation="the experts' outputs are weighted by the float32 routing weights and not cast back: a bfloat16 "
         "model's MLP returns float32, and the next layer's bfloat16 weights meet float32 activations",
         fix="cast the weighted expert output back to x's dtype (Mixtral: .to(hidden_states.dtype))",
