@@ -32,17 +32,31 @@ def bfloat16_config(impl, kind: str) -> dict:
     return models.family_config(impl, kind)
 
 
-def float_first(spec, config, compute, sd, ids, root: str) -> None:
-    """The bfloat16 path is judged once the float32 model of the same weights is right (its own tests report it)."""
+def float_first(spec, config, compute, sd, ids, roots: tuple[str, ...]) -> None:
+    """The bfloat16 path is judged once the float32 model of the same weights is right. Where it is not, the test is
+    a consequence of those of ``roots`` already seen failing; where none is, the float32 logits are judged here, as
+    any check is (a consequence of a failing component, or charged)."""
     sd32 = {k: v.float() for k, v in sd.items()}
-    expected = spec.expected(compute, sd32, ids, label="float32")
-    if mismatch(compute(spec.impl, sd32, ids), expected, tolerance("model", torch.float32, spec.device)) is not None:
+    expected = spec.expected(compute, sd32, ids, label=f"float32 {compute.__name__}")
+    if mismatch(compute(spec.impl, sd32, ids), expected, tolerance("model", torch.float32, spec.device)) is None:
+        return
+    failing = spec.failing(roots)
+    if failing:
         raise spec.defer(
-            [root],
+            failing,
             "bfloat16: the model in bfloat16 is judged once its float32 logits are right",
             f"not judged: the {config['family']} model's float32 logits of the same weights already differ, which "
-            f"{root}'s own tests report",
+            f"{', '.join(failing)}'s own tests report",
         )
+    spec.check(
+        compute,
+        sd32,
+        ids,
+        kind="model",
+        axes="b t v",
+        label=f"float32 {compute.__name__}",
+        behaviour=f"logits of the {config['family']} model in float32, judged before its bfloat16 run",
+    )
 
 
 def judge(spec, config: dict, kind: str, compute, sd, ids, behaviour: str) -> None:
@@ -79,7 +93,7 @@ def test_bfloat16_model_matches_reference(spec, kind):
     def compute(m, sd, ids):
         return models.logits(m, config, sd, ids)
 
-    float_first(spec, config, compute, sd, ids, "forward")
+    float_first(spec, config, compute, sd, ids, ("forward", "build_model"))
     judge(spec, config, kind, compute, sd, ids, f"logits of a bfloat16 {kind} model for ids [2, 11]")
 
 
@@ -94,10 +108,14 @@ def test_bfloat16_cached_model_matches_reference(spec, kind):
     sd = models.random_state_dict(config, seed=332, dtype=torch.bfloat16, device=spec.device)
     ids = spec.inputs.token_ids(2, sum(CHUNKS), vocab=config["vocab_size"], seed=333)
 
+    def uncached(m, sd, ids):
+        return models.logits(m, config, sd, ids)
+
     def cached(m, sd, ids):
         return cached_logits(m, models.build(m, config, sd), ids, CHUNKS)
 
-    float_first(spec, config, cached, sd, ids, "new_cache")
+    float_first(spec, config, uncached, sd, ids, ("forward", "build_model"))
+    float_first(spec, config, cached, sd, ids, ("new_cache",))
     judge(
         spec, config, kind, cached, sd, ids, f"logits of a bfloat16 {kind} model through a new cache (chunks 6, 1, 4)"
     )

@@ -86,7 +86,7 @@ def greedy_case(
     check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
     want = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=use_cache)
     if use_cache and not torch.equal(out.cpu(), want.cpu()):
-        causes, codes = _cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes)
+        causes, codes = cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes)
     if within is not None and causes and not torch.equal(out.cpu(), want.cpu()):
         short = prompt_for(spec, config, t=within[0], seed=seeds[1])
         right = torch.equal(
@@ -110,7 +110,7 @@ def greedy_case(
     check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
 
 
-def _cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes):
+def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes):
     """Where cached generation differs from the model's own cached greedy teacher: whether the model's cached
     forward picks the tokens its uncached forward picks on this very prompt. Where it does not, the tokens depend
     on how generate feeds the cache (every way is right for a consistent cache), so this check cannot judge

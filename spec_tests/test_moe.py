@@ -205,6 +205,16 @@ def test_moe_unchosen_expert_gets_no_gradient(spec):
     last = config["n_experts"] - 1
     unchosen = [f"layers.{i}.mlp.experts.{last}.{w}.weight" for i in range(2) for w in ("w_gate", "w_up", "w_down")]
     grads = {k: facts["grads"].get(k) for k in unchosen}
+    moved = [k for k, g in grads.items() if g is not None and bool(g.abs().max() > 0)]
+    failing = spec.failing(("moe_mlp",)) if moved else []
+    if failing:  # which expert is unchosen is the routing's to decide: a wrong router chooses others
+        raise spec.defer(
+            failing,
+            "the gradient on the weights of an expert no token chooses is zero",
+            f"consequence of failing {', '.join(failing)}: {moved[0]} gets a gradient, and this model's last expert is "
+            "unchosen only under the specified routing, which your moe_mlp does not compute (its own tests). Fix "
+            "moe_mlp first.",
+        )
     spec.close(
         {k: torch.zeros_like(sd[k]) if g is None else g for k, g in grads.items()},
         {k: torch.zeros_like(sd[k]) for k in unchosen},

@@ -139,9 +139,34 @@ def test_top_k_keeps_exactly_k(spec, k):
         )
 
 
+BOUNDARY_CASES = [(0.8 - 1e-4, 2), (0.8 + 1e-4, 3), (0.5 - 1e-4, 1), (0.5 + 1e-4, 2), (1.0, 4)]
+
+
+def counts_follow(spec, logits, cases, rule, probs_in) -> bool:
+    """Whether the implementation keeps ``rule(top_p)`` tokens for every ``top_p`` of ``cases`` that is no mass of
+    ``probs_in`` (where rounding decides, amendment 2): a cause read from one count is named only where it predicts
+    the counts at the other boundaries too (a threshold taken as ``1 - top_p`` keeps one token fewer at one boundary
+    and one more at another)."""
+    mass = torch.tensor(probs_in, dtype=torch.float64).cumsum(0)
+    clear = [p for p, _ in cases if bool(((mass - p).abs() > 1e-6).all())]
+    return all(len(kept(spec.impl.sampling_probs(logits, top_p=p))) == rule(p) for p in clear)
+
+
+def boundary_rules(probs_in) -> dict[str, object]:
+    """top_p -> tokens kept, for the boundary mistakes: the crossing token dropped (mass with its own <= top_p), one
+    token past the nucleus (mass before it <= top_p), the nucleus of 1 - top_p (an ascending sort's threshold)."""
+    mass = torch.tensor(probs_in, dtype=torch.float64).cumsum(0)
+    before = mass - torch.tensor(probs_in, dtype=torch.float64)
+    return {
+        "drops": lambda p: int((mass <= p).sum()),
+        "past": lambda p: int((before <= p).sum()),
+        "complement": lambda p: max(int((before < 1 - p).sum()), 1),
+    }
+
+
 @judges("sampling_probs")
 @pytest.mark.bug_class("top_p")
-@pytest.mark.parametrize("top_p,n_kept", [(0.8 - 1e-4, 2), (0.8 + 1e-4, 3), (0.5 - 1e-4, 1), (0.5 + 1e-4, 2), (1.0, 4)])
+@pytest.mark.parametrize("top_p,n_kept", BOUNDARY_CASES)
 def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
     """Nucleus = smallest top set whose mass reaches top_p; the token that crosses top_p is kept (protocol:
     sampling_probs).
@@ -162,12 +187,29 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
     }
     got = kept(probs)
     cause = causes.get(len(got)) if got == list(range(len(got))) else None
+    rules = boundary_rules(probs_in)
+    if got and got == list(range(len(got))) and len(got) != n_kept:
+        if cause and not counts_follow(
+            spec, logits, BOUNDARY_CASES, rules["drops" if len(got) < n_kept else "past"], probs_in
+        ):
+            cause = None
+        if cause is None and counts_follow(spec, logits, BOUNDARY_CASES, rules["complement"], probs_in):
+            cause = (
+                "likely cause: the nucleus is cut at 1 - top_p: an ascending sort's threshold (remove the tokens whose "
+                "cumulative mass is <= 1 - top_p) written as top_p. Fix: keep the smallest set of most probable tokens "
+                "whose mass reaches top_p"
+            )
+        elif cause is None:
+            counts = {f"{p:.4f}": len(kept(spec.impl.sampling_probs(logits, top_p=p))) for p, _ in BOUNDARY_CASES}
+            cause = f"note: tokens kept per top_p {counts}, the nucleus keeping {[n for _, n in BOUNDARY_CASES]}"
     spec.require(
         got == list(range(n_kept)),
         behaviour=f"top_p={top_p:.4f} on {probs_in} keeps the top {n_kept}",
         found=f"kept {got} with probabilities {[round(p, 4) for p in probs.tolist()]}",
         causes=(cause,) if cause else (),
-        codes=("knob:top_p_boundary",) if cause else (),
+        codes=(("knob:top_p_complement" if "1 - top_p" in cause else "knob:top_p_boundary"),)
+        if cause and not cause.startswith("note:")
+        else (),
     )
     spec.call(
         "sampling_probs",
@@ -179,10 +221,24 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
 
 TIED = [0.1, 0.3, 0.3, 0.3]  # three tied top tokens, after a smaller one
 
+TIED_CASES = [(0.25, 1), (0.5, 2), (0.85, 3), (0.95, 4)]
+
+
+def ties_come_along(top_p: float) -> int:
+    """Tokens kept on ``TIED`` where every token as probable as the crossing one is kept too."""
+    ordered = sorted(TIED, reverse=True)
+    mass, crossing = 0.0, ordered[-1]
+    for p in ordered:
+        mass += p
+        if mass >= top_p:
+            crossing = p
+            break
+    return sum(p >= crossing for p in ordered)
+
 
 @judges("sampling_probs")
 @pytest.mark.bug_class("top_p")
-@pytest.mark.parametrize("top_p,n_kept", [(0.25, 1), (0.5, 2), (0.85, 3), (0.95, 4)])
+@pytest.mark.parametrize("top_p,n_kept", TIED_CASES)
 def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
     """Tied probabilities do not enlarge the nucleus: it is still the smallest set whose mass reaches top_p,
     so of three tokens tied at 0.3, top_p 0.5 keeps two of them, which two being unspecified (protocol: sampling_probs).
@@ -201,10 +257,14 @@ def test_top_p_with_tied_probabilities(spec, top_p, n_kept):
         if len(set(counts)) > 1:  # the rows differ: a per-row mistake, not the tie rule (one description, no cause)
             causes = (f"note: row {row} keeps {len(got)} tokens, the other row{'s' * (len(others) > 1)} {others}",)
         elif len(got) > n_kept:
-            causes = (
-                "likely cause: the nucleus keeps every token whose probability is at least that of the crossing "
-                "token, so ties with it come along. Fix: cut the sorted list at the crossing position",
-            )
+            seen = {p: len(kept(spec.impl.sampling_probs(logits, top_p=p)[row])) for p, _ in TIED_CASES}
+            if all(n == ties_come_along(p) for p, n in seen.items()):
+                causes = (
+                    "likely cause: the nucleus keeps every token whose probability is at least that of the crossing "
+                    "token, so ties with it come along. Fix: cut the sorted list at the crossing position",
+                )
+            else:  # the tie rule does not predict the other top_p's counts: what differs, no cause
+                causes = (f"note: tokens kept per top_p {seen}, the nucleus keeping {[n for _, n in TIED_CASES]}",)
         else:
             causes = ()
         spec.require(

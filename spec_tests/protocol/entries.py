@@ -61,6 +61,8 @@ class Entry:
     - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so); ``core_rank``: how many
       dims its first input keeps with no leading dims at all (``[d]`` 1, rope's ``[T, d_head]`` 2, attention's
       per-head ``[H, T, d]`` 3).
+    - ``fixed_rank``: the rank of its first input where the protocol fixes it (``repeat_kv``'s ``[B, Hkv, T, d]``:
+      4); the composition that decides consequences hands it that rank (leading dims merged into the first).
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
     - ``none_means``: its optional arguments whose ``None`` has an equivalent value the protocol states
       (``positions=None`` is ``arange(T)``, ``mask=None`` no mask, ``bias=None`` a zero bias,
@@ -86,6 +88,7 @@ class Entry:
     knob_family: str | None = None
     any_leading_dims: bool = False
     core_rank: int = 1
+    fixed_rank: int | None = None
     nan_rows_unspecified: bool = False
     none_means: tuple[str, ...] = ()
     capability: str | None = None
@@ -267,7 +270,7 @@ ENTRIES: tuple[Entry, ...] = (
         none_means=("device",),
         amended_keywords={"window": 27},
     ),
-    Entry("repeat_kv", "attention", model_part=True, substitutable=True, knob_family="_repeat_kv"),
+    Entry("repeat_kv", "attention", model_part=True, substitutable=True, knob_family="_repeat_kv", fixed_rank=4),
     Entry(
         "scaled_dot_product_attention",
         "attention",
@@ -481,6 +484,7 @@ TOLERANCE_KIND = {e.name: e.tolerance for e in ENTRIES if e.tolerance}
 # the names test_float64_computed_in_float64 judges, in protocol order
 PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not None)
 ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
+FIXED_RANK = {e.name: e.fixed_rank for e in ENTRIES if e.fixed_rank is not None}
 NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not

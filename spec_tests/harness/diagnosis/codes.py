@@ -58,6 +58,7 @@ KNOBS = {
     "sampling_order": "sampling filters applied in the wrong order or on the wrong distribution",
     "top_k": "top-k keeps the wrong number of tokens",
     "top_p_boundary": "the nucleus drops the token that crosses top_p, or keeps one too many",
+    "top_p_complement": "the nucleus is cut at 1 - top_p: the threshold of the mass to remove used as the mass to keep",
     "temperature": "the temperature is applied the wrong way (multiplied, applied twice, ignored)",
     "ignore_index": "ignored targets are counted, or the mean is taken over the wrong count",
     "label_shift": "labels are unshifted or shifted twice",

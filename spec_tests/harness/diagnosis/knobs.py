@@ -1267,6 +1267,15 @@ def _sampling_probs(args, kwargs, style):
                 compute=s(crossing="drop"),
             ),
             Variant(
+                "knob:top_p_complement",
+                f"the nucleus is cut at 1 - top_p = {1 - tp:.4g}: an ascending sort's threshold (remove the tokens "
+                "whose cumulative mass is <= 1 - top_p) written as top_p",
+                where="the top-p cut",
+                fix="keep the smallest set of most probable tokens whose mass reaches top_p (sorted ascending: remove "
+                "the tokens whose cumulative mass is <= 1 - top_p)",
+                compute=lambda: _sampling(lg, t, k, 1 - tp) if 0 < tp < 1 else None,
+            ),
+            Variant(
                 "knob:top_p_boundary",
                 "the nucleus keeps one token more than the smallest set reaching top_p",
                 where="the top-p cut",
@@ -1348,31 +1357,52 @@ def knob_causes(name: str, args, kwargs, actual, *, rope_style: str = "interleav
         return []
 
 
-def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol):
+def knob_codes(name: str, args, kwargs, actual, *, rope_style: str = "interleaved", atol: float, rtol: float):
+    """The codes of the knob settings that reproduce ``actual`` on these inputs (``knob_causes``), or ``None`` where
+    the specified output itself fits ``actual`` (these inputs do not show the difference) or the search cannot run."""
+    try:
+        with _one_thread():
+            found = _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=True)
+    except Exception:  # noqa: BLE001 - arguments the families cannot handle: nothing to confirm with
+        return None
+    return None if found is None else {c.code for c in found}
+
+
+def mixed_input(args) -> tuple | None:
+    """A second input for the same call: every floating tensor mixed with itself shifted by one along its last axis
+    (``0.7 x + 0.3 roll(x)``), other values of the same shapes, scales and dtypes; ``None`` without one."""
+    floating = [isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() > 0 for a in args]
+    if not any(floating):
+        return None
+    return tuple(0.7 * a + 0.3 * a.roll(1, dims=-1) if f else a for a, f in zip(args, floating, strict=True))
+
+
+def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=False):
+    """``unseen``: return ``None`` (not ``[]``) where the specified output fits ``actual`` or the search cannot run."""
     try:
         found = variants(name, args, kwargs, rope_style=rope_style)
     except TypeError:  # the arguments do not bind to the protocol signature
-        return []
+        return None if unseen else []
     except (RuntimeError, ValueError, IndexError):  # arguments of shapes the specified computation rejects
-        return []
+        return None if unseen else []
     if found is None:
-        return []
+        return None if unseen else []
     specified, candidates = found
     try:
         with torch.no_grad():
             spec_out = specified()
     except (RuntimeError, ValueError, IndexError, TypeError):
-        return []
+        return None if unseen else []
     bool_like = isinstance(spec_out, torch.Tensor) and spec_out.dtype == torch.bool
     expected = _as_compared(spec_out, False)
     a = _as_compared(actual, bool_like)
     if a is None or expected is None or a.shape != expected.shape:
-        return []
+        return None if unseen else []
     if bool_like:
         atol = rtol = 0.0
     care = ~np.isnan(expected)  # rows the protocol leaves unspecified (every key masked)
     if fits(expected, a, atol, rtol, care):
-        return []
+        return None if unseen else []
     matches, tried = [], 0
     for v in candidates:
         try:

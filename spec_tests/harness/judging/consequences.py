@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...protocol import MAY_CALL, SUBSTITUTABLE
+from ...protocol import FIXED_RANK, MAY_CALL, SUBSTITUTABLE
 from .settling import dependency_order
 
 # Names the reference's computations call by module-level name and that can be asked of the
@@ -97,7 +97,20 @@ def protocol_call(name: str, args: tuple, kwargs: dict):
         biases = {b: kwargs.pop(b, None) for b in ("bq", "bk", "bv", "bo")}
         if any(v is not None for v in biases.values()):
             args, post = _fold_biases(args, biases)
+    rank = FIXED_RANK.get(name)
+    if rank and args and isinstance(args[0], torch.Tensor) and rank - 1 <= args[0].dim() != rank:
+        args, post = _to_rank(args, rank)
     return tuple(args), kwargs, post
+
+
+def _to_rank(args: tuple, rank: int):
+    """The first argument with its leading dims merged into one (or one added) to the protocol's ``rank``, and the
+    answer's leading dims put back: the reference's per-head tensors may have any leading dims (amendment 30's
+    ``[..., H, T, d]``), where ``repeat_kv`` is stated for ``[B, Hkv, T, d]``."""
+    x, *rest = args
+    core = rank - 1
+    lead = x.shape[: x.dim() - core]
+    return (x.reshape(-1, *x.shape[x.dim() - core :]), *rest), (lambda out: out.reshape(*lead, *out.shape[-core:]))
 
 
 def _fold_biases(args: tuple, biases: dict):

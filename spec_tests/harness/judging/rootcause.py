@@ -256,13 +256,36 @@ def _through_a_callee_that_passes(exc: BaseException, name, subjects, registry: 
 
 def crash_signature(exc: BaseException) -> tuple | None:
     """Where and how the implementation raised: the exception's type, its innermost frame in the implementation's
-    own code, and its message with numbers left out (the same line raises for inputs of other sizes); ``None``
-    when the place is unknown."""
+    own code (for code behind an adapter, ``_library_frame``), and its message with numbers left out (the same line
+    raises for inputs of other sizes); ``None`` when the place is unknown."""
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return crash_signature(exc.exceptions[0])
-    if not isinstance(exc, ImplementationError) or isinstance(exc, NotImplementedInImpl) or not exc.where:
+    if not isinstance(exc, ImplementationError) or isinstance(exc, NotImplementedInImpl):
         return None
-    return (exc.type_name, exc.where, re.sub(r"\d+", "#", exc.message))
+    where = exc.where or _library_frame(exc.original)
+    return (exc.type_name, where, re.sub(r"\d+", "#", exc.message)) if where else None
+
+
+def _library_frame(exc: BaseException | None) -> str:
+    """For code behind an adapter (``exc.where`` is empty): the innermost frame outside torch, Python's standard
+    library and the suite, a library's own frames included (transformers' attention raising where two names
+    reach it)."""
+    import os
+    import sysconfig
+    import traceback
+
+    import torch
+
+    if exc is None or exc.__traceback__ is None:
+        return ""
+    suite = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    skip = [os.path.dirname(os.path.realpath(torch.__file__)), suite, os.path.realpath(sysconfig.get_paths()["stdlib"])]
+    where = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        real = os.path.realpath(frame.filename) if not frame.filename.startswith("<") else ""
+        if real and not any(real.startswith(root + os.sep) for root in skip):
+            where = f"{real}:{frame.lineno} in {frame.name}"
+    return where
 
 
 def _compared(exc: BaseException) -> bool:

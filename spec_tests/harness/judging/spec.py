@@ -268,8 +268,21 @@ class Spec:
                     key, subject, lambda bug: compute(bug, *pristine), actual, tol
                 ),
                 input_dtype=floating_dtype(pristine),
+                second=second,
             )
             return lines + more, codes + more_codes
+
+        def second():
+            """The call on a second input, as a knob's confirmation (``diagnosis.diagnose``)."""
+            from ..diagnosis.knobs import mixed_input
+
+            args2 = mixed_input(pristine) if call is not None else None
+            if args2 is None:
+                return None
+            try:
+                return to_float64(args2), compute(getattr(self.impl, "_subject", self.impl), *args2)
+            except Exception:  # noqa: BLE001 - what does not run confirms nothing
+                return None
 
         raise SpecFailure(result, diagnose)
 
