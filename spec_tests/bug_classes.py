@@ -54,7 +54,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "layernorm": ("LayerNorm formula (variance)", (NORMS, MODEL)),
     "precision": ("statistics in too low a precision", (NORMS, "test_precision")),
     "float64_precision": ("float64 inputs computed in float32", ("test_precision",)),
-    "half_precision": ("a model that does not run in bfloat16: dtypes mixed on the way", ("test_bfloat16",)),
+    "half_precision": ("a model that does not run in bfloat16: dtypes mixed on the way", ("test_precision_bfloat16",)),
     "swiglu": ("SwiGLU gate and up projections", (MLP, MODEL)),
     "gelu": ("GELU variant", (MLP, MODEL)),
     "norm_placement": ("post-LN or a missing norm", (MODEL,)),

@@ -22,8 +22,8 @@ variants of its input, each one property changed and each as cheap as the origin
   heads given with their key and value rows repeated to ``n_heads``; several kv heads (k and v, or
   ``repeat_kv``'s input with ``n_rep > 1``) given as one (MQA); a GQA config given to ``build_model`` as
   ``n_kv_heads = n_heads`` with its canonical k and v weights repeated alike;
-- the dtype: float64 inputs as float32 (and float32 as float64), a model among them copied in that dtype; a
-  ``torch.dtype`` argument (``bfloat16``) as float32;
+- the dtype: float64 inputs as float32 (and float32 as float64, bfloat16 and float16 as float32), a model among
+  them copied in that dtype; a ``torch.dtype`` argument (``bfloat16``) as float32;
   integer data of a narrow dtype (numpy uint16, int32) as int64;
 - a broadcastable shape: 1-D positions ``[T]`` given in full, ``x.shape[:-1]``, and fuller positions
   given as one row ``[T]``.
@@ -315,17 +315,20 @@ def _modules(args, kwargs):
 
 
 def _dtype_probes(args, kwargs) -> list[Probe]:
-    """Float inputs in the other float dtype; a model among them (a local module) copied in that dtype too."""
+    """Float inputs in the other float dtype (16-bit ones as float32); a model among them (a local module) copied in
+    that dtype too."""
     dtypes = {t.dtype for t in _tensors(args, kwargs) if t.is_floating_point()}
     modules = list(_modules(args, kwargs))
     dtypes |= {p.dtype for m in modules for p in m.parameters() if p.is_floating_point()}
     if len(dtypes) != 1:
         return []
     (dtype,) = dtypes
+    # 16-bit as float32: code that mixes a float32 table or weight into a bfloat16 model raises only there
     other = {torch.float64: torch.float32, torch.float32: torch.float64}.get(dtype)
+    other = torch.float32 if dtype in (torch.bfloat16, torch.float16) else other
     if other is None:
         return []
-    name = {torch.float64: "float64", torch.float32: "float32"}
+    name = {t: str(t).removeprefix("torch.") for t in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
     try:  # the model is copied, never changed: a module that cannot be copied is not probed
         copies = {id(m): copy.deepcopy(m).to(other) for m in modules}
     except Exception:  # noqa: BLE001 - whatever its own copy raises
@@ -752,7 +755,8 @@ def _dtype_argument_probes(args, kwargs) -> list[Probe]:
 
 def _broadcast_probes(args, kwargs) -> list[Probe]:
     """Integer positions against a [..., T, d] input: 1-D ``[T]`` given in full (``x.shape[:-1]``), and positions
-    of a fuller shape given as one row ``[T]`` (both are the protocol's)."""
+    of a fuller shape given as one row ``[T]``; 1-D positions also as one row ``[1, T]`` (code that takes only 2-D
+    positions, Hugging Face's position_ids). All are the protocol's."""
     floats = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
     if not floats or floats[0].ndim < 3:
         return []
@@ -768,8 +772,12 @@ def _broadcast_probes(args, kwargs) -> list[Probe]:
         else:
             other, failing, working = value.reshape(-1, value.shape[-1])[0].contiguous(), f"{value.ndim}-D", "1-D"
         failing = f"{failing} positions {_shape(value)} with a {_shape(x)} input"
-        working = f"positions {working} {_shape(other)}"
-        return [Probe(failing, working, *_with(args, kwargs, key, other), note)]
+        probes = [Probe(failing, f"positions {working} {_shape(other)}", *_with(args, kwargs, key, other), note)]
+        if value.ndim == 1:  # code written for 2-D positions (Hugging Face's position_ids [B, T])
+            row = value[None].contiguous()
+            working = f"2-D positions {_shape(row)} (the same row with a leading axis)"
+            probes.append(Probe(failing, working, *_with(args, kwargs, key, row), note))
+        return probes
     return []
 
 

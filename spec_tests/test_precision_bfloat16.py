@@ -20,7 +20,7 @@ from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
 from .test_kv_cache import cached_logits
 
-pytestmark = [pytest.mark.component("model"), pytest.mark.bug_class("half_precision")]
+pytestmark = pytest.mark.bug_class("half_precision")
 
 CHUNKS = (6, 1, 4)
 
@@ -55,6 +55,7 @@ def float_first(spec, config, compute, sd, ids, roots: tuple[str, ...]) -> None:
         kind="model",
         axes="b t v",
         label=f"float32 {compute.__name__}",
+        subject=roots[0],
         behaviour=f"logits of the {config['family']} model in float32, judged before its bfloat16 run",
     )
 
@@ -82,6 +83,7 @@ def judge(spec, config: dict, kind: str, compute, sd, ids, behaviour: str) -> No
 
 
 @judges("forward", uses=("build_model",))
+@pytest.mark.component("model")
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "moe"])
 def test_bfloat16_model_matches_reference(spec, kind):
     """A model built from bfloat16 weights runs (no dtype error on the way) and its logits equal the reference's
@@ -98,6 +100,7 @@ def test_bfloat16_model_matches_reference(spec, kind):
 
 
 @judges("new_cache", uses=("build_model", "forward"))
+@pytest.mark.component("kv_cache")
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "moe"])
 def test_bfloat16_cached_model_matches_reference(spec, kind):
     """A bfloat16 model's cached path runs in bfloat16: logits fed through a new cache (a 6-token prompt, then one
