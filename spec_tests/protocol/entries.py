@@ -233,6 +233,7 @@ ENTRIES: tuple[Entry, ...] = (
         model_part=True,
         substitutable=True,
         tolerance="matmul",
+        knob_family="_moe_mlp",
         any_leading_dims=True,
         capability="moe",
     ),

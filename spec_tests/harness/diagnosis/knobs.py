@@ -1303,6 +1303,63 @@ def _sampling_probs(args, kwargs, style):
     return s(), out
 
 
+# ---------------------------------------------------------------------------------------------
+# mixture of experts (protocol v2, amendment 28)
+
+
+def _moe(x, router, w_gate, w_up, w_down, top_k, *, over="experts", renorm=True, k_delta=0):
+    """Mixtral's MoE MLP with one routing knob: the softmax ``over`` the experts or over every token (the rows
+    flattened), the chosen weights renormalised or not, ``top_k + k_delta`` experts per token."""
+    logits = x @ router.T  # [..., E]
+    if over == "tokens":
+        probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=0).reshape(logits.shape)
+    else:
+        probs = torch.softmax(logits, dim=-1)
+    k = min(max(int(top_k) + k_delta, 1), probs.shape[-1])
+    top, chosen = torch.topk(probs, k, dim=-1)
+    if renorm:
+        top = top / top.sum(dim=-1, keepdim=True)
+    gates = torch.zeros_like(probs).scatter(-1, chosen, top)
+    out = torch.zeros_like(x)
+    for e in range(router.shape[0]):
+        h = _silu(x @ w_gate[e].T) * (x @ w_up[e].T)
+        out = out + gates[..., e : e + 1] * (h @ w_down[e].T)
+    return out
+
+
+def _moe_mlp(args, kwargs, style):
+    p = _bind("x, router, w_gate, w_up, w_down, *, top_k", args, kwargs)
+    m = lambda **kw: lambda: _moe(p.x, p.router, p.w_gate, p.w_up, p.w_down, p.top_k, **kw)
+    where = "the routing of moe_mlp: softmax(x @ router.T) over the experts, the top_k kept and renormalised"
+    fix = "softmax over the experts (the last axis) per token, keep the top_k, divide them by their sum"
+    out = [
+        Variant(
+            "knob:moe",
+            "the router's softmax runs over the tokens (every row of the input, flattened) instead of over the experts",
+            where=where,
+            fix=fix,
+            compute=m(over="tokens"),
+        ),
+        Variant(
+            "knob:moe",
+            "the chosen experts keep their raw softmax probabilities: not renormalised to sum 1",
+            where=where,
+            fix=fix,
+            compute=m(renorm=False),
+        ),
+        Variant("knob:moe", "each token keeps top_k + 1 experts", where=where, fix=fix, compute=m(k_delta=1)),
+        Variant("knob:moe", "each token keeps top_k - 1 experts", where=where, fix=fix, compute=m(k_delta=-1)),
+        Variant(
+            "knob:moe",
+            "top_k is ignored: every expert is mixed by its softmax probability",
+            where=where,
+            fix=fix,
+            compute=m(k_delta=10**6),
+        ),
+    ]
+    return m(), out
+
+
 # attention: "rows with no allowed key are unspecified" (NaN in these computations)
 # NAN_UNSPECIFIED (imported): the entries with ``nan_rows_unspecified``
 
