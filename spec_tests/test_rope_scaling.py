@@ -27,8 +27,8 @@ SCALINGS = {
     "yarn": {
         "rope_type": "yarn",
         "factor": 8.0,
-        "original_max_position_embeddings": 16,
-        "beta_fast": 8,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32,
         "beta_slow": 1,
     },
 }
