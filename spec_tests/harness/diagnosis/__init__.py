@@ -21,7 +21,7 @@ from .catalog import CLASS_CODES, known_bug_lines
 from .cause import EXACT_SHARED, WEAK, Cause
 from .codes import PREFIX_KNOB
 from .crashes import argument_keys
-from .knobs import knob_causes, knob_codes
+from .knobs import knob_causes
 from .order import item_order_causes
 from .ranking import describe, is_ambiguous, rank
 from .structural import structural_causes
@@ -73,8 +73,7 @@ def diagnose(
     ``input_dtype``: the dtype the implementation was given (a float32 result of float32 inputs is
     compared as float64, not taken for a dtype mistake);
     ``second()``: ``(args64, actual)`` of the same call on a second input (``knobs.mixed_input``), or ``None``: a knob
-    setting that reproduces the output is named only where it reproduces the second output too (or the second input
-    does not show the difference): one that fits a single input by coincidence is not a cause.
+    setting that reproduces the output is named only where it reproduces the second output too (``knob_causes``).
     """
     bugs = known_bugs()
     lines = known_bug_lines(bugs)
@@ -84,15 +83,9 @@ def diagnose(
     causes: list[Cause] = []
     if call is not None and args64 is not None:
         name, kwargs = call
-        causes += knob_causes(name, args64, kwargs, actual, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol)
-        again = second() if second is not None and any(c.source == "knob" for c in causes) else None
-        if again is not None:
-            args2, actual2 = again
-            if isinstance(actual2, torch.Tensor) and actual2.dtype == input_dtype == torch.float32:
-                actual2 = actual2.double()
-            codes2 = knob_codes(name, args2, kwargs, actual2, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol)
-            if codes2 is not None:
-                causes = [c for c in causes if c.source != "knob" or c.code in codes2]
+        causes += knob_causes(
+            name, args64, kwargs, actual, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol, second=second
+        )
     if call is not None:
         named = {**dict(zip(argument_keys(call[0], args64 or (), {}), args64 or (), strict=True)), **call[1]}
         causes += argument_ratio_causes(named, expected, actual, tol.atol, tol.rtol)

@@ -1403,11 +1403,17 @@ def _one_thread():
         torch.set_num_threads(before)
 
 
-def knob_causes(name: str, args, kwargs, actual, *, rope_style: str = "interleaved", atol: float, rtol: float):
-    """Causes of the form "the specified ``name`` with one knob changed reproduces ``actual``"."""
+def knob_causes(
+    name: str, args, kwargs, actual, *, rope_style: str = "interleaved", atol: float, rtol: float, second=None
+):
+    """Causes of the form "the specified ``name`` with one knob changed reproduces ``actual``".
+
+    ``second()``: ``(args, actual)`` of the same call on a second input (``mixed_input``), or ``None``: a knob setting
+    is kept only where it reproduces that output too, or where the second input does not show the difference (one
+    that fits a single input by coincidence is no cause); ambiguity is judged among the settings kept."""
     try:
         with _one_thread():
-            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol)
+            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=second)
     except Exception:  # arguments the families cannot handle: no diagnosis rather than a broken report
         if cause_module.STRICT:
             raise
@@ -1434,7 +1440,7 @@ def mixed_input(args) -> tuple | None:
     return tuple(0.7 * a + 0.3 * a.roll(1, dims=-1) if f else a for a, f in zip(args, floating, strict=True))
 
 
-def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=False):
+def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=False, second=None):
     """``unseen``: return ``None`` (not ``[]``) where the specified output fits ``actual`` or the search cannot run."""
     try:
         found = variants(name, args, kwargs, rope_style=rope_style)
@@ -1479,6 +1485,10 @@ def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=Fals
         tried += 1
         if fits(out, a, atol, rtol, care_v):
             matches.append(v)
+    again = second() if matches and second is not None else None
+    if again is not None:
+        confirmed = knob_codes(name, again[0], kwargs, again[1], rope_style=rope_style, atol=atol, rtol=rtol)
+        matches = matches if confirmed is None else [v for v in matches if v.code in confirmed]
     if not matches:
         return []
     by_code: dict[str, list[Variant]] = {}
