@@ -166,6 +166,46 @@ def test_the_composition_asks_the_implementation_on_the_references_intermediate_
     assert torch.allclose(post(ref.multihead_self_attention(*args)), biased, atol=1e-12)
 
 
+def test_the_composition_hands_a_name_of_fixed_rank_that_rank():
+    """repeat_kv is stated for [B, Hkv, T, d]: the correct attention on per-head tensors with other leading dims (3-D,
+    5-D) calls it, through the bridge, with the leading dims merged into one (or one added), and gets its answer
+    back in its own shape. An implementation written for 4-D only (transformers') answers instead of raising."""
+    x = torch.arange(2 * 3 * 2 * 5 * 4, dtype=torch.float64).reshape(2, 3, 2, 5, 4)
+    for value in (x, x[0, 0]):
+        args, _, post = consequences.protocol_call("repeat_kv", (value, 3), {})
+        assert args[0].dim() == 4
+        four_d_only = args[0].repeat_interleave(3, dim=1)  # an answer only a 4-D input gets
+        assert torch.equal(post(four_d_only), value.repeat_interleave(3, dim=-3))
+    four = x[0]
+    args, _, post = consequences.protocol_call("repeat_kv", (four, 3), {})  # already [B, Hkv, T, d]: as it is
+    assert args[0] is four and post is None
+
+
+def test_a_crash_behind_an_adapter_is_placed_in_the_library_it_wraps(tmp_path):
+    """Code behind an adapter raises outside the implementation's own files (exc.where is empty): the crash's place is
+    the innermost frame outside torch, Python and the suite, so two names that reach the same library line are one
+    crash (control: another line of the library is another crash)."""
+    from spec_tests.harness.subject.subject import ImplementationError
+
+    lib = tmp_path / "some_library.py"
+    lib.write_text("def repeat(x):\n    raise RuntimeError('view size 8 is not compatible')\n\n\ndef other(x):\n"
+                   "    raise RuntimeError('view size 8 is not compatible')\n")  # fmt: skip
+    namespace: dict = {}
+    exec(compile(lib.read_text(), str(lib), "exec"), namespace)
+
+    def raised(name, fn):
+        try:
+            fn(None)
+        except RuntimeError as exc:
+            return ImplementationError(name, ("RuntimeError",), str(exc), "", original=exc)
+
+    forward, generate = raised("forward", namespace["repeat"]), raised("generate", namespace["repeat"])
+    elsewhere = raised("generate", namespace["other"])
+    assert rootcause.crash_signature(forward) is not None
+    assert rootcause.crash_signature(forward) == rootcause.crash_signature(generate)
+    assert rootcause.crash_signature(elsewhere) != rootcause.crash_signature(forward)
+
+
 def _crash(name, where="kv_cache.py:44 in update", message="Expected size 0 but got size 6"):
     from spec_tests.harness.subject.subject import ImplementationError
 
