@@ -95,6 +95,12 @@ def _block_forward(kind: str):
             x = x + drop(attn(n1(x)))
             x = n2(x)
             return x + drop(mlp(x))
+        if kind == "post_norm_after_attn_residual":  # protocol v2's post_norms: the norm on the sum
+            x = self.attn_post_norm(x + drop(self.attn(n1(x), positions, cache, layer, mask)))
+            return x + drop(mlp(n2(x)))
+        if kind == "post_norm_after_mlp_residual":
+            x = x + drop(attn(n1(x)))
+            return self.mlp_post_norm(x + drop(self.mlp(n2(x))))
         if kind == "parallel":
             return x + drop(attn(n1(x))) + drop(mlp(n2(x)))
         if kind == "parallel_shared_norm":
@@ -111,6 +117,8 @@ def _rewire_blocks(kind: str):
         if not layers:
             raise NotApplicable("the model has no blocks")
         for block in layers:
+            if kind.startswith("post_norm_after") and not getattr(block, "post_norms", False):
+                raise NotApplicable("the blocks have no post norms")
             block.forward = types.MethodType(_block_forward(kind), block)
 
     return rewire
@@ -275,6 +283,17 @@ WIRINGS = (
             rewire=_rewire_blocks(f"norm_on_{branch}_stream"),
         )
         for branch, norm in (("attn", "attn_norm"), ("mlp", "mlp_norm"))
+    ),
+    *(
+        Wiring(
+            f"post_norm_after_{branch}_residual",
+            "knob:norm_placement",
+            f"the {branch} branch's post-norm (post_norms) normalises the sum after the residual add, x = "
+            f"{branch}_post_norm(x + {branch}(norm(x))), instead of the branch's output before it",
+            f"x = x + {branch}_post_norm({branch}({branch}_norm(x))): the post-norm on the branch, then the residual",
+            rewire=_rewire_blocks(f"post_norm_after_{branch}_residual"),
+        )
+        for branch in ("attn", "mlp")
     ),
     Wiring(
         "no_final_norm",
