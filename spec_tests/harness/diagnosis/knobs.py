@@ -1135,6 +1135,14 @@ def _lm_loss(args, kwargs, style):
             compute=lambda: _ce(lg, torch.roll(ids, -1, 1)),
         ),
         Variant(
+            "knob:label_shift",
+            "the shifted labels are padded at the end with 0 instead of the ignore index: the last position is "
+            "scored against token 0",
+            where=where,
+            fix="pad the shifted labels with -100 (ignored), or slice: logits[:, :-1] against ids[:, 1:]",
+            compute=lambda: _ce(lg, torch.cat((ids[:, 1:], torch.zeros_like(ids[:, :1])), dim=1)),
+        ),
+        Variant(
             "knob:loss_reduction",
             "the loss is summed instead of averaged",
             where="the reduction in lm_loss",
