@@ -58,10 +58,12 @@ class Ledger:
 
     def probes(self, name: str, args: tuple, kwargs: dict, probe_type) -> list:
         """One ``probe_type`` (``crashes.Probe``) per config change that applies to the one model among the call's
-        arguments (the model itself, its optimizer or its cache)."""
+        arguments (the model itself, its optimizer or its cache), and for a cache that earlier calls filled, the
+        same call on that cache filled with fewer positions (``_cache_fill_probes``)."""
         found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
         if len(found) != 1:
             return []
+        fill = self._cache_fill_probes(args, kwargs, probe_type)
         (model,) = found.values()
         _, config, state, options = self.models[id(model)]
         probes = []
@@ -80,6 +82,39 @@ class Ledger:
             # the same family built fresh raises too: the family, not these weights' values (nor a head count)
             controls = tuple((self._maker(model, c, None, None, fresh, args, kwargs), False) for c in same)
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
+        return fill + probes
+
+    def _cache_fill_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
+        """A call on a cache that earlier calls filled (N positions), made again on a new cache of the same model
+        filled with all but the last of those calls, and on an empty one: a crash that appears only once the cache
+        holds enough positions (a buffer sized to a window) runs there. The cache's own state, not the call's
+        input, is then the trigger; where only the empty cache runs, it is a clue (any cached call may raise)."""
+        subject, probes = self.subject, []
+        for value in (*args, *kwargs.values()):
+            entry = self.caches.get(id(value))
+            if entry is None or not entry[3]:
+                continue
+            _, model, batch_size, forwarded = entry
+            held = sum(int(ids.shape[-1]) for ids in forwarded)
+
+            def make(keep: int, value=value, model=model, batch_size=batch_size, forwarded=forwarded):
+                def build():
+                    fresh = subject.new_cache(model, batch_size)
+                    for ids in forwarded[:keep]:
+                        subject.forward(model, ids.clone(), fresh)
+                    swap = lambda v: fresh if v is value else v
+                    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+                return build
+
+            failing = f"a cache already holding {held} position{'s' * (held != 1)}"
+            if len(forwarded) > 1:
+                fewer = held - int(forwarded[-1].shape[-1])
+                probes.append(probe_type(failing, f"the same cache holding {fewer}", args, kwargs, "", "boundary",
+                                         make=make(len(forwarded) - 1)))  # fmt: skip
+            probes.append(probe_type(failing, "a new, empty cache", args, kwargs, "", "crash", weak=True,
+                                     clue="any call through a cache may raise", make=make(0)))  # fmt: skip
+            break
         return probes
 
     def _maker(self, model, config, state, transform, options, args, kwargs) -> Callable:
