@@ -87,8 +87,9 @@ class Ledger:
     def _cache_fill_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
         """A call on a cache that earlier calls filled (N positions), made again on a new cache of the same model
         filled with all but the last of those calls, and on an empty one: a crash that appears only once the cache
-        holds enough positions (a buffer sized to a window) runs there. The cache's own state, not the call's
-        input, is then the trigger; where only the empty cache runs, it is a clue (any cached call may raise)."""
+        holds enough positions (a buffer sized to a window) runs there. Both are said as clues: the same positions
+        fed in one call must behave alike (N raising, the fewer running), and even so, where each call was one
+        token, a cache appending on the head axis fails by its number of appends and passes those controls."""
         subject, probes = self.subject, []
         for value in (*args, *kwargs.values()):
             entry = self.caches.get(id(value))
@@ -97,10 +98,11 @@ class Ledger:
             _, model, batch_size, forwarded = entry
             held = sum(int(ids.shape[-1]) for ids in forwarded)
 
-            def make(keep: int, value=value, model=model, batch_size=batch_size, forwarded=forwarded):
+            def make(keep: int, value=value, model=model, batch_size=batch_size, forwarded=forwarded, merged=False):
                 def build():
                     fresh = subject.new_cache(model, batch_size)
-                    for ids in forwarded[:keep]:
+                    chunks = [torch.cat(forwarded[:keep], dim=-1)] if merged and keep else forwarded[:keep]
+                    for ids in chunks:
                         subject.forward(model, ids.clone(), fresh)
                     swap = lambda v: fresh if v is value else v
                     return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
@@ -110,8 +112,16 @@ class Ledger:
             failing = f"a cache already holding {held} position{'s' * (held != 1)}"
             if len(forwarded) > 1:
                 fewer = held - int(forwarded[-1].shape[-1])
+                # the count of positions, not how the calls cut them: the same positions fed in one call raise as
+                # well, and the fewer ones fed in one call run. Even then a clue: where each call was one token, the
+                # count of positions is the count of appends (a cache appending on the head axis passes both)
+                same_in_one = (
+                    (make(len(forwarded), merged=True), False),
+                    (make(len(forwarded) - 1, merged=True), True),
+                )
                 probes.append(probe_type(failing, f"the same cache holding {fewer}", args, kwargs, "", "boundary",
-                                         make=make(len(forwarded) - 1)))  # fmt: skip
+                                         make=make(len(forwarded) - 1), controls=same_in_one, weak=True,
+                                         clue="the number of calls that filled it may matter instead"))  # fmt: skip
             probes.append(probe_type(failing, "a new, empty cache", args, kwargs, "", "crash", weak=True,
                                      clue="any call through a cache may raise", make=make(0)))  # fmt: skip
             break
