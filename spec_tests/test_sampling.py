@@ -142,14 +142,13 @@ def test_top_k_keeps_exactly_k(spec, k):
 BOUNDARY_CASES = [(0.8 - 1e-4, 2), (0.8 + 1e-4, 3), (0.5 - 1e-4, 1), (0.5 + 1e-4, 2), (1.0, 4)]
 
 
-def counts_follow(spec, logits, cases, rule, probs_in) -> bool:
-    """Whether the implementation keeps ``rule(top_p)`` tokens for every ``top_p`` of ``cases`` that is no mass of
-    ``probs_in`` (where rounding decides, amendment 2): a cause read from one count is named only where it predicts
-    the counts at the other boundaries too (a threshold taken as ``1 - top_p`` keeps one token fewer at one boundary
-    and one more at another)."""
+def counts_follow(seen: dict, rule, probs_in) -> bool:
+    """Whether the implementation kept ``rule(top_p)`` tokens (``seen``: top_p -> tokens kept) for every top_p that is
+    no mass of ``probs_in`` (where rounding decides, amendment 2): a cause read from one count is named only where it
+    predicts the counts at the other boundaries too (a threshold taken as ``1 - top_p`` keeps one token fewer at one
+    boundary and one more at another)."""
     mass = torch.tensor(probs_in, dtype=torch.float64).cumsum(0)
-    clear = [p for p, _ in cases if bool(((mass - p).abs() > 1e-6).all())]
-    return all(len(kept(spec.impl.sampling_probs(logits, top_p=p))) == rule(p) for p in clear)
+    return all(n == rule(p) for p, n in seen.items() if bool(((mass - p).abs() > 1e-6).all()))
 
 
 def boundary_rules(probs_in) -> dict[str, object]:
@@ -187,29 +186,29 @@ def test_top_p_keeps_the_crossing_token(spec, dtype, top_p, n_kept):
     }
     got = kept(probs)
     cause = causes.get(len(got)) if got == list(range(len(got))) else None
-    rules = boundary_rules(probs_in)
+    code = ("knob:top_p_boundary",) if cause else ()
     if got and got == list(range(len(got))) and len(got) != n_kept:
-        if cause and not counts_follow(
-            spec, logits, BOUNDARY_CASES, rules["drops" if len(got) < n_kept else "past"], probs_in
-        ):
-            cause = None
-        if cause is None and counts_follow(spec, logits, BOUNDARY_CASES, rules["complement"], probs_in):
+        seen = {p: len(kept(spec.impl.sampling_probs(logits, top_p=p))) for p, _ in BOUNDARY_CASES}
+        rules = boundary_rules(probs_in)
+        if cause and counts_follow(seen, rules["drops" if len(got) < n_kept else "past"], probs_in):
+            pass  # the boundary line predicts every count
+        elif counts_follow(seen, rules["complement"], probs_in):
             cause = (
                 "likely cause: the nucleus is cut at 1 - top_p: an ascending sort's threshold (remove the tokens whose "
                 "cumulative mass is <= 1 - top_p) written as top_p. Fix: keep the smallest set of most probable tokens "
                 "whose mass reaches top_p"
             )
-        elif cause is None:
-            counts = {f"{p:.4f}": len(kept(spec.impl.sampling_probs(logits, top_p=p))) for p, _ in BOUNDARY_CASES}
+            code = ("knob:top_p_complement",)
+        else:
+            counts = {f"{p:.4f}": n for p, n in seen.items()}
             cause = f"note: tokens kept per top_p {counts}, the nucleus keeping {[n for _, n in BOUNDARY_CASES]}"
+            code = ()
     spec.require(
         got == list(range(n_kept)),
         behaviour=f"top_p={top_p:.4f} on {probs_in} keeps the top {n_kept}",
         found=f"kept {got} with probabilities {[round(p, 4) for p in probs.tolist()]}",
         causes=(cause,) if cause else (),
-        codes=(("knob:top_p_complement" if "1 - top_p" in cause else "knob:top_p_boundary"),)
-        if cause and not cause.startswith("note:")
-        else (),
+        codes=code,
     )
     spec.call(
         "sampling_probs",

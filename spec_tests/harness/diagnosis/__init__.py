@@ -78,13 +78,28 @@ def diagnose(
     bugs = known_bugs()
     lines = known_bug_lines(bugs)
     codes = [PREFIX_KNOWN + b.name for b in bugs] + [c for c in map(bug_code, bugs) if c]
-    if isinstance(actual, torch.Tensor) and actual.dtype == input_dtype == torch.float32:
-        actual = actual.double()
+
+    def compared(out):
+        return out.double() if isinstance(out, torch.Tensor) and out.dtype == input_dtype == torch.float32 else out
+
+    actual = compared(actual)
     causes: list[Cause] = []
     if call is not None and args64 is not None:
         name, kwargs = call
+
+        def again():
+            got = second()
+            return None if got is None else (got[0], compared(got[1]))
+
         causes += knob_causes(
-            name, args64, kwargs, actual, rope_style=rope_style, atol=tol.atol, rtol=tol.rtol, second=second
+            name,
+            args64,
+            kwargs,
+            actual,
+            rope_style=rope_style,
+            atol=tol.atol,
+            rtol=tol.rtol,
+            second=None if second is None else again,
         )
     if call is not None:
         named = {**dict(zip(argument_keys(call[0], args64 or (), {}), args64 or (), strict=True)), **call[1]}

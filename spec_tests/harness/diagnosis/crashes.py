@@ -1071,25 +1071,27 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
 # where the implementation's own code raised
 
 
-def _foreign_roots() -> tuple[str, ...]:
+def _foreign_roots(*, installed: bool) -> tuple[str, ...]:
+    """The suite, torch and Python's standard library; with ``installed``, the adapters, the grader, the tools and
+    every installed package too."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # spec_tests/
-    siblings = [
-        os.path.join(os.path.dirname(here), name) + os.sep for name in ("tools", "spec_adapters", "spec_grading")
-    ]
-    roots = [here + os.sep, *siblings, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.append(os.path.realpath(path) + os.sep)
-    roots.append(os.path.realpath(sys.prefix) + os.sep)
+    roots = [here + os.sep, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
+    keys = ("stdlib", "platstdlib", "purelib", "platlib") if installed else ("stdlib", "platstdlib")
+    roots += [os.path.realpath(path) + os.sep for key in keys if (path := sysconfig.get_paths().get(key))]
+    if installed:
+        roots += [
+            os.path.join(os.path.dirname(here), name) + os.sep for name in ("tools", "spec_adapters", "spec_grading")
+        ]
+        roots.append(os.path.realpath(sys.prefix) + os.sep)
     return tuple(roots)
 
 
-def own_frame(exc: BaseException | None) -> str:
-    """``file:line in function`` of the innermost frame outside the suite, the adapters, torch and Python."""
+def own_frame(exc: BaseException | None, *, libraries: bool = False) -> str:
+    """``file:line in function`` of the innermost frame outside the suite, the adapters, torch and Python;
+    ``libraries``: a library's own frames count too (code behind an adapter raising in the library it wraps)."""
     if exc is None or exc.__traceback__ is None:
         return ""
-    foreign = _foreign_roots()
+    foreign = _foreign_roots(installed=not libraries)
     where = ""
     for frame in traceback.extract_tb(exc.__traceback__):
         if frame.filename.startswith("<"):

@@ -1421,7 +1421,7 @@ def knob_causes(
     that fits a single input by coincidence is no cause); ambiguity is judged among the settings kept."""
     try:
         with _one_thread():
-            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=second)
+            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=second) or []
     except Exception:  # arguments the families cannot handle: no diagnosis rather than a broken report
         if cause_module.STRICT:
             raise
@@ -1433,7 +1433,7 @@ def knob_codes(name: str, args, kwargs, actual, *, rope_style: str = "interleave
     the specified output itself fits ``actual`` (these inputs do not show the difference) or the search cannot run."""
     try:
         with _one_thread():
-            found = _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=True)
+            found = _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol)
     except Exception:  # noqa: BLE001 - arguments the families cannot handle: nothing to confirm with
         return None
     return None if found is None else {c.code for c in found}
@@ -1448,32 +1448,33 @@ def mixed_input(args) -> tuple | None:
     return tuple(0.7 * a + 0.3 * a.roll(1, dims=-1) if f else a for a, f in zip(args, floating, strict=True))
 
 
-def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, unseen=False, second=None):
-    """``unseen``: return ``None`` (not ``[]``) where the specified output fits ``actual`` or the search cannot run."""
+def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=None):
+    """The fitting knob causes (``[]``: none fits), or ``None`` where the specified output fits ``actual`` or the
+    search cannot run."""
     try:
         found = variants(name, args, kwargs, rope_style=rope_style)
     except TypeError:  # the arguments do not bind to the protocol signature
-        return None if unseen else []
+        return None
     except (RuntimeError, ValueError, IndexError):  # arguments of shapes the specified computation rejects
-        return None if unseen else []
+        return None
     if found is None:
-        return None if unseen else []
+        return None
     specified, candidates = found
     try:
         with torch.no_grad():
             spec_out = specified()
     except (RuntimeError, ValueError, IndexError, TypeError):
-        return None if unseen else []
+        return None
     bool_like = isinstance(spec_out, torch.Tensor) and spec_out.dtype == torch.bool
     expected = _as_compared(spec_out, False)
     a = _as_compared(actual, bool_like)
     if a is None or expected is None or a.shape != expected.shape:
-        return None if unseen else []
+        return None
     if bool_like:
         atol = rtol = 0.0
     care = ~np.isnan(expected)  # rows the protocol leaves unspecified (every key masked)
     if fits(expected, a, atol, rtol, care):
-        return None if unseen else []
+        return None
     matches, tried = [], 0
     for v in candidates:
         try:

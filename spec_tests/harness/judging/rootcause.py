@@ -270,22 +270,9 @@ def _library_frame(exc: BaseException | None) -> str:
     """For code behind an adapter (``exc.where`` is empty): the innermost frame outside torch, Python's standard
     library and the suite, a library's own frames included (transformers' attention raising where two names
     reach it)."""
-    import os
-    import sysconfig
-    import traceback
+    from ..diagnosis.crashes import own_frame
 
-    import torch
-
-    if exc is None or exc.__traceback__ is None:
-        return ""
-    suite = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    skip = [os.path.dirname(os.path.realpath(torch.__file__)), suite, os.path.realpath(sysconfig.get_paths()["stdlib"])]
-    where = ""
-    for frame in traceback.extract_tb(exc.__traceback__):
-        real = os.path.realpath(frame.filename) if not frame.filename.startswith("<") else ""
-        if real and not any(real.startswith(root + os.sep) for root in skip):
-            where = f"{real}:{frame.lineno} in {frame.name}"
-    return where
+    return own_frame(exc, libraries=True)
 
 
 def _compared(exc: BaseException) -> bool:
