@@ -70,3 +70,59 @@ def test_levels_put_a_cycle_on_one_level_above_what_it_rests_on():
     assert level["rmsnorm"] == 0
     assert level["forward"] == level["build_model"] > level["rmsnorm"]
     assert level["generate"] > level["forward"]
+
+
+REVERSE_CYCLE = """
+import os
+import pytest
+from spec_tests.harness.plugin import markers
+
+CYCLE = {"build_model", "forward", "new_cache", "cache_kv", "canonical_state_dict"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    at = [i for i, it in enumerate(items) if set(markers.subjects_of(it)[0]) & CYCLE]
+    for i, item in zip(at, [items[i] for i in at][::-1]):
+        items[i] = item
+    if os.environ.get("NO_REJUDGING"):  # the control: verdicts as the tests ran
+        from spec_tests.harness.plugin import rejudging
+
+        rejudging.rejudge = lambda session, state: []
+"""
+
+CYCLE_FILES = ("test_model.py", "test_kv_cache.py", "test_batched_generation.py", "test_sliding_window.py")
+
+
+def verdicts(tmp_path, bug: str, *plugins: str, **env) -> tuple[dict[str, str], list[str]]:
+    """Each test's outcome (pytest's -rA word) and the root-cause lines of a run on ``bug``."""
+    (tmp_path / "reverse_cycle.py").write_text(textwrap.dedent(REVERSE_CYCLE))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", **env}
+    files = [str(ROOT / "spec_tests" / f) for f in CYCLE_FILES]
+    args = [sys.executable, "-m", "pytest", *files, f"--impl=bug:{bug}", "-q", "-rA", "-p", "no:cacheprovider"]
+    for plugin in plugins:
+        args += ["-p", plugin]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = proc.stdout.splitlines()
+    words = ("PASSED", "FAILED", "ERROR", "CONSEQUENCE", "NOT IMPLEMENTED", "SKIPPED", "XFAIL")
+    outcome = {}
+    for line in lines:
+        word = next((w for w in words if line.startswith(w + " ")), None)
+        if word:
+            outcome[line[len(word) + 1 :].split(" - ")[0].strip()] = word
+    start = next((i for i, line in enumerate(lines) if line.startswith("root causes")), len(lines))
+    roots = [line for line in lines[start + 1 :] if line.startswith("  ")]
+    assert outcome and roots, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outcome, roots
+
+
+def test_the_order_of_the_model_cycle_decides_no_verdict(tmp_path):
+    """The model, its cache and its state dict rest on each other, so no order puts every cause first; a charged
+    failure that ran before a name it rests on failed is judged again once the run has ended (plugin/rejudging.py).
+    With the cycle's tests reversed, a model bug (post-LN: forward's tests last) and a loading crash (build_model's
+    tests last) get the same verdicts and roots as in the suite's order; the control, the reversed run's verdicts as
+    the tests ran, differs for both."""
+    for bug in ("post_ln", "tied_weights_copied"):
+        usual = verdicts(tmp_path, bug)
+        assert verdicts(tmp_path, bug, "reverse_cycle") == usual, bug
+        assert verdicts(tmp_path, bug, "reverse_cycle", NO_REJUDGING="1") != usual, bug

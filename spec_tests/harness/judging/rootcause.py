@@ -88,20 +88,44 @@ class FailureRegistry:
     crashes: dict[tuple, list[str]] = field(default_factory=dict)
     # names judged by a test that passed
     passing: set[str] = field(default_factory=set)
+    # tests started so far, and when each name was first seen failing (its own failure or a consequence): a test
+    # that ran before a name it rests on failed is judged again once the run has ended (plugin/rejudging.py)
+    clock: int = 0
+    first_failed: dict[str, int] = field(default_factory=dict)
+    # while a test is judged again after the run, it changes nothing here (its first verdict was recorded)
+    frozen: bool = False
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
 
     def mark(self, names, test: str, kind: str = "math") -> None:
+        if self.frozen:
+            return
         for name in names:
             self.failing.setdefault(name, []).append(test)
             self.kinds.setdefault(name, set()).add(kind)
+            if kind in EXPLAINING_KINDS:
+                self.first_failed.setdefault(name, self.clock)
 
     def mark_passed(self, names) -> None:
-        self.passing.update(names)
+        if not self.frozen:
+            self.passing.update(names)
 
     def mark_explained(self, names, test: str) -> None:
+        if self.frozen:
+            return
         for name in names:
             self.explained.setdefault(name, []).append(test)
+            self.first_failed.setdefault(name, self.clock)
+
+    def failed_since(self, names, moment: int) -> list[str]:
+        """Those of ``names`` first seen failing in a way that can explain a math check after ``moment``."""
+        return dependency_order(n for n in names if self.first_failed.get(n, -1) > moment)
 
     def record_crash(self, names, exc: BaseException) -> None:
+        if self.frozen:
+            return
         signature = crash_signature(exc)
         if signature is not None:
             known = self.crashes.setdefault(signature, [])
@@ -145,6 +169,7 @@ class ItemRun:
     subjects: tuple[str, ...]
     uses: tuple[str, ...]
     bug_classes: tuple[str, ...] = ()  # its bug_class markers (read by the plugin)
+    started: int = 0  # the registry's clock when it started (FailureRegistry.tick)
     results: list[CheckResult] = field(default_factory=list)
     verdict: TestVerdict | None = None
     failure: BaseException | None = None

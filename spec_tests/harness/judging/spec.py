@@ -14,6 +14,7 @@ Each records one ``CheckResult`` (``results.py``) and raises ``SpecFailure`` whe
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -403,6 +404,24 @@ class Spec:
         )
         result.causes, result.cause_codes = [], []
         raise ConsequenceFailure(result, failing)
+
+    @contextmanager
+    def unless_failing(self, names, behaviour: str, why: str):
+        """Judge the block; where it fails (a check or a crash) while some of the model-bound ``names`` fail their own
+        tests, the failure is left to them (``why``: why it cannot judge the subject then). The block runs first, so a
+        subject that is right passes whatever else fails, and whether the test is a consequence does not depend on
+        which of the model's tests ran before it (``plugin/rejudging.py`` judges it again once the run has ended)."""
+        try:
+            yield
+        except (SpecFailure, ImplementationError) as exc:
+            if isinstance(exc, (ConsequenceFailure, NotImplementedInImpl)):
+                raise
+            failing = self.failing(names)
+            if not failing:
+                raise
+            names = ", ".join(failing)
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise self.defer(failing, behaviour, f"not judged: {names} {why}.\n  (it failed with: {first})") from None
 
     def defer(self, root, behaviour: str, found: str, subject: str | None = None) -> ConsequenceFailure:
         """A failure this test leaves to ``root`` (another check reports it): raise the returned exception."""

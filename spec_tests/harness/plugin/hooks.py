@@ -459,10 +459,14 @@ def pytest_collection_modifyitems(config, items):
         )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session):
     state = session.config._spec
     if state is None:
         return
+    from . import rejudging
+
+    rejudging.rejudge(session, state)
     from ..judging import tolerance_measurement
 
     tolerance_measurement.dump()
@@ -511,7 +515,12 @@ def pytest_runtest_setup(item):
     state = session_of(item.config)
     subjects, uses = markers.subjects_of(item)
     item._spec_run = rootcause.ItemRun(
-        test_id(item), markers.component_of(item), subjects, uses, tuple(markers.bug_classes_of(item))
+        test_id(item),
+        markers.component_of(item),
+        subjects,
+        uses,
+        tuple(markers.bug_classes_of(item)),
+        started=state.registry.tick(),
     )
     if not item.config.getoption("spec_tb"):
         _short_failures(item)

@@ -1,0 +1,79 @@
+"""Judging again, once the run has ended, the failures that ran before what can explain them.
+
+A failure is a consequence of upstream names already seen failing (``judging/rootcause.py`` and the
+checks' own ``spec.failing``), and the run order (``ordering.py``) puts every test after the tests of
+the names it rests on. Inside a cycle it cannot: the model, its cache and its state dict rest on each
+other, so a cache test may run before the ``forward`` test that shows the model wrong. Such a test,
+charged, is run again when the session ends, against every failure the run has seen: where it is now
+a consequence, that verdict replaces the first one, so the order of the cycle's tests decides nothing.
+
+Only a charged failure that ran before a name it rests on was first seen failing is run again (a few
+tests), with the failure registry frozen (``FailureRegistry.frozen``): the first run's record stands,
+and a test judged again only ever turns into a consequence, never into a new failure. The reports
+replace the first ones in pytest's counts and for the plugins that keep verdicts (the grader's
+collector), without printing the test's progress again.
+"""
+
+from __future__ import annotations
+
+from ..judging.results import CRASHES, REAL_FAILURES, Status
+from .ordering import rests_on
+
+
+def candidates(items, registry) -> list:
+    """The items whose charged failure ran before a name they rest on was first seen failing."""
+    out = []
+    for item in items:
+        run = getattr(item, "_spec_run", None)
+        verdict = getattr(run, "verdict", None)
+        if verdict is None or verdict.status not in (*REAL_FAILURES, *CRASHES) or item.get_closest_marker("xfail"):
+            continue
+        if registry.failed_since(rests_on(run.subjects, run.uses), run.started):
+            out.append(item)
+    return out
+
+
+def rejudge(session, state) -> list[str]:
+    """Run the candidates again; those that now end as consequences replace their first verdicts. Returns
+    their test ids."""
+    from _pytest.runner import runtestprotocol
+
+    registry = state.registry
+    items = candidates(session.items, registry)
+    if not items or session.shouldfail or session.shouldstop:
+        return []
+    changed = []
+    registry.frozen = True
+    try:
+        for item in items:
+            first = item._spec_run
+            reports = runtestprotocol(item, nextitem=None, log=False)
+            again = getattr(item, "_spec_run", None)
+            verdict = getattr(again, "verdict", None)
+            if verdict is None or verdict.status != Status.CONSEQUENCE:
+                item._spec_run = first
+                continue
+            _replace_reports(session.config, item, reports)
+            state.verdicts[verdict.test] = verdict
+            changed.append(verdict.test)
+    finally:
+        registry.frozen = False
+    return changed
+
+
+def _replace_reports(config, item, reports) -> None:
+    """The new reports stand for the test: in the terminal's counts (its old ones dropped) and for every other
+    plugin that reads reports (the grader's collector), without printing the test's progress again."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for key, kept in list(reporter.stats.items()):
+            reporter.stats[key] = [r for r in kept if getattr(r, "nodeid", None) != item.nodeid]
+        for report in reports:
+            category, *_ = config.hook.pytest_report_teststatus(report=report, config=config)
+            reporter.stats.setdefault(category, []).append(report)
+    quiet = [reporter] if reporter is not None else []
+    logreport = config.pluginmanager.subset_hook_caller("pytest_runtest_logreport", remove_plugins=quiet)
+    for report in reports:
+        logreport(report=report)
+    finish = config.pluginmanager.subset_hook_caller("pytest_runtest_logfinish", remove_plugins=quiet)
+    finish(nodeid=item.nodeid, location=item.location)
