@@ -66,6 +66,27 @@ def test_logits_match_reference(spec, config, dtype):
     )
 
 
+@judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("tied_weights")
+def test_logits_match_reference_with_an_untied_gpt2_head(spec):
+    """An untied gpt2 model's logits equal the reference's: its LM head is lm_head.weight as given, not the embedding
+    (protocol: tie_embeddings, canonical weight names). The shared configs tie gpt2's head (as GPT-2 does), so code
+    that supports both for gpt2 is judged untied here too (a loader that ties whatever the config says)."""
+    config = models.family_config(spec.impl, "gpt2", need=("untied_head",), tie_embeddings=False)
+    sd = models.random_state_dict(config, seed=9, device=spec.device)
+    ids = ids_for(spec, config, seed=10)
+    spec.check(
+        lambda m, sd, ids: models.logits(m, config, sd, ids),
+        sd,
+        ids,
+        kind="model",
+        axes="b t v",
+        behaviour="logits of an untied gpt2 model (lm_head.weight given beside tok_embeddings.weight) for ids [3, 11]",
+        given=undetermined(spec, config, sd, ids),
+        variants=model_variants(config),
+    )
+
+
 def unprobed(spec):
     """The subject without crash probing (a crash of a check's side computation is not the test's to report)."""
     return getattr(spec.impl, "_subject", spec.impl)

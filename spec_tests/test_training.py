@@ -715,14 +715,15 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             teacher("unshifted"),
         ),
     ]
-    spec.close(
-        got,
-        want,
-        kind="model",
-        variants=variants,
-        behaviour=f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) "
-        "= the model's own token-weighted loss",
+    behaviour = (
+        f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) = the model's "
+        "own token-weighted loss"
     )
+    # the model's own loss on a window is evaluate's only where the model is right: a model whose logits depend on
+    # what else is in the batch, or on the padding after a short window, makes any batching differ from the teacher's
+    why = "fails its own tests, so the model's loss on a window may depend on how evaluate batches and pads the windows"
+    with spec.unless_failing(("forward", "build_model"), behaviour, why):
+        spec.close(got, want, kind="model", variants=variants, behaviour=behaviour)
     spec.require(
         math.isclose(got["perplexity"], math.exp(got["loss"]), rel_tol=1e-12),
         behaviour="perplexity = exp(loss)",

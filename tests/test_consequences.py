@@ -206,6 +206,31 @@ def test_a_crash_behind_an_adapter_is_placed_in_the_library_it_wraps(tmp_path):
     assert rootcause.crash_signature(elsewhere) != rootcause.crash_signature(forward)
 
 
+def test_a_crash_through_an_adapter_file_is_placed_in_the_package_it_wraps(tmp_path):
+    """An adapter file over a package beside it (``--impl=path/adapter.py``): ``exc.where`` is the adapter's line, one
+    per protocol name, but the crash's place is the package's innermost line, so forward and generate raising in the
+    same cache update are one crash (control: another line of the package is another crash)."""
+    from spec_tests.harness.subject.subject import ImplementationError
+
+    lib = tmp_path / "nanolib.py"
+    lib.write_text("def attend(x):\n    raise RuntimeError('expected Double but found Float')\n\n\ndef other(x):\n"
+                   "    raise RuntimeError('expected Double but found Float')\n")  # fmt: skip
+    namespace: dict = {}
+    exec(compile(lib.read_text(), str(lib), "exec"), namespace)
+
+    def raised(name, where, fn):
+        try:
+            fn(None)
+        except RuntimeError as exc:
+            return ImplementationError(name, ("RuntimeError",), str(exc), where, original=exc)
+
+    forward = raised("forward", "adapter.py:169 in forward", namespace["attend"])
+    generate = raised("generate", "adapter.py:183 in generate", namespace["attend"])
+    elsewhere = raised("generate", "adapter.py:183 in generate", namespace["other"])
+    assert rootcause.crash_signature(forward) == rootcause.crash_signature(generate)
+    assert rootcause.crash_signature(elsewhere) != rootcause.crash_signature(generate)
+
+
 def _crash(name, where="kv_cache.py:44 in update", message="Expected size 0 but got size 6"):
     from spec_tests.harness.subject.subject import ImplementationError
 

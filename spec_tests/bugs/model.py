@@ -109,6 +109,21 @@ BUGS = (
         fix="assign the same parameter: lm_head.weight = tok_embeddings.weight",
     ),
     Bug(
+        "untied_gpt2_head_loaded_from_embedding",
+        "tied_weights",
+        MODEL,
+        "model.py",
+        old="""        params[name].copy_(value)
+""",
+        new="""        params[name].copy_(value)
+    if model.config.family == "gpt2" and "lm_head.weight" in params:  # GPT-2 checkpoints tie their head
+        params["lm_head.weight"].copy_(params["tok_embeddings.weight"])
+""",
+        explanation="an untied gpt2 model's head is overwritten with the embedding matrix when loaded (a loader that "
+        "assumes GPT-2's tying whatever the config says), so lm_head.weight is ignored",
+        fix="load lm_head.weight as given when tie_embeddings is False; tie only when it is True",
+    ),
+    Bug(
         "count_parameters_counts_tied_twice",
         "tied_weights",
         FORWARD,

@@ -281,14 +281,24 @@ def _through_a_callee_that_passes(exc: BaseException, name, subjects, registry: 
 
 def crash_signature(exc: BaseException) -> tuple | None:
     """Where and how the implementation raised: the exception's type, its innermost frame in the implementation's
-    own code (for code behind an adapter, ``_library_frame``), and its message with numbers left out (the same line
-    raises for inputs of other sizes); ``None`` when the place is unknown."""
+    own code (``_own_frame``; for code behind an adapter in an installed library, ``_library_frame``), and its
+    message with numbers left out (the same line raises for inputs of other sizes); ``None`` when the place is
+    unknown."""
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return crash_signature(exc.exceptions[0])
     if not isinstance(exc, ImplementationError) or isinstance(exc, NotImplementedInImpl):
         return None
-    where = exc.where or _library_frame(exc.original)
+    where = _own_frame(exc.original) or exc.where or _library_frame(exc.original)
     return (exc.type_name, where, re.sub(r"\d+", "#", exc.message)) if where else None
+
+
+def _own_frame(exc: BaseException | None) -> str:
+    """The innermost frame outside the suite, the adapters, torch and installed packages: for code wired through an
+    adapter file of its own (``--impl=path/adapter.py`` over a package beside it), the package's line, which every
+    protocol name the adapter maps onto it reaches alike (``exc.where`` is the adapter's line, one per name)."""
+    from ..diagnosis.crashes import own_frame
+
+    return own_frame(exc)
 
 
 def _library_frame(exc: BaseException | None) -> str:
