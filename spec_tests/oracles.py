@@ -69,10 +69,11 @@ def evaluate_teacher(
     usual mistakes, for diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"``
     (mean of per-batch means, ``batch_size`` full windows to a batch and the short last window on its
     own, as code that cannot stack windows of two lengths does), ``"drop_last"`` (the short last window
-    left out), ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1), ``"chunks"``
-    (windows ``context_length + 1`` apart: the data cut into chunks of inputs and targets, so the token after
-    each chunk is never predicted; divided by the tokens predicted), ``"unshifted"`` (each window's tokens
-    scored as their own targets).
+    left out), ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as
+    code that counts a short window's padding as predicted tokens does), ``"all_tokens"`` (divided by
+    len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows ``context_length + 1`` apart:
+    the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
+    divided by the tokens predicted), ``"unshifted"`` (each window's tokens scored as their own targets).
     """
     nll = []
     spans = windows(len(data), context_length)
@@ -95,6 +96,11 @@ def evaluate_teacher(
     elif reduction == "drop_last":
         kept = [n for n, (_, length) in zip(nll, spans) if length == context_length] or nll
         loss = float(torch.cat(kept).mean())
+    elif reduction == "padded_weights":  # batches of batch_size windows, each weighted by its windows x context
+        batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
+        weights = [len(b) * context_length for b in batches]
+        means = [float(torch.cat(b).mean()) for b in batches]
+        loss = sum(m * w for m, w in zip(means, weights)) / sum(weights)
     elif reduction == "all_tokens":
         loss = float(torch.cat(nll).sum() / len(data))
     elif reduction == "chunks":

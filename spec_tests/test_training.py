@@ -690,6 +690,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             teacher("batch_means"),
         ),
         Variant(
+            "knob:loss_reduction",
+            "each batch's mean is weighted by its windows times context_length: a short last window's padding counts "
+            "as predicted tokens",
+            "weight each batch by its predicted tokens (the padding of a short window predicts nothing)",
+            teacher("padded_weights"),
+        ),
+        Variant(
             "boundary",
             "the short last window is left out",
             "keep the last, shorter window: every token after the first is predicted once",

@@ -326,6 +326,10 @@ def cases():
                     ),
                     "knob:reduction_dim",
                 ),
+                "scaled_by_the_number_of_keys": (
+                    lambda: sdpa(q, k, v, m, scale=1 / math.sqrt(k.shape[-2])),
+                    "knob:scale_constant",
+                ),  # fmt: skip
                 "mask_ignored": (lambda: sdpa(q, k, v), "knob:mask_missing"),
                 "mask_inverted": (lambda: sdpa(q, k, v, ~m), "knob:mask_polarity"),
                 "gqa_tiled": (lambda: sdpa(q, k.repeat(1, 4, 1, 1), v.repeat(1, 4, 1, 1), m), "knob:gqa_mapping"),
@@ -375,11 +379,12 @@ def cases():
     )
     wo = randn(D_MODEL, H * D, seed=62) / math.sqrt(D_MODEL)
 
-    def mha(merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False):
+    def mha(merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False, swap_kv=False):
         def split(y, h):
             return y.view(B, h, T, D) if split_view else y.view(B, T, h, D).transpose(1, 2)
 
-        qh, kh, vh = split(xa @ wq.T, H), split(xa @ wk.T, H_KV), split(xa @ wv.T, H_KV)
+        k_weight, v_weight = (wv, wk) if swap_kv else (wk, wv)
+        qh, kh, vh = split(xa @ wq.T, H), split(xa @ k_weight.T, H_KV), split(xa @ v_weight.T, H_KV)
         if theta is not None:
             pos = torch.arange(T)
             qh, kh = rope_complex(qh, pos, theta), rope_complex(kh, pos, theta)
@@ -402,6 +407,7 @@ def cases():
                 "gqa_tiled": (lambda: mha(tiled=True, theta=10000.0), "knob:gqa_mapping"),
                 "rope_on_values": (lambda: mha(rope_values=True, theta=10000.0), "knob:rope_target"),
                 "split_without_transpose": (lambda: mha(split_view=True, theta=10000.0), "knob:head_layout"),
+                "keys_and_values_exchanged": (lambda: mha(theta=10000.0, swap_kv=True), "knob:qkv_layout"),
             },
         )
     )
@@ -420,6 +426,7 @@ def cases():
             F.cross_entropy(lg, tg),
             {
                 "ignored_counted": (lambda: nll.sum() / N, "knob:ignore_index"),
+                "max_not_added_back": (lambda: (nll - lg.amax(-1))[valid].mean(), "knob:max_subtraction"),
                 "summed": (lambda: nll[valid].sum(), "knob:loss_reduction"),
                 "log_softmax_over_rows": (
                     lambda: -(lg.log_softmax(0).gather(1, tg.clamp(min=0)[:, None])[:, 0])[valid].mean(),

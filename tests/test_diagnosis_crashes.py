@@ -375,6 +375,26 @@ def test_far_positions_are_named():
     assert "the same positions modulo 1024" not in near, near  # positions of a typical context are not probed
 
 
+def rope_with_a_table_cut_to_the_length(x, positions):
+    t, half = x.shape[-2], x.shape[-1] // 2
+    table = torch.arange(64, dtype=torch.float64)[:, None] * torch.ones(half, dtype=torch.float64)
+    angles = table[:t][positions]  # the bug: the table is cut to the sequence length before it is indexed
+    return x * angles.cos().repeat_interleave(2, -1)
+
+
+def test_positions_past_the_number_of_tokens_are_named():
+    """A cos/sin table cut to T raises for positions at or past T: named as such, not as a size of the input."""
+    x = randn(2, 5, 4)
+    lines, codes = probe("rope", rope_with_a_table_cut_to_the_length, (x, torch.tensor([3, 4, 5, 6, 9])), {})
+    assert codes == ["boundary"], lines
+    assert any(
+        "rope raises for positions up to 9 with 5 tokens and works for the same positions moved below 5" in ln
+        for ln in lines
+    ), lines
+    within = [p.working for p in probes_for("rope", (x, torch.tensor([0, 1, 2, 3, 4])), {})]
+    assert not any("moved below" in w for w in within), within  # positions below T are not probed
+
+
 def repeat_kv_view_after_expand(x, n_rep):
     b, h, t, d = x.shape  # the bug: .view of an expanded axis works for one kv head only
     return x[:, :, None].expand(b, h, n_rep, t, d).view(b, h * n_rep, t, d)

@@ -136,6 +136,40 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "evaluate_counts_padding",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="""    total = torch.zeros((), dtype=torch.float64)
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                total += token_nll(model(x), y).sum().double().cpu()
+    loss = (total / n_pred).item()""",
+        new="""    weighted, weights = [], []
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            nll = torch.zeros((), dtype=torch.float64)
+            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                nll += token_nll(model(x), y).sum().double().cpu()
+            weights.append(len(group) * context_length)  # every window as if full: the padding counted
+            weighted.append(nll / sum(n for _, n in group) * weights[-1])
+    loss = (sum(weighted) / sum(weights)).item()""",
+        explanation="evaluate weights each batch's mean loss by its windows times context_length, so a short last "
+        "window's padding counts as predicted tokens",
+        fix="sum the NLL of every predicted token and divide by their number (len(data) - 1)",
+        corner=True,
+        code="knob:loss_reduction",
+    ),
+    Bug(
         "evaluate_in_training_mode",
         "evaluation",
         EVALUATION,

@@ -817,6 +817,28 @@ def _far_position_probes(name, args, kwargs) -> list[Probe]:
     return [Probe(failing, "the same positions modulo 1024", *variant, note, "boundary")]
 
 
+def _positions_past_the_length_probes(name, args, kwargs) -> list[Probe]:
+    """Integer ``positions`` at or past the number of tokens T (x's axis -2) given as the same pattern within
+    ``[0, T)`` (shifted down where its span fits, else taken modulo T): a table of cos/sin cut to the sequence length
+    (``cos[:T]``) before it is indexed by position runs out there."""
+    names = _signature_names(name)
+    where = next((i for i, n in enumerate(names[: len(args)]) if n == "positions"), "positions")
+    value = args[where] if isinstance(where, int) else kwargs.get("positions")
+    x = _primary(args, kwargs)
+    if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dtype == torch.bool:
+        return []
+    if x is None or x.ndim < 2 or not x.is_floating_point() or value.numel() == 0:
+        return []
+    t, low, high = x.shape[-2], int(value.min()), int(value.max())
+    if high < t or high >= FAR_POSITION:
+        return []
+    within = value - low if high - low < t else value % t
+    failing = f"positions up to {high} with {t} tokens"
+    working = f"the same positions moved below {t} (max {int(within.max())})"
+    note = "; positions are not bounded by the number of tokens (a table indexed by position must cover them)"
+    return [Probe(failing, working, *_with(args, kwargs, where, within), note, "boundary")]
+
+
 def _axis_size_probes(name, args, kwargs) -> list[Probe]:
     """A fallback when no property above explains a crash: each size n of the first tensor argument's leading axes
     (its last, the feature size, stays) changed on every tensor axis of that size alike. First grown to the next
@@ -950,6 +972,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _broadcast_probes(args, kwargs)
         + _mask_probes(args, kwargs)
         + _far_position_probes(name, args, kwargs)
+        + _positions_past_the_length_probes(name, args, kwargs)
         + _empty_probes(name, args, kwargs)
         + _zero_float_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)

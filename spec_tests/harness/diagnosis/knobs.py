@@ -727,6 +727,19 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
             fix=fix_scale,
             compute=a(scale=math.sqrt(d)),
         ),
+    ]
+    tk = k.shape[-2]
+    if tk != d:  # the size of the other axis of k: k.size(-2) where k.size(-1) belongs
+        out.append(
+            Variant(
+                "knob:scale_constant",
+                f"the scores are divided by sqrt(T_k) = sqrt({tk}), the number of keys, instead of sqrt(d_head)",
+                where=scale_where,
+                fix=f"{fix_scale} (the size of k's last axis, not of its key axis)",
+                compute=a(scale=1.0 / math.sqrt(tk)),
+            )
+        )
+    out += [
         Variant(
             "knob:reduction_dim",
             "the softmax runs over the queries (dim -2) instead of the keys",
@@ -861,6 +874,27 @@ def _mha(
     return o @ wo.T
 
 
+def _swapped_projections(p, h, hkv, theta, style) -> list[Variant]:
+    """Two of wq, wk, wv of the same shape exchanged (a loader or an adapter that maps them in the wrong order)."""
+    role = {"wq": "queries", "wk": "keys", "wv": "values"}
+    out = []
+    for a, b in (("wk", "wv"), ("wq", "wk"), ("wq", "wv")):
+        w = {"wq": p.wq, "wk": p.wk, "wv": p.wv}
+        if w[a].shape != w[b].shape:
+            continue
+        w[a], w[b] = w[b], w[a]
+        out.append(
+            Variant(
+                "knob:qkv_layout",
+                f"{a} and {b} are exchanged: the {role[a]} are projected with {b} and the {role[b]} with {a}",
+                where="which weight projects the queries, the keys and the values",
+                fix="q = x @ wq.T, k = x @ wk.T, v = x @ wv.T",
+                compute=lambda w=w: _mha(p.x, w["wq"], w["wk"], w["wv"], p.wo, h, hkv, theta, p.positions, style),
+            )
+        )
+    return out
+
+
 def _mha_family(args, kwargs, style):
     p = _bind("x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None", args, kwargs)
     h = int(p.n_heads)
@@ -915,6 +949,20 @@ def _mha_family(args, kwargs, style):
             fix="divide by sqrt(d_head)",
             compute=m(scale=1.0 / math.sqrt(p.x.shape[-1])),
         ),
+        *(
+            [
+                Variant(
+                    "knob:scale_constant",
+                    f"the scores are divided by sqrt(T) = sqrt({t}), the number of keys, instead of sqrt(d_head)",
+                    where=scale_where,
+                    fix="divide by sqrt(d_head) (the size of k's last axis, not of its key axis)",
+                    compute=m(scale=1.0 / math.sqrt(t)),
+                )
+            ]
+            if t != dh
+            else []
+        ),
+        *_swapped_projections(p, h, hkv, theta, style),
         Variant(
             "knob:mask_missing",
             "no causal mask is applied",
@@ -1010,9 +1058,12 @@ def _ce(
     naive=None,
     row_means=False,
     log_of=None,
+    max_kept=False,
 ):
     if log_of is not None:  # log(softmax(x)): the max is subtracted, but a probability that underflows gives -inf
         lp = torch.log(torch.softmax(logits.to(log_of), dim)).to(F64)
+    elif max_kept:  # log-sum-exp of x - max, less the target's own logit x (not x - max): every row off by its max
+        lp = torch.log_softmax(logits, dim) + logits.amax(dim, keepdim=True)
     elif naive is not None:
         x = logits.to(naive)
         lp = (x - torch.log(torch.exp(x).sum(dim, keepdim=True))).to(F64)
@@ -1087,6 +1138,16 @@ def _cross_entropy(args, kwargs, style):
                 compute=c(log_of=dtype),
             )
         )
+    out.append(
+        Variant(
+            "knob:max_subtraction",
+            "the row max is subtracted inside the log-sum-exp but not from the target's logit: each target's loss is "
+            "off by its row's max",
+            where="the log-sum-exp and the target logit it is taken from",
+            fix="logsumexp(x) - x[target], with the max subtracted from both or from neither (torch.logsumexp)",
+            compute=c(max_kept=True),
+        )
+    )
     if ig != -100:
         out.append(
             Variant(
