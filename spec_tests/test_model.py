@@ -51,18 +51,30 @@ def test_logits_match_reference(spec, config, dtype):
     """Logits of a pre-norm decoder with the given canonical weights equal the reference's (course notes: decoder-only
     forward pass, add positions x = tok + pos; symptoms table: deep stack diverges, use pre-LN)."""
     sd = models.random_state_dict(config, seed=2, dtype=dtype, device=spec.device)
-    ids = ids_for(spec, config, seed=3)
+    check_logits(
+        spec,
+        config,
+        sd,
+        ids_for(spec, config, seed=3),
+        behaviour=f"logits of the {config['family']} model (n_heads {config['n_heads']}, n_kv_heads "
+        f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
+        variants=model_variants(config),
+        model_knobs=True,
+    )
+
+
+def check_logits(spec, config, sd, ids, *, behaviour: str, **options) -> None:
+    """``spec.check`` of a model's logits built from ``sd`` at the model tolerance, judged where its weights determine
+    it (``undetermined``); ``options`` go to ``spec.check`` (variants, model knobs)."""
     spec.check(
         lambda m, sd, ids: models.logits(m, config, sd, ids),
         sd,
         ids,
         kind="model",
         axes="b t v",
-        behaviour=f"logits of the {config['family']} model (n_heads {config['n_heads']}, n_kv_heads "
-        f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
+        behaviour=behaviour,
         given=undetermined(spec, config, sd, ids),
-        variants=model_variants(config),
-        model_knobs=True,
+        **options,
     )
 
 
@@ -74,15 +86,12 @@ def test_logits_match_reference_with_an_untied_gpt2_head(spec):
     that supports both for gpt2 is judged untied here too (a loader that ties whatever the config says)."""
     config = models.family_config(spec.impl, "gpt2", need=("untied_head",), tie_embeddings=False)
     sd = models.random_state_dict(config, seed=9, device=spec.device)
-    ids = ids_for(spec, config, seed=10)
-    spec.check(
-        lambda m, sd, ids: models.logits(m, config, sd, ids),
+    check_logits(
+        spec,
+        config,
         sd,
-        ids,
-        kind="model",
-        axes="b t v",
+        ids_for(spec, config, seed=10),
         behaviour="logits of an untied gpt2 model (lm_head.weight given beside tok_embeddings.weight) for ids [3, 11]",
-        given=undetermined(spec, config, sd, ids),
         variants=model_variants(config),
     )
 
@@ -193,15 +202,12 @@ def test_default_config_logits_match_reference(spec, family):
     spec.impl.require_capability("tied_head")
     _, written = default_configs(spec.impl, family)
     sd = models.random_state_dict(written, seed=11, device=spec.device)
-    ids = ids_for(spec, written, seed=12)
-    spec.check(
-        lambda m, sd, ids: models.logits(m, written, sd, ids),
+    check_logits(
+        spec,
+        written,
         sd,
-        ids,
-        kind="model",
-        axes="b t v",
+        ids_for(spec, written, seed=12),
         behaviour=f"logits of a {family} model with the protocol's defaults written out",
-        given=undetermined(spec, written, sd, ids),
     )
 
 

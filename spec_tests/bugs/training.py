@@ -5,6 +5,18 @@ from __future__ import annotations
 from .bug import Bug
 from .model_components import EVALUATION, TRAINING
 
+# evaluate's loop over its windows in reference/training.py (the text two evaluation bugs replace)
+EVALUATE_LOOP = """    total = torch.zeros((), dtype=torch.float64)
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                total += token_nll(model(x), y).sum().double().cpu()
+    loss = (total / n_pred).item()"""
+
 BUGS = (
     Bug(
         "get_batch_unshifted_targets",
@@ -111,16 +123,7 @@ BUGS = (
         "evaluation",
         EVALUATION,
         "training.py",
-        old="""    total = torch.zeros((), dtype=torch.float64)
-    with eval_mode(model):
-        for i in range(0, len(windows), batch_size):
-            group = windows[i : i + batch_size]
-            for length in sorted({n for _, n in group}):  # the short last window goes alone
-                starts = torch.tensor([s for s, n in group if n == length])
-                offsets = starts[:, None] + torch.arange(length)[None, :]
-                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
-                total += token_nll(model(x), y).sum().double().cpu()
-    loss = (total / n_pred).item()""",
+        old=EVALUATE_LOOP,
         new="""    batch_means = []
     with eval_mode(model):
         for i in range(0, len(windows), batch_size):
@@ -140,16 +143,7 @@ BUGS = (
         "evaluation",
         EVALUATION,
         "training.py",
-        old="""    total = torch.zeros((), dtype=torch.float64)
-    with eval_mode(model):
-        for i in range(0, len(windows), batch_size):
-            group = windows[i : i + batch_size]
-            for length in sorted({n for _, n in group}):  # the short last window goes alone
-                starts = torch.tensor([s for s, n in group if n == length])
-                offsets = starts[:, None] + torch.arange(length)[None, :]
-                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
-                total += token_nll(model(x), y).sum().double().cpu()
-    loss = (total / n_pred).item()""",
+        old=EVALUATE_LOOP,
         new="""    weighted, weights = [], []
     with eval_mode(model):
         for i in range(0, len(windows), batch_size):
