@@ -126,3 +126,25 @@ def test_the_order_of_the_model_cycle_decides_no_verdict(tmp_path):
         usual = verdicts(tmp_path, bug)
         assert verdicts(tmp_path, bug, "reverse_cycle") == usual, bug
         assert verdicts(tmp_path, bug, "reverse_cycle", NO_REJUDGING="1") != usual, bug
+
+
+def test_a_second_run_stands_only_as_a_consequence_failing_what_the_first_failed():
+    """A test judged again after the run replaces its first verdict only where it is now a consequence and fails every
+    check the first run failed: code that answers otherwise when asked again (passes, or fails elsewhere) gains
+    nothing; a charged second run changes nothing either."""
+    from spec_tests.harness.judging.results import CheckResult, Status
+    from spec_tests.harness.judging.rootcause import ItemRun
+    from spec_tests.harness.plugin.rejudging import replaces
+
+    def run(status, failed=(), passed=()):
+        r = ItemRun("t", "kv_cache", ("new_cache",), ("forward",))
+        r.results = [CheckResult("t", "new_cache", "kv_cache", b, outcome="failed") for b in failed]
+        r.results += [CheckResult("t", "new_cache", "kv_cache", b) for b in passed]
+        r.set_verdict(status)
+        return r
+
+    first = run(Status.FAILED, failed=["cache contents"])
+    assert replaces(first, run(Status.CONSEQUENCE, failed=["cache contents", "deferred to forward"]))
+    assert not replaces(first, run(Status.CONSEQUENCE, failed=["deferred to forward"], passed=["cache contents"]))
+    assert not replaces(first, run(Status.FAILED, failed=["cache contents"]))
+    assert not replaces(first, run(Status.PASSED, passed=["cache contents"]))

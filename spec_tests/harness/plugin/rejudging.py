@@ -9,9 +9,10 @@ a consequence, that verdict replaces the first one, so the order of the cycle's 
 
 Only a charged failure that ran before a name it rests on was first seen failing is run again (a few
 tests), with the failure registry frozen (``FailureRegistry.frozen``): the first run's record stands,
-and a test judged again only ever turns into a consequence, never into a new failure. The reports
-replace the first ones in pytest's counts and for the plugins that keep verdicts (the grader's
-collector), without printing the test's progress again.
+and a test judged again only ever turns into a consequence, never into a new failure. The second run must
+fail every check the first failed (``failed_checks``): code that answers otherwise when asked again gains
+nothing. The reports replace the first ones in pytest's counts and for the plugins that keep verdicts (the
+grader's collector), without printing the test's progress again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def candidates(items, registry) -> list:
     return out
 
 
+def failed_checks(run) -> set[tuple[str, str]]:
+    """``(subject, behaviour)`` of the checks a run of a test failed."""
+    return {(r.subject, r.behaviour) for r in run.results if r.failed}
+
+
+def replaces(first, again) -> bool:
+    """Whether the second run of a test stands for it: a consequence that failed every check the first run failed."""
+    verdict = getattr(again, "verdict", None)
+    return verdict is not None and verdict.status == Status.CONSEQUENCE and failed_checks(first) <= failed_checks(again)
+
+
 def rejudge(session, state) -> list[str]:
     """Run the candidates again; those that now end as consequences replace their first verdicts. Returns
     their test ids."""
@@ -49,10 +61,10 @@ def rejudge(session, state) -> list[str]:
             first = item._spec_run
             reports = runtestprotocol(item, nextitem=None, log=False)
             again = getattr(item, "_spec_run", None)
-            verdict = getattr(again, "verdict", None)
-            if verdict is None or verdict.status != Status.CONSEQUENCE:
+            if again is None or not replaces(first, again):
                 item._spec_run = first
                 continue
+            verdict = again.verdict
             _replace_reports(session.config, item, reports)
             state.verdicts[verdict.test] = verdict
             changed.append(verdict.test)
