@@ -146,6 +146,26 @@ def test_object_form_and_families(pytester, suite):
     assert "not provided by gpt2_only:impl: family 'llama'" in proc.stdout
 
 
+def test_kv_cache_bytes_is_judged_on_the_families_declared(pytester, suite):
+    """An llama-only implementation whose kv_cache_bytes rejects a gpt2 config is judged on llama configs only
+    (control: the same implementation declaring gpt2 too fails)."""
+    code = """
+        import reference
+        from reference import *  # noqa: F403
+        FAMILIES = {families}
+
+        def kv_cache_bytes(config, *args, **kwargs):
+            if config.get("family", "llama") != "llama":
+                raise ValueError("llama only")
+            return reference.kv_cache_bytes(config, *args, **kwargs)
+        """
+    write(pytester.path / "llama_only.py", code.format(families='("llama",)'))
+    proc = suite("--impl=llama_only", "-k", "test_kv_cache_bytes and not omitted")
+    assert "3 passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
+    write(pytester.path / "claims_both.py", code.format(families='("llama", "gpt2")'))
+    assert "3 failed" in suite("--impl=claims_both", "-k", "test_kv_cache_bytes and not omitted").stdout
+
+
 def test_capabilities_skip_what_is_not_supported(pytester, suite):
     """CAPABILITIES without "gqa": GQA cases are skipped as not provided, MHA cases still run."""
     write(
