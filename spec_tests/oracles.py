@@ -70,7 +70,8 @@ def evaluate_teacher(
     (mean of per-batch means, ``batch_size`` full windows to a batch and the short last window on its
     own, as code that cannot stack windows of two lengths does), ``"drop_last"`` (the short last window
     left out), ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as
-    code that counts a short window's padding as predicted tokens does), ``"all_tokens"`` (divided by
+    code that counts a short window's padding as predicted tokens does), ``"full_windows"`` (the total NLL
+    divided by the windows times ``context_length``: a short window counted as full), ``"all_tokens"`` (divided by
     len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows ``context_length + 1`` apart:
     the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
     divided by the tokens predicted), ``"unshifted"`` (each window's tokens scored as their own targets).
@@ -101,6 +102,8 @@ def evaluate_teacher(
         weights = [len(b) * context_length for b in batches]
         means = [float(torch.cat(b).mean()) for b in batches]
         loss = sum(m * w for m, w in zip(means, weights)) / sum(weights)
+    elif reduction == "full_windows":  # every window counted as context_length predictions
+        loss = float(torch.cat(nll).sum() / (len(spans) * context_length))
     elif reduction == "all_tokens":
         loss = float(torch.cat(nll).sum() / len(data))
     elif reduction == "chunks":

@@ -697,6 +697,12 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             teacher("padded_weights"),
         ),
         Variant(
+            "knob:loss_reduction",
+            "the total NLL is divided by the windows times context_length: a short last window counts as full",
+            "divide by the number of predicted tokens (len(data) - 1)",
+            teacher("full_windows"),
+        ),
+        Variant(
             "boundary",
             "the short last window is left out",
             "keep the last, shorter window: every token after the first is predicted once",

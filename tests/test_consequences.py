@@ -492,3 +492,16 @@ def test_a_crash_through_the_cache_in_a_forward_test_is_new_cache_s(tmp_path, py
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "new_cache: " in roots and "forward: " not in roots, out[-3000:]
+
+
+def test_a_float32_statistic_in_rmsnorm_explains_the_float64_models_rounding(tmp_path, pytester):
+    """rmsnorm computed in float32: its own precision test fails, and the float64 model's logits, rounded by it, are
+    its consequence (a precision failure upstream explains a check to float64 rounding, never a math check); the
+    model's math tests pass. A held-out bug was charged to rmsnorm and forward."""
+    f32 = "    xf = x.to(_compute_dtype(x))\n    normed", "    xf = x.float()\n    normed"
+    folder = implementation(tmp_path, patch=("norms.py", *f32))
+    selected = "test_float64_computed_in_float64 or test_float64_model_computed_in_float64"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "rmsnorm: " in roots and "forward: " not in roots, out[-3000:]
+    assert "consequence" in out, out[-3000:]

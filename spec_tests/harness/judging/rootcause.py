@@ -131,9 +131,9 @@ class FailureRegistry:
             known = self.crashes.setdefault(signature, [])
             known += [n for n in names if n not in known]
 
-    def explaining(self, names) -> list[str]:
-        """Those of ``names`` with a failure that can explain a check at math tolerance."""
-        return [n for n in names if self.kinds.get(n, set()) & EXPLAINING_KINDS]
+    def explaining(self, names, kinds=EXPLAINING_KINDS) -> list[str]:
+        """Those of ``names`` with a failure that can explain a check at math tolerance (of ``kinds``)."""
+        return [n for n in names if self.kinds.get(n, set()) & kinds]
 
     def behaving_wrongly(self, names) -> list[str]:
         """Those of ``names`` that fail tests that can explain a math check, their own or as consequences of
@@ -148,10 +148,13 @@ class FailureRegistry:
         names = [n for n in self.crashes.get(signature, ()) if n in set(candidates)] if signature else []
         return dependency_order(names)[:1]
 
-    def upstream_of(self, subject: str) -> list[str]:
-        """Failing, composable names ``subject`` may call whose failures can explain a math check."""
+    def upstream_of(self, subject: str, *, precision: bool = False) -> list[str]:
+        """Failing, composable names ``subject`` may call whose failures can explain a math check; with
+        ``precision``, a check to float64 rounding, whose failure a precision failure upstream explains too (a
+        float32 statistic in rmsnorm rounds a float64 model's logits)."""
         names = upstream_closure([subject]) - {subject}
-        return dependency_order(n for n in self.explaining(names) if n in consequences.COMPOSABLE)
+        kinds = EXPLAINING_KINDS | {"precision"} if precision else EXPLAINING_KINDS
+        return dependency_order(n for n in self.explaining(names, kinds) if n in consequences.COMPOSABLE)
 
     def upstream_failing(self, subjects, used, *, composable: bool = True) -> list[str]:
         """Failing names the test may depend on, other than what it judges (dependency order)."""

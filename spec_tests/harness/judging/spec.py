@@ -23,7 +23,7 @@ from ..subject.subject import ImplementationError, NotImplementedInImpl
 from . import tolerance_measurement
 from .compare import mismatch, shape_note
 from .results import CheckResult
-from .tolerances import BFLOAT16, Tolerance, tolerance
+from .tolerances import BFLOAT16, EXACT, Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
 
 
@@ -82,7 +82,7 @@ class Spec:
         *,
         sink=None,
         failing=lambda names: [],
-        upstream=lambda subject: [],
+        upstream=lambda subject, precision=False: [],
         crash_consequences: bool = True,
     ):
         from ..diagnosis.crashes import Probing
@@ -291,7 +291,10 @@ class Spec:
         """Raise ``ConsequenceFailure`` when the reference composed with the implementation's own failing
         upstream functions computes ``actual`` (consequences.py); otherwise the failure stays charged."""
         composing = getattr(self, "composing", False)  # a rerun on the composed reference: no nesting
-        candidates = self.upstream(result.subject) if reference is not None and not composing else []
+        precision = tol.describe() == EXACT.describe()  # a check to float64 rounding
+        candidates = (
+            self.upstream(result.subject, precision=precision) if reference is not None and not composing else []
+        )
         if not candidates:
             return
         from .consequences import explain
