@@ -393,6 +393,10 @@ def test_positions_past_the_number_of_tokens_are_named():
     ), lines
     within = [p.working for p in probes_for("rope", (x, torch.tensor([0, 1, 2, 3, 4])), {})]
     assert not any("moved below" in w for w in within), within  # positions below T are not probed
+    # one token [3, 1, 4] at position 1: merging the leading dims into T runs too, but only the values' variant is said
+    lines, _ = probe("rope", rope_with_a_table_cut_to_the_length, (randn(3, 1, 4), torch.tensor([1])), {})
+    assert any("positions up to 1 with 1 tokens" in ln for ln in lines), lines
+    assert not any("input and works for" in ln for ln in lines), lines
 
 
 def repeat_kv_view_after_expand(x, n_rep):

@@ -188,6 +188,20 @@ BUGS = (
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),
     Bug(
+        "cache_keys_never_rotated",
+        "kv_cache",
+        (*CACHE, *GENERATION, *FORWARD),
+        "attention.py",
+        old="""        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
+    if cache is not None:""",
+        new="""        if cache is None:
+            k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)
+    if cache is not None:""",
+        explanation="with a cache, keys are stored before RoPE and read back unrotated: every cached forward, a "
+        "single prefill too, scores rotated queries against unrotated keys",
+        fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
+    ),
+    Bug(
         "kv_cache_prepended",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),

@@ -814,7 +814,7 @@ def _far_position_probes(name, args, kwargs) -> list[Probe]:
     failing = f"positions up to {int(value.max())}"
     note = "; the protocol defines positions without an upper bound"
     variant = _with(args, kwargs, where, value % 1024)
-    return [Probe(failing, "the same positions modulo 1024", *variant, note, "boundary")]
+    return [Probe(failing, "the same positions modulo 1024", *variant, note, "boundary", exclusive=True)]
 
 
 def _positions_past_the_length_probes(name, args, kwargs) -> list[Probe]:
@@ -836,7 +836,8 @@ def _positions_past_the_length_probes(name, args, kwargs) -> list[Probe]:
     failing = f"positions up to {high} with {t} tokens"
     working = f"the same positions moved below {t} (max {int(within.max())})"
     note = "; positions are not bounded by the number of tokens (a table indexed by position must cover them)"
-    return [Probe(failing, working, *_with(args, kwargs, where, within), note, "boundary")]
+    # only the values change: where it runs, a shape variant that also runs (a rank that moves T) is no evidence
+    return [Probe(failing, working, *_with(args, kwargs, where, within), note, "boundary", exclusive=True)]
 
 
 def _axis_size_probes(name, args, kwargs) -> list[Probe]:
