@@ -148,3 +148,17 @@ def test_a_second_run_stands_only_as_a_consequence_failing_what_the_first_failed
     assert not replaces(first, run(Status.CONSEQUENCE, failed=["deferred to forward"], passed=["cache contents"]))
     assert not replaces(first, run(Status.FAILED, failed=["cache contents"]))
     assert not replaces(first, run(Status.PASSED, passed=["cache contents"]))
+
+
+def test_a_second_run_that_would_make_two_failures_consequences_of_each_other_is_not_taken():
+    """Settling charges a cycle of consequences (nothing pays for it): a second run that would close one keeps the
+    first verdict; one that settles to a charged root is taken."""
+    from spec_tests.harness.judging.results import Status, TestVerdict
+    from spec_tests.harness.plugin.rejudging import settles
+
+    cache_test = TestVerdict("cache", "kv_cache", ["new_cache"], Status.CONSEQUENCE, ["forward"])
+    forward_test = TestVerdict("padded", "model", ["forward"], Status.FAILED)
+    verdicts = {"cache": cache_test, "padded": forward_test}
+    assert not settles(verdicts, TestVerdict("padded", "model", ["forward"], Status.CONSEQUENCE, ["new_cache"]))
+    rooted = {**verdicts, "rope": TestVerdict("rope", "positions", ["rope"], Status.FAILED)}
+    assert settles(rooted, TestVerdict("padded", "model", ["forward"], Status.CONSEQUENCE, ["rope"]))

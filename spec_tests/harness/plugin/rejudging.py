@@ -45,6 +45,21 @@ def replaces(first, again) -> bool:
     return verdict is not None and verdict.status == Status.CONSEQUENCE and failed_checks(first) <= failed_checks(again)
 
 
+def settles(verdicts: dict, verdict) -> bool:
+    """Whether ``verdict`` (a consequence) holds once settled beside ``verdicts`` and leaves every consequence that
+    held before holding: a second run never turns two failures into consequences of each other (a crash in the
+    cache reached first by a ``forward`` test, whose cache tests then deferred to ``forward``), which settling
+    would charge both of."""
+    from ..judging.settling import settle
+
+    def held(records) -> set[str]:
+        return {t for t, v in settle(records).items() if v.status == Status.CONSEQUENCE}
+
+    before = held(verdicts.values())
+    after = held([*(v for t, v in verdicts.items() if t != verdict.test), verdict])
+    return verdict.test in after and before <= after
+
+
 def rejudge(session, state) -> list[str]:
     """Run the candidates again; those that now end as consequences replace their first verdicts. Returns
     their test ids."""
@@ -65,6 +80,9 @@ def rejudge(session, state) -> list[str]:
                 item._spec_run = first
                 continue
             verdict = again.verdict
+            if not settles(state.verdicts, verdict):
+                item._spec_run = first
+                continue
             _replace_reports(session.config, item, reports)
             state.verdicts[verdict.test] = verdict
             changed.append(verdict.test)
