@@ -25,10 +25,27 @@ def eval_output(spec, model, ids) -> torch.Tensor | None:
     observed, and the flags alone judge it. The model is left in eval mode."""
     spec.impl.set_training(model, False)
     clean = spec.impl.forward(model, ids).detach()
+    if eval_mode_varies(spec, model, ids, clean):
+        raise spec.defer(
+            ["forward"],
+            "the mode shows in outputs (dropout on in training mode only)",
+            "not judged: your model in eval mode still applies dropout (two eval-mode forward passes differ), so the "
+            "mode cannot be read from its outputs; test_model.py's eval-mode test reports it (forward)",
+        )
     spec.impl.set_training(model, True)
     visible = shows_training(spec, model, ids, clean)
     spec.impl.set_training(model, False)
     return clean if visible else None
+
+
+def eval_mode_varies(spec, model, ids, clean: torch.Tensor) -> bool:
+    """Whether ``model``, in eval mode, computes another output than ``clean`` under another global seed: dropout
+    applied whatever the mode (``F.dropout`` without ``training=``), which is forward's mistake. The model stays in
+    eval mode."""
+    spec.impl.set_training(model, False)
+    spec.impl.manual_seed(11)
+    out = spec.impl.forward(model, ids).detach()
+    return not (out.shape == clean.shape and torch.equal(out, clean))
 
 
 def shows_training(spec, model, ids, clean: torch.Tensor) -> bool:

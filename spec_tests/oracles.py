@@ -68,7 +68,8 @@ def evaluate_teacher(
     ``reduction`` other than ``"tokens"`` (the protocol's total NLL / predicted tokens) gives the
     usual mistakes, for diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"``
     (mean of per-batch means, ``batch_size`` full windows to a batch and the short last window on its
-    own, as code that cannot stack windows of two lengths does), ``"drop_last"`` (the short last window
+    own, as code that cannot stack windows of two lengths does), ``"mixed_batch_means"`` (the same, batches taken
+    in order with the short last window in the last one), ``"drop_last"`` (the short last window
     left out), ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as
     code that counts a short window's padding as predicted tokens does), ``"full_windows"`` (the total NLL
     divided by the windows times ``context_length``: a short window counted as full), ``"all_tokens"`` (divided by
@@ -97,6 +98,9 @@ def evaluate_teacher(
     elif reduction == "drop_last":
         kept = [n for n, (_, length) in zip(nll, spans) if length == context_length] or nll
         loss = float(torch.cat(kept).mean())
+    elif reduction == "mixed_batch_means":  # batches of batch_size windows in order, the short one in the last
+        batches = [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
+        loss = float(torch.stack([b.mean() for b in batches]).mean())
     elif reduction == "padded_weights":  # batches of batch_size windows, each weighted by its windows x context
         batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
         weights = [len(b) * context_length for b in batches]

@@ -301,6 +301,14 @@ def test_generation_ignores_dropout(spec, family):
         spec.impl.set_training(model, False)
         spec.impl.manual_seed(spec.inputs.torch_seed(1))
         again = spec.impl.generate(model, prompt, 10, temperature=0.0)
+        clean = spec.impl.forward(model, prompt).detach()
+        if observed.eval_mode_varies(spec, model, prompt, clean):
+            raise spec.defer(
+                ["forward"],
+                "generation in training mode with dropout 0.5 equals eval-mode generation",
+                "consequence of failing forward: your model in eval mode still applies dropout (two eval-mode "
+                "forward passes differ), so no generate can switch it off; test_model.py's eval-mode test reports it",
+            )
         spec.impl.set_training(model, True)
         if not torch.equal(again.cpu(), want.cpu()):
             causes = ("note: greedy generation in eval mode differs between two calls too (it draws from the "

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from . import models
+from . import models, observed
 from .harness.diagnosis.bookkeeping import count_variants
 from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
@@ -60,6 +60,24 @@ def test_logits_match_reference(spec, config, dtype):
         f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
         variants=model_variants(config),
         model_knobs=True,
+    )
+
+
+@judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("dropout_generation")
+def test_eval_mode_applies_no_dropout(spec, family):
+    """A model with dropout 0.5 in eval mode computes the reference's logits, whatever the global random state:
+    dropout applies in training mode only (protocol: amendment 10, the dropout capability; course notes: dropout
+    accidentally enabled during generation)."""
+    spec.impl.require_capability("dropout")
+    config = models.family_config(spec.impl, family, dropout=observed.DROPOUT)
+    sd = models.random_state_dict(config, seed=15, device=spec.device)
+    check_logits(
+        spec,
+        config,
+        sd,
+        ids_for(spec, config, seed=16),
+        behaviour=f"logits of a {family} model with dropout {observed.DROPOUT} in eval mode (dropout off)",
     )
 
 

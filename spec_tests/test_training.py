@@ -691,6 +691,12 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         ),
         Variant(
             "knob:loss_reduction",
+            "the loss is the mean of per-batch means (batches in order, the short last window in the last one)",
+            "sum the NLL of every predicted token over all batches, divide by their number",
+            teacher("mixed_batch_means"),
+        ),
+        Variant(
+            "knob:loss_reduction",
             "each batch's mean is weighted by its windows times context_length: a short last window's padding counts "
             "as predicted tokens",
             "weight each batch by its predicted tokens (the padding of a short window predicts nothing)",
@@ -781,11 +787,21 @@ def test_evaluate_ignores_dropout(spec, family):
     spec.impl.set_training(model, True)
     spec.impl.manual_seed(spec.inputs.torch_seed(1))
     noisy = spec.impl.evaluate(model, data, 11)
+    behaviour = "evaluate in training mode with dropout 0.5 equals evaluate in eval mode"
+    if noisy["loss"] != clean["loss"]:
+        probe = data[:12][None].long().to(spec.device)
+        if observed.eval_mode_varies(spec, model, probe, spec.impl.forward(model, probe).detach()):
+            raise spec.defer(
+                ["forward"],
+                behaviour,
+                "consequence of failing forward: your model in eval mode still applies dropout (two eval-mode "
+                "forward passes differ), so no evaluate can switch it off; test_model.py's eval-mode test reports it",
+            )
     spec.close(
         noisy["loss"],
         clean["loss"],
         tol=EXACT,
-        behaviour="evaluate in training mode with dropout 0.5 equals evaluate in eval mode",
+        behaviour=behaviour,
         hint="likely cause: evaluate runs the model in its current (training) mode, so dropout is on. Fix: switch "
         "to eval mode for the evaluation and restore the mode afterwards",
         hint_code="knob:mode",

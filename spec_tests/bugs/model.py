@@ -202,6 +202,18 @@ BUGS = (
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),
     Bug(
+        "dropout_in_eval_mode",
+        "dropout_generation",
+        (*FORWARD, *GENERATION),
+        "model.py",
+        old="""        return x + self.drop(self.mlp(self.mlp_norm(x)))""",
+        new="""        return x + torch.nn.functional.dropout(self.mlp(self.mlp_norm(x)), self.drop.p)""",
+        explanation="the MLP's residual dropout is F.dropout without training=: it applies in eval mode too, so "
+        "no generate or evaluate can switch it off",
+        fix="use the nn.Dropout module (or F.dropout(..., training=self.training)): dropout in training mode only",
+        corner=True,
+    ),
+    Bug(
         "kv_cache_prepended",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
