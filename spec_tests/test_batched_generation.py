@@ -17,6 +17,7 @@ from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
 from .harness.subject.subject import ImplementationError, reference_subject
+from .test_generation import greedy_tokens
 
 pytestmark = pytest.mark.component("generation")
 
@@ -290,24 +291,9 @@ def generation_causes(out, alone, pads) -> tuple[tuple[str, ...], tuple[str, ...
 
 
 def cached_generation(spec, behaviour, model, prompt, **kw):
-    """``generate(model, prompt, NEW, temperature=0, **kw)`` (the cache by default); where it raises through the cache,
-    runs without it, and new_cache fails its own tests, the crash is new_cache's consequence."""
-    try:
-        return spec.impl.generate(model, prompt, NEW, temperature=0.0, **kw)
-    except ImplementationError:
-        failing = spec.failing(("new_cache",)) if kw.get("use_cache", True) else []
-        if not failing:
-            raise
-        try:
-            spec.impl.generate(model, prompt, NEW, temperature=0.0, **{**kw, "use_cache": False})
-        except ImplementationError:
-            raise  # it raises without the cache as well: generate's own
-        raise spec.defer(
-            failing,
-            behaviour,
-            f"consequence of failing {', '.join(failing)}: generation through your cache raises, and without it "
-            "runs. Fix the cache first.",
-        ) from None
+    """``generate(model, prompt, NEW, temperature=0, **kw)`` (the cache by default), a crash through a failing cache
+    left to it (``test_generation.greedy_tokens``)."""
+    return greedy_tokens(spec, behaviour, model, prompt, NEW, **kw)
 
 
 def own_padded_greedy(spec, model, prompt, mask, n=NEW, *, use_cache=False):
