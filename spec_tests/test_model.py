@@ -72,6 +72,20 @@ def test_eval_mode_applies_no_dropout(spec, family):
     spec.impl.require_capability("dropout")
     config = models.family_config(spec.impl, family, dropout=observed.DROPOUT)
     sd = models.random_state_dict(config, seed=15, device=spec.device)
+    model, ids = models.build(spec.impl, config, sd), ids_for(spec, config, seed=16)
+    behaviour = f"a {family} model with dropout {observed.DROPOUT} in eval mode computes the same logits on every call"
+    varies = observed.eval_mode_varies(spec, model, ids, spec.impl.forward(model, ids).detach())
+    spec.require(
+        not varies,
+        behaviour=behaviour,
+        found="two eval-mode forward passes under other global seeds give other logits: dropout is on in eval mode",
+        causes=(
+            "likely cause: dropout applies whatever the mode (F.dropout without training=self.training, or an "
+            "attention dropout_p passed whatever the mode). Fix: use nn.Dropout modules, or pass the module's "
+            "training flag",
+        ),
+        codes=("knob:mode",),
+    )
     check_logits(
         spec,
         config,

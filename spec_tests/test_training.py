@@ -790,6 +790,7 @@ def test_evaluate_ignores_dropout(spec, family):
     behaviour = "evaluate in training mode with dropout 0.5 equals evaluate in eval mode"
     if noisy["loss"] != clean["loss"]:
         probe = data[:12][None].long().to(spec.device)
+        spec.impl.set_training(model, False)
         if observed.eval_mode_varies(spec, model, probe, spec.impl.forward(model, probe).detach()):
             raise spec.defer(
                 ["forward"],
