@@ -70,12 +70,15 @@ def check_tokens(spec, actual, expected, *, behaviour: str, causes=(), codes=(),
         )
 
 
-def greedy_tokens(spec, behaviour, model, prompt, n, **kw):
+def greedy_tokens(spec, behaviour, model, prompt, n, *, teacher=None, **kw):
     """``generate(model, prompt, n, temperature=0, **kw)`` (the cache by default); where it raises through the cache,
-    runs without it, and new_cache fails its own tests, the crash is new_cache's consequence."""
+    runs without it, and new_cache fails its own tests, the crash is new_cache's consequence. ``teacher()``: a
+    correct greedy generate with the implementation's own cached forward; where given, the crash is the cache's only
+    if that raises the same crash at the same place (a generate that raises on its own with the cache stays
+    charged)."""
     try:
         return spec.impl.generate(model, prompt, n, temperature=0.0, **kw)
-    except ImplementationError:
+    except ImplementationError as exc:
         failing = spec.failing(("new_cache",)) if kw.get("use_cache", True) else []
         if not failing:
             raise
@@ -83,12 +86,25 @@ def greedy_tokens(spec, behaviour, model, prompt, n, **kw):
             spec.impl.generate(model, prompt, n, temperature=0.0, **{**kw, "use_cache": False})
         except ImplementationError:
             raise  # it raises without the cache as well: generate's own
+        if teacher is not None and not _raises_alike(teacher, exc):
+            raise  # a correct generate through the same cache does not raise this: the crash is generate's own
         raise spec.defer(
             failing,
             behaviour,
             f"consequence of failing {', '.join(failing)}: generation through your cache raises, and without it "
             "runs. Fix the cache first.",
         ) from None
+
+
+def _raises_alike(compute, exc: ImplementationError) -> bool:
+    """Whether ``compute()`` raises ``exc``'s crash: its type and message at the same place in the code."""
+    from .harness.judging.rootcause import crash_signature
+
+    try:
+        compute()
+    except ImplementationError as again:
+        return crash_signature(again) is not None and crash_signature(again) == crash_signature(exc)
+    return False
 
 
 def greedy_case(
@@ -104,7 +120,9 @@ def greedy_case(
     sd = models.random_state_dict(config, seed=seeds[0], device=spec.device)
     model = models.build(spec.impl, config, sd)
     prompt = prompt_for(spec, config, t=t, seed=seeds[1], b=b)
-    out = greedy_tokens(spec, behaviour, model, prompt, n, use_cache=use_cache)
+    ctx = config["context_length"]
+    teacher = lambda: oracles.greedy_teacher(spec.impl, model, prompt, n, ctx, use_cache=True)
+    out = greedy_tokens(spec, behaviour, model, prompt, n, use_cache=use_cache, teacher=teacher)
     check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
     want = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=use_cache)
     if use_cache and not torch.equal(out.cpu(), want.cpu()):
