@@ -23,19 +23,26 @@ def eval_output(spec, model, ids) -> torch.Tensor | None:
     """The eval-mode forward pass of ``model`` on ``ids``, or None where training mode does not show in this
     model's outputs (it declares dropout but a training-mode pass equals the eval one): then the mode cannot be
     observed, and the flags alone judge it. The model is left in eval mode."""
+    clean = defer_dropout_in_eval_mode(spec, model, ids, "the mode shows in outputs (dropout on in training mode only)")
+    spec.impl.set_training(model, True)
+    visible = shows_training(spec, model, ids, clean)
+    spec.impl.set_training(model, False)
+    return clean if visible else None
+
+
+def defer_dropout_in_eval_mode(spec, model, ids, behaviour: str) -> torch.Tensor:
+    """The eval-mode output of ``model`` on ``ids`` (the model left in eval mode); where a second eval-mode pass under
+    another seed differs (dropout whatever the mode), the test is left to forward, whose eval-mode test reports it."""
     spec.impl.set_training(model, False)
     clean = spec.impl.forward(model, ids).detach()
     if eval_mode_varies(spec, model, ids, clean):
         raise spec.defer(
             ["forward"],
-            "the mode shows in outputs (dropout on in training mode only)",
-            "not judged: your model in eval mode still applies dropout (two eval-mode forward passes differ), so the "
-            "mode cannot be read from its outputs; test_model.py's eval-mode test reports it (forward)",
+            behaviour,
+            "consequence of failing forward: your model in eval mode still applies dropout (two eval-mode forward "
+            "passes differ), so it cannot be switched off here; test_model.py's eval-mode test reports it",
         )
-    spec.impl.set_training(model, True)
-    visible = shows_training(spec, model, ids, clean)
-    spec.impl.set_training(model, False)
-    return clean if visible else None
+    return clean
 
 
 def eval_mode_varies(spec, model, ids, clean: torch.Tensor) -> bool:
