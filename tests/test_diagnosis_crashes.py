@@ -839,3 +839,45 @@ def test_an_odd_head_size_of_a_gpt2_config_is_named():
     assert "odd head size (d_model=42 / n_heads=6 = 7) and works for n_heads=7" in lines[0], lines
     llama = dict(config, family="llama")
     assert not any("odd head size" in line for line in probe("build_model", build_rejecting_odd_heads, (llama,), {})[0])
+
+
+def test_a_crash_through_a_filled_cache_names_the_fill_and_no_length():
+    """A mask whose rows are sliced without the cache's offset (``mask[cached:T]``) raises for one new token after one
+    cached and runs for two (the one row broadcasts by chance) or through an empty cache: the filled cache is the
+    trigger, said as the likely cause, and the length only as a clue. The control, the same crash with nothing known
+    of how the cache was filled (no ledger), names the length."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_gqa"])
+    model = subject.build(config, models.random_state_dict(config, seed=1))
+    ids = torch.randint(0, config["vocab_size"], (2, 3))
+
+    def forward_slicing_the_mask_from_the_offset(model, ids, cache=None):
+        cached = int(subject.cache_kv(cache, 0)[0].shape[-2]) if cache is not None else 0
+        rows = max(0, ids.shape[1] - cached)  # the bug: mask[cached:T] instead of mask[cached:cached + T]
+        if cached and rows not in (1, ids.shape[1]):
+            raise RuntimeError(f"The size of tensor a ({rows}) must match the size of tensor b ({ids.shape[1]})")
+        return subject.forward(model, ids, cache)
+
+    def filled():
+        ledger = Ledger(subject)
+        ledger.record("build", (config, None), {}, model)
+        cache = subject.new_cache(model, 2)
+        ledger.record("new_cache", (model, 2), {}, cache)
+        subject.forward(model, ids[:, :1], cache)
+        ledger.record("forward", (model, ids[:, :1], cache), {}, None)
+        return ledger, cache
+
+    ledger, cache = filled()
+    lines, codes = probe("forward", forward_slicing_the_mask_from_the_offset, (model, ids[:, 1:2], cache), {}, ledger)
+    causes = [ln for ln in lines if ln.startswith("likely cause")]
+    assert len(causes) == 1 and "a cache already holding 1 position and works for a new, empty cache" in causes[0]
+    assert any(ln.startswith("note: forward raises for a sequence of length 1 (T=1)") for ln in lines), lines
+    assert codes == ["cache_fill"]
+
+    _, cache = filled()
+    lines, _ = probe("forward", forward_slicing_the_mask_from_the_offset, (model, ids[:, 1:2], cache), {})
+    assert any(ln.startswith("likely cause: forward raises for a sequence of length 1 (T=1)") for ln in lines), lines

@@ -65,12 +65,14 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ...protocol import ANY_LEADING, NONE_MEANS, V2_CONFIG_DEFAULTS, config_defaults
 from .model_variants import Ledger, heads_repeated
+
+BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
 MAX_TRIES = 12
@@ -95,6 +97,10 @@ class Probe:
     # the one cause where it runs: a contiguous copy changes only the layout, so another variant that runs as well
     # (a 2-D input, on which a view to [N, d] is no change) is no evidence of its own
     exclusive: bool = False
+    # a size of the call's new tokens: beside a filled cache that fewer positions mend (``refills``), the size
+    # matters only with the cached positions (a mask sliced from row 0 broadcasts for one more token by chance)
+    beside_cache: bool = False
+    refills: bool = False  # the call made again with its cache filled with fewer positions (``model_variants``)
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -295,7 +301,7 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
             break
         if a.ndim == 2 and a.shape[1] == 1:
             new = (*args[:i], a.repeat(1, 2), *args[i + 1 :])
-            probes.append(Probe("a sequence of length 1 (T=1)", "T=2", new, kwargs, "", "boundary"))
+            probes.append(Probe("a sequence of length 1 (T=1)", "T=2", new, kwargs, "", "boundary", beside_cache=True))
             break
         if a.ndim == 2 and a.shape[1] >= 2:
             t = a.shape[1]
@@ -304,7 +310,7 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
                 # one token runs where a wrong shape broadcasts by chance: a clue, never a cause
                 probes.append(
                     Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs, "", "boundary",
-                          weak=shorter == 1 and t > 2)
+                          weak=shorter == 1 and t > 2, beside_cache=True)
                 )  # fmt: skip
             break
     return probes
@@ -1067,6 +1073,8 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
             _try(fallback[:MAX_TRIES], run, tried, working)
     except _ProcessLost:
         pass  # what ran before it still says what it says
+    if any(p.refills for p in working):  # the same ids run through a cache holding fewer positions
+        working = [replace(p, weak=True, clue=BESIDE_CACHE) if p.beside_cache else p for p in working]
     causes = [p for p in working if not p.weak]
     if any(p.exclusive for p in causes):
         causes, working = [p for p in causes if p.exclusive], [p for p in working if p.exclusive]

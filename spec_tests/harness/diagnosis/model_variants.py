@@ -87,9 +87,11 @@ class Ledger:
     def _cache_fill_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
         """A call on a cache that earlier calls filled (N positions), made again on a new cache of the same model
         filled with all but the last of those calls, and on an empty one: a crash that appears only once the cache
-        holds enough positions (a buffer sized to a window) runs there. Both are said as clues: the same positions
-        fed in one call must behave alike (N raising, the fewer running), and even so, where each call was one
-        token, a cache appending on the head axis fails by its number of appends and passes those controls."""
+        holds enough positions (a buffer sized to a window) runs there. The fewer positions are said as a clue: the
+        same positions fed in one call must behave alike (N raising, the fewer running), and even so, where each call
+        was one token, a cache appending on the head axis fails by its number of appends and passes those controls.
+        The empty cache names the trigger (``cache_fill``), not a mechanism: any cached path that raises only on what
+        it reads back runs there; beside either a size of the new tokens is only a clue (``crashes.BESIDE_CACHE``)."""
         subject, probes = self.subject, []
         for value in (*args, *kwargs.values()):
             entry = self.caches.get(id(value))
@@ -120,10 +122,12 @@ class Ledger:
                     (make(len(forwarded) - 1, merged=True), True),
                 )
                 probes.append(probe_type(failing, f"the same cache holding {fewer}", args, kwargs, "", "boundary",
-                                         make=make(len(forwarded) - 1), controls=same_in_one, weak=True,
+                                         make=make(len(forwarded) - 1), controls=same_in_one, weak=True, refills=True,
                                          clue="the number of calls that filled it may matter instead"))  # fmt: skip
-            probes.append(probe_type(failing, "a new, empty cache", args, kwargs, "", "crash", weak=True,
-                                     clue="any call through a cache may raise", make=make(0)))  # fmt: skip
+            # the trigger, not a mechanism: whatever the cached path reads back or offsets by the cached length
+            note = "; so look at what the cached path does with the cached length (a mask's rows, positions, a buffer)"
+            probes.append(probe_type(failing, "a new, empty cache", args, kwargs, note, "cache_fill", make=make(0),
+                                     refills=True))  # fmt: skip
             break
         return probes
 
