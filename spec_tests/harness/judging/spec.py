@@ -256,6 +256,12 @@ class Spec:
 
                 found = ignored_weights(compute, self.impl, reference, pristine, args64, actual, expected, tol)
                 lines, codes = lines + found[0], codes + found[1]
+            if call is not None and not fitting:  # an activation's constants, measured on the implementation
+                from ..diagnosis.activation_fit import fitted_activation
+
+                raw = getattr(self.impl, "_subject", self.impl)
+                found = fitted_activation(call[0], lambda *a: compute(raw, *a), args64, call[1], actual, tol)
+                lines, codes = lines + found[0], codes + found[1]
             more, more_codes = run(
                 subject=subject,
                 call=call,
