@@ -41,27 +41,46 @@ FIX = {
 }
 
 
+SWAP_FIX = "read each parameter of the rope_scaling dict under its own key"
+
+
+def exchanged(kind: str) -> list[tuple[str, dict, str]]:
+    """Every two numeric parameters of ``kind``'s dict with their values exchanged (llama3's low and high frequency
+    factors, YaRN's beta_fast and beta_slow: two parameters of one formula read in each other's place)."""
+    sc = SCALINGS[kind]
+    numeric = [k for k, v in sc.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return [
+        (f"the {kind} scaling reads {a} and {b} in each other's place (exchanged)", {a: sc[b], b: sc[a]}, SWAP_FIX)
+        for i, a in enumerate(numeric)
+        for b in numeric[i + 1 :]
+        if sc[a] != sc[b]
+    ]
+
+
 def variants(kind: str, call) -> list[Variant]:
     """The classic mistakes of ``kind``, as the reference computes them: ``call(ref, scaling_or_None, *args)``."""
     sc = SCALINGS[kind]
     changes = {
-        "linear": [("the linear factor is applied twice (to the positions and to the frequencies)", {"factor": 16.0})],
-        "llama3": [
+        "linear": [
             (
-                "the llama3 wavelength rule has low_freq_factor and high_freq_factor swapped",
-                {"low_freq_factor": sc.get("high_freq_factor"), "high_freq_factor": sc.get("low_freq_factor")},
+                "the linear factor is applied twice (to the positions and to the frequencies)",
+                {"factor": 16.0},
+                FIX[kind],
             )
         ],
-        "yarn": [("YaRN's attention factor (mscale) is not applied to cos and sin", {"attention_factor": 1.0})],
+        "llama3": [],
+        "yarn": [
+            ("YaRN's attention factor (mscale) is not applied to cos and sin", {"attention_factor": 1.0}, FIX[kind])
+        ],
         "dynamic": [],
-    }[kind]
+    }[kind] + exchanged(kind)
     plain = f"the {kind} scaling is not applied: plain RoPE"
     if kind == "dynamic":
         plain += " (the length read is at most original_max_position_embeddings: the number of positions?)"
     return [
         *(
-            Variant("knob:rope_scaling", summary, FIX[kind], lambda ref, *a, ch=change: call(ref, {**sc, **ch}, *a))
-            for summary, change in changes
+            Variant("knob:rope_scaling", summary, fix, lambda ref, *a, ch=change: call(ref, {**sc, **ch}, *a))
+            for summary, change, fix in changes
         ),
         Variant("knob:rope_scaling", plain, FIX[kind], lambda ref, *a: call(ref, None, *a)),
     ]

@@ -65,3 +65,22 @@ def test_underflowing_log_of_softmax_is_not_called_a_missing_max_subtraction():
     assert "knob:log_of_softmax" in {c.code for c in causes}
     first = describe(causes)[0]
     assert first.startswith("likely cause (ambiguous") or "log(softmax" in first.split("(evidence")[0], first
+
+
+def test_two_rope_scaling_parameters_read_in_each_other_s_place_are_named():
+    """Every two numeric parameters of a rope_scaling dict exchanged is a variant (YaRN's beta_fast and beta_slow, a
+    held-out bug no listed variant named): the exchange fits alone; the right scaling fits none."""
+    import reference
+    from spec_tests.harness.diagnosis.variant import fitting_variants
+    from spec_tests.harness.judging.tolerances import tolerance
+    from spec_tests.test_rope_scaling import SCALINGS, variants
+
+    x = torch.randn(2, 3, 12, 10, dtype=torch.float64)
+    pos = torch.arange(60, 72)
+    call = lambda ref, s, x: ref.rope(x, pos, scaling=s)
+    swapped = {**SCALINGS["yarn"], "beta_fast": 1, "beta_slow": 32}
+    tol = tolerance("positions")
+    found = fitting_variants(variants("yarn", call), call(reference, swapped, x), tol, reference, x)
+    assert [v.summary for v in found] == ["the yarn scaling reads beta_fast and beta_slow in each other's place "
+                                          "(exchanged)"]  # fmt: skip
+    assert fitting_variants(variants("yarn", call), call(reference, SCALINGS["yarn"], x), tol, reference, x) == []
