@@ -881,3 +881,49 @@ def test_a_crash_through_a_filled_cache_names_the_fill_and_no_length():
     _, cache = filled()
     lines, _ = probe("forward", forward_slicing_the_mask_from_the_offset, (model, ids[:, 1:2], cache), {})
     assert any(ln.startswith("likely cause: forward raises for a sequence of length 1 (T=1)") for ln in lines), lines
+
+
+def get_batch_for_numpy_tokens(data, batch_size, context_length, generator=None, device="cpu"):
+    ids = torch.as_tensor(data.astype("int64"))  # the bug: a tensor has no astype (nanoGPT's numpy tokens)
+    starts = torch.randint(0, len(ids) - context_length, (batch_size,), generator=generator)
+    x = torch.stack([ids[s : s + context_length] for s in starts])
+    return x, torch.stack([ids[s + 1 : s + 1 + context_length] for s in starts])
+
+
+def test_token_data_given_as_a_tensor_is_named():
+    """Token data may be a numpy array or a tensor (amendment 29): code that takes it for numpy raises on a tensor,
+    and the same values as a numpy array run. The control: numpy data that raises for another reason names nothing
+    of the kind."""
+    data = torch.arange(40, dtype=torch.int64) % 7
+    lines, _ = probe("get_batch", get_batch_for_numpy_tokens, (data, 3, 5), {})
+    assert any("get_batch raises for data given as a torch tensor (int64) and works for the same values as a numpy "
+               "array" in ln and ln.startswith("likely cause") for ln in lines), lines  # fmt: skip
+    lines, _ = probe("get_batch", get_batch_for_numpy_tokens, (data.numpy(), 3, 50), {})
+    assert not any("raises for data given as a torch tensor" in ln for ln in lines), lines
+
+
+def rope_of_batched_positions(x, positions, theta=10000.0):
+    if (
+        positions.ndim != x.ndim - 1
+    ):  # the bug (Hugging Face's position_ids [B, T]): positions must have x's leading dims
+        raise RuntimeError("The size of tensor a must match the size of tensor b at non-singleton dimension 0")
+    return x
+
+
+def rope_of_3d_input(x, positions, theta=10000.0):
+    if x.ndim < 3:  # the bug: the input's own rank
+        raise RuntimeError("not enough values to unpack (expected 3, got 2)")
+    return x
+
+
+def test_a_leading_dim_added_to_every_input_sharing_it_names_which_input_s_rank_matters():
+    """A leading dim added to the input and to the positions sharing its leading dim runs; added to the input alone it
+    raises too for code that needs positions of x's rank, and the line says the positions' rank is the trigger. The
+    control: code that needs a 3-D input runs with the dim added to the input alone, and its line says nothing of the
+    positions."""
+    args = (randn(13, 10), torch.arange(13))
+    lines, _ = probe("rope", rope_of_batched_positions, args, {})
+    assert any("so the rank of positions [13] is what it raises on" in ln for ln in lines), lines
+    lines, _ = probe("rope", rope_of_3d_input, args, {})
+    assert any(ln.startswith("likely cause: rope raises for 2-D input and works for 3-D") for ln in lines), lines
+    assert not any("the rank of positions" in ln for ln in lines), lines

@@ -101,6 +101,9 @@ class Probe:
     # matters only with the cached positions (a mask sliced from row 0 broadcasts for one more token by chance)
     beside_cache: bool = False
     refills: bool = False  # the call made again with its cache filled with fewer positions (``model_variants``)
+    # ``((args, kwargs), note)``: a nearer variant tried once this one runs; where it raises, ``note`` is said too
+    # (a leading dim added to every input sharing it runs, to the first alone raises: the others' rank is the trigger)
+    contrast: tuple = ()
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -188,12 +191,18 @@ def _rank_probes(name, args, kwargs) -> list[Probe]:
 
     together = [t for t in _tensors(args, kwargs) if t is not x and shares(t)]
     if together:
+        keys = argument_keys(name, args, kwargs)
+        named = [f"{k} {list(v.shape)}" for k, v in zip(keys, [*args, *kwargs.values()], strict=True)
+                 if isinstance(v, torch.Tensor) and any(v is t for t in together)]  # fmt: skip
+        alone = (_map(args, kwargs, add_to_first), f"; added to the input alone it raises as well, so the rank of "
+                 f"{', '.join(named)} is what it raises on")  # fmt: skip
         probes.append(
             Probe(
                 f"{n}-D input",
                 f"{n + 1}-D (a leading dim added to it and to the inputs sharing its leading dim)",
                 *_map(args, kwargs, add_to_all),
                 note,
+                contrast=alone,
             )  # fmt: skip
         )
     probes.append(Probe(f"{n}-D input", f"{n + 1}-D (a leading dim added)", *_map(args, kwargs, add_to_first), note))
@@ -396,6 +405,24 @@ def _numpy_probes(args, kwargs) -> list[Probe]:
     new_args, new_kwargs = tuple(tensor(a) for a in args), {k: tensor(v) for k, v in kwargs.items()}
     kinds = ", ".join(sorted({str(v.dtype) for v in arrays}))
     return [Probe(f"data given as a numpy array ({kinds})", working, new_args, new_kwargs)]
+
+
+TOKEN_DATA = ("get_batch", "train", "evaluate")  # names whose ``data`` may be a numpy array or a tensor (amendment 29)
+
+
+def _tensor_data_probes(name, args, kwargs) -> list[Probe]:
+    """Token data given as a 1-D integer torch tensor, given as a numpy array of the same values: code written for
+    nanoGPT's numpy tokens (``data.astype``, ``np.random``'s indexing) raises on a tensor."""
+    if name not in TOKEN_DATA:
+        return []
+    wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
+    for label, where, value in zip(argument_keys(name, args, kwargs), wheres, values, strict=True):
+        if label == "data" and isinstance(value, torch.Tensor) and value.ndim == 1 and not value.is_floating_point():
+            kind = str(value.dtype).removeprefix("torch.")
+            array = value.detach().cpu().numpy()
+            return [Probe(f"data given as a torch tensor ({kind})", "the same values as a numpy array",
+                          *_with(args, kwargs, where, array), "; the protocol allows either")]  # fmt: skip
+    return []
 
 
 def _gqa_probes(args, kwargs) -> list[Probe]:
@@ -996,6 +1023,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _dtype_argument_probes(args, kwargs)
         + _dtype_probes(args, kwargs)
         + _numpy_probes(args, kwargs)
+        + _tensor_data_probes(name, args, kwargs)
         + _integer_dtype_probes(args, kwargs)
     )
     return found[:MAX_TRIES]
@@ -1025,6 +1053,9 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
         if not _runs(run, p.arguments):  # the variant raises too: the property is not the trigger
             tried.append(p)
         elif all(_runs(run, _control_arguments(c)) == c[-1] for c in p.controls):
+            (variant, note) = p.contrast or ((None, None), "")
+            if p.contrast and not _runs(run, lambda v=variant: (_clone(v[0]), _clone(v[1]))):
+                p = replace(p, note=note + p.note)
             working.append(p)
         else:  # a control contradicts it: the change ran for another reason
             tried.append(p)

@@ -125,7 +125,10 @@ class Ledger:
                                          make=make(len(forwarded) - 1), controls=same_in_one, weak=True, refills=True,
                                          clue="the number of calls that filled it may matter instead"))  # fmt: skip
             # the trigger, not a mechanism: whatever the cached path reads back or offsets by the cached length
-            note = "; so look at how the cached path appends to and reads back what it holds (the axis it grows, the offsets of the mask's rows and positions by the cached length)"
+            note = (
+                "; so look at how the cached path appends to and reads back what it holds (the axis it grows, the "
+                "offsets of the mask's rows and positions by the cached length)"
+            )
             probes.append(probe_type(failing, "a new, empty cache", args, kwargs, note, "cache_fill", make=make(0),
                                      refills=True))  # fmt: skip
             break
