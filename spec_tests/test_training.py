@@ -300,7 +300,7 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
         kind="training",
         behaviour=f"two train_steps with {optimizer} (max_grad_norm={max_grad_norm}): returned losses and new weights",
         rebase=(
-            ("forward", "build_model"),
+            ("forward", "build_model", "canonical_state_dict"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
         ),
         variants=step_variants(config, optimizer, max_grad_norm),
@@ -329,7 +329,7 @@ def test_train_step_ignores_gradients_already_present(spec, family):
         "clears them only after the step). Fix: optimizer.zero_grad() before loss.backward(). If "
         "test_train_step_matches_reference fails as well, its diagnosis comes first: this test shows any step mistake",
         rebase=(
-            ("forward", "build_model"),
+            ("forward", "build_model", "canonical_state_dict"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
         ),
     )
@@ -905,6 +905,9 @@ def test_train_step_reaches_the_first_and_last_token_ids(spec, family):
         y,
         kind="training",
         behaviour="two SGD train_steps on a batch holding token ids 0 and vocab_size - 1: losses and new weights",
-        rebase=(("forward", "build_model"), lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None)),
+        rebase=(
+            ("forward", "build_model", "canonical_state_dict"),
+            lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
+        ),
         variants=step_variants(config, "sgd", None),
     )

@@ -81,6 +81,9 @@ def test_failure_kinds():
 
     assert rootcause.failure_kind(failure("compare", "rtol 1e-6")) == "math"
     assert rootcause.failure_kind(failure("compare", EXACT.describe())) == "precision"
+    rounding, wrong = failure("compare", EXACT.describe()), failure("compare", EXACT.describe())
+    rounding.result.ratio, wrong.result.ratio = 3e3, 4.5e9  # float32 rounding; weights given back permuted
+    assert rootcause.failure_kind(rounding) == "precision" and rootcause.failure_kind(wrong) == "math"
     assert rootcause.failure_kind(failure("raises")) == "validation"
     assert rootcause.failure_kind(failure("require"), ["init"]) == "convention"
     assert rootcause.failure_kind(failure("compare"), ["precision"]) == "precision"
@@ -505,3 +508,21 @@ def test_a_float32_statistic_in_rmsnorm_explains_the_float64_models_rounding(tmp
     roots = out.split("root causes")[-1]
     assert "rmsnorm: " in roots and "forward: " not in roots, out[-3000:]
     assert "consequence" in out, out[-3000:]
+
+
+def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_training_checks(tmp_path, pytester):
+    """A copy of the reference whose canonical_state_dict gives wq's rows back reordered (a load permutation applied
+    again at export, held out): the roundtrip names the reordering, and the train_step checks, which read the
+    trained weights through it, are its consequences (a miss of 0.6 at float64 rounding's tolerance is a wrong
+    value, not rounding). One charge."""
+    export = (
+        "    return {name: p.detach() for name, p in model.named_parameters()}",
+        "    return {name: (p.detach()[torch.arange(p.shape[0]).flip(0)] if name.endswith('attn.wq.weight') else "
+        "p.detach()) for name, p in model.named_parameters()}",
+    )
+    folder = implementation(tmp_path, patch=("model.py", *export))
+    selected = "test_canonical_state_dict_roundtrip or test_train_step_matches_reference"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert "canonical_state_dict: " in roots and "train_step: " not in roots, out[-3000:]
+    assert "entries along dim 0 are reordered" in out, out[-3000:]

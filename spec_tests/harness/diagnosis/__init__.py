@@ -14,6 +14,9 @@ ambiguous evidence is said to be ambiguous rather than named with confidence.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+
 import torch
 
 from .bookkeeping import argument_ratio_causes
@@ -43,6 +46,23 @@ def _tensor_inputs(args, kwargs) -> dict:
     found = {f"arg{i}": a for i, a in enumerate(args or ()) if isinstance(a, torch.Tensor)}
     found.update({k: v for k, v in (kwargs or {}).items() if isinstance(v, torch.Tensor)})
     return found
+
+
+def _first_differing_leaf(expected, actual, tol, path: str = ""):
+    """``(path, expected, actual)`` of the first tensor of a mapping (nested) that differs at ``tol``, or None."""
+    from ..judging.compare import mismatch
+
+    if not isinstance(actual, Mapping):
+        return None
+    for key, e in expected.items():
+        a, where = actual.get(key), f"{path}[{key!r}]"
+        if isinstance(e, Mapping):
+            found = _first_differing_leaf(e, a, tol, where)
+            if found is not None:
+                return found
+        elif isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and mismatch(a, e, tol) is not None:
+            return where, e, a
+    return None
 
 
 def bug_code(bug) -> str | None:
@@ -109,6 +129,18 @@ def diagnose(
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
     if structural and isinstance(expected, list | tuple):
         causes += item_order_causes(expected, actual, atol=tol.atol, rtol=tol.rtol)
+    if structural and isinstance(expected, Mapping):  # a state dict: the first entry that differs, described
+        leaf = _first_differing_leaf(expected, actual, tol)
+        if leaf is not None:
+            path, e, a = leaf
+            found = structural_causes(e, a, axes=None, inputs={}, atol=tol.atol, rtol=tol.rtol)
+            weights = {
+                "where": "how this weight is laid out when loaded or exported (a permutation at load undone at export)",
+                "fix": "give each weight back in the canonical layout, exactly as it was loaded",
+            }
+            causes += [
+                replace(c, summary=f"{path}: {c.summary}", **(weights if c.code == "layout" else {})) for c in found
+            ]
     known_codes = {c for c in map(bug_code, bugs) if c}
     if any(c.code in known_codes for c in causes):  # the knob search found the matched bug again: keep
         # that knob's own line (where to look, the fix), drop rival and ambiguous knob settings
