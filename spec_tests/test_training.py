@@ -3,6 +3,7 @@ token-weighted evaluation."""
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -187,11 +188,25 @@ def losses_with_own_train_step(m, cfg, sd, batches, kind: str, lr: float, max_gr
 
 
 def variant_steps(
-    ref, cfg, sd, x, y, optimizer, max_grad_norm, *, targets="y", zero_grad=True, clip="before", returned="before"
+    ref,
+    cfg,
+    sd,
+    x,
+    y,
+    optimizer,
+    max_grad_norm,
+    *,
+    targets="y",
+    zero_grad=True,
+    clip="before",
+    returned="before",
+    micro=None,
 ):
     """Two training steps of the reference's model with one knob changed (for diagnosis). ``zero_grad="late"``
     clears the gradients between backward() and step(); ``returned="after"`` returns the loss recomputed after
-    the step."""
+    the step; ``micro=m``: the batch taken in micro-batches of ``m`` rows, gradients accumulated, the loss the mean
+    of their means (``clip="micro"``: each weighted by its tokens, and the accumulated gradients clipped after each
+    micro-batch's backward pass)."""
     model = models.build(ref, cfg, sd)
     opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     params, losses = list(model.parameters()), []
@@ -199,6 +214,26 @@ def variant_steps(
         model.train()
         if zero_grad:
             opt.zero_grad(set_to_none=True)
+        if micro is not None:  # gradient accumulation
+            parts = list(zip(x.split(micro), y.split(micro), strict=True))
+            loss = 0.0
+            for xs, ys in parts:
+                logits = ref.forward(model, xs)
+                flat = (logits.reshape(-1, logits.shape[-1]), ys.reshape(-1))
+                part = (
+                    F.cross_entropy(*flat) / len(parts)
+                    if clip != "micro"  # the mean of the micro-batches' means
+                    else F.cross_entropy(*flat, reduction="sum") / y.numel()  # weighted right
+                )
+                part.backward()
+                loss = loss + part.detach()
+                if max_grad_norm is not None and clip == "micro":
+                    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            if max_grad_norm is not None and clip == "before":
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            opt.step()
+            losses.append(float(loss))
+            continue
         logits = ref.forward(model, x)
         lg, tg = {"y": (logits, y), "twice": (logits[:, :-1], y[:, 1:]), "x": (logits, x)}[targets]
         loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1))
@@ -221,9 +256,35 @@ def variant_steps(
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
 
 
-def step_variants(cfg, optimizer, max_grad_norm):
+def step_variants(cfg, optimizer, max_grad_norm, rows=3):
     def with_(**knob):
         return lambda ref, sd, x, y: variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, **knob)
+
+    # gradient accumulation over micro-batches of m rows: a mean of their means weights a short last one up (the
+    # 2024 gradient-accumulation loss bug); clipping inside the loop clips the partial sums (each m, as the batch of
+    # ``rows`` rows can be cut)
+    micro = [
+        Variant(
+            "knob:loss_reduction",
+            f"the batch is taken in micro-batches of {m} rows and its loss is the mean of their means, so the short "
+            "last one weighs as much as a full one",
+            "weight each micro-batch by its number of target tokens: sum their losses and divide by the batch's count",
+            with_(micro=m),
+        )
+        for m in range(2, rows)
+        if rows % m
+    ]
+    if max_grad_norm is not None:
+        micro += [
+            Variant(
+                "knob:clipping",
+                f"with gradients accumulated over micro-batches of {m} rows, they are clipped after each micro-batch's "
+                "backward pass instead of once before the step",
+                "clip_grad_norm_ once, after the last micro-batch's backward pass and before optimizer.step()",
+                with_(micro=m, clip="micro"),
+            )
+            for m in range(1, rows)
+        ]
 
     found = [
         Variant(
@@ -278,7 +339,7 @@ def step_variants(cfg, optimizer, max_grad_norm):
                 with_(clip="never"),
             ),
         ]
-    return found
+    return found + micro
 
 
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
@@ -325,6 +386,11 @@ def test_train_step_ignores_gradients_already_present(spec, family):
         stale,
         kind="training",
         behaviour="two SGD train_steps of a model holding gradients of another loss: losses and new weights",
+        variants=[  # the steps' own mistakes (the stale gradients aside: the hint reads those)
+            replace(v, compute=lambda ref, sd, x, y, stale, v=v: v.compute(ref, sd, x, y))
+            for v in step_variants(config, "sgd", None)
+            if v.code != "knob:zero_grad"
+        ],
         hint="likely cause (weak evidence): train_step does not clear the gradients before its backward pass (or "
         "clears them only after the step). Fix: optimizer.zero_grad() before loss.backward(). If "
         "test_train_step_matches_reference fails as well, its diagnosis comes first: this test shows any step mistake",

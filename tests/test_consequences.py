@@ -526,3 +526,48 @@ def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_tr
     roots = out.split("root causes")[-1].split("short test summary")[0]
     assert "canonical_state_dict: " in roots and "train_step: " not in roots, out[-3000:]
     assert "entries along dim 0 are reordered" in out, out[-3000:]
+
+
+ACCUMULATING = """    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss = 0.0
+    for xs, ys in zip(x.split(2), y.split(2)):  # gradient accumulation over micro-batches of 2 rows
+        part = cross_entropy(model(xs), ys, fused=True) / len(x.split(2)){weighting}
+        part.backward()
+        loss = loss + part.item(){clip}
+    if max_grad_norm is not None and {once}:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss
+"""
+STEP = """    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+"""
+CLIP_INSIDE = (
+    "\n        if max_grad_norm is not None:"
+    "\n            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)"
+)
+
+
+def test_gradient_accumulation_mistakes_are_named(tmp_path, pytester):
+    """A train_step that accumulates gradients over micro-batches of 2 rows: the loss as the mean of their means
+    (a short last one weighs as much as a full one: the 2024 gradient-accumulation bug), and clipping inside the
+    loop, are named (held out, batch 17). The control, the same accumulation weighted by rows and clipped once, is
+    right and passes."""
+    weighted = ACCUMULATING.format(weighting=" * len(x.split(2)) * len(xs) / len(x)", clip="", once="True")
+    means = ACCUMULATING.format(weighting="", clip="", once="True")
+    inside = ACCUMULATING.format(weighting=" * len(x.split(2)) * len(xs) / len(x)", clip=CLIP_INSIDE, once="False")
+    selected = "test_train_step_matches_reference"
+    for body, said in ((means, "mean of their means"), (inside, "clipped after each micro-batch's backward pass")):
+        folder = implementation(tmp_path / said[:4].strip(), patch=("training.py", STEP, body))
+        out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+        assert "micro-batches of 2 rows" in out and said in out, out[-3000:]
+    folder = implementation(tmp_path / "right", patch=("training.py", STEP, weighted))
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "failed" not in out and " passed" in out, out[-3000:]

@@ -225,7 +225,9 @@ class Spec:
             return actual
         result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
         result.note = shape_note(actual, expected)
-        if hint:
+        # a weak hint is said where none of the test's variants fits (one that fits names the mistake itself)
+        weak = bool(hint) and hint.startswith("likely cause (weak") and bool(variants)
+        if hint and not weak:
             result.causes.append(hint)
             result.cause_codes += [hint_code] if hint_code else []
         reference = getattr(self.expectations, "reference", None)
@@ -247,6 +249,8 @@ class Spec:
                 tried += model_variants(compute, reference, args64, memo=memo)
             fitting = fitting_variants(tried, actual, tol, reference, *args64) if reference else []
             lines, codes = variant_lines(fitting)
+            if weak and not any(v in variants for v in fitting):
+                lines, codes = [hint, *lines], ([hint_code] if hint_code else []) + codes
             if model_knobs and reference is not None:
                 from ..diagnosis.model_knobs import remember
 
