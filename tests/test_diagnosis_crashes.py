@@ -927,3 +927,33 @@ def test_a_leading_dim_added_to_every_input_sharing_it_names_which_input_s_rank_
     lines, _ = probe("rope", rope_of_3d_input, args, {})
     assert any(ln.startswith("likely cause: rope raises for 2-D input and works for 3-D") for ln in lines), lines
     assert not any("the rank of positions" in ln for ln in lines), lines
+
+
+def test_a_fixed_mlp_width_is_named():
+    """A declared free d_ff that the code fixes at 4 x d_model (GPT-2's width) raises for any other d_ff: the config
+    given with d_ff = 4 x d_model, its MLP weights cut or padded to it, runs, and another width resized alike raises.
+    The control: code that raises on the MLP weights' values (which padding with zeros changes) names no width."""
+    from spec_tests import models
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["gpt2"])
+    assert config["d_ff"] != 4 * config["d_model"]
+    sd = models.random_state_dict(config, seed=1)
+
+    def build_with_a_fixed_width(config, state_dict=None, **kw):
+        if config["d_ff"] != 4 * config["d_model"]:  # the bug: nn.Linear(d, 4 * d) loaded with d_ff-shaped weights
+            raise ValueError("size mismatch for mlp.c_fc.weight")
+        return subject.build(config, state_dict, **kw)
+
+    lines, _ = probe("build_model", build_with_a_fixed_width, (config, sd), {})
+    said = f"raises for a config with d_ff={config['d_ff']} (not 4 × d_model = {4 * config['d_model']})"
+    assert any(said in ln and ln.startswith("likely cause") for ln in lines), lines
+
+    def build_refusing_these_weights(config, state_dict=None, **kw):
+        if state_dict is not None and bool((state_dict["layers.0.mlp.w_fc.weight"] != 0).all()):
+            raise ValueError("weights out of range")  # on the values: cut or padded with zeros, it runs
+        return subject.build(config, state_dict, **kw)
+
+    lines, _ = probe("build_model", build_refusing_these_weights, (config, sd), {})
+    assert not any("raises for a config with d_ff" in ln for ln in lines), lines  # another width resized runs too

@@ -614,6 +614,44 @@ def _written_default_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+def _d_ff_probes(args, kwargs) -> list[Probe]:
+    """A config whose ``d_ff`` is not ``4 * d_model`` given with ``d_ff = 4 * d_model``, the state dict's MLP weights
+    cut or padded with zeros along their ``d_ff`` axis to it: code that fixes the MLP's width (GPT-2's 4x) raises on
+    any other (capability ``free_d_ff``)."""
+    configs = [(k, v) for k, v in [*enumerate(args), *kwargs.items()] if isinstance(v, dict) and "n_heads" in v]
+    if len(configs) != 1:
+        return []
+    key, config = configs[0]
+    d, d_ff = config.get("d_model"), config.get("d_ff")
+    if type(d) is not int or type(d_ff) is not int or d_ff == 4 * d or d_ff in (d, config.get("vocab_size")):
+        return []
+    wide = 4 * d
+
+    def resized(name, t, width):
+        if ".mlp." not in name or not isinstance(t, torch.Tensor):
+            return t
+        for axis in range(t.ndim):
+            if t.shape[axis] == d_ff:
+                kept = t.narrow(axis, 0, min(d_ff, width))
+                pad = [*t.shape[:axis], width - kept.shape[axis], *t.shape[axis + 1 :]]
+                t = torch.cat([kept, kept.new_zeros(pad)], dim=axis) if width > d_ff else kept
+        return t
+
+    def with_width(width):
+        new_args, new_kwargs = _with(args, kwargs, key, {**config, "d_ff": width})
+        for where, value in [*enumerate(new_args), *new_kwargs.items()]:
+            if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+                weights = {n: resized(n, t, width) for n, t in value.items()}
+                new_args, new_kwargs = _with(new_args, new_kwargs, where, weights)
+        return new_args, new_kwargs
+
+    failing = f"a config with d_ff={d_ff} (not 4 × d_model = {wide})"
+    working = f"d_ff={wide} (the MLP weights cut or padded with zeros to it)"
+    note = "; a declared free_d_ff means the config's d_ff is honoured"
+    # another width resized alike must raise: the width, not the weights' new values (zeros), is what runs
+    return [Probe(failing, working, *with_width(wide), note, controls=((*with_width(wide + 2), False),))]
+
+
 def _head_size_probes(args, kwargs) -> list[Probe]:
     """A gpt2 config (MHA) whose head size ``d_model / n_heads`` is odd given with the nearest head count that makes
     it even, every weight's shape unchanged; said only where another head count with an odd head size raises too (a
@@ -1018,6 +1056,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _count_size_probes(name, args, kwargs)
         + _config_probes(args, kwargs)
         + _written_default_probes(args, kwargs)
+        + _d_ff_probes(args, kwargs)
         + _head_size_probes(args, kwargs)
         + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
