@@ -164,7 +164,7 @@ def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm, stale=None):
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
 
 
-def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
+def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm, clip_each=False):
     """Two correct optimisation steps on the implementation's own model, as ``two_steps`` takes them with a correct
     ``train_step``: its own forward, loss and gradients, on its own parameters however they are laid out or shared
     (a head copied from the embedding is its own parameter there too), the optimizer and clipping as specified
@@ -172,7 +172,7 @@ def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm):
     model = models.build(m, cfg, sd)
     kw = OPTIMIZERS[optimizer]
     kind = "sgd" if optimizer == "sgd" else "adamw"
-    losses = m.correct_steps(model, kind, kw["lr"], kw.get("eps", 1e-8), x, y, max_grad_norm, 2)
+    losses = m.correct_steps(model, kind, kw["lr"], kw.get("eps", 1e-8), x, y, max_grad_norm, 2, clip_each=clip_each)
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
 
 
@@ -256,7 +256,10 @@ def variant_steps(
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
 
 
-def step_variants(cfg, optimizer, max_grad_norm, rows=3):
+def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
+    """The step mistakes as Variants; ``own(clip_each=True)``: two steps on the implementation's own model with each of
+    its own parameter tensors clipped alone (per-tensor clipping depends on how the code splits its parameters)."""
+
     def with_(**knob):
         return lambda ref, sd, x, y: variant_steps(ref, cfg, sd, x, y, optimizer, max_grad_norm, **knob)
 
@@ -330,7 +333,7 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3):
                 "knob:clipping",
                 "each parameter's gradient is clipped on its own, not by the global norm",
                 "one clip_grad_norm_(model.parameters(), max_grad_norm) over all of them",
-                with_(clip="per_parameter"),
+                with_(clip="per_parameter") if own is None else lambda ref, *a: own(clip_each=True),
             ),
             Variant(
                 "knob:clipping",
@@ -364,7 +367,12 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
             ("forward", "build_model", "canonical_state_dict"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
         ),
-        variants=step_variants(config, optimizer, max_grad_norm),
+        variants=step_variants(
+            config,
+            optimizer,
+            max_grad_norm,
+            own=lambda **kw: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm, **kw),
+        ),
     )
 
 

@@ -194,3 +194,58 @@ def test_a_ratio_two_arguments_explain_is_not_named():
     assert argument_ratio_causes({"top_k": 2}, e, e * 3, 1e-6, 1e-6) == []
     assert argument_ratio_causes({"top_k": 2}, e, e, 1e-6, 1e-6) == []
     assert argument_ratio_causes({"flag": True}, e, e * 2, 1e-6, 1e-6) == []
+
+
+def test_per_tensor_clipping_is_taken_on_the_implementation_s_own_parameters():
+    """Clipping each parameter tensor alone depends on how the code splits its parameters (a fused qkv is one
+    tensor), so the variant steps the implementation's own model: a model whose q, k and v are one fused parameter
+    clipped per tensor is reproduced by it, and not by per-tensor clipping of the reference's separate ones."""
+    from spec_tests.harness.subject.model_ops import correct_steps
+
+    class Fused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.qkv = torch.nn.Parameter(torch.randn(6, 4, generator=g, dtype=torch.float64))
+            self.head = torch.nn.Parameter(torch.randn(5, 2, generator=g, dtype=torch.float64))
+
+        def forward(self, ids):
+            h = torch.nn.functional.one_hot(ids, 4).double() @ self.qkv.T
+            return h[..., :2] @ self.head.T
+
+    class Impl:
+        forward = staticmethod(lambda model, ids: model(ids))
+
+    x, y = torch.tensor([[0, 1, 2], [3, 2, 1]]), torch.tensor([[1, 2, 3], [2, 1, 0]])
+
+    def steps(clip_each):
+        model = Fused()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses = []
+        for _ in range(2):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 5), y.reshape(-1))
+            loss.backward()
+            for group in [[p] for p in model.parameters()] if clip_each else [list(model.parameters())]:
+                torch.nn.utils.clip_grad_norm_(group, 0.1)
+            opt.step()
+            losses.append(loss.item())
+        return losses, model.qkv.detach()
+
+    def own(clip_each):
+        model = Fused()
+        import spec_tests.harness.subject.model_ops as ops
+
+        made = lambda impl, m, kind, lr, eps: torch.optim.SGD(m.parameters(), lr=lr)
+        original, ops.make_optimizer = ops.make_optimizer, made
+        try:
+            losses = correct_steps(Impl(), model, "sgd", 0.5, 1e-8, x, y, 0.1, 2, clip_each=clip_each)
+        finally:
+            ops.make_optimizer = original
+        return losses, model.qkv.detach()
+
+    each, whole = steps(True), steps(False)
+    assert not torch.allclose(each[1], whole[1])  # the control: the two clippings differ here
+    for clip_each, want in ((True, each), (False, whole)):
+        got = own(clip_each)
+        assert got[0] == pytest.approx(want[0]) and torch.allclose(got[1], want[1]), clip_each

@@ -232,12 +232,13 @@ def parameter_count(impl, model) -> int:
 
 
 def correct_steps(
-    impl, model, kind: str, lr: float, eps: float, x, y, max_grad_norm=None, steps: int = 2, adamw=None
+    impl, model, kind: str, lr: float, eps: float, x, y, max_grad_norm=None, steps: int = 2, adamw=None, clip_each=False
 ) -> list:
     """``steps`` optimisation steps as the protocol's ``train_step`` takes them, on the implementation's own model:
     in training mode, ``cross_entropy(forward(model, x), y)`` backward, clipping by the global norm when asked, one
     step of one fresh ``make_optimizer`` over ``model.parameters()`` (``adamw``: ``{"weight_decay", "betas"}`` of an
-    AdamW instead). The losses; the model is updated in place.
+    AdamW instead). The losses; the model is updated in place. ``clip_each`` (a mistake, for diagnosis): each of the
+    model's own parameter tensors clipped alone, however it lays them out (a fused qkv is one tensor).
 
     What a correct ``train_step`` does with the implementation's own model, however its parameters are laid out
     or shared (used to tell a training failure caused by a failing model from one of the step itself)."""
@@ -256,7 +257,8 @@ def correct_steps(
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            for group in [[p] for p in params] if clip_each else [params]:
+                torch.nn.utils.clip_grad_norm_(group, max_grad_norm)
         opt.step()
         losses.append(float(loss.item()))
     opt.zero_grad(set_to_none=True)

@@ -141,10 +141,14 @@ class Subject:
     def parameter_count(self, model) -> int:
         return self.op("parameter_count", model)
 
-    def correct_steps(self, model, kind, lr, eps, x, y, max_grad_norm=None, steps=2, weight_decay=None, betas=None):
+    def correct_steps(
+        self, model, kind, lr, eps, x, y, max_grad_norm=None, steps=2, weight_decay=None, betas=None, clip_each=False
+    ):
         clip = None if max_grad_norm is None else float(max_grad_norm)
         adamw = None if weight_decay is None else {"weight_decay": float(weight_decay), "betas": list(betas)}
-        return self.op("correct_steps", model, kind, float(lr), float(eps), x, y, clip, int(steps), adamw)
+        return self.op(
+            "correct_steps", model, kind, float(lr), float(eps), x, y, clip, int(steps), adamw, bool(clip_each)
+        )
 
     # the reference composed with other functions (root causes, the knob search)
     def substituted(self, replacements: dict):
