@@ -571,3 +571,30 @@ def test_gradient_accumulation_mistakes_are_named(tmp_path, pytester):
     folder = implementation(tmp_path / "right", patch=("training.py", STEP, weighted))
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     assert "failed" not in out and " passed" in out, out[-3000:]
+
+
+def test_a_right_generate_beside_a_wrong_sampling_probs_is_sampling_probs_s(tmp_path, pytester):
+    """A copy of the reference whose exported sampling_probs ignores top_k while generate draws through the right
+    one (held out: a library's generate used its own sampler): generate's distribution test, whose target is the
+    implementation's own sampling_probs, is a consequence of sampling_probs, since generate draws with the specified
+    probabilities. The control: a generate that ignores top_k itself stays charged."""
+    export = (
+        "from .sampling import sample, sampling_probs",
+        "from .sampling import sample\nfrom .sampling import sampling_probs as _right\n\n\n"
+        "def sampling_probs(logits, temperature=1.0, top_k=None, top_p=None):\n"
+        "    return _right(logits, temperature, None, top_p)\n",
+    )
+    folder = implementation(tmp_path, patch=("__init__.py", *export))
+    selected = "test_generate_samples_from_sampling_probs or test_sampling_probs_match_reference"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert "sampling_probs: " in roots and "generate: " not in roots, out[-3000:]
+    ignoring = (
+        "    probs = sampling_probs(logits, temperature, top_k, top_p)",
+        "    probs = sampling_probs(logits, temperature, None, top_p)",
+    )
+    folder = implementation(tmp_path / "control", patch=("sampling.py", *ignoring))
+    out = run_suite(
+        f"--impl={folder}", "-k", "test_generate_samples_from_sampling_probs", cwd=tmp_path, pytester=pytester
+    ).stdout
+    assert "generate: " in out.split("root causes")[-1], out[-3000:]
