@@ -107,5 +107,12 @@ def matching_bugs(
 
 
 def known_bug_lines(bugs) -> list[str]:
-    """``matches known bug <name>: <explanation>. Fix: <fix>`` for each bug."""
-    return [f"matches known bug {b.name}: {b.explanation}. Fix: {b.fix}" for b in bugs]
+    """``matches known bug <name>: <explanation>. Fix: <fix>`` for each bug; where several match, the output cannot
+    tell them apart, and each line after the first says so."""
+    coincide = (
+        f" (the outputs of these {len(bugs)} known bugs coincide on this input: which one is yours it cannot tell)"
+    )
+    return [
+        f"{'or ' if i else ''}matches known bug {b.name}{coincide if i else ''}: {b.explanation}. Fix: {b.fix}"
+        for i, b in enumerate(bugs)
+    ]

@@ -763,7 +763,12 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
         mfix = "set scores to -inf where mask is False, before the softmax"
         out += [
             Variant(
-                "knob:mask_missing", "the mask is not applied", where=mwhere, fix=mfix, compute=a(mask_mode="ignored")
+                "knob:mask_missing",
+                "the mask has no effect: the output is attention without it (the mask not applied, or one built or "
+                "sliced so that it keeps every key)",
+                where=mwhere,
+                fix=mfix,
+                compute=a(mask_mode="ignored"),
             ),
             Variant(
                 "knob:mask_polarity",
