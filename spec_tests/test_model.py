@@ -105,7 +105,7 @@ def check_logits(spec, config, sd, ids, *, behaviour: str, **options) -> None:
         kind="model",
         axes="b t v",
         behaviour=behaviour,
-        given=undetermined(spec, config, sd, ids),
+        given=[undetermined(spec, config, sd, ids), held_weights(spec, config, sd, ids)],
         **options,
     )
 
@@ -142,6 +142,27 @@ def undetermined(spec, config, sd, ids):
         "the model these weights build computes other logits when it is built again under another global seed (part "
         "of it is initialised, not loaded)",
     )
+
+
+def held_weights(spec, config, sd, ids):
+    """``spec.check``'s ``given``: where canonical_state_dict fails, a model that computes the specified logits of the
+    weights it gives back (what it holds) is right; its weights were loaded wrong (a square weight left transposed),
+    which the roundtrip reports (test_canonical_state_dict_roundtrip)."""
+
+    def holds() -> bool:
+        if not spec.failing(("canonical_state_dict",)):
+            return True
+        raw = unprobed(spec)
+        model = models.build(raw, config, sd)
+        held = {k: v.detach().clone() for k, v in raw.canonical_state_dict(model).items()}
+        want = spec.expected(lambda m, held, ids: models.logits(m, config, held, ids), held, ids, label="held")
+        return mismatch(raw.forward(model, ids), want, tolerance("model", device=spec.device)) is not None
+
+    why = (
+        "your model computes the specified logits of the weights it gives back (canonical_state_dict), which are not "
+        "those it was given: they were loaded wrong"
+    )
+    return ("canonical_state_dict",), holds, why
 
 
 def model_variants(config):

@@ -598,3 +598,41 @@ def test_a_right_generate_beside_a_wrong_sampling_probs_is_sampling_probs_s(tmp_
         f"--impl={folder}", "-k", "test_generate_samples_from_sampling_probs", cwd=tmp_path, pytester=pytester
     ).stdout
     assert "generate: " in out.split("root causes")[-1], out[-3000:]
+
+
+def test_a_model_right_on_the_weights_it_holds_is_charged_to_its_loading(tmp_path, pytester):
+    """A square weight left transposed at load (wo; held out: minGPT's list of weights to transpose missing c_proj) and
+    given back as held: the model computes the specified logits of what canonical_state_dict gives back, so its
+    logits tests are consequences of the failing roundtrip, which says the weight is transposed. The control: the
+    same loading beside a post-LN block keeps forward charged (its logits are wrong on the weights it holds too)."""
+    selected = "test_canonical_state_dict_roundtrip or test_logits_match_reference"
+    folder = implementation(tmp_path / "load", "wo_transposed_at_load")
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert "canonical_state_dict: " in roots and "forward: " not in roots, out[-3000:]
+    assert "axes dim0 and dim1 are transposed" in out, out[-3000:]
+    folder = implementation(tmp_path / "both", "wo_transposed_at_load", "post_ln")
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "forward: " in out.split("root causes")[-1], out[-3000:]
+
+
+def test_weights_given_back_under_each_other_s_names_are_named():
+    """A state dict whose wq holds what wk was given names the exchange; the control, wq given back permuted, does
+    not."""
+    from spec_tests.harness.diagnosis import diagnose
+    from spec_tests.harness.judging.tolerances import EXACT
+
+    g = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(6, 6, generator=g, dtype=torch.float64) for k in ("a.wq.weight", "a.wk.weight", "a.wv.weight")}
+
+    def lines(actual):
+        found, _ = diagnose(subject="canonical_state_dict", call=None, args64=None, actual=actual, expected=sd,
+                            tol=EXACT, axes=None, rope_style="interleaved", known_bugs=list)  # fmt: skip
+        return found
+
+    swapped = {**sd, "a.wq.weight": sd["a.wk.weight"], "a.wk.weight": sd["a.wq.weight"]}
+    said = lines(swapped)
+    assert any("['a.wq.weight'] gives back the weight given as ['a.wk.weight']" in ln for ln in said), said
+    permuted = {**sd, "a.wq.weight": sd["a.wq.weight"].flip(0)}
+    said = lines(permuted)
+    assert not any("gives back the weight given as" in ln for ln in said) and any("reordered" in ln for ln in said)

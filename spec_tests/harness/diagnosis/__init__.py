@@ -65,6 +65,35 @@ def _first_differing_leaf(expected, actual, tol, path: str = ""):
     return None
 
 
+def _named_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
+    """The weight given back under ``path`` equals the one expected under another name of the same mapping: weights
+    loaded or given back under each other's names (wq where wk belongs)."""
+    from ..judging.compare import mismatch
+
+    def leaves(tree, where=""):
+        for key, value in tree.items():
+            if isinstance(value, Mapping):
+                yield from leaves(value, f"{where}[{key!r}]")
+            elif isinstance(value, torch.Tensor):
+                yield f"{where}[{key!r}]", value
+
+    others = [
+        p for p, e in leaves(expected) if p != path and e.shape == actual.shape and mismatch(actual, e, tol) is None
+    ]
+    if len(others) != 1:
+        return []
+    return [
+        Cause(
+            "layout",
+            f"{path} gives back the weight given as {others[0]}: weights loaded or given back under each other's names",
+            "where each canonical weight is read into the model and written back",
+            "load and give back each weight under its own canonical name",
+            f"{path} equals the expected {others[0]} within tolerance",
+            0.95,
+        )
+    ]
+
+
 def bug_code(bug) -> str | None:
     """The cause code a catalogued bug stands for: its own, or its class's."""
     return getattr(bug, "code", None) or CLASS_CODES.get(getattr(bug, "bug_class", None))
@@ -133,7 +162,9 @@ def diagnose(
         leaf = _first_differing_leaf(expected, actual, tol)
         if leaf is not None:
             path, e, a = leaf
-            found = structural_causes(e, a, axes=None, inputs={}, atol=tol.atol, rtol=tol.rtol)
+            named = _named_elsewhere(expected, path, a, tol)
+            found = [] if named else structural_causes(e, a, axes=None, inputs={}, atol=tol.atol, rtol=tol.rtol)
+            causes += named
             weights = {
                 "where": "how this weight is laid out when loaded or exported (a permutation at load undone at export)",
                 "fix": "give each weight back in the canonical layout, exactly as it was loaded",

@@ -184,7 +184,7 @@ class Spec:
         implementation's own outputs (``holds()``: e.g. that the model its weights build is determined by
         them). When the check fails and ``holds()`` is False, the check cannot judge its subject (``why``
         says so): a consequence of those names, which holds only while they fail tests of their own
-        (``settling.settle``).
+        (``settling.settle``). A list of such tuples: each presumption in turn.
 
         ``variants``: ``Variant``s (``diagnosis/variant.py``) whose ``compute(reference, *float64 args)`` is
         the specified computation with one knob changed; one that reproduces the failing output is named.
@@ -234,8 +234,8 @@ class Spec:
         self._composed(result, compute, args64, actual, tol, reference)
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
-        if given is not None:
-            self._given(result, given)
+        for presumed in given if isinstance(given, list) else [] if given is None else [given]:
+            self._given(result, presumed)
 
         def diagnose():
             from ..diagnosis import diagnose as run
