@@ -636,3 +636,32 @@ def test_weights_given_back_under_each_other_s_names_are_named():
     permuted = {**sd, "a.wq.weight": sd["a.wq.weight"].flip(0)}
     said = lines(permuted)
     assert not any("gives back the weight given as" in ln for ln in said) and any("reordered" in ln for ln in said)
+
+
+def test_a_crash_in_a_helper_that_several_names_share_is_charged_once(tmp_path, pytester):
+    """A copy of the reference whose token-data helper (shared by get_batch, train and evaluate) takes the data for a
+    numpy array (held out: ``data.astype`` raised on a tensor in three names' tests, among them a check that wanted
+    ValueError and got the AttributeError): one name is charged, the others are its consequences, and the wrong
+    exception is shown at the helper's line. The control: get_batch and evaluate raising at lines of their own are
+    charged each."""
+    numpy_only = (
+        "    tokens = torch.from_numpy(np.asarray(data)) if not isinstance(data, torch.Tensor) else data",
+        "    tokens = torch.from_numpy(data.astype('int64'))",
+    )
+    folder = implementation(tmp_path / "shared", patch=("training.py", *numpy_only))
+    selected = "test_get_batch or test_evaluate or test_train_and_evaluate_take_tokens"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert sum(line.startswith("  ") and ": " in line for line in roots.splitlines()) == 1, out[-3000:]
+    assert "raised AttributeError instead" in out and "in your code at" in out, out[-3000:]
+
+    def two_places(folder):  # get_batch and evaluate each raise, at lines of their own
+        path = folder / "training.py"
+        text = path.read_text()
+        text = text.replace("    tokens = as_token_tensor(data)\n", "    tokens = data.astype('int64')\n", 1)
+        path.write_text(text.replace("    tokens = as_token_tensor(data)\n", "    tokens = data.numpy()\n", 1))
+
+    folder = implementation(tmp_path / "apart", edit=two_places)
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert "get_batch: " in roots and "evaluate: " in roots, out[-3000:]

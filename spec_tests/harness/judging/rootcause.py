@@ -225,12 +225,17 @@ def judge_failure(
         status = Status.ERROR  # the subject's own behaviour, reached through a name it may call (forward with a cache)
     # a crash (in a judged name, or in one the test uses: "setup") may be an upstream function's crash
     crashed = registry.crash_consequences and status in CRASHES and isinstance(exc, ImplementationError)
-    if crashed:
+    # a check that wanted one exception and got a crash (AttributeError for ValueError) is that crash too
+    wrong_raise = getattr(exc, "raised", None) if registry.crash_consequences else None
+    if crashed or isinstance(wrong_raise, ImplementationError):
         # what it uses, and any name outside its own callers: two names that raise at the same place in the code
         # (a config parser that build_model and kv_cache_bytes share) are one bug, charged where it showed first
         callers = {n for n in PROTOCOL_NAMES if set(run.subjects) & (upstream_closure([n]) - {n})}
         candidates = upstream_closure(used) | used | (set(PROTOCOL_NAMES) - callers)
-        same = registry.same_crash(exc, candidates - set(run.subjects))
+        # the name that raised is no candidate; the test's other subjects are (train raising in a test of train and
+        # evaluate where evaluate's own tests raise at the same place)
+        raised = {name} if status == Status.ERROR and name else set(run.subjects)
+        same = registry.same_crash(exc if crashed else wrong_raise, candidates - raised)
         if same:
             names = ", ".join(same)
             message = (

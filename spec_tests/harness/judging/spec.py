@@ -549,11 +549,18 @@ class Spec:
                         "naming the bad values helps whoever reads it"
                     )
                 return
+            from ..diagnosis.crashes import own_frame
+
             result.outcome, result.found = "failed", f"raised {exc.type_name} instead: {exc.message}"
-            if exc.where:
+            where = own_frame(exc.original)
+            if where and where != exc.where:
+                result.found += f" (in your code at {where})"
+            elif exc.where:
                 result.found += f" (at {exc.where})"
             result.causes, result.cause_codes = list(causes), list(codes)  # the condition was not checked either
-            raise SpecFailure(result) from None
+            failure = SpecFailure(result)
+            failure.raised = exc  # a crash another name's tests charge at the same place is one bug (rootcause.py)
+            raise failure from None
         finally:
             self._raise_expected = expected
         result.outcome, result.found = "failed", f"no error was raised (expected {exc_type.__name__})"
