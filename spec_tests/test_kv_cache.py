@@ -77,12 +77,50 @@ def check_chunks(spec, config, chunks, *, seed):
         full,
         kind="model",
         axes="b t v",
-        variants=[alone],
+        variants=[alone, *position_variants(spec, config, sd, ids, chunks)],
         hint=hint,
         hint_code=hint_code,
         structural=hint is None,  # a chunk boundary is where the hint looks; "wrong from t = k" adds nothing
         behaviour=behaviour,
     )
+
+
+def position_variants(spec, config, sd, ids, chunks) -> list[Variant]:
+    """The reference's cached forward with each chunk's positions starting elsewhere than at the cache length: at a
+    constant (0: restarted; or a size read from the wrong axis), at the cache length plus an offset, or at the number
+    of earlier calls (a counter advanced once per call). The cache and its mask are the reference's: only the
+    positions the chunks are embedded or rotated at change."""
+    ref = getattr(spec.expectations, "reference", None)
+    if ref is None:
+        return []
+
+    def chunks_at(start_of):
+        def compute():
+            model = models.build(ref, config, sd)
+            cache, out, cached = ref.new_cache(model, ids.shape[0]), [], 0
+            for k, n in enumerate(chunks):
+                s = start_of(k, cached)
+                positions = torch.arange(s, s + n, device=ids.device)
+                out.append(ref.forward(model, ids[:, cached : cached + n], cache, positions=positions))
+                cached += n
+            return torch.cat(out, dim=1)
+
+        return compute
+
+    fix = "positions = arange(cached, cached + T): each chunk continues from the number of tokens the cache holds"
+    if config["family"] == "gpt2":  # learned positions: each constant is another model
+        rules = [
+            (f"every chunk's positions start at {c}, whatever the cache holds", lambda k, n, c=c: c) for c in range(9)
+        ]
+    else:  # RoPE sees only differences of positions: every constant start is the same model
+        rules = [("every chunk's positions start at the same number (0, or any constant: RoPE sees only differences), "
+                  "whatever the cache holds", lambda k, n: 0)]  # fmt: skip
+    rules += [
+        (f"positions continue from the cache length {c:+d} (off by {abs(c)})", lambda k, n, c=c: n + c)
+        for c in (-1, 1, 2)
+    ]
+    rules.append(("positions count the earlier calls (one per call), not the cached tokens", lambda k, n: k))
+    return [Variant("knob:position_offset", summary, fix, chunks_at(rule)) for summary, rule in rules]
 
 
 def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:

@@ -665,3 +665,28 @@ def test_a_crash_in_a_helper_that_several_names_share_is_charged_once(tmp_path, 
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1].split("short test summary")[0]
     assert "get_batch: " in roots and "evaluate: " in roots, out[-3000:]
+
+
+def test_positions_a_cached_path_starts_at_are_named(tmp_path, pytester):
+    """A cached path whose chunks all start at position 3 (held out: a past length read from the head axis, a
+    constant) is named with that start for learned positions, and as a constant start for RoPE, where every constant
+    is the same model. The control: a causal mask aligned top-left after cached tokens gets no position line."""
+    three = (
+        "            positions = torch.arange(start, start + ids.shape[1], device=ids.device)",
+        "            positions = torch.arange(start if cache is None else 3, (start if cache is None else 3) + "
+        "ids.shape[1], device=ids.device)",
+    )
+    folder = implementation(tmp_path / "three", patch=("model.py", *three))
+    out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    assert "every chunk's positions start at 3, whatever the cache holds" in out, out[-3000:]
+    assert "start at the same number (0, or any constant" in out, out[-3000:]
+    folder = implementation(tmp_path / "mask", "model_top_left_mask_with_cache")
+    out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    named = (
+        "every chunk's positions start at",
+        "positions continue from the cache length +",
+        "count the earlier calls",
+    )
+    assert "failed" in out and not any(line in out for line in named), out[-3000:]

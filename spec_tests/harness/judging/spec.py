@@ -36,6 +36,11 @@ def tolerance_dtype(kind: str, value) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
+def _tentative(hint: str | None) -> bool:
+    """A hint that is weak evidence or a note: a test's variant that fits says more, and then it is not said."""
+    return bool(hint) and hint.startswith(("likely cause (weak", "note:"))
+
+
 class SpecFailure(AssertionError):
     """A behaviour the implementation does not meet; the message is the whole report.
 
@@ -226,7 +231,7 @@ class Spec:
         result.outcome, result.found, result.ratio, result.where = "failed", found.found, found.ratio, found.where
         result.note = shape_note(actual, expected)
         # a weak hint is said where none of the test's variants fits (one that fits names the mistake itself)
-        weak = bool(hint) and hint.startswith("likely cause (weak") and bool(variants)
+        weak = _tentative(hint) and bool(variants)
         if hint and not weak:
             result.causes.append(hint)
             result.cause_codes += [hint_code] if hint_code else []
@@ -475,7 +480,8 @@ class Spec:
         result.note = shape_note(actual, expected)
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
-        if hint:
+        tentative = _tentative(hint) and bool(variants)  # said where none of the variants fits
+        if hint and not tentative:
             result.causes.append(hint)
             result.cause_codes += [hint_code] if hint_code else []
 
@@ -483,7 +489,10 @@ class Spec:
             from ..diagnosis import diagnose as run
             from ..diagnosis.variant import fitting_variants, variant_lines
 
-            lines, codes = variant_lines(fitting_variants(variants, actual, tol))
+            fitting = fitting_variants(variants, actual, tol)
+            lines, codes = variant_lines(fitting)
+            if tentative and not fitting:
+                lines, codes = [hint, *lines], ([hint_code] if hint_code else []) + codes
             more, more_codes = run(
                 subject=subject,
                 call=None,
