@@ -77,7 +77,7 @@ def check_chunks(spec, config, chunks, *, seed):
         full,
         kind="model",
         axes="b t v",
-        variants=[alone, *position_variants(spec, config, sd, ids, chunks)],
+        variants=[alone, *position_variants(spec, config, sd, ids, chunks, cached)],
         hint=hint,
         hint_code=hint_code,
         structural=hint is None,  # a chunk boundary is where the hint looks; "wrong from t = k" adds nothing
@@ -85,23 +85,29 @@ def check_chunks(spec, config, chunks, *, seed):
     )
 
 
-def position_variants(spec, config, sd, ids, chunks) -> list[Variant]:
+def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     """The reference's cached forward with each chunk's positions starting elsewhere than at the cache length: at a
     constant (0: restarted; or a size read from the wrong axis), at the cache length plus an offset, or at the number
     of earlier calls (a counter advanced once per call). The cache and its mask are the reference's: only the
-    positions the chunks are embedded or rotated at change."""
+    positions the chunks are embedded or rotated at change. A variant stops at the first chunk that differs from
+    ``actual`` (it cannot fit), so a failing run pays for few chunks."""
     ref = getattr(spec.expectations, "reference", None)
     if ref is None:
         return []
+    tol = tolerance("model", device=spec.device)
+    built = []  # the reference model, built once when a variant is first tried (a cached forward leaves it as it is)
 
     def chunks_at(start_of):
         def compute():
-            model = models.build(ref, config, sd)
+            built[:] = built or [models.build(ref, config, sd)]
+            model = built[0]
             cache, out, cached = ref.new_cache(model, ids.shape[0]), [], 0
             for k, n in enumerate(chunks):
                 s = start_of(k, cached)
                 positions = torch.arange(s, s + n, device=ids.device)
                 out.append(ref.forward(model, ids[:, cached : cached + n], cache, positions=positions))
+                if mismatch(actual[:, cached : cached + n], out[-1], tol) is not None:
+                    raise ValueError("this variant differs from the cached logits")  # fitting_variants skips it
                 cached += n
             return torch.cat(out, dim=1)
 
