@@ -957,3 +957,46 @@ def test_a_fixed_mlp_width_is_named():
 
     lines, _ = probe("build_model", build_refusing_these_weights, (config, sd), {})
     assert not any("raises for a config with d_ff" in ln for ln in lines), lines  # another width resized runs too
+
+
+def test_a_size_compared_with_the_kv_heads_is_not_named_gqa():
+    """A cached forward that raises once the cache holds more positions than there are kv heads (a length read from
+    the head axis) runs for the GQA model given as MHA (8 kv heads) at 3 cached positions, but not with the cache
+    filled to the context: no GQA line, and the filled cache is the trigger. The control: a crash of every GQA
+    model whatever the fill names GQA."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_gqa"])
+    ids = torch.randint(0, config["vocab_size"], (2, 4))
+
+    def forward_reading_the_head_axis(model, ids, cache=None):
+        if cache is not None:
+            k = subject.cache_kv(cache, 0)[0]
+            if k.shape[-2] > k.shape[-3]:  # the bug: cached positions compared with the kv heads
+                raise IndexError("index 3 is out of bounds for dimension 1 with size 2")
+        return subject.forward(model, ids, cache)
+
+    def forward_refusing_gqa(model, ids, cache=None):
+        if model.config.n_kv_heads != model.config.n_heads:
+            raise RuntimeError("shape '[2, 1, 8, 10]' is invalid for input of size 320")
+        return subject.forward(model, ids, cache)
+
+    def lines_for(fn):
+        model = subject.build(config, models.random_state_dict(config, seed=1))
+        ledger = Ledger(subject)
+        ledger.record("build", (config, None), {}, model)
+        cache = subject.new_cache(model, 2)
+        ledger.record("new_cache", (model, 2), {}, cache)
+        for t in range(3):
+            subject.forward(model, ids[:, t : t + 1], cache)
+            ledger.record("forward", (model, ids[:, t : t + 1], cache), {}, None)
+        return probe("forward", fn, (model, ids[:, 3:4], cache), {}, ledger)[0]
+
+    lines = lines_for(forward_reading_the_head_axis)
+    assert not any("a GQA model" in ln for ln in lines), lines
+    assert any(ln.startswith("likely cause: forward raises for a cache already holding 3") for ln in lines), lines
+    lines = lines_for(forward_refusing_gqa)
+    assert any(ln.startswith("likely cause: forward raises for a GQA model") for ln in lines), lines

@@ -1087,7 +1087,7 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
     that times out or takes the process down ends probing (``_ProcessLost``): in grading each one would cost a
     restart of the worker, and the restarts a submission gets are limited."""
     for p in probes:
-        if any(w.failing == p.failing for w in working):  # the nearest variant that runs has said it
+        if any(w.failing == p.failing and not w.weak for w in working):  # the nearest variant that runs said it
             continue
         if not _runs(run, p.arguments):  # the variant raises too: the property is not the trigger
             tried.append(p)

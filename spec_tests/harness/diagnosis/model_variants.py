@@ -67,13 +67,18 @@ class Ledger:
         (model,) = found.values()
         _, config, state, options = self.models[id(model)]
         probes = []
+        room = self._room(config, args, kwargs)
         for change in CHANGES:
             made = change(config)
             if made is None:
                 continue
             failing, working, new_config, transform = made
             make = self._maker(model, new_config, state, transform, options, args, kwargs)
-            probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make))
+            # through a filled cache the variant must run with the cache filled to the context too: a size that
+            # the change moved (a length compared with n_kv_heads) is no property of the model
+            fuller = self._maker(model, new_config, state, transform, options, args, kwargs, fill=room)
+            controls = ((fuller, True),) if room else ()
+            probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
         other = _other_family(config, getattr(self.subject, "families", ()))
         if other is not None:
             failing, working, new_config, same = other
@@ -134,11 +139,22 @@ class Ledger:
             break
         return probes
 
-    def _maker(self, model, config, state, transform, options, args, kwargs) -> Callable:
+    def _room(self, config, args, kwargs) -> int:
+        """For a call through a cache that earlier calls filled: how many more positions fit beside the call's own
+        tokens within the context (0 where there is no such cache)."""
+        caches = [self.caches[id(v)] for v in (*args, *kwargs.values()) if id(v) in self.caches]
+        ids = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.ndim == 2), None)
+        context = config.get("context_length")
+        if len(caches) != 1 or not caches[0][3] or ids is None or type(context) is not int:
+            return 0
+        held = sum(int(t.shape[-1]) for t in caches[0][3])
+        return max(0, context - held - int(ids.shape[-1]))
+
+    def _maker(self, model, config, state, transform, options, args, kwargs, fill: int = 0) -> Callable:
         """A function building the variant from the model's weights (those it was built from, else its
         ``canonical_state_dict``) passed through ``transform``, and returning the call's arguments with it in place
-        of the model (an optimizer made again over it, a cache made for it and refilled with the same tokens);
-        ``transform=None``: freshly initialised weights."""
+        of the model (an optimizer made again over it, a cache made for it and refilled with the same tokens, and
+        ``fill`` more: the same tokens again, cut to that many); ``transform=None``: freshly initialised weights."""
         subject = self.subject
 
         def make():
@@ -161,6 +177,10 @@ class Ledger:
                     cache = subject.new_cache(variant, batch_size)
                     for ids in forwarded:
                         subject.forward(variant, ids.clone(), cache)
+                    if fill:
+                        tokens = torch.cat(forwarded, dim=-1)
+                        more = tokens.repeat(1, fill // tokens.shape[-1] + 1)[:, :fill]
+                        subject.forward(variant, more.clone(), cache)
                     return cache
                 return value
 
