@@ -591,7 +591,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
         tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 1e-3"),
         behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
         "AdamW(lr=1e-3) steps",
-        variants=adamw_variants(lambda rule: adamw_losses(spec.impl, config, sd, x, 2, rule=rule)),
+        variants=adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw)),
         rebase=(
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", 1e-3, 1.0),
@@ -875,12 +875,15 @@ def test_evaluate_ignores_dropout(spec, family):
     )
 
 
-def adamw_losses(m, cfg, sd, x, steps, *, weight_decay=0.01, betas=(0.9, 0.999), rule=None, fresh=False):
+def adamw_losses(
+    m, cfg, sd, x, steps, *, weight_decay=0.01, betas=(0.9, 0.999), rule=None, fresh=False, matrices_only=False
+):
     """The losses of ``steps`` AdamW(lr=1e-3) steps with clipping at 1.0 on the implementation's own model and
     gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here.
 
     For diagnosis: ``rule``, AdamW with one slip in its update (``bookkeeping.ADAMW_RULES``); ``fresh``, a new
-    optimizer at every step (its moments and step count lost)."""
+    optimizer at every step (its moments and step count lost); ``matrices_only``, the weight decay on the weights of
+    two or more dims alone (nanoGPT's parameter groups)."""
     if rule is None and not fresh:  # the specified AdamW, on the model itself however its parameters are shared
         model = models.build(m, cfg, sd)
         return m.correct_steps(model, "adamw", 1e-3, 1e-8, x, x, 1.0, steps, weight_decay=weight_decay, betas=betas)
@@ -888,9 +891,17 @@ def adamw_losses(m, cfg, sd, x, steps, *, weight_decay=0.01, betas=(0.9, 0.999),
     params = list(leaves.values())
 
     def optimizer():
+        groups = (
+            [
+                {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+            ]
+            if matrices_only
+            else params
+        )
         if rule is None:
-            return torch.optim.AdamW(params, lr=1e-3, weight_decay=weight_decay, betas=betas)
-        return AdamWRule(params, lr=1e-3, weight_decay=weight_decay, betas=betas, rule=rule)
+            return torch.optim.AdamW(groups, lr=1e-3, weight_decay=weight_decay, betas=betas)
+        return AdamWRule(groups, lr=1e-3, weight_decay=weight_decay, betas=betas, rule=rule)
 
     opt = optimizer()
     losses = []
@@ -934,7 +945,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
         behaviour="train(model, 40 copies of one token, steps=3, batch_size=4, context_length=10): the losses of three "
         "steps of one AdamW(lr=1e-3)",
         variants=[
-            *adamw_variants(lambda rule: adamw_losses(spec.impl, config, sd, x, 3, rule=rule)),
+            *adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 3, rule=rule, **kw)),
             Variant(
                 "knob:optimizer_state",
                 "a new AdamW is made at every step, so its moments and step count never carry over",

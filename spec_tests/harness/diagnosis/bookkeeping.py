@@ -78,11 +78,24 @@ class AdamWRule(torch.optim.Optimizer):
                 p.sub_(lr * m_hat / denom)
 
 
+# The protocol leaves AdamW's weight decay unspecified (0 to 0.1), and which parameters it decays: a slip in the
+# update is tried at the common settings, all parameters at 0.01 (torch's default) and the matrices alone at 0.1
+# (nanoGPT's groups), so a slip that shows only through the decay is found whichever the code uses.
+DECAY_SETTINGS = ((0.01, False, ""), (0.1, True, " (weight decay 0.1 on the matrices only)"))
+
+
 def adamw_variants(losses_with) -> list[Variant]:
-    """``Variant``s for a check of AdamW's losses: ``losses_with(rule)`` computes them with ``AdamWRule``."""
+    """``Variant``s for a check of AdamW's losses: ``losses_with(rule, weight_decay=, matrices_only=)`` computes them
+    with ``AdamWRule`` at each of ``DECAY_SETTINGS``."""
     return [
-        Variant("knob:adamw_rule", summary, fix, lambda rule=rule: losses_with(rule))
+        Variant(
+            "knob:adamw_rule",
+            summary + said,
+            fix,
+            lambda rule=rule, wd=wd, mats=mats: losses_with(rule, weight_decay=wd, matrices_only=mats),
+        )
         for rule, (summary, fix) in ADAMW_RULES.items()
+        for wd, mats, said in DECAY_SETTINGS
     ]
 
 
