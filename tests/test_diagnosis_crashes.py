@@ -1000,3 +1000,69 @@ def test_a_size_compared_with_the_kv_heads_is_not_named_gqa():
     assert any(ln.startswith("likely cause: forward raises for a cache already holding 3") for ln in lines), lines
     lines = lines_for(forward_refusing_gqa)
     assert any(ln.startswith("likely cause: forward raises for a GQA model") for ln in lines), lines
+
+
+def sampling_probs_with_an_open_top_p_range(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_p is not None and not 0.0 < top_p < 1.0:  # the bug: the protocol's range is (0, 1]
+        raise ValueError(f"top_p must be in (0, 1), got {top_p}")
+    return torch.softmax(logits / temperature, -1)
+
+
+def train_step_with_a_1d_only_norm(model, optimizer, x, y, max_grad_norm=None):
+    if max_grad_norm is not None:  # the bug: torch.vdot takes 1-D tensors only
+        torch.vdot(torch.ones(2, 2), torch.ones(2, 2))
+    return 0.0
+
+
+def test_a_range_closed_at_one_and_a_given_optional_argument_are_named():
+    """top_p=1.0 (the whole distribution) rejected by an open range is named by 1 -> 0.999; train_step raising on the
+    clipping path is named by max_grad_norm given -> None. The controls: the same functions on other values run, and
+    a crash that does not depend on them names neither."""
+    lines, _ = probe("sampling_probs", sampling_probs_with_an_open_top_p_range, (randn(2, 9),), {"top_p": 1.0})
+    assert any("raises for top_p=1 and works for top_p=0.999" in ln for ln in lines), lines
+    lines, _ = probe("train_step", train_step_with_a_1d_only_norm, (None, None, None, None), {"max_grad_norm": 0.5})
+    assert any("raises for max_grad_norm=0.5 and works for max_grad_norm=None" in ln for ln in lines), lines
+
+    def always(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    lines, _ = probe("train_step", always, (None, None, None, None), {"max_grad_norm": 0.5})
+    assert not any(ln.startswith("likely cause") for ln in lines), lines
+
+
+def test_a_cached_path_that_takes_one_token_only_is_named():
+    """A cache that reserves one slot per call raises for a chunk of several tokens through it and runs for the same
+    tokens fed one at a time: said as the trigger. The control: a cached path that raises for any call names no
+    chunk."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_mha"])
+    ids = torch.randint(0, config["vocab_size"], (2, 5))
+
+    def forward_one_slot(model, ids, cache=None):
+        if cache is not None and ids.shape[1] > 1:  # the bug: one slot written per call
+            raise RuntimeError(
+                "shape mismatch: value tensor of shape [2, 8, 5, 10] cannot be broadcast to [2, 8, 1, 10]"
+            )
+        return subject.forward(model, ids, cache)
+
+    def forward_never_cached(model, ids, cache=None):
+        if cache is not None:
+            raise RuntimeError("the cache is broken")
+        return subject.forward(model, ids, cache)
+
+    def lines_for(fn):
+        model = subject.build(config, models.random_state_dict(config, seed=1))
+        ledger = Ledger(subject)
+        ledger.record("build", (config, None), {}, model)
+        cache = subject.new_cache(model, 2)
+        ledger.record("new_cache", (model, 2), {}, cache)
+        return probe("forward", fn, (model, ids, cache), {}, ledger)[0]
+
+    lines = lines_for(forward_one_slot)
+    said = "forward raises for a chunk of 5 tokens through the cache and works for the same tokens fed one at a time"
+    assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
+    assert not any("a chunk of 5 tokens" in ln and ln.startswith("likely") for ln in lines_for(forward_never_cached))

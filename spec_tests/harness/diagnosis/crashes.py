@@ -75,7 +75,7 @@ from .model_variants import Ledger, heads_repeated
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
-MAX_TRIES = 12
+MAX_TRIES = 14
 
 
 @dataclass(frozen=True)
@@ -257,6 +257,22 @@ def _none_probes(name, args, kwargs) -> list[Probe]:
     return probes
 
 
+def _given_none_probes(name, args, kwargs) -> list[Probe]:
+    """An optional argument given a value where the protocol lets it be ``None`` (``max_grad_norm=0.5``, ``top_p``,
+    a ``mask``) given ``None`` instead: the path that uses the value raises (a clipping norm taken with a call
+    that takes only 1-D tensors). Said with what ``None`` means, so the line names the path."""
+    keys = argument_keys(name, args, kwargs)
+    wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
+    probes = []
+    for key, where, value in zip(keys, wheres, values, strict=True):
+        if key not in NONE_MEANS.get(name, ()) or value is None or key in ("generator", "device", "dtype"):
+            continue
+        shown = f"{key}={value!r}" if isinstance(value, int | float) else f"a {key}"
+        probes.append(Probe(shown, f"{key}=None", *_with(args, kwargs, where, None),
+                            f"; so the path that uses {key} raises"))  # fmt: skip
+    return probes
+
+
 def _empty_probes(name, args, kwargs) -> list[Probe]:
     """Every empty axis (size 0: a fresh cache's keys, no tokens yet) given one entry (zeros)."""
     keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
@@ -274,12 +290,14 @@ def _empty_probes(name, args, kwargs) -> list[Probe]:
 
 def _zero_float_probes(name, args, kwargs) -> list[Probe]:
     """A float argument of exactly 0 (a temperature, a rate) given as 0.001: a division by it, or a 0 that means
-    something (greedy decoding) handled after a computation that cannot take it."""
+    something (greedy decoding) handled after a computation that cannot take it; one of exactly 1 (``top_p=1.0``,
+    the whole distribution) given as 0.999: a range checked as open, (0, 1), where the protocol closes it."""
     wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
     return [
-        Probe(f"{label}=0", f"{label}=0.001", *_with(args, kwargs, where, 0.001), "", "boundary")
+        Probe(f"{label}={value:g}", f"{label}={nudged:g}", *_with(args, kwargs, where, nudged), "", "boundary")
         for label, where, value in zip(argument_keys(name, args, kwargs), wheres, values, strict=True)
-        if type(value) is float and value == 0.0
+        if type(value) is float and value in (0.0, 1.0)
+        for nudged in [0.001 if value == 0.0 else 0.999]
     ]
 
 
@@ -1036,6 +1054,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
     found = (
         _layout_probes(name, args, kwargs)
         + _none_probes(name, args, kwargs)
+        + _given_none_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
         + _gqa_weight_probes(name, args, kwargs)

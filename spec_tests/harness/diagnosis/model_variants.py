@@ -63,7 +63,7 @@ class Ledger:
         found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
         if len(found) != 1:
             return []
-        fill = self._cache_fill_probes(args, kwargs, probe_type)
+        fill = self._cache_fill_probes(args, kwargs, probe_type) + self._one_at_a_time_probes(args, kwargs, probe_type)
         (model,) = found.values()
         _, config, state, options = self.models[id(model)]
         probes = []
@@ -149,6 +149,30 @@ class Ledger:
             return 0
         held = sum(int(t.shape[-1]) for t in caches[0][3])
         return max(0, context - held - int(ids.shape[-1]))
+
+    def _one_at_a_time_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
+        """A chunk of several tokens through a cache (empty or filled), given as the same tokens fed one at a time:
+        a cached path that reserves one slot per call, or builds a mask only a single token fits, raises for a chunk
+        and runs token by token (the last token is the call, the others fed before it)."""
+        subject = self.subject
+        for value in (*args, *kwargs.values()):
+            entry = self.caches.get(id(value))
+            ids = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+            if entry is None or ids is None or ids.ndim != 2 or ids.shape[-1] < 2:
+                continue
+            _, model, batch_size, forwarded = entry
+
+            def make(value=value, model=model, batch_size=batch_size, forwarded=forwarded, ids=ids):
+                fresh = subject.new_cache(model, batch_size)
+                for earlier in [*forwarded, *ids[:, :-1].split(1, dim=-1)]:
+                    subject.forward(model, earlier.clone(), fresh)
+                swap = lambda v: fresh if v is value else (ids[:, -1:].clone() if v is ids else v)
+                return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+            failing = f"a chunk of {ids.shape[-1]} tokens through the cache"
+            return [probe_type(failing, "the same tokens fed one at a time", args, kwargs,
+                               "; so the cached path handles one new token only", "crash", make=make)]  # fmt: skip
+        return []
 
     def _maker(self, model, config, state, transform, options, args, kwargs, fill: int = 0) -> Callable:
         """A function building the variant from the model's weights (those it was built from, else its

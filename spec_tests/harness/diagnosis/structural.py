@@ -775,7 +775,10 @@ def _slice_permutation_causes(c: _Case) -> list[Cause]:
                 + (f"; expected {name} = {fmt_indices(missing)} never appear" if missing and unique else "")
             )
         if name.lower() in HEAD_NAMES:
-            summary += " (query heads paired with the wrong key/value heads: tiled instead of interleaved?)"
+            summary += (
+                " (the heads in another order: repeated k/v heads tiled instead of interleaved, or a grouped head "
+                "axis read as (g h) where (h g) is meant)"
+            )
         out.append(
             Cause(
                 "layout",
