@@ -690,3 +690,28 @@ def test_positions_a_cached_path_starts_at_are_named(tmp_path, pytester):
         "count the earlier calls",
     )
     assert "failed" in out and not any(line in out for line in named), out[-3000:]
+
+
+def test_a_crash_a_correct_downstream_meets_too_is_the_upstream_s(tmp_path, pytester):
+    """A top-k that keeps k - 1 tokens (nothing at top_k=1: NaN probabilities, held out): generate raises where the
+    sampler refuses them, and the correct generate composed with this sampling_probs raises the same (type and
+    message) in its own code, so generate's crash is sampling_probs'. The control: a generate that raises that message
+    on its own beside a right sampling_probs stays charged."""
+    k_minus_one = (
+        '    return logits.masked_fill(logits < kth, float("-inf"))',
+        '    return logits.masked_fill(logits <= kth, float("-inf"))',
+    )
+    folder = implementation(tmp_path / "topk", patch=("sampling.py", *k_minus_one))
+    selected = "test_generate_applies_sampling_filters or test_top_k_keeps_exactly_k"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1].split("short test summary")[0]
+    assert "sampling_probs: " in roots and "generate: " not in roots, out[-3000:]
+    refusing = (
+        "            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",
+        "            if top_k == 1:\n"
+        "                raise RuntimeError('probability tensor contains either `inf`, `nan` or element < 0')\n"
+        "            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",
+    )
+    folder = implementation(tmp_path / "own", patch=("generation.py", *refusing))
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "generate: " in out.split("root causes")[-1], out[-3000:]
