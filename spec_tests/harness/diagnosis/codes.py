@@ -27,6 +27,7 @@ STRUCTURAL = {
     "shape": "the output has the wrong shape",
     "overflow": "inf or NaN where the expected value is finite: an intermediate overflowed (exp, squares)",
     "crash": "the call raises for an input the protocol allows, and runs with one property of it changed",
+    "cache_fill": "the call raises through a cache that earlier calls filled, and runs through an empty one",
     "ignored_weight": "the output does not depend on a weight the specified model uses: it is loaded but not used",
 }
 
