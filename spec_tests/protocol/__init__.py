@@ -3,6 +3,7 @@ one entry per name holding every per-name fact (``entries.py``), with the tables
 of the entries. Everything is importable from ``spec_tests.protocol``."""
 
 from .entries import (
+    ACTIVATION_FIT,
     ANY_LEADING,
     CAPABILITY_OF,
     CATALOG_GROUPS,
@@ -48,6 +49,7 @@ from .names import (
 _MODEL_PARTS = MODEL_PARTS  # the name the flat module had
 
 __all__ = [
+    "ACTIVATION_FIT",
     "ALL_CAPABILITIES",
     "ALL_FAMILIES",
     "ANY_LEADING",

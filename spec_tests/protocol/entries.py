@@ -70,6 +70,9 @@ class Entry:
       tokens, ``top_p=None`` the whole mass, ``device=None`` the default device, ``dtype=None`` torch's default
       dtype): crash diagnosis passes
       that value instead, to tell an unhandled ``None`` from other triggers.
+    - ``activation_fit``: how its activation is measured alone and fitted when it fails
+      (``harness/diagnosis/activation_fit.py``: ``"tanh_gelu"`` identity weights around the tanh GELU,
+      ``"gated_silu"`` identity weights around SiLU's gate, ``"plain_silu"`` the function itself).
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
@@ -92,6 +95,7 @@ class Entry:
     nan_rows_unspecified: bool = False
     none_means: tuple[str, ...] = ()
     capability: str | None = None
+    activation_fit: str | None = None
     amended_keywords: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -177,6 +181,7 @@ ENTRIES: tuple[Entry, ...] = (
         reference_only=_FUSED,
         knob_family="_silu_family",
         any_leading_dims=True,
+        activation_fit="plain_silu",
     ),
     # ------------------------------------------------------------------ norms
     Entry(
@@ -214,6 +219,7 @@ ENTRIES: tuple[Entry, ...] = (
         reference_only=_FUSED,
         knob_family="_swiglu",
         any_leading_dims=True,
+        activation_fit="gated_silu",
     ),
     Entry(
         "gelu_mlp",
@@ -225,6 +231,7 @@ ENTRIES: tuple[Entry, ...] = (
         precision_sample=_gelu_mlp_sample,
         knob_family="_gelu_mlp",
         any_leading_dims=True,
+        activation_fit="tanh_gelu",
     ),
     Entry(
         "moe_mlp",  # protocol v2 (moe, amendment 28): Mixtral's sparse mixture of SwiGLU experts
@@ -487,6 +494,7 @@ PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not
 ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
 FIXED_RANK = {e.name: e.fixed_rank for e in ENTRIES if e.fixed_rank is not None}
 NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
+ACTIVATION_FIT = {e.name: e.activation_fit for e in ENTRIES if e.activation_fit}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not
 # define them)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...protocol import ACTIVATION_FIT
 from ..judging.compare import mismatch
 from .knobs import _bind
 
@@ -80,8 +81,8 @@ def _silu_output(p, act):
     return act(p.x)
 
 
-FAMILIES = {
-    "gelu_mlp": dict(
+FAMILIES = {  # keyed by ``Entry.activation_fit`` (spec_tests/protocol/entries.py)
+    "tanh_gelu": dict(
         signature="x, w_fc, b_fc, w_proj, b_proj",
         probe=lambda x: (x[None], _eye(len(x), x), torch.zeros_like(x), _eye(len(x), x), torch.zeros_like(x)),
         activation=lambda x, out: out[0],
@@ -92,7 +93,7 @@ FAMILIES = {
         specified=(("a", math.sqrt(2 / math.pi), "sqrt(2/π) ≈ 0.7979"), ("b", 0.044715, "0.044715")),
         output=_gelu_mlp_output,
     ),
-    "swiglu": dict(
+    "gated_silu": dict(
         signature="x, w_gate, w_up, w_down",
         probe=lambda x: (x[None], _eye(len(x), x), _eye(len(x), x), _eye(len(x), x)),
         activation=lambda x, out: out[0] / x,
@@ -103,7 +104,7 @@ FAMILIES = {
         specified=(("β", 1.0, "1"),),
         output=_swiglu_output,
     ),
-    "silu": dict(
+    "plain_silu": dict(
         signature="x",
         probe=lambda x: (x,),
         activation=lambda x, out: out,
@@ -120,7 +121,7 @@ FAMILIES = {
 def fitted_activation(name: str, run: Callable, args64: tuple, kwargs: dict, actual, tol) -> tuple[list, list]:
     """``(lines, codes)``: the constants the implementation's activation computes with, where they differ from the
     specified ones and explain the failing output. ``run(*args)`` calls the implementation's ``name``."""
-    family = FAMILIES.get(name)
+    family = FAMILIES.get(ACTIVATION_FIT.get(name))
     if family is None or not isinstance(actual, torch.Tensor):
         return [], []
     try:
