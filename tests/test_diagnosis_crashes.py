@@ -1020,6 +1020,7 @@ def test_a_range_closed_at_one_and_a_given_optional_argument_are_named():
     a crash that does not depend on them names neither."""
     lines, _ = probe("sampling_probs", sampling_probs_with_an_open_top_p_range, (randn(2, 9),), {"top_p": 1.0})
     assert any("raises for top_p=1 and works for top_p=0.999" in ln for ln in lines), lines
+    assert not any("works for top_p=None" in ln for ln in lines), lines  # a path, said only where nothing nearer is
     lines, _ = probe("train_step", train_step_with_a_1d_only_norm, (None, None, None, None), {"max_grad_norm": 0.5})
     assert any("raises for max_grad_norm=0.5 and works for max_grad_norm=None" in ln for ln in lines), lines
 

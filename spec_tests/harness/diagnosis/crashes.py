@@ -104,6 +104,9 @@ class Probe:
     # ``((args, kwargs), note)``: a nearer variant tried once this one runs; where it raises, ``note`` is said too
     # (a leading dim added to every input sharing it runs, to the first alone raises: the others' rank is the trigger)
     contrast: tuple = ()
+    # a path, not a property: said only where no other variant that runs names the trigger (top_k=None runs where
+    # top_k above V raises, and the size is what it raises on)
+    fallback: bool = False
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -269,7 +272,7 @@ def _given_none_probes(name, args, kwargs) -> list[Probe]:
             continue
         shown = f"{key}={value!r}" if isinstance(value, int | float) else f"a {key}"
         probes.append(Probe(shown, f"{key}=None", *_with(args, kwargs, where, None),
-                            f"; so the path that uses {key} raises"))  # fmt: skip
+                            f"; so the path that uses {key} raises", fallback=True))  # fmt: skip
     return probes
 
 
@@ -1165,6 +1168,8 @@ def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> t
     if any(p.refills for p in working):  # the same ids run through a cache holding fewer positions
         working = [replace(p, weak=True, clue=BESIDE_CACHE) if p.beside_cache else p for p in working]
     causes = [p for p in working if not p.weak]
+    if any(not p.fallback for p in causes):
+        causes = [p for p in causes if not p.fallback]
     if any(p.exclusive for p in causes):
         causes, working = [p for p in causes if p.exclusive], [p for p in working if p.exclusive]
     clues = [
