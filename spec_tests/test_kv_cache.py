@@ -7,6 +7,7 @@ Every check here relates the cached path to the implementation's own uncached fo
 uncached forward is the wrong one (the cached path computes the reference's logits), the difference is forward's.
 """
 
+import functools
 import math
 
 import pytest
@@ -95,12 +96,14 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     if ref is None:
         return []
     tol = tolerance("model", device=spec.device)
-    built = []  # the reference model, built once when a variant is first tried (a cached forward leaves it as it is)
+
+    @functools.cache
+    def reference_model():  # built once, when a variant is first tried (a cached forward leaves it as it is)
+        return models.build(ref, config, sd)
 
     def chunks_at(start_of):
         def compute():
-            built[:] = built or [models.build(ref, config, sd)]
-            model = built[0]
+            model = reference_model()
             cache, out, cached = ref.new_cache(model, ids.shape[0]), [], 0
             for k, n in enumerate(chunks):
                 s = start_of(k, cached)

@@ -70,6 +70,11 @@ def test_only_failures_that_can_explain_a_math_check_are_offered():
     assert registry.upstream_of("forward") == ["rope"]  # forward may call rope, not new_cache
 
 
+def root_block(out: str) -> str:
+    """The "root causes, fix these first" block of a run's output (the short summary after it left out)."""
+    return out.split("root causes")[-1].split("short test summary")[0]
+
+
 def test_failure_kinds():
     from spec_tests.harness.judging.results import CheckResult
     from spec_tests.harness.judging.spec import SpecFailure
@@ -464,7 +469,7 @@ def test_two_names_that_raise_at_the_same_place_are_one_charge(tmp_path, pyteste
     )
     selected = "test_kv_cache_bytes or test_logits_match_reference or test_config_defaults"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert sum(line.startswith("  ") and ": " in line for line in roots.splitlines()) == 1, out[-3000:]
     assert "odd head size" in out, out[-3000:]
 
@@ -523,7 +528,7 @@ def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_tr
     folder = implementation(tmp_path, patch=("model.py", *export))
     selected = "test_canonical_state_dict_roundtrip or test_train_step_matches_reference"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert "canonical_state_dict: " in roots and "train_step: " not in roots, out[-3000:]
     assert "entries along dim 0 are reordered" in out, out[-3000:]
 
@@ -587,7 +592,7 @@ def test_a_right_generate_beside_a_wrong_sampling_probs_is_sampling_probs_s(tmp_
     folder = implementation(tmp_path, patch=("__init__.py", *export))
     selected = "test_generate_samples_from_sampling_probs or test_sampling_probs_match_reference"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert "sampling_probs: " in roots and "generate: " not in roots, out[-3000:]
     ignoring = (
         "    probs = sampling_probs(logits, temperature, top_k, top_p)",
@@ -608,7 +613,7 @@ def test_a_model_right_on_the_weights_it_holds_is_charged_to_its_loading(tmp_pat
     selected = "test_canonical_state_dict_roundtrip or test_logits_match_reference"
     folder = implementation(tmp_path / "load", "wo_transposed_at_load")
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert "canonical_state_dict: " in roots and "forward: " not in roots, out[-3000:]
     assert "axes dim0 and dim1 are transposed" in out, out[-3000:]
     folder = implementation(tmp_path / "both", "wo_transposed_at_load", "post_ln")
@@ -651,7 +656,7 @@ def test_a_crash_in_a_helper_that_several_names_share_is_charged_once(tmp_path, 
     folder = implementation(tmp_path / "shared", patch=("training.py", *numpy_only))
     selected = "test_get_batch or test_evaluate or test_train_and_evaluate_take_tokens"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert sum(line.startswith("  ") and ": " in line for line in roots.splitlines()) == 1, out[-3000:]
     assert "raised AttributeError instead" in out and "in your code at" in out, out[-3000:]
 
@@ -663,7 +668,7 @@ def test_a_crash_in_a_helper_that_several_names_share_is_charged_once(tmp_path, 
 
     folder = implementation(tmp_path / "apart", edit=two_places)
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert "get_batch: " in roots and "evaluate: " in roots, out[-3000:]
 
 
@@ -704,7 +709,7 @@ def test_a_crash_a_correct_downstream_meets_too_is_the_upstream_s(tmp_path, pyte
     folder = implementation(tmp_path / "topk", patch=("sampling.py", *k_minus_one))
     selected = "test_generate_applies_sampling_filters or test_top_k_keeps_exactly_k"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = out.split("root causes")[-1].split("short test summary")[0]
+    roots = root_block(out)
     assert "sampling_probs: " in roots and "generate: " not in roots, out[-3000:]
     refusing = (
         "            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",

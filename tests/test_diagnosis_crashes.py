@@ -13,6 +13,21 @@ from spec_tests.harness.diagnosis.crashes import own_frame, probe, probes_for
 pytest_plugins = ["pytester"]
 
 
+def cache_through_a_ledger(subject, config, model, fed=()):
+    """A new cache of ``model`` (batch 2) with the id chunks ``fed`` forwarded into it, and the ``Ledger`` that
+    recorded it all as a test's calls would have: ``(ledger, cache)``."""
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+
+    ledger = Ledger(subject)
+    ledger.record("build", (config, None), {}, model)
+    cache = subject.new_cache(model, 2)
+    ledger.record("new_cache", (model, 2), {}, cache)
+    for ids in fed:
+        subject.forward(model, ids, cache)
+        ledger.record("forward", (model, ids, cache), {}, None)
+    return ledger, cache
+
+
 def randn(*shape, dtype=torch.float64):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
 
@@ -847,7 +862,6 @@ def test_a_crash_through_a_filled_cache_names_the_fill_and_no_length():
     trigger, said as the likely cause, and the length only as a clue. The control, the same crash with nothing known
     of how the cache was filled (no ledger), names the length."""
     from spec_tests import models
-    from spec_tests.harness.diagnosis.model_variants import Ledger
     from spec_tests.harness.subject.subject import reference_subject
 
     subject = reference_subject("interleaved")
@@ -863,13 +877,7 @@ def test_a_crash_through_a_filled_cache_names_the_fill_and_no_length():
         return subject.forward(model, ids, cache)
 
     def filled():
-        ledger = Ledger(subject)
-        ledger.record("build", (config, None), {}, model)
-        cache = subject.new_cache(model, 2)
-        ledger.record("new_cache", (model, 2), {}, cache)
-        subject.forward(model, ids[:, :1], cache)
-        ledger.record("forward", (model, ids[:, :1], cache), {}, None)
-        return ledger, cache
+        return cache_through_a_ledger(subject, config, model, [ids[:, :1]])
 
     ledger, cache = filled()
     lines, codes = probe("forward", forward_slicing_the_mask_from_the_offset, (model, ids[:, 1:2], cache), {}, ledger)
@@ -965,7 +973,6 @@ def test_a_size_compared_with_the_kv_heads_is_not_named_gqa():
     filled to the context: no GQA line, and the filled cache is the trigger. The control: a crash of every GQA
     model whatever the fill names GQA."""
     from spec_tests import models
-    from spec_tests.harness.diagnosis.model_variants import Ledger
     from spec_tests.harness.subject.subject import reference_subject
 
     subject = reference_subject("interleaved")
@@ -986,13 +993,7 @@ def test_a_size_compared_with_the_kv_heads_is_not_named_gqa():
 
     def lines_for(fn):
         model = subject.build(config, models.random_state_dict(config, seed=1))
-        ledger = Ledger(subject)
-        ledger.record("build", (config, None), {}, model)
-        cache = subject.new_cache(model, 2)
-        ledger.record("new_cache", (model, 2), {}, cache)
-        for t in range(3):
-            subject.forward(model, ids[:, t : t + 1], cache)
-            ledger.record("forward", (model, ids[:, t : t + 1], cache), {}, None)
+        ledger, cache = cache_through_a_ledger(subject, config, model, [ids[:, t : t + 1] for t in range(3)])
         return probe("forward", fn, (model, ids[:, 3:4], cache), {}, ledger)[0]
 
     lines = lines_for(forward_reading_the_head_axis)
@@ -1036,7 +1037,6 @@ def test_a_cached_path_that_takes_one_token_only_is_named():
     tokens fed one at a time: said as the trigger. The control: a cached path that raises for any call names no
     chunk."""
     from spec_tests import models
-    from spec_tests.harness.diagnosis.model_variants import Ledger
     from spec_tests.harness.subject.subject import reference_subject
 
     subject = reference_subject("interleaved")
@@ -1057,10 +1057,7 @@ def test_a_cached_path_that_takes_one_token_only_is_named():
 
     def lines_for(fn):
         model = subject.build(config, models.random_state_dict(config, seed=1))
-        ledger = Ledger(subject)
-        ledger.record("build", (config, None), {}, model)
-        cache = subject.new_cache(model, 2)
-        ledger.record("new_cache", (model, 2), {}, cache)
+        ledger, cache = cache_through_a_ledger(subject, config, model)
         return probe("forward", fn, (model, ids, cache), {}, ledger)[0]
 
     lines = lines_for(forward_one_slot)

@@ -48,20 +48,30 @@ def _tensor_inputs(args, kwargs) -> dict:
     return found
 
 
-def _first_differing_leaf(expected, actual, tol, path: str = ""):
+def _leaves(tree, keys: tuple = ()):
+    """``(path, keys, tensor)`` for every tensor of a nested mapping; ``path`` reads ``['a']['b']``."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, (*keys, key))
+        elif isinstance(value, torch.Tensor):
+            yield "".join(f"[{k!r}]" for k in (*keys, key)), (*keys, key), value
+
+
+def _at(tree, keys: tuple):
+    """The value under ``keys`` of a nested mapping, or None where it has none."""
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, Mapping) else None
+    return tree
+
+
+def _first_differing_leaf(expected, actual, tol):
     """``(path, expected, actual)`` of the first tensor of a mapping (nested) that differs at ``tol``, or None."""
     from ..judging.compare import mismatch
 
-    if not isinstance(actual, Mapping):
-        return None
-    for key, e in expected.items():
-        a, where = actual.get(key), f"{path}[{key!r}]"
-        if isinstance(e, Mapping):
-            found = _first_differing_leaf(e, a, tol, where)
-            if found is not None:
-                return found
-        elif isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and mismatch(a, e, tol) is not None:
-            return where, e, a
+    for path, keys, e in _leaves(expected):
+        a = _at(actual, keys)
+        if isinstance(a, torch.Tensor) and mismatch(a, e, tol) is not None:
+            return path, e, a
     return None
 
 
@@ -70,15 +80,8 @@ def _named_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
     loaded or given back under each other's names (wq where wk belongs)."""
     from ..judging.compare import mismatch
 
-    def leaves(tree, where=""):
-        for key, value in tree.items():
-            if isinstance(value, Mapping):
-                yield from leaves(value, f"{where}[{key!r}]")
-            elif isinstance(value, torch.Tensor):
-                yield f"{where}[{key!r}]", value
-
     others = [
-        p for p, e in leaves(expected) if p != path and e.shape == actual.shape and mismatch(actual, e, tol) is None
+        p for p, _, e in _leaves(expected) if p != path and e.shape == actual.shape and mismatch(actual, e, tol) is None
     ]
     if len(others) != 1:
         return []

@@ -36,6 +36,14 @@ def tolerance_dtype(kind: str, value) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
+def _place(exc, own: str) -> str:
+    """Where an implementation's exception was raised, for a failure's text: the innermost frame in its own files
+    (``own``) where that is not the frame the call was made through, else that frame."""
+    if own and own != exc.where:
+        return f" (in your code at {own})"
+    return f" (at {exc.where})" if exc.where else ""
+
+
 def _tentative(hint: str | None) -> bool:
     """A hint that is weak evidence or a note: a test's variant that fits says more, and then it is not said."""
     return bool(hint) and hint.startswith(("likely cause (weak", "note:"))
@@ -377,11 +385,7 @@ class Spec:
             where = own_frame(exc.original)
             subject = exc.name if exc.name in PROTOCOL_NAMES else (self.subjects[0] if self.subjects else "")
             result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")
-            result.outcome, result.found = "failed", f"{name} raised {exc.type_name}: {exc.message}"
-            if where and where != exc.where:
-                result.found += f" (in your code at {where})"
-            elif exc.where:
-                result.found += f" (at {exc.where})"
+            result.outcome, result.found = "failed", f"{name} raised {exc.type_name}: {exc.message}{_place(exc, where)}"
             result.causes, result.cause_codes = list(lines), list(codes)
             self._crashes[key] = (lines, where)
         lines, where = self._crashes.get(key) or ([], "")
@@ -560,12 +564,8 @@ class Spec:
                 return
             from ..diagnosis.crashes import own_frame
 
-            result.outcome, result.found = "failed", f"raised {exc.type_name} instead: {exc.message}"
-            where = own_frame(exc.original)
-            if where and where != exc.where:
-                result.found += f" (in your code at {where})"
-            elif exc.where:
-                result.found += f" (at {exc.where})"
+            found = f"raised {exc.type_name} instead: {exc.message}{_place(exc, own_frame(exc.original))}"
+            result.outcome, result.found = "failed", found
             result.causes, result.cause_codes = list(causes), list(codes)  # the condition was not checked either
             failure = SpecFailure(result)
             failure.raised = exc  # a crash another name's tests charge at the same place is one bug (rootcause.py)
