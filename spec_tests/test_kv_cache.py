@@ -7,6 +7,7 @@ Every check here relates the cached path to the implementation's own uncached fo
 uncached forward is the wrong one (the cached path computes the reference's logits), the difference is forward's.
 """
 
+import contextlib
 import functools
 import math
 
@@ -87,11 +88,12 @@ def check_chunks(spec, config, chunks, *, seed):
 
 
 def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
-    """The reference's cached forward with each chunk's positions starting elsewhere than at the cache length: at a
-    constant (0: restarted; or a size read from the wrong axis), at the cache length plus an offset, or at the number
-    of earlier calls (a counter advanced once per call). The cache and its mask are the reference's: only the
-    positions the chunks are embedded or rotated at change. A variant stops at the first chunk that differs from
-    ``actual`` (it cannot fit), so a failing run pays for few chunks."""
+    """The reference's cached forward with one thing of its cached path changed: each chunk's positions starting
+    elsewhere than at the cache length (at a constant: 0, restarted, or a size read from the wrong axis; at the
+    cache length plus an offset; at the number of earlier calls, a counter advanced once per call), or a chunk's
+    new tokens not masked from each other (the cached path masks only the keys not yet written). Everything else
+    is the reference's. A variant stops at the first chunk that differs from ``actual`` (it cannot fit), so a
+    failing run pays for few chunks."""
     ref = getattr(spec.expectations, "reference", None)
     if ref is None:
         return []
@@ -101,17 +103,18 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     def reference_model():  # built once, when a variant is first tried (a cached forward leaves it as it is)
         return models.build(ref, config, sd)
 
-    def chunks_at(start_of):
+    def chunks_at(start_of, replacements=None):
         def compute():
             model = reference_model()
             cache, out, cached = ref.new_cache(model, ids.shape[0]), [], 0
-            for k, n in enumerate(chunks):
-                s = start_of(k, cached)
-                positions = torch.arange(s, s + n, device=ids.device)
-                out.append(ref.forward(model, ids[:, cached : cached + n], cache, positions=positions))
-                if mismatch(actual[:, cached : cached + n], out[-1], tol) is not None:
-                    raise ValueError("this variant differs from the cached logits")  # fitting_variants skips it
-                cached += n
+            with ref.substituted(replacements) if replacements else contextlib.nullcontext():
+                for k, n in enumerate(chunks):
+                    s = start_of(k, cached)
+                    positions = torch.arange(s, s + n, device=ids.device)
+                    out.append(ref.forward(model, ids[:, cached : cached + n], cache, positions=positions))
+                    if mismatch(actual[:, cached : cached + n], out[-1], tol) is not None:
+                        raise ValueError("this variant differs from the cached logits")  # fitting_variants skips it
+                    cached += n
             return torch.cat(out, dim=1)
 
         return compute
@@ -129,7 +132,24 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
         for c in (-1, 1, 2)
     ]
     rules.append(("positions count the earlier calls (one per call), not the cached tokens", lambda k, n: k))
-    return [Variant("knob:position_offset", summary, fix, chunks_at(rule)) for summary, rule in rules]
+    found = [Variant("knob:position_offset", summary, fix, chunks_at(rule)) for summary, rule in rules]
+    if max(chunks) > 1:  # a one-token chunk has no later new token to hide
+
+        def unmasked(*args, causal=False, **kwargs):  # what is not yet written is all such a mask hides
+            return attention(*args, **kwargs)
+
+        attention = ref.obj.scaled_dot_product_attention
+        found.append(
+            Variant(
+                "knob:mask_missing",
+                "on the cached path the causal mask is missing: each new token of a chunk sees the later tokens of "
+                "its own chunk (only keys not yet written are hidden)",
+                "mask key j for query i unless j <= i + (T_k - T_q), over the cached and the new keys, in every call "
+                "through the cache",
+                chunks_at(lambda k, n: n, {"scaled_dot_product_attention": unmasked}),
+            )
+        )
+    return found
 
 
 def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:

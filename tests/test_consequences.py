@@ -697,6 +697,25 @@ def test_positions_a_cached_path_starts_at_are_named(tmp_path, pytester):
     assert "failed" in out and not any(line in out for line in named), out[-3000:]
 
 
+def test_a_cached_path_without_a_causal_mask_is_named(tmp_path, pytester):
+    """A cached path whose mask hides only the keys not yet written (held out: a decode-mode mask used for chunks), so
+    a chunk's new tokens see each other's future: named as the causal mask missing on the cached path. The control: a
+    mask aligned top-left after cached tokens (it hides keys a query may see) is not."""
+    unmasked = (
+        '    else:\n        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")',
+        '    else:\n        out = scaled_dot_product_attention(q, k, v, causal=cache is None, fused=attention == "sdpa")',
+    )
+    named = "on the cached path the causal mask is missing"
+    folder = implementation(tmp_path / "unmasked", patch=("attention.py", *unmasked))
+    out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    assert named in out, out[-3000:]
+    folder = implementation(tmp_path / "top_left", "model_top_left_mask_with_cache")
+    out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    assert "failed" in out and named not in out, out[-3000:]
+
+
 def test_a_crash_a_correct_downstream_meets_too_is_the_upstream_s(tmp_path, pytester):
     """A top-k that keeps k - 1 tokens (nothing at top_k=1: NaN probabilities, held out): generate raises where the
     sampler refuses them, and the correct generate composed with this sampling_probs raises the same (type and
