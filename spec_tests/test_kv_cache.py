@@ -88,28 +88,39 @@ def check_chunks(spec, config, chunks, *, seed):
 
 
 def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
-    """The reference's cached forward with one thing of its cached path changed: each chunk's positions starting
-    elsewhere than at the cache length (at a constant: 0, restarted, or a size read from the wrong axis; at the
-    cache length plus an offset; at the number of earlier calls, a counter advanced once per call), or a chunk's
-    new tokens not masked from each other (the cached path masks only the keys not yet written). Everything else
-    is the reference's. A variant stops at the first chunk that differs from ``actual`` (it cannot fit), so a
-    failing run pays for few chunks."""
+    """The reference's cached forward with one thing of its cached path changed:
+
+    - each chunk's positions starting elsewhere than at the cache length (at a constant: 0, restarted, or a size
+      read from the wrong axis; at the cache length plus an offset; at the number of earlier calls, a counter
+      advanced once per call, which also offsets the mask's rows);
+    - the causal mask of a call through the cache aligned top-left (query i sees keys j <= i, whatever the cache
+      holds), or missing (the cached path hides only the keys not yet written);
+    - the keys read back unrotated (the cache holds keys before RoPE).
+
+    Everything else is the reference's. A variant stops at the first chunk that differs from ``actual`` (it cannot
+    fit), so a failing run pays for few chunks."""
     ref = getattr(spec.expectations, "reference", None)
     if ref is None:
         return []
     tol = tolerance("model", device=spec.device)
+    offset = [0]  # the mask offset of the chunk being computed (None: no causal mask)
 
     @functools.cache
     def reference_model():  # built once, when a variant is first tried (a cached forward leaves it as it is)
         return models.build(ref, config, sd)
 
-    def chunks_at(start_of, replacements=None):
+    def chunks_at(start_of, mask_offset_of=None, replacements=None):
+        if mask_offset_of is not None:
+            replacements = {"scaled_dot_product_attention": masked_at_offset}
+
         def compute():
             model = reference_model()
             cache, out, cached = ref.new_cache(model, ids.shape[0]), [], 0
+            rotated[0] = 0
             with ref.substituted(replacements) if replacements else contextlib.nullcontext():
                 for k, n in enumerate(chunks):
                     s = start_of(k, cached)
+                    offset[0] = mask_offset_of(k, cached) if mask_offset_of else cached
                     positions = torch.arange(s, s + n, device=ids.device)
                     out.append(ref.forward(model, ids[:, cached : cached + n], cache, positions=positions))
                     if mismatch(actual[:, cached : cached + n], out[-1], tol) is not None:
@@ -118,6 +129,22 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
             return torch.cat(out, dim=1)
 
         return compute
+
+    attention, rope = ref.obj.scaled_dot_product_attention, getattr(ref.obj, "rope", None)
+
+    def masked_at_offset(q, k, v, mask=None, *args, causal=False, **kwargs):
+        """Query i sees key j iff j <= i + offset (no causal mask for an offset of None), with any given mask."""
+        if offset[0] is not None:
+            i, j = torch.arange(q.shape[-2], device=q.device), torch.arange(k.shape[-2], device=q.device)
+            shifted = j[None, :] <= i[:, None] + offset[0]
+            mask = shifted if mask is None else mask.to(torch.bool) & shifted
+        return attention(q, k, v, mask, *args, **kwargs)
+
+    rotated = [0]
+
+    def queries_only(x, *args, **kwargs):  # the reference rotates q, then k, in every layer
+        rotated[0] += 1
+        return rope(x, *args, **kwargs) if rotated[0] % 2 else x
 
     fix = "positions = arange(cached, cached + T): each chunk continues from the number of tokens the cache holds"
     if config["family"] == "gpt2":  # learned positions: each constant is another model
@@ -133,20 +160,43 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     ]
     rules.append(("positions count the earlier calls (one per call), not the cached tokens", lambda k, n: k))
     found = [Variant("knob:position_offset", summary, fix, chunks_at(rule)) for summary, rule in rules]
+    found.append(
+        Variant(
+            "knob:position_offset",
+            "the cache counts its calls, not its tokens (a pointer advanced by one per call): each chunk's positions "
+            "and its mask's rows start at the number of earlier calls",
+            "advance the cache's length by the number of new tokens T, and take positions and the mask's offset from it",
+            chunks_at(lambda k, n: k, lambda k, n: k),
+        )
+    )
+    mask_fix = "mask key j for query i unless j <= i + (T_k - T_q), over the cached and the new keys, in every call "
+    found.append(
+        Variant(
+            "knob:mask_alignment",
+            "on the cached path the causal mask is aligned top-left (its rows sliced from 0, not from the cache "
+            "length): new query i sees only keys j <= i, so the newest cached keys are hidden",
+            mask_fix + "through the cache (the rows of a causal mask start at the cache length)",
+            chunks_at(lambda k, n: n, lambda k, n: 0),
+        )
+    )
     if max(chunks) > 1:  # a one-token chunk has no later new token to hide
-
-        def unmasked(*args, causal=False, **kwargs):  # what is not yet written is all such a mask hides
-            return attention(*args, **kwargs)
-
-        attention = ref.obj.scaled_dot_product_attention
         found.append(
             Variant(
                 "knob:mask_missing",
                 "on the cached path the causal mask is missing: each new token of a chunk sees the later tokens of "
                 "its own chunk (only keys not yet written are hidden)",
-                "mask key j for query i unless j <= i + (T_k - T_q), over the cached and the new keys, in every call "
-                "through the cache",
-                chunks_at(lambda k, n: n, {"scaled_dot_product_attention": unmasked}),
+                mask_fix + "through the cache",
+                chunks_at(lambda k, n: n, lambda k, n: None),
+            )
+        )
+    if rope is not None and config["family"] != "gpt2":
+        found.append(
+            Variant(
+                "knob:cache_contents",
+                "on the cached path the keys are read back unrotated: the cache holds the keys before RoPE (and "
+                "attention reads them from it)",
+                "rotate the new keys at their positions, then append them: the cache stores keys after RoPE",
+                chunks_at(lambda k, n: n, replacements={"rope": queries_only}),
             )
         )
     return found

@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from ahead import run_ahead  # tests/ahead.py: done by a runner while other tests run
-from suite_subprocess import implementation, run_suite
+from suite_subprocess import implementation, replace_once, run_suite
 
 from spec_tests.harness.judging import consequences, rootcause, settling
 from spec_tests.harness.judging.results import TestVerdict
@@ -697,23 +698,66 @@ def test_positions_a_cached_path_starts_at_are_named(tmp_path, pytester):
     assert "failed" in out and not any(line in out for line in named), out[-3000:]
 
 
-def test_a_cached_path_without_a_causal_mask_is_named(tmp_path, pytester):
-    """A cached path whose mask hides only the keys not yet written (held out: a decode-mode mask used for chunks), so
-    a chunk's new tokens see each other's future: named as the causal mask missing on the cached path. The control: a
-    mask aligned top-left after cached tokens (it hides keys a query may see) is not."""
-    unmasked = (
-        '    else:\n        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")',
-        '    else:\n        out = scaled_dot_product_attention(q, k, v, causal=cache is None, fused=attention == "sdpa")',
+ATTENDED = '    else:\n        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")'
+
+
+def _attend_with(mask: str):
+    """An edit: every call through a cache attends with ``mask`` (an expression of q, k, cache) instead of the
+    causal mask aligned bottom-right."""
+
+    def edit(folder):
+        path = folder / "attention.py"
+        new = ATTENDED.replace("causal=True", f"None if cache is None else ({mask}), causal=cache is None")
+        path.write_text(replace_once(path.read_text(), ATTENDED, new, "the cached mask"))
+
+    return edit
+
+
+def _counting_calls(folder):
+    """The cache counts its calls, not its tokens: positions and the mask's rows start at the number of calls."""
+    _attend_with("torch.arange(k.shape[-2])[None, :] <= torch.arange(q.shape[-2])[:, None] + cache.calls")(folder)
+    path = folder / "model.py"
+    text = replace_once(
+        path.read_text(),
+        "        start = 0 if cache is None else cache.length\n",
+        "        start = 0 if cache is None else cache.__dict__.setdefault('calls', 0)\n",
+        "positions from the calls",
     )
-    named = "on the cached path the causal mask is missing"
-    folder = implementation(tmp_path / "unmasked", patch=("attention.py", *unmasked))
+    layers = "            x = block(x, positions, cache, layer, mask)\n"
+    path.write_text(replace_once(text, layers, layers + "        if cache is not None:\n            cache.calls += 1\n",
+                                 "one call counted"))  # fmt: skip
+
+
+CACHED_PATH_LINES = {
+    "mask_missing": "on the cached path the causal mask is missing",
+    "top_left": "on the cached path the causal mask is aligned top-left",
+    "counting_calls": "the cache counts its calls, not its tokens",
+    "unrotated": "on the cached path the keys are read back unrotated",
+}
+
+
+@pytest.mark.parametrize(
+    "case, bugs, edit",
+    [
+        ("mask_missing", (), _attend_with("torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)")),
+        ("top_left", (), _attend_with("torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()")),
+        ("counting_calls", (), _counting_calls),
+        ("unrotated", ("cache_keys_never_rotated",), None),
+        ("control: a top-left mask for several new tokens only", ("model_top_left_mask_with_cache",), None),
+    ],
+)
+def test_a_cached_path_mistake_is_named(tmp_path, pytester, case, bugs, edit):
+    """What a cached path does differently from the specified one, held out in batches 15, 16 and 19: a mask that
+    hides only the keys not yet written (a decode-mode mask used for chunks), a mask whose rows are sliced from 0, a
+    pointer advanced once per call, the keys cached before RoPE. Each is named by its own line and no other's. The
+    control, a top-left mask for several new tokens only (one new token after cached ones right), is the top-left
+    mask where no single token follows cached ones, and gets no other line."""
+    folder = implementation(tmp_path, *bugs, edit=edit)
     out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
                     pytester=pytester).stdout  # fmt: skip
-    assert named in out, out[-3000:]
-    folder = implementation(tmp_path / "top_left", "model_top_left_mask_with_cache")
-    out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
-                    pytester=pytester).stdout  # fmt: skip
-    assert "failed" in out and named not in out, out[-3000:]
+    assert "failed" in out, out[-3000:]
+    said = {name for name, line in CACHED_PATH_LINES.items() if line in out}
+    assert said == ({case} if case in CACHED_PATH_LINES else {"top_left"}), (said, out[-3000:])
 
 
 def test_a_crash_a_correct_downstream_meets_too_is_the_upstream_s(tmp_path, pytester):
