@@ -165,7 +165,7 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
             "knob:position_offset",
             "the cache counts its calls, not its tokens (a pointer advanced by one per call): each chunk's positions "
             "and its mask's rows start at the number of earlier calls",
-            "advance the cache's length by the number of new tokens T, and take positions and the mask's offset from it",
+            "advance the cache's length by the number of new tokens T; take positions and the mask's offset from it",
             chunks_at(lambda k, n: k, lambda k, n: k),
         )
     )
