@@ -193,6 +193,27 @@ def test_logits_match_reference_with_sliding_window(spec, pattern):
     )
 
 
+@judges("build_model", uses=("forward",))
+@pytest.mark.bug_class("sliding_window")
+@pytest.mark.parametrize("wider", [0, 3], ids=["as-wide", "wider"])
+def test_a_window_as_wide_as_the_context_is_allowed(spec, wider):
+    """Any int W >= 1 is a window, one as wide as the context or wider too: no query can then see past it, so the
+    model is v1's causal model (protocol: amendment 27, "an int W >= 1"; a check written 1 <= W < context_length
+    rejects it)."""
+    ctx = models.family_config(spec.impl, "llama")["context_length"]
+    config = sliding_config(spec.impl, sliding_window=ctx + wider)
+    sd = models.random_state_dict(config, seed=278, device=spec.device)
+    ids = spec.inputs.token_ids(2, CHUNKED_T, vocab=config["vocab_size"], seed=279)
+    models.check_option_logits(
+        spec,
+        config,
+        sd,
+        ids,
+        behaviour=f"logits of a llama model with sliding_window={ctx + wider}, context_length={ctx}, for ids "
+        f"[2, {CHUNKED_T}]",
+    )
+
+
 def one_layer(spec, w: int, seed: int):
     """A one-layer sliding model (its logits at i see exactly the tokens its window holds) and its config."""
     config = sliding_config(spec.impl, sliding_window=w, n_layers=1)

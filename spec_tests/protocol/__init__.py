@@ -42,6 +42,8 @@ from .names import (
     TRAINING_NAMES,
     V2_CAPABILITIES,
     V2_CONFIG_DEFAULTS,
+    V2_OPTION_WEIGHTS,
+    V2_OPTIONS_KEPT,
     config_defaults,
     effective_capabilities,
 )
@@ -84,6 +86,8 @@ __all__ = [
     "TOLERANCE_KIND",
     "TRAINING_NAMES",
     "V2_CONFIG_DEFAULTS",
+    "V2_OPTION_WEIGHTS",
+    "V2_OPTIONS_KEPT",
     "V2_CAPABILITIES",
     "Entry",
     "config_defaults",

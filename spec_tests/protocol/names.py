@@ -98,6 +98,17 @@ V2_CONFIG_DEFAULTS = {
 }
 
 
+# The canonical weights (per layer, by suffix) a v2 config key adds where it is set: a crash probe that leaves the
+# key at its default leaves them out of the state dict too.
+V2_OPTION_WEIGHTS = {
+    "qkv_bias": ("attn.wq.bias", "attn.wk.bias", "attn.wv.bias"),
+    "qk_norm": ("attn.q_norm.weight", "attn.k_norm.weight"),
+    "post_norms": ("attn_post_norm.weight", "mlp_post_norm.weight"),
+}
+# Keys a probe never turns off alone: the MoE's weights are another MLP's, and layer_types needs its window.
+V2_OPTIONS_KEPT = frozenset(("n_experts", "layer_types"))
+
+
 def effective_capabilities(declared, version=None) -> frozenset[str]:
     """What a ``CAPABILITIES`` list means under ``PROTOCOL_VERSION`` ``version``.
 

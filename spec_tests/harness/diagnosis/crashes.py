@@ -69,7 +69,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...protocol import ANY_LEADING, NONE_MEANS, V2_CONFIG_DEFAULTS, config_defaults
+from ...protocol import (
+    ANY_LEADING,
+    NONE_MEANS,
+    V2_CONFIG_DEFAULTS,
+    V2_OPTION_WEIGHTS,
+    V2_OPTIONS_KEPT,
+    config_defaults,
+)
 from .model_variants import Ledger, heads_repeated
 
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
@@ -618,6 +625,60 @@ def _config_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+def _option_probes(args, kwargs) -> list[Probe]:
+    """A config that sets protocol v2 options: an int option (``sliding_window``) given one smaller, and where it is
+    the context length or more, one below the context length, each said as a limit only where one larger raises
+    too; then each option at its default, the weights it adds left out of a state dict among the arguments
+    (``V2_OPTION_WEIGHTS``): code that rejects a window as wide as the context, or builds a q/k norm of the wrong
+    width, raises for the option and runs without it."""
+    configs = [(k, v) for k, v in [*enumerate(args), *kwargs.items()] if isinstance(v, dict) and "n_heads" in v]
+    if len(configs) != 1:
+        return []
+    key, config = configs[0]
+    options = [k for k, (_, default, _) in V2_CONFIG_DEFAULTS.items() if config.get(k, default) != default]
+    probes = []
+    for option in (o for o in options if o not in V2_OPTIONS_KEPT):
+        value, default = config[option], V2_CONFIG_DEFAULTS[option][1]
+        if type(value) is int and value > 1:
+            probes += _limit_probes(args, kwargs, key, config, option)
+        off = {k: v for k, v in config.items() if k != option}
+        if option == "sliding_window":  # a layer_types pattern needs its window
+            off.pop("layer_types", None)
+        new_args, new_kwargs = _with(args, kwargs, key, {**off, option: default})
+        dropped = V2_OPTION_WEIGHTS.get(option, ())
+        for where, value_given in [*enumerate(new_args), *new_kwargs.items()]:
+            if dropped and _is_state_dict(value_given):
+                kept = {n: w for n, w in value_given.items() if not n.endswith(dropped)}
+                new_args, new_kwargs = _with(new_args, new_kwargs, where, kept)
+        working = f"the same config with {option}={default!r}" + (" (its weights left out)" if dropped else "")
+        note = f"; so look at how {option} is validated, built and applied"
+        probes.append(Probe(f"a config with {option}={value!r}", working, new_args, new_kwargs, note))
+    return probes
+
+
+def _is_state_dict(value) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(w, torch.Tensor) for w in value.values())
+
+
+def _limit_probes(args, kwargs, key, config, option) -> list[Probe]:
+    """An int option given one smaller, and one below the context length where it is that or more; a limit only
+    where one larger raises too (the control)."""
+    value, context = config[option], config.get("context_length")
+
+    def at(n):
+        return _with(args, kwargs, key, {**config, option: n})
+
+    tries = [(value - 1, "")]
+    if type(context) is int and 1 < context <= value - 1:
+        tries.append((context - 1, f" (below context_length={context})"))
+    note = f" (and {option}={value + 1} raises too); the protocol allows any {option} >= 1"
+    return [
+        Probe(f"a config with {option}={value}", f"{option}={n}{said}", *at(n), note, code="boundary",
+              controls=((*at(value + 1), False),))
+        for n, said in tries
+    ]  # fmt: skip
+
+
 def _written_default_probes(args, kwargs) -> list[Probe]:
     """A config that writes protocol v2 keys at their defaults (``"sliding_window": None``) given without them:
     code that asks whether a key is present reads a written default as set (amendment 31)."""
@@ -1076,6 +1137,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _negative_id_probes(name, args, kwargs)
         + _count_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
+        + _option_probes(args, kwargs)
         + _config_probes(args, kwargs)
         + _written_default_probes(args, kwargs)
         + _d_ff_probes(args, kwargs)
