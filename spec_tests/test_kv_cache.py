@@ -95,7 +95,8 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
       advanced once per call, which also offsets the mask's rows);
     - the causal mask of a call through the cache aligned top-left (query i sees keys j <= i, whatever the cache
       holds), or missing (the cached path hides only the keys not yet written);
-    - the keys read back unrotated (the cache holds keys before RoPE).
+    - the keys read back unrotated (the cache holds keys before RoPE);
+    - under GQA, query heads reading the kv heads tiled (h % n_kv_heads).
 
     Everything else is the reference's. A variant stops at the first chunk that differs from ``actual`` (it cannot
     fit), so a failing run pays for few chunks."""
@@ -187,6 +188,21 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 "its own chunk (only keys not yet written are hidden)",
                 mask_fix + "through the cache",
                 chunks_at(lambda k, n: n, lambda k, n: None),
+            )
+        )
+    if 1 < models.n_kv(config) < config["n_heads"]:
+
+        def tiled(q, k, v, *args, **kwargs):  # query head h reads kv head h % n_kv_heads
+            rep = q.shape[-3] // k.shape[-3]
+            return attention(q, torch.cat([k] * rep, dim=-3), torch.cat([v] * rep, dim=-3), *args, **kwargs)
+
+        found.append(
+            Variant(
+                "knob:gqa_mapping",
+                "on the cached path query head h reads kv head h % n_kv_heads (tiled), not h // (n_heads / "
+                "n_kv_heads)",
+                "on every path query head h reads kv head h // (n_heads / n_kv_heads) (repeat_interleave)",
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": tiled}),
             )
         )
     if rope is not None and config["family"] != "gpt2":

@@ -64,6 +64,24 @@ def test_logits_match_reference(spec, config, dtype):
 
 
 @judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("rmsnorm", "layernorm")
+def test_logits_follow_the_config_norm_eps(spec, family):
+    """A config's norm_eps is the eps of every norm of the model: with norm_eps 1e-3 (the embeddings' mean square is
+    about 0.01, so eps moves every first norm's output by percents) the logits equal the reference's (protocol: config
+    keys, norm_eps default 1e-5)."""
+    config = models.family_config(spec.impl, family, norm_eps=1e-3)
+    sd = models.random_state_dict(config, seed=17, device=spec.device)
+    check_logits(
+        spec,
+        config,
+        sd,
+        ids_for(spec, config, seed=18),
+        behaviour=f"logits of a {family} model with norm_eps=1e-3 for ids [3, 11]",
+        variants=model_variants(config),
+    )
+
+
+@judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("dropout_generation")
 def test_eval_mode_applies_no_dropout(spec, family):
     """A model with dropout 0.5 in eval mode computes the reference's logits, whatever the global random state:
@@ -167,11 +185,20 @@ def held_weights(spec, config, sd, ids):
 
 def model_variants(config):
     """The reference model with one configuration knob changed (for diagnosis)."""
+    found = []
+    if config.get("norm_eps", 1e-5) != 1e-5:
+        found.append(
+            Variant(
+                "knob:eps_value",
+                "the model ignores config norm_eps (its norms use 1e-5)",
+                "pass norm_eps to every norm of the model",
+                lambda ref, sd, ids: models.logits(ref, dict(config, norm_eps=1e-5), sd, ids),
+            )
+        )
     if config["family"] != "llama":
-        return []
+        return found
     from .harness.subject.subject import reference_subject
 
-    found = []
     if config.get("rope_theta", 10000.0) != 10000.0:
         found.append(
             Variant(

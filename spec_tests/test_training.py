@@ -376,6 +376,29 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     )
 
 
+@judges("train_step", uses=("build_model", "canonical_state_dict"))
+@pytest.mark.bug_class("training")
+def test_train_step_takes_a_batch_of_one(spec, family):
+    """train_step on a batch of one sequence ([1, T] ids) steps like on any other batch: code that splits the batch
+    into micro-batches must not hand the model an empty one (protocol: train_step, x and y [B, T] for any B >= 1)."""
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=63, device=spec.device)
+    ids = spec.inputs.token_ids(1, 12, vocab=config["vocab_size"], seed=64)
+    x, y = ids[:, :-1], ids[:, 1:]
+    spec.check(
+        lambda m, sd, x, y: two_steps(m, config, sd, x, y, "sgd", None),
+        sd,
+        x,
+        y,
+        kind="training",
+        behaviour="two train_steps with sgd on a batch of one sequence: returned losses and new weights",
+        rebase=(
+            ("forward", "build_model", "canonical_state_dict"),
+            lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
+        ),
+    )
+
+
 @judges("train_step", uses=("build_model", "canonical_state_dict", "forward"))
 @pytest.mark.bug_class("training")
 def test_train_step_ignores_gradients_already_present(spec, family):

@@ -728,11 +728,20 @@ def _counting_calls(folder):
                                  "one call counted"))  # fmt: skip
 
 
+def _tiled_when_cached(folder):
+    """Through a cache, query head h reads kv head h % n_kv_heads (the kv heads tiled)."""
+    path = folder / "attention.py"
+    tiled = "(x if cache is None else torch.cat([x] * (q.shape[-3] // x.shape[-3]), dim=-3))"
+    new = ATTENDED.replace("(q, k, v,", f"(q, {tiled.replace('x', 'k')}, {tiled.replace('x', 'v')},")
+    path.write_text(replace_once(path.read_text(), ATTENDED, new, "the cached heads"))
+
+
 CACHED_PATH_LINES = {
     "mask_missing": "on the cached path the causal mask is missing",
     "top_left": "on the cached path the causal mask is aligned top-left",
     "counting_calls": "the cache counts its calls, not its tokens",
     "unrotated": "on the cached path the keys are read back unrotated",
+    "tiled": "on the cached path query head h reads kv head h % n_kv_heads",
 }
 
 
@@ -743,15 +752,16 @@ CACHED_PATH_LINES = {
         ("top_left", (), _attend_with("torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()")),
         ("counting_calls", (), _counting_calls),
         ("unrotated", ("cache_keys_never_rotated",), None),
+        ("tiled", (), _tiled_when_cached),
         ("control: a top-left mask for several new tokens only", ("model_top_left_mask_with_cache",), None),
     ],
 )
 def test_a_cached_path_mistake_is_named(tmp_path, pytester, case, bugs, edit):
-    """What a cached path does differently from the specified one, held out in batches 15, 16 and 19: a mask that
+    """What a cached path does differently from the specified one, held out in batches 15, 16, 19 and 20: a mask that
     hides only the keys not yet written (a decode-mode mask used for chunks), a mask whose rows are sliced from 0, a
-    pointer advanced once per call, the keys cached before RoPE. Each is named by its own line and no other's. The
-    control, a top-left mask for several new tokens only (one new token after cached ones right), is the top-left
-    mask where no single token follows cached ones, and gets no other line."""
+    pointer advanced once per call, the keys cached before RoPE, the kv heads tiled. Each is named by its own line and
+    no other's. The control, a top-left mask for several new tokens only (one new token after cached ones right), is
+    the top-left mask where no single token follows cached ones, and gets no other line."""
     folder = implementation(tmp_path, *bugs, edit=edit)
     out = run_suite(f"--impl={folder}", "-k", "test_cached_logits_equal_full_forward", cwd=tmp_path,
                     pytester=pytester).stdout  # fmt: skip

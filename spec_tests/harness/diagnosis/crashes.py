@@ -148,8 +148,15 @@ def _layout_probes(name, args, kwargs) -> list[Probe]:
     if not views:
         return []
     variant = _map(args, kwargs, lambda t: t.contiguous(), layout=False)
-    note = "; any memory layout is allowed (x.view raises on such a view, x.reshape does not)"
-    failing, working = f"a non-contiguous {', '.join(views)}", "a contiguous copy of the same values"
+    expanded = [k for k, v in zip(keys, values, strict=True) if isinstance(v, torch.Tensor) and 0 in v.stride()]
+    if expanded:  # entries sharing memory: what raises on them is a write, not a view
+        note = "; any memory layout is allowed, an expanded one too (an in-place edit of the input raises on it, and "
+        note += "so can x.view; x.reshape does not)"
+        failing = f"an expanded (stride 0) {', '.join(expanded)}"
+    else:
+        note = "; any memory layout is allowed (x.view raises on such a view, x.reshape does not)"
+        failing = f"a non-contiguous {', '.join(views)}"
+    working = "a contiguous copy of the same values"
     return [Probe(failing, working, *variant, note, exclusive=True)]
 
 
