@@ -199,8 +199,7 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
         found.append(
             Variant(
                 "knob:gqa_mapping",
-                "on the cached path query head h reads kv head h % n_kv_heads (tiled), not h // (n_heads / "
-                "n_kv_heads)",
+                "on the cached path query head h reads kv head h % n_kv_heads (tiled), not h // (n_heads / n_kv_heads)",
                 "on every path query head h reads kv head h // (n_heads / n_kv_heads) (repeat_interleave)",
                 chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": tiled}),
             )
