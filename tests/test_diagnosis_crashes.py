@@ -1064,3 +1064,68 @@ def test_a_cached_path_that_takes_one_token_only_is_named():
     said = "forward raises for a chunk of 5 tokens through the cache and works for the same tokens fed one at a time"
     assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
     assert not any("a chunk of 5 tokens" in ln and ln.startswith("likely") for ln in lines_for(forward_never_cached))
+
+
+def test_a_cache_that_holds_one_row_is_named():
+    """A cache that holds one sequence whatever batch size it was made for (held out: llama2.c's RunState made for
+    one sequence) raises for two rows through it and runs for one row through a cache made for one: said as the
+    trigger. The control: a cached path that raises for any call says no row count."""
+    from spec_tests import models
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_mha"])
+    ids = torch.randint(0, config["vocab_size"], (2, 5))
+
+    def forward_one_row(model, ids, cache=None):
+        if cache is not None and ids.shape[0] > 1:  # the bug: the cache's buffers hold one sequence
+            raise RuntimeError("The expanded size of the tensor (1) must match the existing size (2) at dimension 0")
+        return subject.forward(model, ids, cache)
+
+    def forward_never_cached(model, ids, cache=None):
+        if cache is not None:
+            raise RuntimeError("the cache is broken")
+        return subject.forward(model, ids, cache)
+
+    def lines_for(fn):
+        model = subject.build(config, models.random_state_dict(config, seed=1))
+        ledger, cache = cache_through_a_ledger(subject, config, model)
+        return probe("forward", fn, (model, ids, cache), {}, ledger)[0]
+
+    said = "forward raises for a batch of 2 rows through a cache made for 2 and works for one row"
+    assert any(ln.startswith("likely cause: " + said) for ln in lines_for(forward_one_row)), lines_for(forward_one_row)
+    assert not any("a batch of 2 rows" in ln and ln.startswith("likely") for ln in lines_for(forward_never_cached))
+
+
+def test_a_crash_on_the_dropout_path_is_named():
+    """A train_step that raises for a model with dropout (held out: an in-place dropout on the attention weights that
+    autograd needs) runs for the same model with dropout 0 while another rate raises too: said as the trigger. The
+    control: a crash whatever the rate names no dropout."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_mha"], dropout=0.1)
+    ids = torch.randint(0, config["vocab_size"], (2, 6))
+
+    def with_dropout_raising(model, optimizer, x, y, max_grad_norm=None):
+        if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+            raise RuntimeError("one of the variables needed for gradient computation has been modified by an inplace")
+        return subject.train_step(model, optimizer, x, y)
+
+    def always(model, optimizer, x, y, max_grad_norm=None):
+        raise RuntimeError("boom")
+
+    def lines_for(fn):
+        ledger = Ledger(subject)
+        model = subject.build(config, models.random_state_dict(config, seed=1))
+        ledger.record("build", (config, None), {}, model)
+        optimizer = subject.make_optimizer(model, "sgd", 0.1)
+        ledger.record("make_optimizer", (model, "sgd", 0.1), {}, optimizer)
+        return probe("train_step", fn, (model, optimizer, ids[:, :-1], ids[:, 1:]), {}, ledger)[0]
+
+    lines = lines_for(with_dropout_raising)
+    said = "train_step raises for a model with dropout=0.1 and works for the same model with dropout=0.0"
+    assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
+    assert not any("dropout=0.0" in ln and ln.startswith("likely") for ln in lines_for(always))

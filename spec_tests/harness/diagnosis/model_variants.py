@@ -63,7 +63,11 @@ class Ledger:
         found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
         if len(found) != 1:
             return []
-        fill = self._cache_fill_probes(args, kwargs, probe_type) + self._one_at_a_time_probes(args, kwargs, probe_type)
+        fill = (
+            self._cache_fill_probes(args, kwargs, probe_type)
+            + self._one_at_a_time_probes(args, kwargs, probe_type)
+            + self._one_row_probes(args, kwargs, probe_type)
+        )
         (model,) = found.values()
         _, config, state, options = self.models[id(model)]
         probes = []
@@ -79,6 +83,14 @@ class Ledger:
             fuller = self._maker(model, new_config, state, transform, options, args, kwargs, fill=room)
             controls = ((fuller, True),) if room else ()
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
+        dropout = config.get("dropout")
+        if isinstance(dropout, float) and 0 < dropout < 1:  # values change: another rate must raise as well
+            other_rate = 0.25 if dropout != 0.25 else 0.5
+            make = self._maker(model, {**config, "dropout": 0.0}, state, dict, options, args, kwargs)
+            control = self._maker(model, {**config, "dropout": other_rate}, state, dict, options, args, kwargs)
+            note = f" (and dropout={other_rate} raises too); so look at the dropout path (training mode only)"
+            probes.append(probe_type(f"a model with dropout={dropout}", "the same model with dropout=0.0", args, kwargs,
+                                     note, "crash", make=make, controls=((control, False),)))  # fmt: skip
         other = _other_family(config, getattr(self.subject, "families", ()))
         if other is not None:
             failing, working, new_config, same = other
@@ -172,6 +184,32 @@ class Ledger:
             failing = f"a chunk of {ids.shape[-1]} tokens through the cache"
             return [probe_type(failing, "the same tokens fed one at a time", args, kwargs,
                                "; so the cached path handles one new token only", "crash", make=make)]  # fmt: skip
+        return []
+
+    def _one_row_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
+        """A call through a cache of several rows, made again through a cache of the first row alone (filled with the
+        first row of what filled it), with the first row of the call's ids: a cache that holds one sequence whatever
+        batch size it was made for raises for several rows and runs for one."""
+        subject = self.subject
+        for value in (*args, *kwargs.values()):
+            entry = self.caches.get(id(value))
+            ids = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+            if entry is None or ids is None or ids.ndim != 2 or ids.shape[0] < 2 or entry[2] != ids.shape[0]:
+                continue
+            _, model, batch_size, forwarded = entry
+
+            def make(value=value, model=model, forwarded=forwarded, ids=ids):
+                fresh = subject.new_cache(model, 1)
+                for earlier in forwarded:
+                    subject.forward(model, earlier[:1].clone(), fresh)
+                swap = lambda v: fresh if v is value else (ids[:1].clone() if v is ids else v)
+                return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+            failing = f"a batch of {ids.shape[0]} rows through a cache made for {batch_size}"
+            return [probe_type(failing, "one row through a cache made for one", args, kwargs,
+                               "; so the cached path handles one row only (a cache holding one sequence whatever batch "
+                               "size it was made for, or a squeezed batch axis)", "crash",
+                               make=make)]  # fmt: skip
         return []
 
     def _maker(self, model, config, state, transform, options, args, kwargs, fill: int = 0) -> Callable:
