@@ -379,13 +379,22 @@ def cases():
     )
     wo = randn(D_MODEL, H * D, seed=62) / math.sqrt(D_MODEL)
 
-    def mha(merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False, swap_kv=False):
+    def mha(merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False, swap_kv=False, flat=None):
         def split(y, h):
             return y.view(B, h, T, D) if split_view else y.view(B, T, h, D).transpose(1, 2)
 
         k_weight, v_weight = (wv, wk) if swap_kv else (wk, wv)
         qh, kh, vh = split(xa @ wq.T, H), split(xa @ k_weight.T, H_KV), split(xa @ v_weight.T, H_KV)
-        if theta is not None:
+        pos = torch.arange(T)
+        if flat == "before_split":  # rope(q) and rope(k) on the [B, T, width] projections
+            qh, kh = (
+                split(rope_complex(xa @ wq.T, pos, theta), H),
+                split(rope_complex(xa @ k_weight.T, pos, theta), H_KV),
+            )
+        elif flat == "across_heads":  # run.c's head_dim = i without % head_size: head j turns theta ** -j as fast
+            qh = torch.stack([rope_complex(qh[:, j], pos * theta**-j, theta) for j in range(H)], dim=1)
+            kh = torch.stack([rope_complex(kh[:, j], pos * theta**-j, theta) for j in range(H_KV)], dim=1)
+        elif theta is not None:
             pos = torch.arange(T)
             qh, kh = rope_complex(qh, pos, theta), rope_complex(kh, pos, theta)
             if rope_values:
@@ -408,6 +417,8 @@ def cases():
                 "rope_on_values": (lambda: mha(rope_values=True, theta=10000.0), "knob:rope_target"),
                 "split_without_transpose": (lambda: mha(split_view=True, theta=10000.0), "knob:head_layout"),
                 "keys_and_values_exchanged": (lambda: mha(theta=10000.0, swap_kv=True), "knob:qkv_layout"),
+                "rope_before_the_head_split": (lambda: mha(theta=10000.0, flat="before_split"), "knob:rope_base"),
+                "rope_pairs_across_heads": (lambda: mha(theta=10000.0, flat="across_heads"), "knob:rope_base"),
             },
         )
     )

@@ -855,6 +855,7 @@ def _mha(
     merge_view=False,
     rope_values=False,
     rope_q_only=False,
+    rope_flat=None,
     **attend,
 ):
     b, t, _ = x.shape
@@ -865,6 +866,13 @@ def _mha(
             return y.reshape(b, heads, t, dh)
         return y.reshape(b, t, heads, dh).transpose(1, 2)
 
+    if rope_flat is not None:  # RoPE on the flat [B, T, H * d_head] projections, pairs indexed across the heads
+        pos = positions if positions is not None else torch.arange(t)
+        denom = None if rope_flat == "own" else rope_flat  # "own": each projection's own width, as rope(q), rope(k)
+        q = split(_rope(x @ wq.T, pos, theta, style, denom=denom), h)
+        k = split(_rope(x @ wk.T, pos, theta, style, denom=denom), hkv)
+        o = _attend(q, k, split(x @ wv.T, hkv), _causal(t, t), **attend)
+        return o.transpose(1, 2).reshape(b, t, h * dh) @ wo.T
     q, k, v = split(x @ wq.T, h), split(x @ wk.T, hkv), split(x @ wv.T, hkv)
     if theta is not None:
         pos = positions if positions is not None else torch.arange(t)
@@ -1025,6 +1033,27 @@ def _mha_family(args, kwargs, style):
                 compute=m(rope_q_only=True),
             ),
         ]
+        if h > 1:  # one head: the flat vector is the head
+            rope_fix = "split the heads first and rotate each head's d_head channels alike: pair i of every head turns "
+            rope_fix += "at theta ** (-2i / d_head)"
+            out += [
+                Variant(
+                    "knob:rope_base",
+                    "RoPE's pairs are indexed over all heads' channels (the flat q/k vector: head_dim = i, not "
+                    "i % d_head), so head h turns theta ** -h times as fast as head 0",
+                    where="the RoPE frequencies of each head",
+                    fix=rope_fix,
+                    compute=m(rope_flat=dh),
+                ),
+                Variant(
+                    "knob:rope_base",
+                    "RoPE is applied before the head split, over each projection's channels (frequencies theta ** "
+                    "(-2i / width) across the heads, width d_model for q)",
+                    where="the RoPE frequencies of each head",
+                    fix=rope_fix,
+                    compute=m(rope_flat="own"),
+                ),
+            ]
         if p.positions is not None:
             out.append(
                 Variant(
