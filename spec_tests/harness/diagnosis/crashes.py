@@ -77,7 +77,7 @@ from ...protocol import (
     V2_OPTIONS_KEPT,
     config_defaults,
 )
-from .model_variants import Ledger, heads_repeated
+from .model_variants import Ledger, NotBuilt, heads_repeated
 
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
 
@@ -1180,11 +1180,14 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
     for p in probes:
         if any(w.failing == p.failing and not w.weak for w in working):  # the nearest variant that runs said it
             continue
-        if not _runs(run, p.arguments):  # the variant raises too: the property is not the trigger
+        outcome = _runs(run, p.arguments)
+        if outcome is None:  # the variant could not be built: it says nothing
+            continue
+        if not outcome:  # the variant raises too: the property is not the trigger
             tried.append(p)
         elif all(_runs(run, _control_arguments(c)) == c[-1] for c in p.controls):
             (variant, note) = p.contrast or ((None, None), "")
-            if p.contrast and not _runs(run, lambda v=variant: (_clone(v[0]), _clone(v[1]))):
+            if p.contrast and _runs(run, lambda v=variant: (_clone(v[0]), _clone(v[1]))) is False:
                 p = replace(p, note=note + p.note)
             working.append(p)
         else:  # a control contradicts it: the change ran for another reason
@@ -1199,14 +1202,17 @@ def _control_arguments(control: tuple) -> Callable:
     return lambda: (_clone(args), _clone(kwargs))
 
 
-def _runs(run: Callable, arguments: Callable) -> bool:
+def _runs(run: Callable, arguments: Callable) -> bool | None:
     """Whether ``run`` returns on ``arguments()`` (``(args, kwargs)``: a variant built when tried, which may raise
-    too); ``_ProcessLost`` where it times out or takes the process down."""
+    too); ``None`` where the variant's model cannot be built (``NotBuilt``: rebuilt from weights the implementation
+    gives back in another shape): it was not tried. ``_ProcessLost`` where it times out or takes the process down."""
     try:
         args, kwargs = arguments()
         run(*args, **kwargs)
     except (KeyboardInterrupt, SystemExit):
         raise
+    except NotBuilt:
+        return None
     except BaseException as exc:  # noqa: BLE001 - whatever the implementation raises
         if getattr(exc, "process", False):
             raise _ProcessLost from None

@@ -18,6 +18,11 @@ from collections.abc import Callable
 import torch
 
 
+class NotBuilt(Exception):
+    """A variant's model could not be built (its weights given back in another shape, a config the code rejects):
+    the variant was not tried, and says nothing about the crash."""
+
+
 class Ledger:
     """What a test built through its subject, by object identity (the objects are held, so no identity is reused
     while the test runs)."""
@@ -220,11 +225,16 @@ class Ledger:
         subject = self.subject
 
         def make():
-            if transform is None:  # fresh weights
-                variant = subject.build(config, None, **options)
-            else:
-                weights = state if isinstance(state, dict) else subject.canonical_state_dict(model)
-                variant = subject.build(config, transform(dict(weights)), **options)
+            try:
+                if transform is None:  # fresh weights
+                    variant = subject.build(config, None, **options)
+                else:
+                    weights = state if isinstance(state, dict) else subject.canonical_state_dict(model)
+                    variant = subject.build(config, transform(dict(weights)), **options)
+            except Exception as exc:  # a variant that cannot be built is not tried
+                if getattr(exc, "process", False):
+                    raise
+                raise NotBuilt from exc
             if id(model) in self.modes:
                 subject.set_training(variant, self.modes[id(model)])
 
