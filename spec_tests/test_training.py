@@ -976,8 +976,10 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
                 lambda: adamw_losses(spec.impl, config, sd, x, 3, fresh=True),
             ),
         ],
-        hint="likely cause (weak evidence): the optimizer's state (its moments and step count) does not carry over "
-        "from step to step (the optimizer is made, or reset, inside the loop). Fix: make one AdamW before the loop"
+        hint="likely cause (weak evidence): the first two losses agree and the third does not, so the second update "
+        "differs: either the optimizer's state (its moments and step count) does not carry over from step to step (the "
+        "optimizer made, or reset, inside the loop), or the second step runs at another learning rate (a schedule that "
+        "decays or warms it; the protocol's lr is every step's). Fix: make one AdamW before the loop, at lr throughout"
         if len(losses) == 3 and abs(losses[1] - want[1]) <= 1.5 * spread + 1e-5
         else None,
         hint_code="~knob:optimizer_state",
