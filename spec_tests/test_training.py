@@ -860,13 +860,28 @@ def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
     clean = observed.eval_output(spec, model, probe) if seen else None
     spec.impl.set_training(model, mode == "train")
     spec.impl.evaluate(model, data, 11)
+    # the other mode, whichever the model was in: evaluate set a mode on its way out instead of restoring the found one
+    causes = (
+        (
+            "likely cause: evaluate hands the model back in training mode (model.train() at its end, as a training "
+            "loop's evaluation helper does) instead of the mode it found. Fix: remember model.training and restore it"
+        )
+        if mode == "eval"
+        else (
+            "likely cause: evaluate switches the model to eval mode and does not switch it back. Fix: remember "
+            "model.training before model.eval() and restore it afterwards"
+        ),
+    )
     if clean is not None:
-        observed.require_mode(spec, model, probe, clean, mode == "train", after="evaluate")
+        observed.require_mode(spec, model, probe, clean, mode == "train", after="evaluate", causes=causes,
+                              codes=("knob:mode",))  # fmt: skip
     flags = set(spec.impl.training_flags(model))
     spec.require(
         flags == {mode == "train"},
         behaviour=f"evaluate leaves a model in {mode} mode in {mode} mode",
         found=f"after evaluate, module training flags are {sorted(flags)}",
+        causes=causes if flags == {mode != "train"} else (),
+        codes=("knob:mode",) if flags == {mode != "train"} else (),
     )
     grads = spec.impl.grads_present(model)
     spec.require(grads == 0, behaviour="evaluate computes no gradients", found=f"{grads} parameters have .grad set")

@@ -793,3 +793,14 @@ def test_a_crash_a_correct_downstream_meets_too_is_the_upstream_s(tmp_path, pyte
     folder = implementation(tmp_path / "own", patch=("generation.py", *refusing))
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     assert "generate: " in out.split("root causes")[-1], out[-3000:]
+
+
+def test_evaluate_handing_the_model_back_in_training_mode_is_named(tmp_path, pytester):
+    """evaluate that puts the model in training mode on its way out (held out: llama2.c's estimate_loss ends with
+    model.train()) is named from the mode it found and the mode it left; the control: a right evaluate passes."""
+    folder = implementation(tmp_path / "bug", "mode_not_restored")
+    out = run_suite(f"--impl={folder}", "-k", "test_evaluate_restores_mode", cwd=tmp_path, pytester=pytester).stdout
+    assert "likely cause: evaluate hands the model back in training mode" in out, out[-3000:]
+    folder = implementation(tmp_path / "right")
+    out = run_suite(f"--impl={folder}", "-k", "test_evaluate_restores_mode", cwd=tmp_path, pytester=pytester).stdout
+    assert "failed" not in out and "passed" in out, out[-3000:]
