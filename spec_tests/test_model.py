@@ -67,8 +67,8 @@ def test_logits_match_reference(spec, config, dtype):
 @pytest.mark.bug_class("rmsnorm", "layernorm")
 def test_logits_follow_the_config_norm_eps(spec, family):
     """A config's norm_eps is the eps of every norm of the model: with norm_eps 1e-3 (the embeddings' mean square is
-    about 0.01, so eps moves every first norm's output by percents) the logits equal the reference's (protocol: config
-    keys, norm_eps default 1e-5)."""
+    about 0.01, so eps moves every first norm's output by percents) the logits equal the reference's (protocol:
+    Model). Its default is 1e-5."""
     config = models.family_config(spec.impl, family, norm_eps=1e-3)
     sd = models.random_state_dict(config, seed=17, device=spec.device)
     check_logits(

@@ -198,8 +198,7 @@ def test_logits_match_reference_with_sliding_window(spec, pattern):
 @pytest.mark.parametrize("wider", [0, 3], ids=["as-wide", "wider"])
 def test_a_window_as_wide_as_the_context_is_allowed(spec, wider):
     """Any int W >= 1 is a window, one as wide as the context or wider too: no query can then see past it, so the
-    model is v1's causal model (protocol: amendment 27, "an int W >= 1"; a check written 1 <= W < context_length
-    rejects it)."""
+    model is v1's causal model (protocol: amendment 27). A check written 1 <= W < context_length rejects it."""
     ctx = models.family_config(spec.impl, "llama")["context_length"]
     config = sliding_config(spec.impl, sliding_window=ctx + wider)
     sd = models.random_state_dict(config, seed=278, device=spec.device)
