@@ -48,3 +48,38 @@ def test_canonical_copies_keep_a_model_bug_out_of_train_step(tmp_path):
     assert found["test_model.py::test_logits_match_reference[llama_gqa-f64]"] == "FAILED"
     training = {k: v for k, v in found.items() if k.startswith("test_training.py::test_train_step")}
     assert "CONSEQUENCE" in training.values() and "FAILED" not in training.values(), training
+
+
+def test_a_padded_vocabulary_holds_the_tied_embedding_as_a_slice():
+    """A vocabulary padded to a multiple of 128 (Megatron, nanoGPT; held out: a Megatron-style library disputed the
+    tying test) holds the canonical embedding as the first V rows of a larger parameter: that parameter is found as
+    the embedding's, and its gradient is read at those rows. The control: a head copied into a parameter of its own
+    shows as a second matrix of that shape (what the tying test counts)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from spec_tests.harness.subject.model_ops import embedding_grad, parameter_facts
+
+    v, d = 5, 3
+
+    class Padded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.other = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+            self.emb = torch.nn.Parameter(torch.randn(v + 3, d, dtype=torch.float64))
+
+    impl = SimpleNamespace(
+        canonical_state_dict=lambda m: {"other": m.other.detach(), "tok_embeddings.weight": m.emb.detach()[:v]},
+        forward=lambda m, ids: (m.emb[ids] @ m.emb.T)[..., :v],
+    )
+    model, ids = Padded(), torch.tensor([[0, 3, 4]])
+    facts = parameter_facts(impl, model)
+    assert facts["embedding"] == 1 and facts["shapes"][1] == [v + 3, d], facts
+    grad = embedding_grad(impl, model, ids)
+    want = torch.autograd.grad(impl.forward(model, ids).pow(2).mean(), model.emb)[0][:v]
+    assert grad.shape == (v, d) and torch.allclose(grad, want), (grad, want)
+
+    model.head = torch.nn.Parameter(model.emb.detach().clone())  # the head a copy: two such matrices
+    facts = parameter_facts(impl, model)
+    assert facts["embedding"] == 1 and sum(s == [v + 3, d] for s in facts["shapes"]) == 2, facts

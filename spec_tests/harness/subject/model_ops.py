@@ -152,33 +152,43 @@ def parameter_facts(impl, model) -> dict:
     """Shapes and storage of every parameter, and which one holds ``tok_embeddings.weight``.
 
     ``storage`` numbers tell shared parameters apart without leaking addresses; ``embedding`` is the
-    index of the parameter whose elements are the canonical token embedding, in order (found through
-    ``canonical_sources``), None if none is.
+    index of the parameter that every element of the canonical token embedding comes from (found through
+    ``canonical_sources``: the whole parameter, or a slice of it, as a vocabulary padded to a multiple of 128
+    holds it; amendment 16), None if no one parameter does.
     """
     params = list(model.parameters())
-    source = canonical_sources(impl, model).get("tok_embeddings.weight")
-    matches = [
-        i
-        for i, start in enumerate(_offsets(params))
-        if source is not None
-        and tuple(params[i].shape) == tuple(source.shape)
-        and torch.equal(source.reshape(-1), torch.arange(start, start + params[i].numel()))
-    ]
+    found = _embedding_source(impl, model, params)
     return {
         "shapes": [list(p.shape) for p in params],
         "storage": _storage_ids(params),
-        "embedding": matches[0] if len(matches) == 1 else None,
-        "n_embedding_matches": len(matches),
+        "embedding": None if found is None else found[0],
+        "n_embedding_matches": 0 if found is None else 1,
     }
 
 
-def embedding_grad(impl, model, ids):
-    """The gradient reaching the token-embedding parameter from ``forward(model, ids).pow(2).mean()``."""
-    facts = parameter_facts(impl, model)
-    impl.forward(model, ids).pow(2).mean().backward()
-    if facts["embedding"] is None:
+def _embedding_source(impl, model, params) -> tuple[int, torch.Tensor] | None:
+    """``(index, local)``: the parameter every element of the canonical token embedding comes from, and each
+    element's flat index within it (shaped as the canonical weight); None where no one parameter holds them all."""
+    source = canonical_sources(impl, model).get("tok_embeddings.weight")
+    if source is None or source.numel() == 0:
         return None
-    return list(model.parameters())[facts["embedding"]].grad
+    for i, start in enumerate(_offsets(params)):
+        local = source - start
+        if int(local.min()) >= 0 and int(local.max()) < params[i].numel():
+            return i, local
+    return None
+
+
+def embedding_grad(impl, model, ids):
+    """The gradient reaching the token embedding's elements (shaped as ``tok_embeddings.weight``) from
+    ``forward(model, ids).pow(2).mean()``, read from the parameter that holds them."""
+    params = list(model.parameters())
+    found = _embedding_source(impl, model, params)
+    impl.forward(model, ids).pow(2).mean().backward()
+    if found is None or params[found[0]].grad is None:
+        return None
+    index, local = found
+    return params[index].grad.reshape(-1)[local.reshape(-1).to(params[index].grad.device)].reshape(local.shape)
 
 
 def grads_present(impl, model) -> int:
