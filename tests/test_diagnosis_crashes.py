@@ -1129,3 +1129,28 @@ def test_a_crash_on_the_dropout_path_is_named():
     said = "train_step raises for a model with dropout=0.1 and works for the same model with dropout=0.0"
     assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
     assert not any("dropout=0.0" in ln and ln.startswith("likely") for ln in lines_for(always))
+
+
+def test_a_crash_on_token_id_0_is_named_by_the_id_not_the_length():
+    """A generate that infers a padding mask from pad id 0 (held out: a Hugging-Face-style loop) raises for a prompt
+    with token 0 inside it: the cut prompt (T=2) runs, but so would any prompt without a 0, and the kept tokens
+    repeated to T=5 run too, so no length is said; token 0 replaced by 1 (and by 2) runs: said. The control: a
+    length limit (T > 4 raises) is said as a length, with no token-0 line."""
+    ids = torch.tensor([[5, 7, 0, 3, 9], [4, 0, 6, 2, 8]])
+
+    def pad_id_zero(model, prompt, max_new_tokens):
+        if bool((prompt[:, 1:] == 0).any()):  # the bug: a 0 after a real token is a hole in the inferred mask
+            raise ValueError("attention_mask must be left padding only")
+        return prompt
+
+    def at_most_four(model, prompt, max_new_tokens):
+        if prompt.shape[1] > 4:
+            raise ValueError("too long")
+        return prompt
+
+    lines, _ = probe("generate", pad_id_zero, (None, ids, 3), {})
+    assert any(ln.startswith("likely cause: generate raises for prompt holding token id 0") for ln in lines), lines
+    assert not any("T=5 tokens and works for T=" in ln and ln.startswith("likely") for ln in lines), lines
+    lines, _ = probe("generate", at_most_four, (None, ids, 3), {})
+    assert any("T=5 tokens and works for T=4" in ln and ln.startswith("likely") for ln in lines), lines
+    assert not any("token id 0" in ln and ln.startswith("likely") for ln in lines), lines

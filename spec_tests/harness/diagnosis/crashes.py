@@ -351,10 +351,14 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
             t = a.shape[1]
             for shorter in dict.fromkeys((t - 1, t // 2, 1)):
                 new = (*args[:i], a[:, :shorter].contiguous(), *args[i + 1 :])
+                # the kept tokens repeated to T tokens must raise as well: the length, not the ids cut away (a token
+                # id that the code reads as padding), is what it raises on
+                kept = a[:, :shorter].repeat(1, -(-t // shorter))[:, :t].contiguous()
+                control = ((*args[:i], kept, *args[i + 1 :]), kwargs, False)
                 # one token runs where a wrong shape broadcasts by chance: a clue, never a cause
                 probes.append(
                     Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs, "", "boundary",
-                          weak=shorter == 1 and t > 2, beside_cache=True)
+                          weak=shorter == 1 and t > 2, beside_cache=True, controls=(control,))
                 )  # fmt: skip
             break
     return probes
@@ -862,6 +866,24 @@ def _negative_id_probes(name, args, kwargs) -> list[Probe]:
     return []
 
 
+def _zero_id_probes(name, args, kwargs) -> list[Probe]:
+    """A ``[B, T]`` id input holding token 0 after another token given with every 0 replaced by 1, said only where a 2
+    replacing it runs too: code that takes id 0 for padding (a mask inferred from a pad id) raises on a real token 0
+    inside a sequence."""
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    for key, value in zip(keys, values, strict=True):
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dtype == torch.bool:
+            continue
+        if value.ndim != 2 or value.shape[1] < 2 or not bool((value[:, 1:] == 0).any()) or int(value.max()) < 2:
+            continue
+        one = _map(args, kwargs, lambda t, v=value: t.masked_fill(t == 0, 1) if t is v else t)
+        two = _map(args, kwargs, lambda t, v=value: t.masked_fill(t == 0, 2) if t is v else t)
+        note = "; token 0 is a token like any other (the protocol pads with an attention_mask, never with an id)"
+        return [Probe(f"{key} holding token id 0 inside a sequence", "every 0 replaced by 1", *one, note,
+                      controls=((*two, True),))]  # fmt: skip
+    return []
+
+
 def _odd_batch_probes(args, kwargs) -> list[Probe]:
     """A ``[B, T]`` id input with an odd number of rows B given one more row (a copy of its first), every tensor
     sharing its B rows alike: a batch of one squeezed away (B = 1), a batch split in two equal halves, or pairs of
@@ -1142,6 +1164,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _key_length_probes(args, kwargs)
         + _odd_batch_probes(args, kwargs)
         + _negative_id_probes(name, args, kwargs)
+        + _zero_id_probes(name, args, kwargs)
         + _count_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
         + _option_probes(args, kwargs)
