@@ -252,6 +252,27 @@ def test_padded_cached_forward_equals_uncached(spec, config):
 
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("padding")
+@pytest.mark.parametrize("dtype", ["bool", "int32"])
+def test_attention_mask_of_any_integer_or_bool_dtype(spec, config, dtype):
+    """A mask of 0/1 in any integer or bool dtype means the same: bool and int32 masks give the logits of the int64
+    mask (protocol: amendment 23)."""
+    spec.impl.require_capability("attention_mask")
+    sd = models.random_state_dict(config, seed=257, device=spec.device)
+    model = models.build(spec.impl, config, sd)
+    ids, mask = left_padded(spec, config, PADS, seed=258)
+    want = real_parts(spec.impl.forward(model, ids, attention_mask=mask.long()), PADS)
+    spec.close(
+        real_parts(spec.impl.forward(model, ids, attention_mask=mask.to(getattr(torch, dtype))), PADS),
+        want,
+        kind="model",
+        axes="t v",
+        structural=False,
+        behaviour=f"forward with a {dtype} attention_mask equals forward with the same mask in int64",
+    )
+
+
+@judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("padding")
 def test_padding_token_ids_do_not_matter(spec, config):
     """What fills the padding changes nothing at the real tokens: padding ids 0, V - 1 and random give the same logits
     (protocol: amendment 23)."""

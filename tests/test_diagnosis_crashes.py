@@ -1154,3 +1154,21 @@ def test_a_crash_on_token_id_0_is_named_by_the_id_not_the_length():
     lines, _ = probe("generate", at_most_four, (None, ids, 3), {})
     assert any("T=5 tokens and works for T=4" in ln and ln.startswith("likely") for ln in lines), lines
     assert not any("token id 0" in ln and ln.startswith("likely") for ln in lines), lines
+
+
+def test_a_crash_on_a_bool_attention_mask_is_named():
+    """A forward that subtracts mask columns in the mask's dtype (held out) raises for a bool mask and runs for the
+    same 0/1 values in int64: said. The control: a forward that raises for any mask says no dtype."""
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]]).bool()
+
+    def subtracts(model, ids, attention_mask=None):
+        return attention_mask[:, 1:] - attention_mask[:, :-1]  # raises on bool tensors
+
+    def always(model, ids, attention_mask=None):
+        raise ValueError("no masks")
+
+    lines, _ = probe("forward", subtracts, (None, torch.zeros(2, 3, dtype=torch.long)), {"attention_mask": mask})
+    said = "forward raises for a bool attention_mask and works for the same 0/1 values as int64"
+    assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
+    lines, _ = probe("forward", always, (None, torch.zeros(2, 3, dtype=torch.long)), {"attention_mask": mask})
+    assert not any("bool attention_mask" in ln and ln.startswith("likely") for ln in lines), lines

@@ -426,6 +426,17 @@ def _integer_dtype_probes(args, kwargs) -> list[Probe]:
     return [Probe(f"integer data of dtype {', '.join(kinds)}", "the same values as int64", new_args, new_kwargs)]
 
 
+def _bool_mask_probes(name, args, kwargs) -> list[Probe]:
+    """A bool ``attention_mask`` given as the same 0/1 values in int64: the protocol takes any integer or bool dtype
+    (amendment 23), and arithmetic such as a subtraction raises on bool tensors."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return []
+    note = "; the protocol takes a mask of any integer or bool dtype (amendment 23)"
+    as_int = {**kwargs, "attention_mask": mask.long()}
+    return [Probe("a bool attention_mask", "the same 0/1 values as int64", args, as_int, note)]
+
+
 def _numpy_probes(args, kwargs) -> list[Probe]:
     """A numpy array argument (token data, amendment 29) given as a torch tensor of the same values: code that
     slices it and calls torch on the slices (``torch.stack``) raises for numpy data only."""
@@ -1178,6 +1189,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _numpy_probes(args, kwargs)
         + _tensor_data_probes(name, args, kwargs)
         + _integer_dtype_probes(args, kwargs)
+        + _bool_mask_probes(name, args, kwargs)
     )
     return found[:MAX_TRIES]
 
