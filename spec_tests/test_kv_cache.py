@@ -180,6 +180,17 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
             chunks_at(lambda k, n: n, lambda k, n: 0),
         )
     )
+    if any(n > 1 for n in chunks[1:]) and any(n == 1 for n in chunks[1:]):  # else the one above says it
+        found.append(
+            Variant(
+                "knob:mask_alignment",
+                "several new tokens after cached ones get a causal mask aligned top-left (is_causal=True in "
+                "scaled_dot_product_attention is top-left when T_q != T_k): query i sees only keys j <= i; one new "
+                "token is right",
+                mask_fix + "through the cache (is_causal=True only when T_q == T_k)",
+                chunks_at(lambda k, c: c, lambda k, c: 0 if chunks[k] > 1 else c),
+            )
+        )
     if max(chunks) > 1:  # a one-token chunk has no later new token to hide
         found.append(
             Variant(
@@ -244,11 +255,12 @@ def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:
     later_single = [ok for s, n, ok in spans if s > 0 and n == 1]
     if later_multi and not any(later_multi) and any(later_single) and all(s > 0 and n > 1 for s, n in wrong):
         return (
-            "likely cause: only multi-token chunks that follow cached tokens are wrong (T_q > 1 with T_k > T_q); "
-            "single new tokens after the cache are right, so positions continue correctly: the causal mask of a "
-            "chunk is aligned top-left (is_causal=True in scaled_dot_product_attention is top-left when T_q != T_k). "
-            "Fix: mask key j for query i unless j <= i + (T_k - T_q)"
-        ), "knob:mask_alignment"
+            "likely cause (weak evidence): only multi-token chunks that follow cached tokens are wrong (T_q > 1 with "
+            "T_k > T_q); single new tokens after the cache are right, so positions continue correctly: most often the "
+            "causal mask of a chunk is aligned top-left (is_causal=True in scaled_dot_product_attention is top-left "
+            "when T_q != T_k), or whatever the cached path does only for several new tokens. Fix: mask key j for "
+            "query i unless j <= i + (T_k - T_q)"
+        ), "~knob:mask_alignment"
     if spans[0][2] and all(s > 0 for s, _ in wrong):
         return (
             "likely cause (weak evidence): the first chunk is right and the later ones are not, so what the cache "
