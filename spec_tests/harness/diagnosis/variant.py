@@ -10,7 +10,7 @@ says so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..judging.compare import mismatch
 from ..judging.tolerances import Tolerance
@@ -34,10 +34,18 @@ class Variant:
     compute: Callable
     where: str = ""
     knob: tuple | None = None
+    weak: bool = False  # it fits, but moves the value by few tolerances: weak evidence (``fitting_variants``)
 
 
-def fitting_variants(variants, actual, tol: Tolerance, *args) -> list:
-    """The variants whose output matches ``actual``."""
+# A variant that moves the value by less than this many tolerances from the specified one is weak evidence where it
+# fits: a small difference of another cause falls within its reach (held out: parameters left frozen fitted AdamW's
+# eps inside the square root, which also leaves parameters with tiny gradients nearly still).
+SEPARATION = 4.0
+
+
+def fitting_variants(variants, actual, tol: Tolerance, *args, expected=None) -> list:
+    """The variants whose output matches ``actual``. With ``expected``, a variant whose own output lies within
+    ``SEPARATION`` tolerances of it is marked weak (``Variant.weak``)."""
     found = []
     for v in variants:
         try:
@@ -45,16 +53,20 @@ def fitting_variants(variants, actual, tol: Tolerance, *args) -> list:
         except Exception:  # noqa: BLE001 - a variant that cannot run cannot be the one
             continue
         if mismatch(actual, out, tol) is None:
-            found.append(v)
+            apart = None if expected is None else mismatch(out, expected, tol)
+            close = apart is not None and apart.ratio is not None and apart.ratio < SEPARATION
+            found.append(replace(v, weak=True) if close else v)
     return found
 
 
 def variant_lines(found) -> tuple[list[str], list[str]]:
     """Diagnosis lines and codes for the fitting variants."""
     if len(found) > 1:
-        names = "; or ".join(v.summary for v in found)
-        return [f"likely cause (ambiguous, {len(found)} fit): {names}"], []
+        names = "; or ".join(dict.fromkeys(v.summary for v in found))
+        weak = ", weak evidence" if any(v.weak for v in found) else ""
+        return [f"likely cause (ambiguous, {len(found)} fit{weak}): {names}"], []
     return [
-        f"likely cause: {v.summary}. Fix: {v.fix} (evidence: the output equals the specified one with this change)"
+        f"likely cause{' (weak evidence)' if v.weak else ''}: {v.summary}. Fix: {v.fix} (evidence: the output equals "
+        f"the specified one with this change{', which moves it by few tolerances' if v.weak else ''})"
         for v in found
-    ], [v.code for v in found]
+    ], [("~" if v.weak else "") + v.code for v in found]

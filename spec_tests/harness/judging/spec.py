@@ -493,7 +493,7 @@ class Spec:
             from ..diagnosis import diagnose as run
             from ..diagnosis.variant import fitting_variants, variant_lines
 
-            fitting = fitting_variants(variants, actual, tol)
+            fitting = fitting_variants(variants, actual, tol, expected=expected)
             lines, codes = variant_lines(fitting)
             if tentative and not fitting:
                 lines, codes = [hint, *lines], ([hint_code] if hint_code else []) + codes
