@@ -9,6 +9,8 @@ every consumer, and a consumer's own mistake is caught whatever the forward pass
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -75,9 +77,10 @@ def evaluate_teacher(
     divided by the windows times ``context_length``: a short window counted as full), ``"all_tokens"`` (divided by
     len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows ``context_length + 1`` apart:
     the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
-    divided by the tokens predicted), ``"unshifted"`` (each window's tokens scored as their own targets).
+    divided by the tokens predicted), ``"unshifted"`` (each window's tokens scored as their own targets),
+    ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label).
     """
-    nll = []
+    nll, targets = [], []
     spans = windows(len(data), context_length)
     if reduction == "chunks":
         step = context_length + 1
@@ -88,7 +91,11 @@ def evaluate_teacher(
         y = data[start + shift : start + length + shift].long()
         logits = impl.forward(model, x)[0].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0])
-    if reduction == "window_means":
+        targets.append(y)
+    if reduction == "zero_ignored":  # targets equal to token 0 left out, as a pad id of 0 used as the ignored label
+        kept = torch.cat(targets) != 0
+        loss = float(torch.cat(nll)[kept].sum() / kept.sum()) if bool(kept.any()) else math.nan
+    elif reduction == "window_means":
         loss = float(torch.stack([n.mean() for n in nll]).mean())
     elif reduction == "batch_means":  # full windows batch_size at a time, the short last one on its own
         full = [n for n, (_, length) in zip(nll, spans) if length == context_length]

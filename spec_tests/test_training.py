@@ -830,6 +830,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "the targets of the window data[s : s + C] are data[s + 1 : s + C + 1]",
             teacher("unshifted"),
         ),
+        Variant(
+            "knob:ignore_index",
+            "targets equal to token 0 are left out of the loss (token 0 read as padding: a pad id of 0 used as the "
+            "ignored label)",
+            "ignore only what is padding (the short last window's, marked by ignore_index), never a real token 0",
+            teacher("zero_ignored"),
+        ),
     ]
     behaviour = (
         f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) = the model's "

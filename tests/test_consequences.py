@@ -804,3 +804,31 @@ def test_evaluate_handing_the_model_back_in_training_mode_is_named(tmp_path, pyt
     folder = implementation(tmp_path / "right")
     out = run_suite(f"--impl={folder}", "-k", "test_evaluate_restores_mode", cwd=tmp_path, pytester=pytester).stdout
     assert "failed" not in out and "passed" in out, out[-3000:]
+
+
+def _zero_targets_ignored(folder):
+    """evaluate leaves targets equal to token 0 out of its loss (a pad id of 0 used as the ignored label)."""
+    path = folder / "training.py"
+    text = replace_once(
+        path.read_text(),
+        "                total += token_nll(model(x), y).sum().double().cpu()\n",
+        "                total += (token_nll(model(x), y) * (y != 0)).sum().double().cpu()\n",
+        "zero targets dropped",
+    )
+    text = replace_once(text, "    loss = (total / n_pred).item()\n",
+                        "    loss = (total / int((tokens[1:] != 0).sum())).item()\n", "their count")  # fmt: skip
+    path.write_text(text)
+
+
+def test_evaluate_leaving_out_token_0_is_named(tmp_path, pytester):
+    """evaluate that reads token 0 as padding and leaves its targets out (held out in batches 22 and 23: a pad id of 0
+    used as the ignored label) is named by that variant; the control: a loss averaged over len(data) instead of the
+    predicted tokens gets its own line, not this one."""
+    named = "targets equal to token 0 are left out of the loss"
+    folder = implementation(tmp_path / "zero", edit=_zero_targets_ignored)
+    out = run_suite(f"--impl={folder}", "-k", "test_evaluate_is_token_weighted", cwd=tmp_path, pytester=pytester).stdout
+    assert named in out, out[-3000:]
+    control = ("    loss = (total / n_pred).item()\n", "    loss = (total / len(tokens)).item()\n")
+    folder = implementation(tmp_path / "all", patch=("training.py", *control))
+    out = run_suite(f"--impl={folder}", "-k", "test_evaluate_is_token_weighted", cwd=tmp_path, pytester=pytester).stdout
+    assert "divided by len(data)" in out and named not in out, out[-3000:]
