@@ -543,6 +543,27 @@ def cases():
                     lambda: renorm(torch.softmax(blg / 0.5, -1), top_p_on(torch.softmax(blg / 0.5, -1), 0.9, "extra")),
                     "knob:top_p_boundary",
                 ),
+                "keeps_the_least_probable_too": (  # min_tokens_to_keep at the wrong end of an ascending sort
+                    lambda: renorm(
+                        torch.softmax(blg / 0.5, -1),
+                        (sampling_probs(blg, 0.5, None, 0.9) > 0)
+                        | (torch.arange(blg.shape[-1]) == blg.argmin(-1, keepdim=True)),
+                    ),
+                    "knob:top_p_boundary",
+                ),
+            },
+            other=lambda out: torch.softmax(blg, -1),
+        )
+    )
+    out.append(
+        Case(
+            "sampling_probs",
+            (blg,),
+            dict(temperature=1.3, top_k=7, top_p=0.75),
+            sampling_probs(blg, 1.3, 7, 0.75),
+            {
+                "top_p_ignored_beside_top_k": (lambda: sampling_probs(blg, 1.3, 7), "knob:sampling_order"),
+                "top_k_ignored_beside_top_p": (lambda: sampling_probs(blg, 1.3, None, 0.75), "knob:sampling_order"),
             },
             other=lambda out: torch.softmax(blg, -1),
         )

@@ -1288,7 +1288,17 @@ def _nucleus(probs, top_p, crossing="keep"):
 
 
 def _sampling(
-    logits, temperature, top_k, top_p, *, temp="divide", order="specified", crossing="keep", k_delta=0, renorm=True
+    logits,
+    temperature,
+    top_k,
+    top_p,
+    *,
+    temp="divide",
+    order="specified",
+    crossing="keep",
+    k_delta=0,
+    renorm=True,
+    keep_least=False,
 ):
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(F64)
@@ -1300,12 +1310,20 @@ def _sampling(
     }[temp]()
     k = None if top_k is None else int(top_k) + k_delta
     zk = _top_k_filter(z, k)
+    if order == "k_excludes_p" and k is not None:  # an elif: top-p never runs where top-k is given
+        top_p = None
+    if order == "p_excludes_k" and top_p is not None:  # the other elif: top-k never runs where top-p is given
+        zk = z
     if order == "p_before_temperature":
         keep = _nucleus(torch.softmax(_top_k_filter(logits, k), -1), top_p, crossing) & torch.isfinite(zk)
     elif order == "p_before_k":
         keep = _nucleus(torch.softmax(z, -1), top_p, crossing) & torch.isfinite(zk)
     else:
         keep = _nucleus(torch.softmax(zk, -1), top_p, crossing)
+    if keep_least and top_p is not None and top_p < 1:  # the kept minimum taken at the wrong end of the sort
+        probs_all = torch.softmax(zk, -1)
+        least = probs_all.masked_fill(~torch.isfinite(zk), math.inf).argmin(-1, keepdim=True)
+        keep = keep.scatter(-1, least, True)
     probs = torch.softmax(zk, -1) * keep
     return probs / probs.sum(-1, keepdim=True) if renorm else probs
 
@@ -1385,7 +1403,32 @@ def _sampling_probs(args, kwargs, style):
                 fix="keep tokens while the mass before them is < top_p",
                 compute=s(crossing="extra"),
             ),
+            Variant(
+                "knob:top_p_boundary",
+                "the nucleus also keeps the least probable token: the 'keep at least one token' rule applied at the "
+                "wrong end of the sorted order",
+                where="the top-p cut's minimum of kept tokens",
+                fix="always keep the most probable token (the first of a descending sort, the last of an ascending)",
+                compute=s(keep_least=True),
+            ),
         ]
+        if k is not None:
+            out += [
+                Variant(
+                    "knob:sampling_order",
+                    "top-p is ignored when top-k is given (the filters as if / elif: only top-k runs)",
+                    where=order_where,
+                    fix="apply top-k, then top-p on what top-k kept: both filters when both are given",
+                    compute=s(order="k_excludes_p"),
+                ),
+                Variant(
+                    "knob:sampling_order",
+                    "top-k is ignored when top-p is given (the filters as if / elif: only top-p runs)",
+                    where=order_where,
+                    fix="apply top-k, then top-p on what top-k kept: both filters when both are given",
+                    compute=s(order="p_excludes_k"),
+                ),
+            ]
     if k is not None:
         out += [
             Variant(
