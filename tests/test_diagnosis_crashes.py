@@ -1172,3 +1172,43 @@ def test_a_crash_on_a_bool_attention_mask_is_named():
     assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
     lines, _ = probe("forward", always, (None, torch.zeros(2, 3, dtype=torch.long)), {"attention_mask": mask})
     assert not any("bool attention_mask" in ln and ln.startswith("likely") for ln in lines), lines
+
+
+def test_a_crash_on_a_config_option_is_named():
+    """build_model raising for an option (held out: a window as wide as the context rejected, a q/k norm built over
+    d_model, an untied head not padded at load) is named by the option: an int option one smaller (and below the
+    context) runs while one larger raises too; the option at its default, the weights it adds left out, runs. The
+    control: a build that raises for any config names no option."""
+    from spec_tests import models
+
+    base = dict(models.CONFIGS["llama_gqa"])
+
+    def build(config, state_dict=None, seed=0):
+        if (config.get("sliding_window") or 0) >= config["context_length"]:
+            raise ValueError("sliding_window must be an int >= 1")
+        if config.get("qk_norm") and state_dict is not None and "layers.0.attn.q_norm.weight" in state_dict:
+            raise RuntimeError("size mismatch for q_norm.weight")
+        if config.get("tie_embeddings") is False and state_dict is not None:
+            raise RuntimeError("size mismatch for output_layer.weight")
+        return object()
+
+    def always(config, state_dict=None, seed=0):
+        raise RuntimeError("boom")
+
+    ctx = base["context_length"]
+    window = {**base, "sliding_window": ctx + 3}
+    lines, _ = probe("build_model", build, (window, None), {})
+    assert any(f"works for sliding_window={ctx - 1} (below context_length={ctx})" in ln for ln in lines), lines
+    qk = {**base, "qk_norm": True}
+    sd = models.random_state_dict(qk, seed=0)
+    lines, _ = probe("build_model", build, (qk, sd), {})
+    said = (
+        "raises for a config with qk_norm=True and works for the same config with qk_norm=False (its weights left out)"
+    )
+    assert any(said in ln and ln.startswith("likely") for ln in lines), lines
+    untied = {**base, "tie_embeddings": False}
+    lines, _ = probe("build_model", build, (untied, models.random_state_dict(untied, seed=0)), {})
+    assert any("works for the same config with tie_embeddings=True" in ln for ln in lines), lines
+    for config, state in ((window, None), (qk, sd)):
+        lines, _ = probe("build_model", always, (config, state), {})
+        assert not any(ln.startswith("likely") for ln in lines), lines

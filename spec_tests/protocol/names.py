@@ -105,6 +105,8 @@ V2_OPTION_WEIGHTS = {
     "qk_norm": ("attn.q_norm.weight", "attn.k_norm.weight"),
     "post_norms": ("attn_post_norm.weight", "mlp_post_norm.weight"),
 }
+# v1 config options a crash probe may set to their default too -> (the default, the weights the other value adds).
+V1_OPTIONS = {"tie_embeddings": (True, ("lm_head.weight",))}
 # Keys a probe never turns off alone: the MoE's weights are another MLP's, and layer_types needs its window.
 V2_OPTIONS_KEPT = frozenset(("n_experts", "layer_types"))
 

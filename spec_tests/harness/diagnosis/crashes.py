@@ -72,6 +72,7 @@ import torch
 from ...protocol import (
     ANY_LEADING,
     NONE_MEANS,
+    V1_OPTIONS,
     V2_CONFIG_DEFAULTS,
     V2_OPTION_WEIGHTS,
     V2_OPTIONS_KEPT,
@@ -651,23 +652,25 @@ def _option_probes(args, kwargs) -> list[Probe]:
     """A config that sets protocol v2 options: an int option (``sliding_window``) given one smaller, and where it is
     the context length or more, one below the context length, each said as a limit only where one larger raises
     too; then each option at its default, the weights it adds left out of a state dict among the arguments
-    (``V2_OPTION_WEIGHTS``): code that rejects a window as wide as the context, or builds a q/k norm of the wrong
-    width, raises for the option and runs without it."""
+    (``V2_OPTION_WEIGHTS``; of v1's options, an untied head tied: ``V1_OPTIONS``): code that rejects a window as
+    wide as the context, or builds a q/k norm of the wrong width, raises for the option and runs without it."""
     configs = [(k, v) for k, v in [*enumerate(args), *kwargs.items()] if isinstance(v, dict) and "n_heads" in v]
     if len(configs) != 1:
         return []
     key, config = configs[0]
-    options = [k for k, (_, default, _) in V2_CONFIG_DEFAULTS.items() if config.get(k, default) != default]
+    defaults = {k: d for k, (_, d, _) in V2_CONFIG_DEFAULTS.items()} | {k: d for k, (d, _) in V1_OPTIONS.items()}
+    added = {**V2_OPTION_WEIGHTS, **{k: w for k, (_, w) in V1_OPTIONS.items()}}
+    options = [k for k, default in defaults.items() if config.get(k, default) != default]
     probes = []
     for option in (o for o in options if o not in V2_OPTIONS_KEPT):
-        value, default = config[option], V2_CONFIG_DEFAULTS[option][1]
+        value, default = config[option], defaults[option]
         if type(value) is int and value > 1:
             probes += _limit_probes(args, kwargs, key, config, option)
         off = {k: v for k, v in config.items() if k != option}
         if option == "sliding_window":  # a layer_types pattern needs its window
             off.pop("layer_types", None)
         new_args, new_kwargs = _with(args, kwargs, key, {**off, option: default})
-        dropped = V2_OPTION_WEIGHTS.get(option, ())
+        dropped = added.get(option, ())
         for where, value_given in [*enumerate(new_args), *new_kwargs.items()]:
             if dropped and _is_state_dict(value_given):
                 kept = {n: w for n, w in value_given.items() if not n.endswith(dropped)}
