@@ -379,7 +379,9 @@ def cases():
     )
     wo = randn(D_MODEL, H * D, seed=62) / math.sqrt(D_MODEL)
 
-    def mha(merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False, swap_kv=False, flat=None):
+    def mha(
+        merge_view=False, tiled=False, rope_values=False, theta=None, split_view=False, swap_kv=False, flat=None, w=None
+    ):
         def split(y, h):
             return y.view(B, h, T, D) if split_view else y.view(B, T, h, D).transpose(1, 2)
 
@@ -401,7 +403,8 @@ def cases():
                 vh = rope_complex(vh, pos, theta)
         if tiled:
             kh, vh = kh.repeat(1, H // H_KV, 1, 1), vh.repeat(1, H // H_KV, 1, 1)
-        o = sdpa(qh, kh, vh, causal(T, T))
+        band = causal(T, T) if w is None else causal(T, T) & (torch.arange(T)[:, None] - torch.arange(T)[None, :] < w)
+        o = sdpa(qh, kh, vh, band)
         o = o.reshape(B, T, H * D) if merge_view else o.transpose(1, 2).reshape(B, T, H * D)
         return o @ wo.T
 
@@ -419,6 +422,18 @@ def cases():
                 "keys_and_values_exchanged": (lambda: mha(theta=10000.0, swap_kv=True), "knob:qkv_layout"),
                 "rope_before_the_head_split": (lambda: mha(theta=10000.0, flat="before_split"), "knob:rope_base"),
                 "rope_pairs_across_heads": (lambda: mha(theta=10000.0, flat="across_heads"), "knob:rope_base"),
+            },
+        )
+    )
+    out.append(
+        Case(
+            "multihead_self_attention",
+            (xa, wq, wk, wv, wo, H, H_KV),
+            {"theta": 10000.0, "window": 3},
+            mha(theta=10000.0, w=3),
+            {
+                "window_ignored": (lambda: mha(theta=10000.0), "knob:sliding_window"),
+                "window_one_too_wide": (lambda: mha(theta=10000.0, w=4), "knob:sliding_window"),
             },
         )
     )

@@ -871,7 +871,7 @@ def _mha(
         denom = None if rope_flat == "own" else rope_flat  # "own": each projection's own width, as rope(q), rope(k)
         q = split(_rope(x @ wq.T, pos, theta, style, denom=denom), h)
         k = split(_rope(x @ wk.T, pos, theta, style, denom=denom), hkv)
-        o = _attend(q, k, split(x @ wv.T, hkv), _causal(t, t), **attend)
+        o = _attend(q, k, split(x @ wv.T, hkv), attend.pop("mask", _causal(t, t)), **attend)
         return o.transpose(1, 2).reshape(b, t, h * dh) @ wo.T
     q, k, v = split(x @ wq.T, h), split(x @ wk.T, hkv), split(x @ wv.T, hkv)
     if theta is not None:
@@ -908,22 +908,32 @@ def _swapped_projections(p, h, hkv, theta, style) -> list[Variant]:
     return out
 
 
+def _windowed(t: int, window) -> torch.Tensor:
+    """The causal mask of ``t`` tokens, narrowed to the last ``window`` keys (protocol v2, amendment 27)."""
+    mask = _causal(t, t)
+    if window is None:
+        return mask
+    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    return mask & (i - j < int(window))
+
+
 def _mha_family(args, kwargs, style):
-    p = _bind("x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None", args, kwargs)
+    p = _bind("x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None, *, window=None", args, kwargs)
     h = int(p.n_heads)
     hkv = int(p.n_kv_heads) if p.n_kv_heads is not None else h
     theta = float(p.theta) if p.theta is not None else None
     base = (p.x, p.wq, p.wk, p.wv, p.wo, h, hkv)
+    t = p.x.shape[1]
+    window = None if p.window is None else int(p.window)
     m = lambda **kw: (
         lambda: _mha(
             *base,
             kw.pop("theta", theta),
             kw.pop("positions", p.positions),
             kw.pop("style", style),
-            **kw,
+            **{"mask": _windowed(t, window), **kw},
         )
     )
-    t = p.x.shape[1]
     dh = p.wq.shape[0] // h
     scale_where = "the score scaling in multihead_self_attention"
     out = [
@@ -998,6 +1008,28 @@ def _mha_family(args, kwargs, style):
             compute=m(dim=-2),
         ),
     ]
+    if window is not None:
+        window_fix = "query i attends the keys j with i - W < j <= i (W keys, itself included)"
+        out += [
+            Variant(
+                "knob:sliding_window",
+                "the window is ignored: every query attends every earlier key",
+                where="the window of multihead_self_attention",
+                fix=window_fix,
+                compute=m(mask=_causal(t, t)),
+            ),
+            *(
+                Variant(
+                    "knob:sliding_window",
+                    f"the window is one key too {word} ({window + d} keys instead of {window})",
+                    where="the window of multihead_self_attention",
+                    fix=window_fix,
+                    compute=m(mask=_windowed(t, window + d)),
+                )
+                for d, word in ((1, "wide"), (-1, "narrow"))
+                if window + d >= 1
+            ),
+        ]
     if hkv not in (1, h):
         out.append(
             Variant(
