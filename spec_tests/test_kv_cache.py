@@ -122,7 +122,7 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 for k, n in enumerate(chunks):
                     s = start_of(k, cached)
                     offset[0] = mask_offset_of(k, cached) if mask_offset_of else cached
-                    positions = torch.arange(s, s + n, device=ids.device)
+                    positions = torch.arange(s, s + n, device=ids.device) if isinstance(s, int) else s.to(ids.device)
                     out.append(ref.forward(model, ids[:, cached : cached + n], cache, positions=positions))
                     if mismatch(actual[:, cached : cached + n], out[-1], tol) is not None:
                         raise ValueError("this variant differs from the cached logits")  # fitting_variants skips it
@@ -160,6 +160,14 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
         for c in (-1, 1, 2)
     ]
     rules.append(("positions count the earlier calls (one per call), not the cached tokens", lambda k, n: k))
+    if config["family"] != "gpt2" and max(chunks) > 1:  # a table's last row taken for every token of a chunk
+        rules.append(
+            (
+                "every token of a chunk is rotated at the chunk's last position (the position table sliced at its "
+                "last row, as for one new token)",
+                lambda k, c: torch.full((chunks[k],), c + chunks[k] - 1),
+            )
+        )
     found = [Variant("knob:position_offset", summary, fix, chunks_at(rule)) for summary, rule in rules]
     found.append(
         Variant(

@@ -736,12 +736,25 @@ def _tiled_when_cached(folder):
     path.write_text(replace_once(path.read_text(), ATTENDED, new, "the cached heads"))
 
 
+def _chunk_at_its_last_position(folder):
+    """Through a cache, every token of a chunk is rotated at the chunk's last position."""
+    path = folder / "model.py"
+    old = "            positions = torch.arange(start, start + ids.shape[1], device=ids.device)\n"
+    new = (
+        "            positions = torch.arange(start, start + ids.shape[1], device=ids.device)\n"
+        "            if cache is not None:\n"
+        "                positions = torch.full_like(positions, start + ids.shape[1] - 1)\n"
+    )
+    path.write_text(replace_once(path.read_text(), old, new, "the chunk's positions"))
+
+
 CACHED_PATH_LINES = {
     "mask_missing": "on the cached path the causal mask is missing",
     "top_left": "on the cached path the causal mask is aligned top-left",
     "counting_calls": "the cache counts its calls, not its tokens",
     "unrotated": "on the cached path the keys are read back unrotated",
     "tiled": "on the cached path query head h reads kv head h % n_kv_heads",
+    "last_position": "every token of a chunk is rotated at the chunk's last position",
 }
 
 
@@ -753,13 +766,15 @@ CACHED_PATH_LINES = {
         ("counting_calls", (), _counting_calls),
         ("unrotated", ("cache_keys_never_rotated",), None),
         ("tiled", (), _tiled_when_cached),
+        ("last_position", (), _chunk_at_its_last_position),
         ("control: a top-left mask for several new tokens only", ("model_top_left_mask_with_cache",), None),
     ],
 )
 def test_a_cached_path_mistake_is_named(tmp_path, pytester, case, bugs, edit):
     """What a cached path does differently from the specified one, held out in batches 15, 16, 19 and 20: a mask that
     hides only the keys not yet written (a decode-mode mask used for chunks), a mask whose rows are sliced from 0, a
-    pointer advanced once per call, the keys cached before RoPE, the kv heads tiled. Each is named by its own line and
+    pointer advanced once per call, the keys cached before RoPE, the kv heads tiled; in batch 22, every token of a
+    chunk rotated at its last position. Each is named by its own line and
     no other's. The control, a top-left mask for several new tokens only (one new token after cached ones right), is
     the top-left mask where no single token follows cached ones, and gets no other line."""
     folder = implementation(tmp_path, *bugs, edit=edit)
