@@ -246,8 +246,54 @@ def test_padded_cached_forward_equals_uncached(spec, config):
         hint=hint,
         hint_code="~knob:cache_contents",
         structural=False,
+        variants=cached_step_variants(spec, config, sd, ids, mask),
         behaviour=behaviour,
     )
+
+
+def cached_step_variants(spec, config, sd, ids, mask) -> list[Variant]:
+    """The reference's prefill and two cached steps with one thing of the steps changed: their positions read from
+    the mask's first columns (a slice of cumsum(mask) - 1 from the front, not its last T), counted from the cache
+    length (padding included), or the cached padding keys left unmasked."""
+    ref = reference_subject(spec.impl.rope_style)
+    model = models.build(ref, config, sd)
+    whole = padded_positions(mask)
+
+    def steps(positions_of, masked=True):
+        def compute():
+            cache = ref.new_cache(model, ids.shape[0])
+            out = [ref.forward(model, ids[:, :T], cache, attention_mask=mask[:, :T])]
+            for t in (T, T + 1):
+                given = {"attention_mask": mask[:, : t + 1]} if masked else {}
+                out.append(ref.forward(model, ids[:, t : t + 1], cache, positions=positions_of(t), **given))
+            return real_parts(torch.cat(out, dim=1), PADS)
+
+        return compute
+
+    fix = "a cached step's positions are the last T of cumsum(mask) - 1 over cached and new tokens, its keys masked by "
+    fix += "the whole mask"
+    hf = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # Hugging Face's position ids: padding at 1
+    front = "a cached step's positions are read from the mask's first columns (cumsum(mask) - 1 sliced from the front, "
+    front += "not its last T)"
+    return [
+        *(
+            Variant("knob:position_offset", front, fix, steps(lambda t, p=p: p[:, :1]))
+            for p in (whole, hf)  # padding at 0 or at 1: the first column of a padded row is padding
+        ),
+        Variant(
+            "knob:position_offset",
+            "a cached step's positions continue from the cache length (padding included), not from each row's real "
+            "tokens",
+            fix,
+            steps(lambda t: torch.full((ids.shape[0], 1), t, device=ids.device)),
+        ),
+        Variant(
+            "mask",
+            "the cached steps drop the mask: a new token attends the cached padding keys",
+            fix,
+            steps(lambda t: whole[:, t : t + 1], masked=False),
+        ),
+    ]
 
 
 @judges("forward", uses=("build_model",))

@@ -96,7 +96,8 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     - the causal mask of a call through the cache aligned top-left (query i sees keys j <= i, whatever the cache
       holds), or missing (the cached path hides only the keys not yet written);
     - the keys read back unrotated (the cache holds keys before RoPE);
-    - under GQA, query heads reading the kv heads tiled (h % n_kv_heads).
+    - under GQA, query heads reading the kv heads tiled (h % n_kv_heads);
+    - with a sliding window, the window left out of cached calls.
 
     Everything else is the reference's. A variant stops at the first chunk that differs from ``actual`` (it cannot
     fit), so a failing run pays for few chunks."""
@@ -106,16 +107,18 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     tol = tolerance("model", device=spec.device)
     offset = [0]  # the mask offset of the chunk being computed (None: no causal mask)
 
-    @functools.cache
-    def reference_model():  # built once, when a variant is first tried (a cached forward leaves it as it is)
-        return models.build(ref, config, sd)
+    windowless = {k: v for k, v in config.items() if k not in ("sliding_window", "layer_types")}
 
-    def chunks_at(start_of, mask_offset_of=None, replacements=None):
+    @functools.cache
+    def reference_model(window=True):  # built once, when a variant is first tried (a cached forward leaves it as it is)
+        return models.build(ref, config if window else windowless, sd)
+
+    def chunks_at(start_of, mask_offset_of=None, replacements=None, window=True):
         if mask_offset_of is not None:
             replacements = {"scaled_dot_product_attention": masked_at_offset}
 
         def compute():
-            model = reference_model()
+            model = reference_model(window)
             cache, out, cached = ref.new_cache(model, ids.shape[0]), [], 0
             rotated[0] = 0
             with ref.substituted(replacements) if replacements else contextlib.nullcontext():
@@ -207,6 +210,15 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 "its own chunk (only keys not yet written are hidden)",
                 mask_fix + "through the cache",
                 chunks_at(lambda k, n: n, lambda k, n: None),
+            )
+        )
+    if config.get("sliding_window") is not None:
+        found.append(
+            Variant(
+                "knob:sliding_window",
+                "the window is not applied on the cached path: a cached call attends every earlier key",
+                "in a sliding layer query i attends the keys j with i - W < j <= i, through the cache as without it",
+                chunks_at(lambda k, n: n, window=False),
             )
         )
     if 1 < models.n_kv(config) < config["n_heads"]:

@@ -847,3 +847,33 @@ def test_evaluate_leaving_out_token_0_is_named(tmp_path, pytester):
     folder = implementation(tmp_path / "all", patch=("training.py", *control))
     out = run_suite(f"--impl={folder}", "-k", "test_evaluate_is_token_weighted", cwd=tmp_path, pytester=pytester).stdout
     assert "divided by len(data)" in out and named not in out, out[-3000:]
+
+
+def test_a_cached_step_s_positions_from_the_mask_s_front_are_named(tmp_path, pytester):
+    """Position ids from the padding mask sliced from its front on a cached step (held out: batch 23's
+    position_ids[:, :seq_len]) are named; the window left out of cached calls is named too (the catalogued
+    sliding_window_not_on_cached_path). A generate whose own cached steps are wrong whatever the window gets no window
+    line: the same cached generation without a window is wrong too."""
+    front = (
+        "            positions = padded_positions(real)[:, start:] if positions is None else positions\n",
+        "            positions = padded_positions(real)[:, : ids.shape[1]] if positions is None else positions\n",
+    )
+    folder = implementation(tmp_path / "front", patch=("model.py", *front))
+    select = "test_padded_cached_forward_equals_uncached or test_greedy_generation_past_the_window"
+    out = run_suite(f"--impl={folder}", "-k", select, cwd=tmp_path, pytester=pytester).stdout
+    assert "a cached step's positions are read from the mask's first columns" in out, out[-3000:]
+    assert "the window is not applied" not in out, out[-3000:]
+    folder = implementation(tmp_path / "window", "sliding_window_not_on_cached_path")
+    out = run_suite(f"--impl={folder}", "-k", "test_cache_equals_no_cache_past_the_window", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    assert "the window is not applied on the cached path" in out, out[-3000:]
+    at_zero = (  # generate's own cached steps at position 0, whatever the window
+        "                logits = model(ids[:, -1:], cache, **padded(mask))\n",
+        "                logits = model(ids[:, -1:], cache, positions=torch.zeros(1, dtype=torch.long), "
+        "**padded(mask))\n",
+    )
+    folder = implementation(tmp_path / "steps", patch=("generation.py", *at_zero))
+    out = run_suite(f"--impl={folder}", "-k", "test_greedy_generation_past_the_window", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    assert "failed" in out and "the window is not applied" not in out, out[-3000:]
+    assert "differs from the uncached model without a window too" in out, out[-3000:]
