@@ -642,6 +642,31 @@ def test_weights_given_back_under_each_other_s_names_are_named():
     permuted = {**sd, "a.wq.weight": sd["a.wq.weight"].flip(0)}
     said = lines(permuted)
     assert not any("gives back the weight given as" in ln for ln in said) and any("reordered" in ln for ln in said)
+    assert not any("gives back rows of" in ln for ln in said), said  # its own rows only: a reordering
+
+
+def test_rows_of_a_fused_matrix_split_in_another_layout_are_named():
+    """wq given back with rows of wk and wv among its own (held out: a Megatron-style fused qkv loaded as a plain
+    [q; k; v] stack and split per group) is named by where its rows come from; the control, a wq with one row of its
+    own changed, is not."""
+    from spec_tests.harness.diagnosis import diagnose
+    from spec_tests.harness.judging.tolerances import EXACT
+
+    g = torch.Generator().manual_seed(1)
+    sd = {"a.wq.weight": torch.randn(8, 6, generator=g, dtype=torch.float64)}
+    sd |= {k: torch.randn(4, 6, generator=g, dtype=torch.float64) for k in ("a.wk.weight", "a.wv.weight")}
+
+    def lines(actual):
+        found, _ = diagnose(subject="canonical_state_dict", call=None, args64=None, actual=actual, expected=sd,
+                            tol=EXACT, axes=None, rope_style="interleaved", known_bugs=list)  # fmt: skip
+        return found
+
+    mixed = torch.cat([sd["a.wq.weight"][:4], sd["a.wk.weight"][:2], sd["a.wv.weight"][:2]])
+    said = lines({**sd, "a.wq.weight": mixed})
+    assert any("['a.wq.weight'] gives back rows of ['a.wk.weight'], ['a.wv.weight']" in ln for ln in said), said
+    changed = sd["a.wq.weight"].clone()
+    changed[5] += 1.0
+    assert not any("gives back rows of" in ln for ln in lines({**sd, "a.wq.weight": changed}))
 
 
 def test_a_crash_in_a_helper_that_several_names_share_is_charged_once(tmp_path, pytester):

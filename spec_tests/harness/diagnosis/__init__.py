@@ -97,6 +97,49 @@ def _named_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
     ]
 
 
+def _rows_from_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
+    """Every row of the 2-D weight given back under ``path`` is a row of some weight given (exactly, within ``tol``),
+    and some come from other weights: the rows were split from a fused matrix (q, k and v stacked, per head or per
+    group) in another layout than the one they were fused in. Said with where the first foreign rows come from."""
+    from ..judging.compare import mismatch
+
+    if actual.ndim not in (1, 2) or actual.shape[0] < 2:
+        return []
+    ndim = actual.ndim
+    actual = actual.reshape(actual.shape[0], -1)  # a bias's entries are its rows
+    rows = [
+        (p, i, e.reshape(e.shape[0], -1)[i])
+        for p, _, e in _leaves(expected)
+        if e.ndim == ndim and e.reshape(e.shape[0], -1).shape[1] == actual.shape[1]
+        for i in range(e.shape[0])
+    ]
+    if len(rows) > 4096:  # a large model: not this check's size
+        return []
+    sources = []
+    for r in range(actual.shape[0]):
+        match = next(((p, i) for p, i, e in rows if mismatch(actual[r], e, tol) is None), None)
+        if match is None:
+            return []
+        sources.append(match)
+    foreign = [(r, src) for r, src in enumerate(sources) if src != (path, r)]
+    names = {p for p, _ in sources}
+    if not foreign or names == {path}:  # rows of its own weight only: a reordering, which the structure says
+        return []
+    r, (p, i) = next(((r, src) for r, src in foreign if src[0] != path), foreign[0])
+    others = sorted(names - {path})
+    return [
+        Cause(
+            "knob:qkv_layout",
+            f"{path} gives back rows of {', '.join(others)} (its row {r} is {p}'s row {i}): rows split from a fused "
+            "matrix (q, k and v stacked, per head or per group) in another layout than the one they were fused in",
+            "how the fused q/k/v weight is assembled at load and split at export (its grouping of heads)",
+            "fuse and split q, k and v in one layout (canonical: wq, wk, wv, each [heads * d_head, d_model])",
+            f"every row of the given-back {path} is a row of a given weight, {len(foreign)} of them not its own",
+            0.9,
+        )
+    ]
+
+
 def bug_code(bug) -> str | None:
     """The cause code a catalogued bug stands for: its own, or its class's."""
     return getattr(bug, "code", None) or CLASS_CODES.get(getattr(bug, "bug_class", None))
@@ -165,7 +208,7 @@ def diagnose(
         leaf = _first_differing_leaf(expected, actual, tol)
         if leaf is not None:
             path, e, a = leaf
-            named = _named_elsewhere(expected, path, a, tol)
+            named = _named_elsewhere(expected, path, a, tol) or _rows_from_elsewhere(expected, path, a, tol)
             found = [] if named else structural_causes(e, a, axes=None, inputs={}, atol=tol.atol, rtol=tol.rtol)
             causes += named
             weights = {
