@@ -1212,3 +1212,26 @@ def test_a_crash_on_a_config_option_is_named():
     for config, state in ((window, None), (qk, sd)):
         lines, _ = probe("build_model", always, (config, state), {})
         assert not any(ln.startswith("likely") for ln in lines), lines
+
+
+def test_a_crash_of_the_cached_path_of_generate_is_named():
+    """generate that raises on its cached path only (held out: a cached step handed the new token's mask column
+    alone) runs with use_cache=False, which changes speed, never the result: said, as a path. The control: a generate
+    raising either way says nothing of use_cache."""
+    ids = torch.tensor([[5, 7, 3], [4, 1, 6]])
+
+    def cached_path_raises(model, prompt, max_new_tokens, use_cache=True):
+        if use_cache:
+            raise RuntimeError(
+                "The size of tensor a (4) must match the size of tensor b (1) at non-singleton dimension 3"
+            )
+        return prompt
+
+    def always(model, prompt, max_new_tokens, use_cache=True):
+        raise RuntimeError("boom")
+
+    lines, _ = probe("generate", cached_path_raises, (None, ids, 3), {})
+    said = "generate raises for use_cache=True and works for use_cache=False"
+    assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
+    lines, _ = probe("generate", always, (None, ids, 3), {})
+    assert not any("use_cache=False" in ln and ln.startswith("likely") for ln in lines), lines

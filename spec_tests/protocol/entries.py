@@ -70,6 +70,8 @@ class Entry:
       tokens, ``top_p=None`` the whole mass, ``device=None`` the default device, ``dtype=None`` torch's default
       dtype): crash diagnosis passes
       that value instead, to tell an unhandled ``None`` from other triggers.
+    - ``speed_only``: its boolean arguments that the protocol says change speed, never the result (``generate``'s
+      ``use_cache``): crash diagnosis tries the other value, to tell a crash of the faster path.
     - ``activation_fit``: how its activation is measured alone and fitted when it fails
       (``harness/diagnosis/activation_fit.py``: ``"tanh_gelu"`` identity weights around the tanh GELU,
       ``"gated_silu"`` identity weights around SiLU's gate, ``"plain_silu"`` the function itself).
@@ -94,6 +96,7 @@ class Entry:
     fixed_rank: int | None = None
     nan_rows_unspecified: bool = False
     none_means: tuple[str, ...] = ()
+    speed_only: tuple[str, ...] = ()
     capability: str | None = None
     activation_fit: str | None = None
     amended_keywords: dict[str, int] = field(default_factory=dict)
@@ -435,6 +438,7 @@ ENTRIES: tuple[Entry, ...] = (
         catalog_groups=("generation",),
         amended_keywords={"attention_mask": 23},
         none_means=("top_k", "top_p", "generator"),  # as sample's: generate samples through sampling_probs
+        speed_only=("use_cache",),
     ),
     Entry("count_parameters", "model", calls=(), catalog_groups=("model",)),
     Entry("kv_cache_bytes", "model", substitutable=True, catalog_groups=("model",)),
@@ -494,6 +498,7 @@ PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not
 ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
 FIXED_RANK = {e.name: e.fixed_rank for e in ENTRIES if e.fixed_rank is not None}
 NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
+SPEED_ONLY = {e.name: e.speed_only for e in ENTRIES if e.speed_only}
 ACTIVATION_FIT = {e.name: e.activation_fit for e in ENTRIES if e.activation_fit}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not

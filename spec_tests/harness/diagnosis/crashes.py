@@ -72,6 +72,7 @@ import torch
 from ...protocol import (
     ANY_LEADING,
     NONE_MEANS,
+    SPEED_ONLY,
     V1_OPTIONS,
     V2_CONFIG_DEFAULTS,
     V2_OPTION_WEIGHTS,
@@ -288,6 +289,25 @@ def _given_none_probes(name, args, kwargs) -> list[Probe]:
         shown = f"{key}={value!r}" if isinstance(value, int | float) else f"a {key}"
         probes.append(Probe(shown, f"{key}=None", *_with(args, kwargs, where, None),
                             f"; so the path that uses {key} raises", fallback=True))  # fmt: skip
+    return probes
+
+
+def _speed_only_probes(name, args, kwargs) -> list[Probe]:
+    """A boolean argument the protocol says changes speed only (``generate``'s ``use_cache``, True by default) given
+    its other value: the faster path raises. A path, not a property: said only where nothing nearer is."""
+    keys = argument_keys(name, args, kwargs)
+    given = dict(zip(keys, [*args, *kwargs.values()], strict=True))
+    probes = []
+    for key in SPEED_ONLY.get(name, ()):
+        value = given.get(key, True)
+        if not isinstance(value, bool):
+            continue
+        new_args, new_kwargs = args, {**kwargs, key: not value}
+        if key in keys[: len(args)]:
+            new_args, new_kwargs = _with(args, kwargs, keys.index(key), not value)
+        probes.append(Probe(f"{key}={value}", f"{key}={not value}", new_args, new_kwargs,
+                            f"; so the {key}={value} path raises ({key} changes speed, never the result)",
+                            fallback=True))  # fmt: skip
     return probes
 
 
@@ -1162,6 +1182,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         _layout_probes(name, args, kwargs)
         + _none_probes(name, args, kwargs)
         + _given_none_probes(name, args, kwargs)
+        + _speed_only_probes(name, args, kwargs)
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
         + _gqa_weight_probes(name, args, kwargs)
