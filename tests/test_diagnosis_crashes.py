@@ -1235,3 +1235,35 @@ def test_a_crash_of_the_cached_path_of_generate_is_named():
     assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
     lines, _ = probe("generate", always, (None, ids, 3), {})
     assert not any("use_cache=False" in ln and ln.startswith("likely") for ln in lines), lines
+
+
+def test_a_crash_on_a_model_s_option_is_named():
+    """A forward that raises for a model built with an explicit layer_types pattern (held out: the sliding mask built
+    only when another key said so) runs on the same model with layer_types left out, while a fresh model with the
+    pattern raises too: said. The control: a forward raising for any model names no option."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_mha"], sliding_window=3, layer_types=["full_attention", "sliding_attention"])
+    ids = torch.randint(0, config["vocab_size"], (2, 6))
+
+    def with_pattern_raising(model, ids, cache=None):
+        if "full_attention" in (model.config.layer_types or ()):  # a pattern given, not every layer sliding
+            raise KeyError("sliding_attention")
+        return subject.forward(model, ids)
+
+    def always(model, ids, cache=None):
+        raise KeyError("boom")
+
+    def lines_for(fn):
+        ledger = Ledger(subject)
+        model = subject.build(config, models.random_state_dict(config, seed=1))
+        ledger.record("build", (config, None), {}, model)
+        return probe("forward", fn, (model, ids), {}, ledger)[0]
+
+    said = "forward raises for a model with layer_types=['full_attention', 'sliding_attention'] and works for the same"
+    lines = lines_for(with_pattern_raising)
+    assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
+    assert not any("layer_types=None" in ln and ln.startswith("likely") for ln in lines_for(always))

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from ...protocol import V2_CONFIG_DEFAULTS, V2_OPTION_WEIGHTS
+
 
 class NotBuilt(Exception):
     """A variant's model could not be built (its weights given back in another shape, a config the code rejects):
@@ -96,6 +98,16 @@ class Ledger:
             note = f" (and dropout={other_rate} raises too); so look at the dropout path (training mode only)"
             probes.append(probe_type(f"a model with dropout={dropout}", "the same model with dropout=0.0", args, kwargs,
                                      note, "crash", make=make, controls=((control, False),)))  # fmt: skip
+        for option, default, dropped in _options_set(config):  # values change: fresh weights must raise as well
+            off = {k: v for k, v in config.items() if k != option} | {option: default}
+            if option == "sliding_window":
+                off.pop("layer_types", None)
+            make = self._maker(model, off, state, _without(dropped), options, args, kwargs)
+            control = self._maker(model, config, None, None, {**options, "seed": 1}, args, kwargs)
+            note = f" (and a fresh model with it raises too); so look at how {option} is built and applied"
+            probes.append(probe_type(f"a model with {option}={config[option]!r}",
+                                     f"the same model with {option}={default!r}", args, kwargs, note, "crash",
+                                     make=make, controls=((control, False),)))  # fmt: skip
         other = _other_family(config, getattr(self.subject, "families", ()))
         if other is not None:
             failing, working, new_config, same = other
@@ -309,6 +321,21 @@ V1_CONFIG_KEYS = frozenset(
     ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "family", "norm_eps",
      "tie_embeddings", "dropout", "rope_theta")
 )  # fmt: skip
+
+
+def _options_set(config) -> list[tuple[str, object, tuple[str, ...]]]:
+    """``(option, default, the weights it adds)`` for every protocol v2 option the config sets (the MoE's excepted: its
+    weights are another MLP's)."""
+    found = []
+    for key, (_, default, _) in V2_CONFIG_DEFAULTS.items():
+        if key != "n_experts" and config.get(key, default) != default:
+            found.append((key, default, V2_OPTION_WEIGHTS.get(key, ())))
+    return found
+
+
+def _without(suffixes: tuple[str, ...]) -> Callable:
+    """A state-dict transform leaving out the weights whose names end with ``suffixes``."""
+    return lambda state: {k: v for k, v in state.items() if not (suffixes and k.endswith(suffixes))}
 
 
 def _other_family(config, families):
