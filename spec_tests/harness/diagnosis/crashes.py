@@ -33,7 +33,17 @@ variants of its input, each one property changed and each as cheap as the origin
 - a mask with leading dims holding one ``[Tq, Tk]`` matrix given as that matrix;
 - a built model among the arguments (or its optimizer or cache) built again with one config property changed
   that keeps every value it computes: GQA as MHA (its kv weights repeated), a tied head as an untied copy
-  (``model_variants.py``).
+  (``model_variants.py``); and, with a control that the original raises again, properties that change values: a
+  dropout rate as 0 (another rate raises), a protocol v2 option left at its default (a fresh model with it raises);
+  a call through a cache of several rows made again through a cache of one row;
+- a config given to the call: a protocol v2 option at its default (the weights it adds left out), an int option
+  one smaller and below the context (a limit where one larger raises), an untied head tied;
+- token ids holding 0 inside a sequence with 0 replaced by 1 (a pad id read as padding; 2 must run too); a bool
+  ``attention_mask`` as int64; ``generate``'s ``use_cache`` at its other value (a path: said only where nothing
+  nearer is); an expanded (stride 0) input as a contiguous copy.
+
+A cut ``[B, T]`` id input names a length only where the kept tokens repeated to ``T`` raise too (else the ids
+cut away were the trigger). A variant whose model cannot be built (``model_variants.NotBuilt``) is not tried.
 
 Where no variant above runs, sizes are tried (``_multiple_probes``, ``_axis_size_probes``, ``_int_size_probes``):
 a tensor axis whose size is no multiple of an integer argument (``block_size``) grown to the next multiple; each
