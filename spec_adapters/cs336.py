@@ -359,6 +359,10 @@ def make_build_model(table):
             )
         if config.get("n_kv_heads", config["n_heads"]) != config["n_heads"]:
             raise ValueError("n_kv_heads != n_heads: the assignment has no GQA")
+        if config.get("norm_eps", 1e-5) != 1e-5:
+            raise NotImplementedError(
+                f"norm_eps={config['norm_eps']}: run_transformer_lm takes no eps (the assignment's norms use 1e-5)"
+            )
         cls = _model_class()
         cls.table = table
         model = cls(config, state_dict)
