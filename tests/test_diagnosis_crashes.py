@@ -28,6 +28,26 @@ def cache_through_a_ledger(subject, config, model, fed=()):
     return ledger, cache
 
 
+def never_cached(subject):
+    """A forward that raises for any call through a cache: the control of the cached-path probes."""
+
+    def forward(model, ids, cache=None):
+        if cache is not None:
+            raise RuntimeError("the cache is broken")
+        return subject.forward(model, ids, cache)
+
+    return forward
+
+
+def cached_call_lines(subject, config, ids, fn):
+    """The crash lines of ``fn(model, ids, cache)`` on a model built from ``config`` and a new cache of it."""
+    from spec_tests import models
+
+    model = subject.build(config, models.random_state_dict(config, seed=1))
+    ledger, cache = cache_through_a_ledger(subject, config, model)
+    return probe("forward", fn, (model, ids, cache), {}, ledger)[0]
+
+
 def randn(*shape, dtype=torch.float64):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=dtype)
 
@@ -1050,15 +1070,10 @@ def test_a_cached_path_that_takes_one_token_only_is_named():
             )
         return subject.forward(model, ids, cache)
 
-    def forward_never_cached(model, ids, cache=None):
-        if cache is not None:
-            raise RuntimeError("the cache is broken")
-        return subject.forward(model, ids, cache)
+    forward_never_cached = never_cached(subject)
 
     def lines_for(fn):
-        model = subject.build(config, models.random_state_dict(config, seed=1))
-        ledger, cache = cache_through_a_ledger(subject, config, model)
-        return probe("forward", fn, (model, ids, cache), {}, ledger)[0]
+        return cached_call_lines(subject, config, ids, fn)
 
     lines = lines_for(forward_one_slot)
     said = "forward raises for a chunk of 5 tokens through the cache and works for the same tokens fed one at a time"
@@ -1082,15 +1097,10 @@ def test_a_cache_that_holds_one_row_is_named():
             raise RuntimeError("The expanded size of the tensor (1) must match the existing size (2) at dimension 0")
         return subject.forward(model, ids, cache)
 
-    def forward_never_cached(model, ids, cache=None):
-        if cache is not None:
-            raise RuntimeError("the cache is broken")
-        return subject.forward(model, ids, cache)
+    forward_never_cached = never_cached(subject)
 
     def lines_for(fn):
-        model = subject.build(config, models.random_state_dict(config, seed=1))
-        ledger, cache = cache_through_a_ledger(subject, config, model)
-        return probe("forward", fn, (model, ids, cache), {}, ledger)[0]
+        return cached_call_lines(subject, config, ids, fn)
 
     said = "forward raises for a batch of 2 rows through a cache made for 2 and works for one row"
     assert any(ln.startswith("likely cause: " + said) for ln in lines_for(forward_one_row)), lines_for(forward_one_row)
