@@ -83,13 +83,11 @@ from ...protocol import (
     ANY_LEADING,
     NONE_MEANS,
     SPEED_ONLY,
-    V1_OPTIONS,
     V2_CONFIG_DEFAULTS,
-    V2_OPTION_WEIGHTS,
     V2_OPTIONS_KEPT,
     config_defaults,
 )
-from .model_variants import Ledger, NotBuilt, heads_repeated
+from .model_variants import Ledger, NotBuilt, heads_repeated, option_off, options_set, without
 
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
 
@@ -688,23 +686,15 @@ def _option_probes(args, kwargs) -> list[Probe]:
     if len(configs) != 1:
         return []
     key, config = configs[0]
-    defaults = {k: d for k, (_, d, _) in V2_CONFIG_DEFAULTS.items()} | {k: d for k, (d, _) in V1_OPTIONS.items()}
-    added = {**V2_OPTION_WEIGHTS, **{k: w for k, (_, w) in V1_OPTIONS.items()}}
-    options = [k for k, default in defaults.items() if config.get(k, default) != default]
     probes = []
-    for option in (o for o in options if o not in V2_OPTIONS_KEPT):
-        value, default = config[option], defaults[option]
+    for option, default, dropped in options_set(config, kept=V2_OPTIONS_KEPT, v1=True):
+        value = config[option]
         if type(value) is int and value > 1:
             probes += _limit_probes(args, kwargs, key, config, option)
-        off = {k: v for k, v in config.items() if k != option}
-        if option == "sliding_window":  # a layer_types pattern needs its window
-            off.pop("layer_types", None)
-        new_args, new_kwargs = _with(args, kwargs, key, {**off, option: default})
-        dropped = added.get(option, ())
+        new_args, new_kwargs = _with(args, kwargs, key, option_off(config, option, default))
         for where, value_given in [*enumerate(new_args), *new_kwargs.items()]:
             if dropped and _is_state_dict(value_given):
-                kept = {n: w for n, w in value_given.items() if not n.endswith(dropped)}
-                new_args, new_kwargs = _with(new_args, new_kwargs, where, kept)
+                new_args, new_kwargs = _with(new_args, new_kwargs, where, without(dropped)(value_given))
         working = f"the same config with {option}={default!r}" + (" (its weights left out)" if dropped else "")
         note = f"; so look at how {option} is validated, built and applied"
         probes.append(Probe(f"a config with {option}={value!r}", working, new_args, new_kwargs, note))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...protocol import V2_CONFIG_DEFAULTS, V2_OPTION_WEIGHTS
+from ...protocol import V1_OPTIONS, V2_CONFIG_DEFAULTS, V2_OPTION_WEIGHTS
 
 
 class NotBuilt(Exception):
@@ -98,11 +98,10 @@ class Ledger:
             note = f" (and dropout={other_rate} raises too); so look at the dropout path (training mode only)"
             probes.append(probe_type(f"a model with dropout={dropout}", "the same model with dropout=0.0", args, kwargs,
                                      note, "crash", make=make, controls=((control, False),)))  # fmt: skip
-        for option, default, dropped in _options_set(config):  # values change: fresh weights must raise as well
-            off = {k: v for k, v in config.items() if k != option} | {option: default}
-            if option == "sliding_window":
-                off.pop("layer_types", None)
-            make = self._maker(model, off, state, _without(dropped), options, args, kwargs)
+        # values change: fresh weights must raise as well
+        for option, default, dropped in options_set(config, kept=("n_experts",)):
+            off = option_off(config, option, default)
+            make = self._maker(model, off, state, without(dropped), options, args, kwargs)
             control = self._maker(model, config, None, None, {**options, "seed": 1}, args, kwargs)
             note = f" (and a fresh model with it raises too); so look at how {option} is built and applied"
             probes.append(probe_type(f"a model with {option}={config[option]!r}",
@@ -323,17 +322,29 @@ V1_CONFIG_KEYS = frozenset(
 )  # fmt: skip
 
 
-def _options_set(config) -> list[tuple[str, object, tuple[str, ...]]]:
-    """``(option, default, the weights it adds)`` for every protocol v2 option the config sets (the MoE's excepted: its
-    weights are another MLP's)."""
-    found = []
-    for key, (_, default, _) in V2_CONFIG_DEFAULTS.items():
-        if key != "n_experts" and config.get(key, default) != default:
-            found.append((key, default, V2_OPTION_WEIGHTS.get(key, ())))
-    return found
+def options_set(config, *, kept, v1: bool = False) -> list[tuple[str, object, tuple[str, ...]]]:
+    """``(option, default, the weights it adds)`` for every protocol v2 option the config sets, and with ``v1`` the v1
+    options too (``V1_OPTIONS``: an untied head); options named in ``kept`` are never turned off alone (the MoE's:
+    its weights are another MLP's)."""
+    defaults = {k: (d, V2_OPTION_WEIGHTS.get(k, ())) for k, (_, d, _) in V2_CONFIG_DEFAULTS.items()}
+    if v1:
+        defaults |= V1_OPTIONS
+    return [
+        (key, default, added)
+        for key, (default, added) in defaults.items()
+        if key not in kept and config.get(key, default) != default
+    ]
 
 
-def _without(suffixes: tuple[str, ...]) -> Callable:
+def option_off(config: dict, option: str, default) -> dict:
+    """``config`` with ``option`` at its default (a sliding window's ``layer_types`` pattern leaves with it)."""
+    off = {k: v for k, v in config.items() if k != option} | {option: default}
+    if option == "sliding_window":  # a layer_types pattern needs its window
+        off.pop("layer_types", None)
+    return off
+
+
+def without(suffixes: tuple[str, ...]) -> Callable:
     """A state-dict transform leaving out the weights whose names end with ``suffixes``."""
     return lambda state: {k: v for k, v in state.items() if not (suffixes and k.endswith(suffixes))}
 
