@@ -6,6 +6,8 @@ what it computes alone (its first real token at position 0, no padding key atten
 the uncached one), whatever the padding and whatever token ids fill it.
 """
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given
@@ -256,11 +258,15 @@ def cached_step_variants(spec, config, sd, ids, mask) -> list[Variant]:
     the mask's first columns (a slice of cumsum(mask) - 1 from the front, not its last T), counted from the cache
     length (padding included), or the cached padding keys left unmasked."""
     ref = reference_subject(spec.impl.rope_style)
-    model = models.build(ref, config, sd)
     whole = padded_positions(mask)
+
+    @functools.cache
+    def reference_model():  # built once, when a variant is first tried (a passing test builds none)
+        return models.build(ref, config, sd)
 
     def steps(positions_of, masked=True):
         def compute():
+            model = reference_model()
             cache = ref.new_cache(model, ids.shape[0])
             out = [ref.forward(model, ids[:, :T], cache, attention_mask=mask[:, :T])]
             for t in (T, T + 1):
