@@ -356,23 +356,39 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     sd = models.random_state_dict(config, seed=61, device=spec.device)
     ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
     x, y = ids[:, :-1], ids[:, 1:]
-    spec.check(
-        lambda m, sd, x, y: two_steps(m, config, sd, x, y, optimizer, max_grad_norm),
+    check_two_steps(
+        spec,
+        config,
         sd,
         x,
         y,
-        kind="training",
+        optimizer,
+        max_grad_norm,
         behaviour=f"two train_steps with {optimizer} (max_grad_norm={max_grad_norm}): returned losses and new weights",
-        rebase=(
-            ("forward", "build_model", "canonical_state_dict"),
-            lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
-        ),
         variants=step_variants(
             config,
             optimizer,
             max_grad_norm,
             own=lambda **kw: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm, **kw),
         ),
+    )
+
+
+def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behaviour: str, variants=()) -> None:
+    """``spec.check`` of two train_steps on ``(x, y)`` against the reference's, rebased on the implementation's own
+    model where its forward, loading or export fails (``steps_on_own_model``)."""
+    spec.check(
+        lambda m, sd, x, y: two_steps(m, config, sd, x, y, optimizer, max_grad_norm),
+        sd,
+        x,
+        y,
+        kind="training",
+        behaviour=behaviour,
+        rebase=(
+            ("forward", "build_model", "canonical_state_dict"),
+            lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
+        ),
+        variants=variants,
     )
 
 
@@ -385,17 +401,15 @@ def test_train_step_takes_a_batch_of_one(spec, family):
     sd = models.random_state_dict(config, seed=63, device=spec.device)
     ids = spec.inputs.token_ids(1, 12, vocab=config["vocab_size"], seed=64)
     x, y = ids[:, :-1], ids[:, 1:]
-    spec.check(
-        lambda m, sd, x, y: two_steps(m, config, sd, x, y, "sgd", None),
+    check_two_steps(
+        spec,
+        config,
         sd,
         x,
         y,
-        kind="training",
+        "sgd",
+        None,
         behaviour="two train_steps with sgd on a batch of one sequence: returned losses and new weights",
-        rebase=(
-            ("forward", "build_model", "canonical_state_dict"),
-            lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
-        ),
     )
 
 
