@@ -132,6 +132,11 @@ def family_config(impl, family: str, *, need=(), **changes) -> dict:
     return supported(impl, dict(base, **changes), need=need)
 
 
+def without_window(cfg: dict) -> dict:
+    """``cfg`` with no sliding window: every layer v1's causal attention, the same weights (amendment 27)."""
+    return {k: v for k, v in cfg.items() if k not in ("sliding_window", "layer_types")}
+
+
 def canonical_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Canonical weight names of protocol v1 and their shapes for ``cfg``."""
     d, v, f, dh = cfg["d_model"], cfg["vocab_size"], cfg["d_ff"], d_head(cfg)

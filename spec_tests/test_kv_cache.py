@@ -107,11 +107,9 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
     tol = tolerance("model", device=spec.device)
     offset = [0]  # the mask offset of the chunk being computed (None: no causal mask)
 
-    windowless = {k: v for k, v in config.items() if k not in ("sliding_window", "layer_types")}
-
     @functools.cache
     def reference_model(window=True):  # built once, when a variant is first tried (a cached forward leaves it as it is)
-        return models.build(ref, config if window else windowless, sd)
+        return models.build(ref, config if window else models.without_window(config), sd)
 
     def chunks_at(start_of, mask_offset_of=None, replacements=None, window=True):
         if mask_offset_of is not None:

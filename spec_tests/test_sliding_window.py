@@ -410,9 +410,8 @@ def window_to_blame(spec, config, sd, prompt) -> bool:
     """Whether the same model without its window generates through the cache what it generates without it: only
     then can a cached generation that differs be the window's (positions or masks of the cached path that are wrong
     whatever the window fail there too)."""
-    plain = {k: v for k, v in config.items() if k not in ("sliding_window", "layer_types")}
     try:
-        model = models.build(spec.impl, plain, sd)
+        model = models.build(spec.impl, models.without_window(config), sd)
         out = spec.impl.generate(model, prompt, 14, temperature=0.0, use_cache=True)
     except ImplementationError:
         return False
