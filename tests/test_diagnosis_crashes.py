@@ -8,6 +8,7 @@ import json
 import torch
 from suite_subprocess import implementation, run_suite
 
+from spec_tests.bugs.bug import replace_once
 from spec_tests.harness.diagnosis.crashes import own_frame, probe, probes_for
 
 pytest_plugins = ["pytester"]
@@ -1277,3 +1278,58 @@ def test_a_crash_on_a_model_s_option_is_named():
     lines = lines_for(with_pattern_raising)
     assert any(ln.startswith("likely cause: " + said) for ln in lines), lines
     assert not any("layer_types=None" in ln and ln.startswith("likely") for ln in lines_for(always))
+
+
+_SCORE_BUFFERS: dict = {}
+
+
+def sdpa_with_a_buffer_never_regrown(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1)
+    buffer = _SCORE_BUFFERS.setdefault(scores.dtype, torch.empty(scores.numel(), dtype=scores.dtype))
+    scores = buffer[: scores.numel()].view(scores.shape).copy_(scores)  # the bug: sized by the first call
+    return scores.softmax(-1) @ v
+
+
+def test_a_crash_that_only_state_explains_is_said_as_state():
+    """A buffer kept per dtype and sized by the first call: a larger float64 call raises, and the float32 variant
+    runs only because its own buffer is new. The same call in a fresh copy of the code runs, so the state is the
+    cause, not the dtype; a function whose fresh copy raises as well keeps its trigger."""
+    _SCORE_BUFFERS.clear()
+    small, large = randn(1, 2, 3, 4), randn(1, 2, 6, 4)
+    sdpa_with_a_buffer_never_regrown(small, small, small)
+
+    def fresh():
+        _SCORE_BUFFERS.clear()  # what a module loaded again starts with
+        return sdpa_with_a_buffer_never_regrown
+
+    name = "scaled_dot_product_attention"
+    lines, codes = probe(name, sdpa_with_a_buffer_never_regrown, (large, large, large), {}, fresh=fresh)
+    assert codes == ["crash_state"] and "only after earlier calls" in lines[0], lines
+    _SCORE_BUFFERS.clear()
+    sdpa_with_a_buffer_never_regrown(small, small, small)
+    lines, _ = probe(name, sdpa_with_a_buffer_never_regrown, (large, large, large), {})  # no fresh copy to ask
+    assert not any("only after earlier calls" in line for line in lines), lines
+    lines, codes = probe("silu", float32_only, (randn(2, 3),), {}, fresh=lambda: float32_only)
+    assert codes == ["crash"] and "silu raises for float64 input and works for float32" in lines[0], lines
+
+
+def test_a_crash_after_earlier_calls_is_named_by_state_in_the_suite(tmp_path, pytester):
+    """End to end: a copy of the reference whose attention copies its scores into a module-level buffer kept per
+    dtype and never regrown. The suite loads a fresh copy of the implementation's modules, where the failing call
+    runs, and says the crash depends on earlier calls (before: "raises for float64 and works for float32")."""
+
+    def edit(folder):
+        attention = folder / "attention.py"
+        old = '    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])\n'
+        new = old + (
+            "    buffer = _BUFFERS.setdefault(scores.dtype, torch.empty(scores.numel(), dtype=scores.dtype))\n"
+            "    scores = buffer[: scores.numel()].view(scores.shape).copy_(scores)\n"
+        )
+        text = replace_once(attention.read_text(), old, new, "attention.py")
+        attention.write_text(text.replace("\n\ndef scaled_dot_product_attention(", "\n\n_BUFFERS = {}\n\n\ndef "
+                                          "scaled_dot_product_attention(", 1))  # fmt: skip
+
+    folder = implementation(tmp_path, edit=edit)
+    out = run_suite(f"--impl={folder}", "-k", "test_sdpa_matches_reference", cwd=tmp_path, pytester=pytester).stdout
+    assert "scaled_dot_product_attention raises for this call only after earlier calls" in out, out[-3000:]
+    assert "raises for float64 input and works for float32" not in out, out[-3000:]

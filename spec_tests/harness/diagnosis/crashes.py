@@ -1279,13 +1279,50 @@ def _runs(run: Callable, arguments: Callable) -> bool | None:
     return True
 
 
-def probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger=None) -> tuple[list[str], list[str]]:
+def _plain(value) -> bool:
+    """Whether a call's argument holds only values a fresh copy of the implementation can take as they are
+    (tensors, numbers, strings, dtypes), not objects the running copy made (a model, a cache)."""
+    if isinstance(value, tuple | list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    return value is None or isinstance(value, torch.Tensor | int | float | str | torch.dtype | torch.device)
+
+
+def _state_lines(name: str, args: tuple, kwargs: dict, fresh: Callable | None) -> list[str]:
+    """The cause where the call runs in a copy of the implementation loaded again (``fresh()`` gives its
+    ``name``): the crash depends on what earlier calls left behind, which no variant of this one call can show
+    (a variant of another dtype or size may run only because it meets state of its own)."""
+    if fresh is None or not _plain((args, kwargs)):
+        return []
+    try:
+        again = fresh()
+    except Exception:  # noqa: BLE001 - a copy that cannot be had shows nothing
+        return []
+    if again is None or _runs(again, lambda: (_clone(args), _clone(kwargs))) is not True:
+        return []
+    return [
+        f"likely cause: {name} raises for this call only after earlier calls: a freshly loaded copy of your code "
+        f"runs the very same call. Look for state {name} keeps between calls (a buffer, table or cache sized by "
+        f"the first call, a counter); fix: size or rebuild it for each call's input (evidence: the same call "
+        f"runs in a fresh copy)"
+    ]
+
+
+def probe(
+    name: str, run: Callable, args: tuple, kwargs: dict, ledger=None, fresh: Callable | None = None
+) -> tuple[list[str], list[str]]:
     """``(lines, codes)``: which input property the crash of ``run(*args, **kwargs)`` depends on.
 
     ``run`` calls the implementation; it is retried once per variant (``probes_for``), on copies; where no variant
     runs but a weak one, the sizes of the first tensor's axes are tried (``_axis_size_probes``). ``ledger``
     (``model_variants.Ledger``) builds a model among the arguments again with one config property changed.
+    ``fresh()`` gives ``name`` of a copy of the implementation loaded again: where the same call runs there, the
+    crash depends on state earlier calls left, and that is said instead of any property.
     """
+    state = _state_lines(name, args, kwargs, fresh)
+    if state:
+        return state, ["crash_state"]
     tried, working = [], []
     try:
         _try(probes_for(name, args, kwargs, ledger), run, tried, working)
@@ -1396,13 +1433,19 @@ class Probing:
                 result = value(*args, **kwargs)
             except ImplementationError as exc:
                 if called in _protocol_names():
-                    self._on_crash(called, value, args, kwargs, exc)
+                    self._on_crash(called, value, args, kwargs, exc, fresh=self._fresh(name, called))
                 raise
             if recorded:
                 self.ledger.record(name, args, kwargs, result)
             return result
 
         return call
+
+    def _fresh(self, name: str, called: str) -> Callable | None:
+        """How to get ``called`` from a fresh copy of the implementation: only an in-process subject loads one, and
+        only a protocol call's own arguments can be given to it (an operation's are not the name's)."""
+        fresh = getattr(self._subject, "fresh_function", None)
+        return (lambda: fresh(called)) if fresh is not None and name == called else None
 
     def __repr__(self) -> str:
         return repr(self._subject)

@@ -365,11 +365,13 @@ class Spec:
         if call is not None:
             name, kwargs = call
             raw = self.impl._subject
-            self._crashed(name, lambda *a, **k: getattr(raw, name)(*a, **k), pristine, dict(kwargs), exc)
+            fresh = getattr(raw, "fresh_function", None)
+            again = (lambda: fresh(name)) if fresh is not None else None
+            self._crashed(name, lambda *a, **k: getattr(raw, name)(*a, **k), pristine, dict(kwargs), exc, fresh=again)
         else:
             self._crashed(subject or exc.name, lambda *a: compute(self.impl._subject, *a), pristine, {}, exc)
 
-    def _crashed(self, name: str, run, args, kwargs, exc: ImplementationError) -> None:
+    def _crashed(self, name: str, run, args, kwargs, exc: ImplementationError, fresh=None) -> None:
         """The implementation raised in ``run(*args, **kwargs)``: probe which input property triggers it
         (``diagnosis/crashes.py``), record it as a failed result, and add it to the exception's message."""
         from ..diagnosis.crashes import own_frame, probe
@@ -381,7 +383,7 @@ class Spec:
             self._crashes[key] = None  # a probe's own crash is not probed again
             # a timeout or a lost process is not an input's fault that a retry could show, and every retry
             # would cost the worker a restart
-            lines, codes = ([], []) if exc.process else probe(name, run, args, kwargs, self.impl.ledger)
+            lines, codes = ([], []) if exc.process else probe(name, run, args, kwargs, self.impl.ledger, fresh)
             where = own_frame(exc.original)
             subject = exc.name if exc.name in PROTOCOL_NAMES else (self.subjects[0] if self.subjects else "")
             result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
+import types
 from pathlib import Path
 
 ACCEPTED_FORMS = (
@@ -121,3 +123,47 @@ def load_implementation(spec: str):
         return getattr(module, attr), spec
     except AttributeError:
         raise ImplUsageError(f"--impl={spec}: module {module_name} has no attribute {attr!r}") from None
+
+
+def fresh_copy(obj, shared: tuple[str, ...]):
+    """The implementation module ``obj`` loaded again, with every module of its own folder executed anew, so that
+    state kept in module globals (a buffer, a cache, a counter) starts over; ``None`` where it cannot be loaded
+    again (not a module loaded from a file, its folder is one of ``shared``, or loading it raises). ``shared``:
+    folders whose modules stay as they are (the suite's, torch's, Python's, the installed packages') unless the
+    implementation's folder lies inside one. The modules loaded before are put back afterwards, and the global
+    random state too: the copy's functions keep their own globals, and the rest of the run never sees the copy."""
+    import torch
+
+    spec = getattr(obj, "__spec__", None)
+    file = getattr(obj, "__file__", None)
+    if not isinstance(obj, types.ModuleType) or spec is None or spec.loader is None or not file:
+        return None
+    folder = os.path.dirname(os.path.realpath(file)) + os.sep  # a package's folder, or the one a file imports beside
+    if folder in shared:
+        return None
+    kept = tuple(root for root in shared if not folder.startswith(root))
+
+    def own(module) -> bool:
+        real = os.path.realpath(getattr(module, "__file__", None) or os.sep)
+        return real.startswith(folder) and not real.startswith(kept)
+
+    saved_modules, saved_path, saved_rng = dict(sys.modules), list(sys.path), torch.get_rng_state()
+    for key, module in saved_modules.items():
+        if module is not None and own(module):
+            del sys.modules[key]
+    try:
+        again = importlib.util.spec_from_file_location(
+            spec.name, spec.origin, submodule_search_locations=spec.submodule_search_locations
+        )
+        copy = importlib.util.module_from_spec(again)
+        sys.modules[spec.name] = copy
+        again.loader.exec_module(copy)
+    except Exception:  # noqa: BLE001 - a copy that cannot be loaded shows nothing
+        return None
+    finally:
+        for key in [k for k, m in sys.modules.items() if saved_modules.get(k) is not m]:
+            del sys.modules[key]
+        sys.modules.update(saved_modules)
+        sys.path[:] = saved_path
+        torch.set_rng_state(saved_rng)
+    return copy

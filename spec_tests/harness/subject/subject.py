@@ -35,6 +35,7 @@ from ...protocol import (
 )
 from ..text import plain_text
 from . import model_ops
+from .loading import fresh_copy
 
 
 class NotImplementedInImpl(BaseException):
@@ -284,6 +285,15 @@ class LocalSubject(Subject):
     def op(self, name: str, *args):
         return model_ops.OPS[name](_Calls(self), *args)
 
+    def fresh_function(self, name: str):
+        """``name`` of a copy of the implementation loaded again (``loading.fresh_copy``: its module state starts
+        over), called as this subject calls it; ``None`` where no copy can be loaded."""
+        copy = fresh_copy(self.obj, _shared_roots())
+        fn = getattr(copy, name, None) if copy is not None else None
+        if fn is not None and self.bind_style and name in STYLE_KEYWORD:
+            fn = functools.partial(fn, **{STYLE_KEYWORD[name]: self.rope_style})
+        return fn
+
     @contextlib.contextmanager
     def substituted(self, replacements: dict):
         """Rebind each named function in the implementation's own modules (and on the subject)."""
@@ -303,6 +313,21 @@ class LocalSubject(Subject):
             self._replaced = saved
             for module, attr, value in patched:
                 setattr(module, attr, value)
+
+
+@functools.cache
+def _shared_roots() -> tuple[str, ...]:
+    """Folders whose modules a fresh copy of an implementation shares with this run: the suite's, torch's and
+    Python's, and the installed packages'."""
+    import sysconfig
+
+    import torch
+
+    suite = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # spec_tests/
+    roots = [suite, os.path.dirname(os.path.realpath(torch.__file__))]
+    paths = sysconfig.get_paths()
+    roots += [os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+    return tuple(dict.fromkeys(r + os.sep for r in roots))
 
 
 def source_roots(obj) -> tuple[str, ...]:
