@@ -13,14 +13,16 @@ import math
 
 import torch
 
+from .harness.judging.spec import UPSTREAM_CRASHES
 
-def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, *, use_cache: bool):
+
+def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, *, use_cache: bool, pick=None):
     """Greedy continuation by the implementation's own forward: ``[B, T + n]``.
 
-    Each token is the argmax of the last logits over the last ``context_length`` tokens. With
-    ``use_cache``, the prompt is fed into a fresh cache and each new token after it (as the
-    protocol's ``forward(model, ids, cache)`` defines); once the sequence slides past the context,
-    the window is fed into a fresh cache again, since every position shifts.
+    Each token is the argmax of the last logits over the last ``context_length`` tokens (or ``pick(logits [B, V])``,
+    ``[B]``: the implementation's own greedy sampler). With ``use_cache``, the prompt is fed into a fresh cache and
+    each new token after it (as the protocol's ``forward(model, ids, cache)`` defines); once the sequence slides
+    past the context, the window is fed into a fresh cache again, since every position shifts.
     """
     ids, cache = prompt, None
     for _ in range(n):
@@ -30,9 +32,60 @@ def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: in
             cache = impl.new_cache(model, ids.shape[0]) if use_cache else None
             window = ids[:, -context_length:]
             logits = impl.forward(model, window, cache) if use_cache else impl.forward(model, window)
-        next_id = logits[:, -1].argmax(dim=-1)
+        next_id = logits[:, -1].argmax(dim=-1) if pick is None else pick(logits[:, -1])
         ids = torch.cat((ids, next_id[:, None].to(ids.dtype)), dim=1)
     return ids
+
+
+# How the implementation's own sampling functions pick greedily from logits [B, V] (temperature 0): through sample,
+# or as the argmax of sampling_probs' one-hot.
+GREEDY_PICKS = {
+    "sampling_probs": lambda impl: lambda logits: impl.sampling_probs(logits, temperature=0.0).argmax(dim=-1),
+    "sample": lambda impl: lambda logits: impl.sample(logits, temperature=0.0),
+}
+
+
+def greedy_pickers(spec):
+    """``[(name, pick)]``: the implementation's sampling functions that fail tests of their own (upstream first),
+    each as a greedy pick for ``greedy_teacher``."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # its calls are not probed again
+    return [(name, GREEDY_PICKS[name](raw)) for name in spec.failing(tuple(GREEDY_PICKS)) if raw.provides(name)]
+
+
+def own_sampler_explains(spec, args, kwargs):
+    """For a greedy ``generate`` that raised (the ``UPSTREAM_CRASHES`` entry): ``(roots, why)`` where a correct
+    greedy generate that picks each token with the implementation's own failing ``sample`` (or ``sampling_probs``)
+    cannot run, while with the argmax it runs on the same model and prompt (without the cache, which is judged
+    apart); else None."""
+    names = ("model", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "generator", "use_cache")
+    call = dict(zip(names, args, strict=False)) | dict(kwargs)
+    model, prompt, n = call.get("model"), call.get("prompt"), call.get("max_new_tokens")
+    built = spec.impl.ledger.models.get(id(model)) if hasattr(spec.impl, "ledger") else None
+    if call.get("temperature", 1.0) != 0 or call.get("attention_mask") is not None or built is None:
+        return None
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or not isinstance(n, int):
+        return None
+    raw, ctx = getattr(spec.impl, "_subject", spec.impl), built[1]["context_length"]
+    pickers = greedy_pickers(spec)
+    if not pickers:
+        return None
+    try:
+        greedy_teacher(raw, model, prompt, n, ctx, use_cache=False)
+    except Exception:  # noqa: BLE001 - the model itself does not run: no sampler explains it
+        return None
+    for name, pick in pickers:
+        try:
+            greedy_teacher(raw, model, prompt, n, ctx, use_cache=False, pick=pick)
+        except Exception as exc:  # noqa: BLE001 - whatever a correct generate meets with the sampler's answers
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            return [name], (
+                f"a correct greedy generate that picks each token with your own {name}(logits [B, V], "
+                f"temperature=0) cannot run either ({why}), and with the argmax it runs."
+            )
+    return None
+
+
+UPSTREAM_CRASHES["generate"] = own_sampler_explains
 
 
 def sampled_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, generator, **kw):

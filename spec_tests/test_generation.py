@@ -125,6 +125,8 @@ def greedy_case(
     out = greedy_tokens(spec, behaviour, model, prompt, n, use_cache=use_cache, teacher=teacher)
     check_tokens(spec, out[:, :t], prompt, behaviour="generate returns the whole prompt, then the new tokens")
     want = oracles.greedy_teacher(spec.impl, model, prompt, n, ctx, use_cache=use_cache)
+    if not torch.equal(out.cpu(), want.cpu()):
+        own_sampler_consequence(spec, model, prompt, n, ctx, out, use_cache=use_cache, behaviour=behaviour)
     if use_cache and not torch.equal(out.cpu(), want.cpu()):
         causes, codes = cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes)
     if within is not None and causes and not torch.equal(out.cpu(), want.cpu()):
@@ -148,6 +150,25 @@ def greedy_case(
         )
         codes = ()
     check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
+
+
+def own_sampler_consequence(spec, model, prompt, n, ctx, out, *, use_cache, behaviour):
+    """Where greedy generation differs from the model's argmax: a consequence of the implementation's own failing
+    sample (or sampling_probs) where its tokens are those of a correct greedy generate picking each token with that
+    function (``oracles.greedy_pickers``)."""
+    raw = getattr(spec.impl, "_subject", spec.impl)
+    for name, pick in oracles.greedy_pickers(spec):
+        try:
+            own = oracles.greedy_teacher(raw, model, prompt, n, ctx, use_cache=use_cache, pick=pick)
+        except Exception:  # noqa: BLE001 - what does not run explains no tokens
+            continue
+        if own.shape == out.shape and torch.equal(own.cpu(), out.cpu()):
+            raise spec.defer(
+                [name],
+                behaviour,
+                f"consequence of failing {name}: your generate's tokens are those of a correct greedy generate that "
+                f"picks each token with your own {name}(logits [B, V], temperature=0). Fix {name} first.",
+            )
 
 
 def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes):

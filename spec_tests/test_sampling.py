@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from . import filters
 from .harness.judging.compare import mismatch
+from .harness.judging.spec import inplace_consequence
 from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
 from .inputs import S
@@ -332,11 +333,14 @@ def test_temperature_zero_is_argmax(spec):
         found=f"kept {[kept(r) for r in probs]}",
     )
     ids = spec.impl.sample(logits, temperature=0.0)
+    causes, codes = argmax_axis_causes(ids, logits)
     spec.require(
         torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
         subject="sample",
         behaviour="sample(temperature=0) returns the argmax",
         found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
+        causes=causes,
+        codes=codes,
     )
 
 
@@ -368,10 +372,13 @@ def test_greedy_sample_leaves_the_generator_alone(spec):
     gen = spec.inputs.generator(11)
     before = gen.get_state().clone()
     ids = spec.impl.sample(logits, temperature=0.0, generator=gen)
+    causes, codes = argmax_axis_causes(ids, logits)
     spec.require(
         torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
         behaviour="sample(temperature=0) is the argmax",
         found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
+        causes=causes,
+        codes=codes,
     )
     spec.require(
         torch.equal(gen.get_state(), before),
@@ -382,6 +389,25 @@ def test_greedy_sample_leaves_the_generator_alone(spec):
         ),
         codes=("knob:temperature",),
     )
+
+
+def argmax_axis_causes(ids, logits) -> tuple[tuple, tuple]:
+    """Where greedy ids ``ids`` are the argmax of ``logits [B, V]`` over another axis than the vocabulary: over the
+    flattened logits (``argmax(x)`` without ``dim``: one index for all B * V entries) or over the batch axis."""
+    ids = ids.cpu() if isinstance(ids, torch.Tensor) else None
+    if ids is None or ids.is_floating_point():
+        return (), ()
+    rows, values = logits.shape[0], logits.cpu()
+    one_hot = torch.zeros_like(values).scatter(-1, values.argmax(-1, keepdim=True), 1.0)  # sampling_probs' answer
+    for of in (values, one_hot):  # the argmax of the logits, or of the one-hot distribution taken from them
+        readings = (
+            ("the flattened logits (argmax without dim: one index into all B * V entries)", of.reshape(-1).argmax()),
+            ("the batch axis (dim=0 where the vocabulary is dim=-1)", of.argmax(0)),
+        )
+        for said, value in readings:
+            if rows > 1 and ids.shape == value.shape and torch.equal(ids, value):
+                return (f"likely cause: the argmax is taken over {said}. Fix: argmax(dim=-1)",), ("knob:reduction_dim",)
+    return (), ()
 
 
 @judges("sample")
@@ -438,6 +464,13 @@ def test_sample_leaves_its_logits_unchanged(spec):
     before = logits.clone()
     for kw in (filters.supported(spec.impl, dict(temperature=0.6, top_k=9, top_p=0.8)), dict(temperature=0.0), {}):
         spec.impl.sample(logits, generator=spec.inputs.generator(2), **kw)
+        if not torch.equal(logits, before):  # a correct sample calling the implementation's own sampling_probs?
+            draw = lambda m, lg, kw=kw: m.sample(lg, generator=spec.inputs.generator(2), **kw)
+            roots = spec.inplace_upstream("sample", draw, (before,), (logits,))
+            if roots:
+                raise spec.defer(
+                    roots, f"sample(logits, {kw}) leaves logits unchanged", inplace_consequence("sample", roots)
+                )
         spec.require(
             torch.equal(logits, before),
             behaviour=f"sample(logits, {kw}) leaves logits unchanged",

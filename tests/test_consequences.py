@@ -902,3 +902,87 @@ def test_a_cached_step_s_positions_from_the_mask_s_front_are_named(tmp_path, pyt
                     pytester=pytester).stdout  # fmt: skip
     assert "failed" in out and "the window is not applied" not in out, out[-3000:]
     assert "differs from the uncached model without a window too" in out, out[-3000:]
+
+
+def _generate_with_own_sample(folder, greedy_pick: str):
+    """The reference copy in ``folder`` with sample's temperature-0 pick replaced by ``greedy_pick`` and generate
+    drawing with its own copy of sample (not the protocol's name: no substitution reaches it)."""
+    sampling = folder / "sampling.py"
+    sampling.write_text(replace_once(sampling.read_text(), "        return probs.argmax(dim=-1)\n",
+                                     f"        return {greedy_pick}\n", "sampling.py"))  # fmt: skip
+    generation = folder / "generation.py"
+    text = generation.read_text().replace("next_id = sample(", "next_id = _own_sample(", 1)
+    generation.write_text(text + "\n\nimport types as _types\n_own_sample = _types.FunctionType(sample.__code__, "
+                          "sample.__globals__, '_own_sample', sample.__defaults__)\n")  # fmt: skip
+
+
+def test_a_greedy_generate_crashing_on_its_own_samples_answers_is_a_consequence_of_sample(tmp_path, pytester):
+    """A copy of the reference whose sample takes the argmax over the flattened logits at temperature 0 (one id for
+    the whole batch) and whose generate draws with its own copy of sample: greedy generate raises. A correct greedy
+    generate that picks each token with the implementation's own sample cannot run either, and with the argmax it
+    runs, so generate's crashes are consequences of sample (a held-out bug charged sample, sampling_probs and
+    generate). A generate that raises on its own while sample passes stays charged."""
+    folder = implementation(tmp_path, edit=lambda f: _generate_with_own_sample(f, "probs.argmax()"))
+    selected = "test_temperature_zero or greedy_generation_follows or generation_ignores_dropout"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "sample: " in roots and "generate: " not in roots, out[-3000:]
+    assert "the argmax is taken over the flattened logits" in out, out[-3000:]
+
+    def broken_generate(f):
+        generation = f / "generation.py"
+        generation.write_text(replace_once(generation.read_text(), "    ctx = model.config.context_length\n",
+                                           "    ctx = model.config.context_length\n    assert prompt.shape[0] == 1\n",
+                                           "generation.py"))  # fmt: skip
+
+    control = implementation(tmp_path / "control", edit=broken_generate)
+    out = run_suite(f"--impl={control}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "generate: " in out.split("root causes")[-1], out[-3000:]
+
+
+def test_greedy_tokens_a_generate_gets_from_its_own_sample_are_a_consequence_of_sample(tmp_path, pytester):
+    """A copy of the reference whose sample picks the argmin of the one-hot at temperature 0 and whose generate draws
+    with its own copy of sample: greedy generate gives other tokens than the model's argmax, the very tokens a
+    correct greedy generate picking with the implementation's own sample gives, so they are sample's consequence."""
+    folder = implementation(tmp_path, edit=lambda f: _generate_with_own_sample(f, "probs.argmin(dim=-1)"))
+    selected = "test_temperature_zero or greedy_generation_follows"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "sample: " in roots and "generate: " not in roots, out[-3000:]
+
+
+def _sample_with_own_probs(folder, *, probs_in_place: bool, sample_in_place: bool):
+    """The reference copy in ``folder`` whose sample calls its own copy of sampling_probs (no substitution reaches
+    it); ``probs_in_place``: sampling_probs divides the caller's logits by the temperature in place;
+    ``sample_in_place``: sample does, before calling it."""
+    sampling = folder / "sampling.py"
+    text = sampling.read_text()
+    if probs_in_place:
+        text = replace_once(text, "    scaled = logits / temperature\n", "    scaled = logits.div_(temperature)\n", "s")
+    if sample_in_place:  # scales the caller's logits, then samples from the unscaled values
+        old = "    probs = sampling_probs(logits, temperature, top_k, top_p)\n"
+        new = "    logits.mul_(2.0)\n    probs = sampling_probs(logits / 2.0, temperature, top_k, top_p)\n"
+        text = replace_once(text, old, new, "sampling.py")
+    text = text.replace("    probs = sampling_probs(logits", "    probs = _own_probs(logits", 1)
+    sampling.write_text(text + "\n\nimport types as _types\n_own_probs = _types.FunctionType(sampling_probs.__code__, "
+                        "sampling_probs.__globals__, '_own_probs', sampling_probs.__defaults__)\n")  # fmt: skip
+
+
+def test_an_in_place_edit_sample_makes_through_its_own_sampling_probs_is_a_consequence(tmp_path, pytester):
+    """A copy of the reference whose sampling_probs divides the caller's logits in place and whose sample calls its
+    own copy of it (a held-out bug charged sampling_probs and sample): sample's logits change, and its draws from
+    expanded logits raise. A correct sample calling the implementation's sampling_probs changes its logits the same
+    way and raises the same crash at the same place, so both are sampling_probs' consequences. A sample that
+    edits its logits itself, beside a correct sampling_probs, stays charged."""
+    selected = "test_sample_leaves_its_logits_unchanged or test_sample_frequencies_follow or sampling_probs_match"
+    folder = implementation(
+        tmp_path, edit=lambda f: _sample_with_own_probs(f, probs_in_place=True, sample_in_place=False)
+    )
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "sampling_probs: " in roots and "sample: " not in roots, out[-3000:]
+    control = implementation(
+        tmp_path / "control", edit=lambda f: _sample_with_own_probs(f, probs_in_place=False, sample_in_place=True)
+    )
+    out = run_suite(f"--impl={control}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "sample: " in out.split("root causes")[-1], out[-3000:]

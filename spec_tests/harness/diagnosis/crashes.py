@@ -1279,21 +1279,22 @@ def _runs(run: Callable, arguments: Callable) -> bool | None:
     return True
 
 
-def _plain(value) -> bool:
+def plain(value) -> bool:
     """Whether a call's argument holds only values a fresh copy of the implementation can take as they are
     (tensors, numbers, strings, dtypes), not objects the running copy made (a model, a cache)."""
     if isinstance(value, tuple | list):
-        return all(_plain(v) for v in value)
+        return all(plain(v) for v in value)
     if isinstance(value, dict):
-        return all(_plain(v) for v in value.values())
-    return value is None or isinstance(value, torch.Tensor | int | float | str | torch.dtype | torch.device)
+        return all(plain(v) for v in value.values())
+    kinds = torch.Tensor | int | float | str | torch.dtype | torch.device | torch.Generator
+    return value is None or isinstance(value, kinds)
 
 
 def _state_lines(name: str, args: tuple, kwargs: dict, fresh: Callable | None) -> list[str]:
     """The cause where the call runs in a copy of the implementation loaded again (``fresh()`` gives its
     ``name``): the crash depends on what earlier calls left behind, which no variant of this one call can show
     (a variant of another dtype or size may run only because it meets state of its own)."""
-    if fresh is None or not _plain((args, kwargs)):
+    if fresh is None or not plain((args, kwargs)):
         return []
     try:
         again = fresh()

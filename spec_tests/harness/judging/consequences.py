@@ -263,6 +263,12 @@ def same_crash(raised, exc) -> bool:
         raised = raised.exceptions[0]
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
-    fields = ("type_names", "message", "where")
-    mine, theirs = (tuple(getattr(e, f, None) for f in fields) for e in (raised, exc))
+    from ..diagnosis.crashes import own_frame
+
+    def place(e):  # the innermost frame outside the suite, torch and Python (a library's behind an adapter), else
+        # the implementation's own innermost one: two names of an adapter reach one library line from two lines
+        original = getattr(e, "original", None)
+        return (own_frame(original) if isinstance(original, BaseException) else "") or getattr(e, "where", None)
+
+    mine, theirs = ((getattr(e, "type_names", None), getattr(e, "message", None), place(e)) for e in (raised, exc))
     return None not in mine and bool(mine[2]) and mine == theirs

@@ -26,6 +26,12 @@ from .results import CheckResult
 from .tolerances import BFLOAT16, EXACT, Tolerance, tolerance
 from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
 
+# protocol name -> ``explain(spec, args, kwargs)``: for a call of that name that raised, ``(roots, why)`` where a
+# correct version of it, composed with the implementation's own failing upstream ``roots``, cannot run either (and
+# runs with the reference's), else None. The spec tests register them: they hold the oracles a correct version
+# is built from (``oracles.py``).
+UPSTREAM_CRASHES: dict[str, Callable] = {}
+
 
 def tolerance_dtype(kind: str, value) -> torch.dtype:
     """The dtype whose tolerance judges a check of ``kind`` on ``value``: its floating dtype; bfloat16 only where the
@@ -73,6 +79,15 @@ class SpecFailure(AssertionError):
         return self.result.message() if self.result is not None else super().__str__()
 
 
+def inplace_consequence(subject: str | None, roots: list[str]) -> str:
+    """What a failure to leave the inputs unchanged that ``roots`` explain says (``Spec.inplace_upstream``)."""
+    names = ", ".join(roots)
+    return (
+        f"consequence of failing {names}: a correct {subject or 'call'} that calls your own {names} changes its "
+        f"inputs in place the very same way (your {names} edits what it is given). Fix {names} first."
+    )
+
+
 class ConsequenceFailure(SpecFailure):
     """A failure that disappears when failing upstream names are corrected: charged to ``root``."""
 
@@ -103,6 +118,7 @@ class Spec:
         self.impl, self.expectations, self.device = Probing(impl, self._crashed), expectations, device
         self._crashes: dict = {}  # (name, type, message) of a crash -> (probe lines, own frame)
         self._raise_expected = False  # inside ``raises``: an exception is the contract, not a crash to probe
+        self._checking = False  # inside ``check``'s computation: a crash is composed there, as that computation
         self.failing = failing  # names -> those of them whose own failures can explain a math check
         self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
         self.crash_consequences = crash_consequences  # not in grading (rootcause.FailureRegistry)
@@ -208,19 +224,26 @@ class Spec:
         """
         pristine = clone_tensors(args)
         try:
+            self._checking = True  # a crash inside is composed as this computation (``_crash_composed``)
             actual = compute(self.impl, *args)
         except ImplementationError as exc:
             self._explain_crash(exc, subject, compute, call, pristine)
             self._crash_composed(exc, subject, compute, pristine)
             raise
+        finally:
+            self._checking = False
         changed = modified_inputs(pristine, args)
         if changed:
-            self.require(
-                False,
-                subject=subject,
-                behaviour="Inputs are never modified in place (protocol v1, Conventions)",
-                found=f"the implementation changed input(s) {changed} during the call",
+            behaviour = "Inputs are never modified in place (protocol v1, Conventions)"
+            roots = self.inplace_upstream(
+                subject or (self.subjects[0] if self.subjects else ""), compute, pristine, args
             )
+            if roots:
+                raise self.defer(roots, behaviour, inplace_consequence(subject, roots), subject=subject)
+            self.require(
+                False, subject=subject, behaviour=behaviour,
+                found=f"the implementation changed input(s) {changed} during the call",
+            )  # fmt: skip
         key = self._key(label)
         args64 = to_float64(pristine)
         expected = self.expectations.value(key, lambda ref: compute(ref, *args64), args64)
@@ -334,6 +357,28 @@ class Spec:
         result.causes, result.cause_codes = [], []  # the roots' own tests say what is wrong
         raise ConsequenceFailure(result, roots)
 
+    def inplace_upstream(self, subject: str, compute, pristine, after) -> list[str]:
+        """The failing upstream name (one, upstream first) whose own function, called by the reference composed with
+        it (``compute(reference, *copies of pristine)``), changes those copies as the implementation's call changed
+        ``after``: the in-place edit is that function's. ``[]`` when none does (or outside pytest's judgement)."""
+        from .consequences import COMPOSABLE, composed
+        from .settling import dependency_order
+
+        reference = getattr(self.expectations, "reference", None)
+        if reference is None or not self.crash_consequences or getattr(self, "composing", False):
+            return []
+        raw = self.impl._subject
+        for name in dependency_order(n for n in self.upstream(subject) if n in COMPOSABLE and raw.provides(n)):
+            copies = clone_tensors(pristine)
+            try:
+                with composed(reference, raw, [name]):
+                    compute(reference, *copies)
+            except Exception:  # noqa: BLE001 - a composition that cannot run explains nothing
+                continue
+            if modified_inputs(pristine, copies) and not modified_inputs(copies, after):
+                return [name]
+        return []
+
     def _crash_composed(self, exc: ImplementationError, subject, compute, pristine) -> None:
         """Raise ``ConsequenceFailure`` when the reference composed with one of the implementation's own failing
         upstream functions raises the same exception (consequences.explain_crash); otherwise the crash stays
@@ -348,8 +393,12 @@ class Spec:
         from .consequences import explain_crash
 
         roots = explain_crash(compute, to_float64(pristine), exc, reference, self.impl._subject, candidates)
-        if not roots:
-            return
+        if roots:
+            self._crash_consequence(subject, roots, exc)
+
+    def _crash_consequence(self, subject: str, roots: list[str], exc: ImplementationError) -> None:
+        """Raise the ``ConsequenceFailure`` of a crash a correct ``subject`` meets with the implementation's own
+        ``roots`` (the same exception at the same place)."""
         names = ", ".join(roots)
         result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")
         result.outcome = "failed"
@@ -395,6 +444,40 @@ class Spec:
         text = str(exc)
         if (lines or extra) and not text.endswith(tuple(lines or extra)):
             exc.args = ("\n  ".join([text, *extra, *lines]),)
+        self._upstream_crash(name, args, kwargs, exc)
+
+    def _upstream_crash(self, name: str, args, kwargs, exc: ImplementationError) -> None:
+        """Raise ``ConsequenceFailure`` for a protocol call that raised where the reference's ``name`` composed with
+        one of the implementation's own failing upstream functions raises the same crash at the same place
+        (``consequences.explain_crash``; a call of tensors and numbers only, outside ``check``, which composes its
+        own computation), or where the spec tests' explainer of ``name`` (``UPSTREAM_CRASHES``) finds that a
+        correct ``name`` composed with them cannot run either."""
+        from ..diagnosis.crashes import plain
+
+        if not self.crash_consequences or getattr(self, "composing", False):
+            return
+        reference = getattr(self.expectations, "reference", None)
+        direct = reference is not None and not self._checking and plain((args, kwargs))
+        if direct and (candidates := self.upstream(name)):
+            from .consequences import explain_crash
+
+            kw64 = to_float64(dict(kwargs))
+            compute = lambda m, *a: getattr(m, name)(*a, **kw64)
+            # the very tensors the call raised on where they are float64 (an expanded layout is kept: a copy is
+            # contiguous); the implementation's call has failed, so what the composition does to them is moot
+            roots = explain_crash(compute, to_float64(args), exc, reference, self.impl._subject, candidates)
+            if roots:
+                self._crash_consequence(name, roots, exc)
+        explain = UPSTREAM_CRASHES.get(name)
+        found = explain(self, args, kwargs) if explain is not None else None
+        if not found:
+            return
+        roots, why = found
+        result = self._result(name, "the call runs on inputs the protocol allows", kind="require")
+        result.outcome = "failed"
+        result.found = f"consequence of failing {', '.join(roots)}: {why} Fix {', '.join(roots)} first.\n  (it " \
+            f"raised {exc.type_name}: {exc.message})"  # fmt: skip
+        raise ConsequenceFailure(result, roots) from exc
 
     def _rebase(self, result: CheckResult, rebase, actual, tol: Tolerance) -> None:
         names, own = rebase
