@@ -1333,3 +1333,107 @@ def test_a_crash_after_earlier_calls_is_named_by_state_in_the_suite(tmp_path, py
     out = run_suite(f"--impl={folder}", "-k", "test_sdpa_matches_reference", cwd=tmp_path, pytester=pytester).stdout
     assert "scaled_dot_product_attention raises for this call only after earlier calls" in out, out[-3000:]
     assert "raises for float64 input and works for float32" not in out, out[-3000:]
+
+
+def sdpa_folding_the_mask_without_expanding(q, k, v, mask=None):
+    b, h, tq, d = q.shape
+    scores = (q @ k.transpose(-2, -1)).reshape(-1, tq, k.shape[-2])
+    if mask is not None:  # the bug: a mask broadcast over the batch or head axis no longer lines up
+        scores = scores.masked_fill(~mask.reshape(-1, tq, k.shape[-2]), float("-inf"))
+    return (scores.softmax(-1) @ v.reshape(-1, *v.shape[-2:])).reshape(b, h, tq, d)
+
+
+def test_a_broadcast_mask_is_named_by_its_full_shape():
+    """A mask [B, 1, Tq, Tk] whose rows differ per batch row, folded with the scores without being expanded: it
+    runs expanded to [B, H, Tq, Tk], so the broadcast is named (before: "works for mask=None", a path only)."""
+    q = randn(2, 3, 4, 5)
+    mask = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(3)) > 0.3
+    mask |= torch.eye(4, dtype=torch.bool)
+    lines, _ = probe("scaled_dot_product_attention", sdpa_folding_the_mask_without_expanding, (q, q, q, mask), {})
+    assert "raises for a mask [2, 1, 4, 4] broadcast against the scores [2, 3, 4, 4] and works for the same mask " \
+        "expanded to [2, 3, 4, 4]" in lines[0], lines  # fmt: skip
+
+
+def evaluate_in_full_batches(model, data, context_length, batch_size=8):
+    windows = -(-(len(data) - 1) // context_length)
+    if windows % batch_size:  # the bug: the windows viewed as [-1, batch_size, T]
+        raise RuntimeError(f"shape '[-1, {batch_size}, {context_length}]' is invalid")
+    return {"loss": 1.0, "perplexity": 2.718}
+
+
+def evaluate_needing_a_full_batch(model, data, context_length, batch_size=8):
+    if -(-(len(data) - 1) // context_length) < batch_size:  # the bug: fewer windows than batch_size
+        raise ZeroDivisionError("integer division or modulo by zero")
+    return {"loss": 1.0, "perplexity": 2.718}
+
+
+def evaluate_needing_a_full_window(model, data, context_length, batch_size=8):
+    if len(data) <= context_length:  # the bug: unfold asks for one window of context_length + 1 tokens
+        raise RuntimeError("maximum size for tensor at dimension 0 is 1 but size is 17")
+    return {"loss": 1.0, "perplexity": 2.718}
+
+
+def test_evaluate_crashes_are_named_against_the_number_of_windows():
+    """evaluate cuts its data into consecutive windows and takes them batch_size at a time: a crash for a batch size
+    that does not divide the number of windows, one for more rows than windows, and one for data shorter than one
+    full window are each named, and told apart by a batch size below the number of windows that does not divide it."""
+    data = torch.arange(40) % 7  # 3 windows of context_length 16
+    name = "evaluate"
+    lines, _ = probe(name, evaluate_in_full_batches, (None, data, 16), {})
+    assert "evaluate raises for batch_size=8 beside 3 window(s) of data (no divisor of the number of windows) and " \
+        "works for batch_size=3, a divisor of 3 (batch_size=2 raises as well)" in lines[0], lines  # fmt: skip
+    assert not any("more rows than windows" in line for line in lines), lines
+    lines, _ = probe(name, evaluate_needing_a_full_batch, (None, data, 16), {"batch_size": 8})
+    assert "evaluate raises for batch_size=8 beside 3 window(s) of data (more rows than windows) and works for " \
+        "batch_size=3" in lines[0], lines  # fmt: skip
+    assert not any("no divisor" in line for line in lines), lines
+    lines, _ = probe(name, evaluate_needing_a_full_window, (None, data[:12], 16, 2), {})
+    assert "evaluate raises for data of 12 tokens (no full window: context_length=16 takes 17) and works for 17 " \
+        "tokens" in lines[0], lines  # fmt: skip
+
+
+def evaluate_padding_to_multiples_of_8(model, data, context_length, batch_size=8):
+    if context_length % 8:  # the bug: windows padded to a multiple of 8 run past the context
+        raise IndexError("index out of range in self")
+    return {"loss": 1.0, "perplexity": 2.718}
+
+
+def test_a_size_that_must_be_a_power_of_two_is_named_when_nothing_specific_runs():
+    lines, _ = probe("evaluate", evaluate_padding_to_multiples_of_8, (None, torch.arange(40) % 7, 12), {})
+    assert "evaluate raises for context_length=12 and works for context_length=16, a power of two (context_length=13 " \
+        "and 17 raise as well)" in lines[0], lines  # fmt: skip
+
+
+def generate_caching_one_row_only(model, prompt, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                  generator=None, use_cache=True):  # fmt: skip
+    if use_cache and prompt.shape[0] > 1:  # the bug: the decode step views the new tokens as [1, B]
+        raise AssertionError("input_pos.shape[0] == k_val.shape[2]")
+    return torch.cat([prompt, prompt[:, -1:].repeat(1, max_new_tokens)], dim=1)
+
+
+def test_a_path_is_narrowed_by_the_rows_that_raise_on_it():
+    """A generate whose cached path raises for a batch of several rows: use_cache=False runs (a path), and so does
+    each row alone; both are said, the rows narrowing the path."""
+    prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    lines, _ = probe("generate", generate_caching_one_row_only, (None, prompt, 4), {"temperature": 0.0})
+    assert any("generate raises for use_cache=True and works for use_cache=False" in line for line in lines), lines
+    assert any("generate raises for 2 rows (2-D input) and works for each row alone" in line for line in lines), lines
+
+
+def nucleus_scattering_a_1d_arange(logits, temperature=1.0, top_k=None, top_p=None):
+    probs = (logits / temperature).softmax(-1)
+    order = probs.argsort(-1, descending=True)
+    vocab = probs.shape[-1]
+    inverse = torch.empty_like(order).scatter(-1, order, torch.arange(vocab))  # the bug: no expand_as for [B, V]
+    mass = probs.gather(-1, order).cumsum(-1) - probs.gather(-1, order)
+    kept = (mass < (1.0 if top_p is None else top_p)).gather(-1, inverse)
+    probs = probs * kept
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def test_a_rank_with_one_leading_dim_is_named_by_a_row_alone():
+    """A nucleus that scatters a 1-D arange runs on 1-D logits and raises on [B, V]: each row alone runs, so the
+    leading dim is named (before: "raises for top_p=0.6 and works for top_p=None", a path)."""
+    lines, _ = probe("sampling_probs", nucleus_scattering_a_1d_arange, (randn(3, 11),), {"top_p": 0.6})
+    assert "sampling_probs raises for 2-D input and works for 1-D (each row alone, without the leading dim)" in \
+        lines[0], lines  # fmt: skip

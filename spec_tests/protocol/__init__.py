@@ -22,6 +22,7 @@ from .entries import (
     STYLE_KEYWORD,
     SUBSTITUTABLE,
     TOLERANCE_KIND,
+    WINDOWED,
     Entry,
 )
 from .names import (
@@ -60,6 +61,7 @@ __all__ = [
     "FIXED_RANK",
     "NONE_MEANS",
     "SPEED_ONLY",
+    "WINDOWED",
     "CAPABILITIES",
     "CAPABILITY_OF",
     "CATALOG_GROUPS",

@@ -72,6 +72,9 @@ class Entry:
       that value instead, to tell an unhandled ``None`` from other triggers.
     - ``speed_only``: its boolean arguments that the protocol says change speed, never the result (``generate``'s
       ``use_cache``): crash diagnosis tries the other value, to tell a crash of the faster path.
+    - ``windowed``: it cuts its ``data`` into the protocol's consecutive windows of ``context_length`` (one more
+      token each, sharing one; the last shorter) and takes them ``batch_size`` at a time (``evaluate``): crash
+      diagnosis relates the data's length and the batch size to the number of windows.
     - ``activation_fit``: how its activation is measured alone and fitted when it fails
       (``harness/diagnosis/activation_fit.py``: ``"tanh_gelu"`` identity weights around the tanh GELU,
       ``"gated_silu"`` identity weights around SiLU's gate, ``"plain_silu"`` the function itself).
@@ -97,6 +100,7 @@ class Entry:
     nan_rows_unspecified: bool = False
     none_means: tuple[str, ...] = ()
     speed_only: tuple[str, ...] = ()
+    windowed: bool = False
     capability: str | None = None
     activation_fit: str | None = None
     amended_keywords: dict[str, int] = field(default_factory=dict)
@@ -465,6 +469,7 @@ ENTRIES: tuple[Entry, ...] = (
         calls=("forward", "cross_entropy", "lm_loss"),
         calls_model_parts=True,
         catalog_groups=("evaluate",),
+        windowed=True,
     ),
 )
 
@@ -499,6 +504,7 @@ ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
 FIXED_RANK = {e.name: e.fixed_rank for e in ENTRIES if e.fixed_rank is not None}
 NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
 SPEED_ONLY = {e.name: e.speed_only for e in ENTRIES if e.speed_only}
+WINDOWED = frozenset(e.name for e in ENTRIES if e.windowed)
 ACTIVATION_FIT = {e.name: e.activation_fit for e in ENTRIES if e.activation_fit}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not

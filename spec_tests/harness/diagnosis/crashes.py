@@ -81,10 +81,12 @@ import torch
 
 from ...protocol import (
     ANY_LEADING,
+    ENTRY,
     NONE_MEANS,
     SPEED_ONLY,
     V2_CONFIG_DEFAULTS,
     V2_OPTIONS_KEPT,
+    WINDOWED,
     config_defaults,
 )
 from .model_variants import Ledger, NotBuilt, heads_repeated, option_off, options_set, without
@@ -233,6 +235,18 @@ def _rank_probes(name, args, kwargs) -> list[Probe]:
             )  # fmt: skip
         )
     probes.append(Probe(f"{n}-D input", f"{n + 1}-D (a leading dim added)", *_map(args, kwargs, add_to_first), note))
+    if n == ENTRY[name].core_rank + 1 and 2 <= x.shape[0] <= 8:  # one leading dim: a row alone has none
+
+        def row(i):
+            return _map(args, kwargs, lambda t: t[i] if t is x or (t.ndim >= 1 and t.shape[0] == x.shape[0]) else t)
+
+        # every row runs alone (not its values), and the first keeping its leading dim ([1, V]) raises: a leading
+        # dim at all is the trigger, not several rows (where [1, V] runs, the rows are: _rows_alone_probes)
+        controls = tuple((*row(i), True) for i in range(1, x.shape[0]))
+        controls += ((*_map(args, kwargs, lambda t: t[:1] if t is x or (t.ndim >= 1 and t.shape[0] == x.shape[0])
+                                else t), False),)  # fmt: skip
+        probes.append(Probe(f"{n}-D input", f"{n - 1}-D (each row alone, without the leading dim)", *row(0), note,
+                            controls=controls))  # fmt: skip
     return probes
 
 
@@ -869,11 +883,13 @@ def _count_size_probes(name, args, kwargs) -> list[Probe]:
 
 
 def _rows_alone_probes(name, args, kwargs) -> list[Probe]:
-    """A first tensor of several rows (``[N, ...]``, N <= 8) given as its first row alone, every tensor sharing its N
-    rows alike; each other row alone must run too (controls), so no row's values are what it raises on: a batch of
-    rows is the trigger (a per-row threshold that does not broadcast against its rows)."""
+    """A first tensor of several rows (``[N, ...]``, N <= 8, of a name with any leading dims, or ``[B, T]`` token ids
+    of any name) given as its first row alone, every tensor sharing its N rows alike; each other row alone must run
+    too (controls), so no row's values are what it raises on: a batch of rows is the trigger (a per-row threshold
+    that does not broadcast against its rows, a batch of one assumed)."""
     x = _primary(args, kwargs)
-    if x is None or x.ndim < 2 or not 2 <= x.shape[0] <= 8 or name not in ANY_LEADING:
+    ids = x is not None and x.ndim == 2 and not (x.is_floating_point() or x.dtype == torch.bool)  # [B, T] token ids
+    if x is None or x.ndim < 2 or not 2 <= x.shape[0] <= 8 or (name not in ANY_LEADING and not ids):
         return []
     n = x.shape[0]
 
@@ -999,17 +1015,31 @@ def _broadcast_probes(args, kwargs) -> list[Probe]:
 
 def _mask_probes(args, kwargs) -> list[Probe]:
     """A boolean mask with leading dims (``[B, 1, Tq, Tk]``, broadcastable against the scores) that holds the same
-    ``[Tq, Tk]`` matrix in every leading slice given as that matrix: the same mask, two dims only."""
+    ``[Tq, Tk]`` matrix in every leading slice given as that matrix: the same mask, two dims only. A mask that
+    broadcasts against the scores ``[..., Hq, Tq, Tk]`` (of the first two float tensors, q and k) given expanded to
+    their full shape: the same entries, no axis left to broadcast."""
+    floats = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
+    note = "; the protocol's masks broadcast against the scores [..., Hq, Tq, Tk]"
     for key, value in [*enumerate(args), *kwargs.items()]:
-        if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.ndim < 3:
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.ndim < 2:
             continue
+        probes = []
+        if len(floats) >= 2 and floats[0].ndim >= 3:
+            try:
+                full = torch.broadcast_shapes(value.shape, (*floats[0].shape[:-1], floats[1].shape[-2]))
+            except RuntimeError:
+                full = value.shape
+            if full != value.shape:
+                expanded = value.expand(full).contiguous()
+                failing = f"a mask {_shape(value)} broadcast against the scores {_shape(expanded)}"
+                working = f"the same mask expanded to {_shape(expanded)}"
+                probes.append(Probe(failing, working, *_with(args, kwargs, key, expanded), note))
         flat = value.reshape(-1, *value.shape[-2:])
-        if not bool((flat == flat[:1]).all()):
-            continue
-        matrix = flat[0].contiguous()
-        note = "; the protocol's masks broadcast against the scores [..., Hq, Tq, Tk]"
-        failing, working = f"a {value.ndim}-D mask {_shape(value)}", f"the same mask as {_shape(matrix)}"
-        return [Probe(failing, working, *_with(args, kwargs, key, matrix), note)]
+        if value.ndim >= 3 and bool((flat == flat[:1]).all()):
+            matrix = flat[0].contiguous()
+            failing, working = f"a {value.ndim}-D mask {_shape(value)}", f"the same mask as {_shape(matrix)}"
+            probes.append(Probe(failing, working, *_with(args, kwargs, key, matrix), note))
+        return probes
     return []
 
 
@@ -1096,6 +1126,84 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
                 Probe(failing, working, *_map(args, kwargs, cut), "", "boundary", weak=True,
                       clue="the entries cut away may be what it raises on")
             )  # fmt: skip
+    return probes
+
+
+def _tiled(data, n: int):
+    """The first ``n`` entries of 1-D ``data`` (a tensor or a numpy array) with its entries repeated from the start."""
+    if isinstance(data, torch.Tensor):
+        return data.repeat(-(-n // data.shape[0]))[:n].contiguous()
+    import numpy as np
+
+    return np.resize(data, n).astype(data.dtype)
+
+
+DEFAULT_BATCH_SIZE = 8  # evaluate's, where a call leaves it out
+
+
+def _window_probes(name, args, kwargs) -> list[Probe]:
+    """For a name that cuts ``data`` into the protocol's windows (``WINDOWED``: evaluate): data too short for one
+    full window given a full one (every token kept, repeated); a ``batch_size`` against the number W of windows:
+    larger than W (W runs and W + 1 raises) or no divisor of W (a divisor runs). A batch size below W that does not
+    divide it tells the two apart (it runs where only a larger batch size raises, and raises where a divisor is
+    needed); where W has none, "larger than W" is only a clue and "no divisor" is not said."""
+    if name not in WINDOWED:
+        return []
+    keys = argument_keys(name, args, kwargs)
+    values = dict(zip(keys, [*args, *kwargs.values()], strict=True))
+    wheres = dict(zip(keys, [*range(len(args)), *kwargs], strict=True))
+    data, ctx = values.get("data"), values.get("context_length")
+    if type(ctx) is not int or ctx < 1 or len(getattr(data, "shape", ())) != 1 or "data" not in wheres:
+        return []
+    n, probes = int(data.shape[0]), []
+    if 2 <= n <= ctx:
+
+        def longer(m):
+            return _with(args, kwargs, wheres["data"], _tiled(data, m))
+
+        failing = f"data of {n} tokens (no full window: context_length={ctx} takes {ctx + 1})"
+        probes.append(Probe(failing, f"{ctx + 1} tokens (every token kept, repeated)", *longer(ctx + 1), "",
+                            "boundary", controls=((*longer(2 * ctx + 1), True),)))  # fmt: skip
+    batch, windows = values.get("batch_size", DEFAULT_BATCH_SIZE), -(-(n - 1) // ctx) if n >= 2 else 0
+    if type(batch) is not int or batch < 2 or windows < 1:
+        return probes
+
+    def size(b):
+        return _with(args, kwargs, wheres.get("batch_size", "batch_size"), b)
+
+    odd = next((d for d in range(2, windows) if windows % d), None)  # a batch size below W that does not divide W
+    beside = f"batch_size={batch} beside {windows} window(s) of data"
+    if batch > windows:
+        controls = ((*size(windows + 1), False),) + (((*size(odd), True),) if odd else ())
+        probes.append(Probe(f"{beside} (more rows than windows)", f"batch_size={windows}", *size(windows), "",
+                            "boundary", controls=controls, weak=odd is None,
+                            clue=f"a batch size of {windows} divides {windows} as well"))  # fmt: skip
+    if windows % batch and odd:
+        divisor = max(d for d in range(1, min(batch, windows) + 1) if windows % d == 0)
+        controls = ((*size(odd), False),)
+        probes.append(Probe(f"{beside} (no divisor of the number of windows)", f"batch_size={divisor}, a divisor "
+                            f"of {windows} (batch_size={odd} raises as well)", *size(divisor), "", "boundary",
+                            controls=controls))  # fmt: skip
+    return probes
+
+
+def _power_of_two_probes(name, args, kwargs) -> list[Probe]:
+    """A fallback: an integer size (not an axis, not a count of the last axis's entries) that is no power of two
+    given as the next one; one more than it and one more than the power raise as well (controls), so it is not
+    just a larger size that runs."""
+    skip = AXES + COUNTS_OF_THE_LAST_AXIS
+    probes = []
+    for label, where, value in _labelled_ints(name, args, kwargs):
+        if label in skip or value < 3 or value & (value - 1) == 0:
+            continue
+        power = 1 << value.bit_length()
+        if value + 1 == power:  # no size between: one that runs is just the next size
+            continue
+        # one more than the value and one more than the power raise: the power, not a larger size, runs
+        controls = ((*_with(args, kwargs, where, value + 1), False), (*_with(args, kwargs, where, power + 1), False))
+        working = f"{label}={power}, a power of two ({label}={value + 1} and {power + 1} raise as well)"
+        probes.append(Probe(f"{label}={value}", working, *_with(args, kwargs, where, power), "", "boundary",
+                            controls=controls))  # fmt: skip
     return probes
 
 
@@ -1201,6 +1309,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _negative_id_probes(name, args, kwargs)
         + _zero_id_probes(name, args, kwargs)
         + _count_probes(name, args, kwargs)
+        + _window_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
         + _option_probes(args, kwargs)
         + _config_probes(args, kwargs)
@@ -1324,14 +1433,17 @@ def probe(
     state = _state_lines(name, args, kwargs, fresh)
     if state:
         return state, ["crash_state"]
-    tried, working = [], []
+    tried, working, path = [], [], False
     try:
         _try(probes_for(name, args, kwargs, ledger), run, tried, working)
-        if all(p.weak for p in working):  # nothing specific runs: does the size of an axis matter?
+        # a path (use_cache=True raises) is narrowed by what raises on it (a batch of several rows), if anything
+        path = all(p.weak or p.fallback for p in working) and any(not p.weak for p in working)
+        if all(p.weak or p.fallback for p in working):  # nothing specific runs: does the size of an axis matter?
             fallback = (
                 _rows_alone_probes(name, args, kwargs)
                 + _multiple_probes(name, args, kwargs)
                 + _axis_size_probes(name, args, kwargs)
+                + _power_of_two_probes(name, args, kwargs)
                 + _int_size_probes(name, args, kwargs)
             )
             _try(fallback[:MAX_TRIES], run, tried, working)
@@ -1340,7 +1452,7 @@ def probe(
     if any(p.refills for p in working):  # the same ids run through a cache holding fewer positions
         working = [replace(p, weak=True, clue=BESIDE_CACHE) if p.beside_cache else p for p in working]
     causes = [p for p in working if not p.weak]
-    if any(not p.fallback for p in causes):
+    if any(not p.fallback for p in causes) and not path:
         causes = [p for p in causes if not p.fallback]
     if any(p.exclusive for p in causes):
         causes, working = [p for p in causes if p.exclusive], [p for p in working if p.exclusive]
