@@ -233,6 +233,22 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": tiled}),
             )
         )
+    for read, said in (
+        ("k", "the keys are written in place of the values too (values read back are the keys)"),
+        ("v", "the values are written in place of the keys too (keys read back are the values)"),
+    ):
+
+        def swapped(q, k, v, *args, read=read, **kwargs):  # one of the two stored twice
+            return attention(q, *((k, k) if read == "k" else (v, v)), *args, **kwargs)
+
+        found.append(
+            Variant(
+                "knob:cache_contents",
+                f"on the cached path {said}: a slip in the cache update (k_cache[...] = k; v_cache[...] = k)",
+                "write the new keys to the key cache and the new values to the value cache",
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": swapped}),
+            )
+        )
     if rope is not None and config["family"] != "gpt2":
         found.append(
             Variant(

@@ -243,6 +243,11 @@ def variant_steps(
         if max_grad_norm is not None and clip == "per_parameter":
             for p in params:
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
+        if max_grad_norm is not None and clip == "to_norm":  # the factor max / norm not capped at 1
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(max_grad_norm / (float(norm) + 1e-6))
         if zero_grad == "late":
             opt.zero_grad(set_to_none=True)
         opt.step()
@@ -341,17 +346,35 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 "clip_grad_norm_(model.parameters(), max_grad_norm)",
                 with_(clip="never"),
             ),
+            Variant(
+                "knob:clipping",
+                "the gradients are always rescaled to max_grad_norm: a norm below it is scaled up (the factor "
+                "max_grad_norm / norm is not capped at 1)",
+                "scale by min(1, max_grad_norm / norm): clipping only ever scales down",
+                with_(clip="to_norm"),
+            ),
         ]
+        if own is not None:  # the sum of the norms depends on how the code splits its parameters (a fused qkv)
+            found.append(
+                Variant(
+                    "knob:clipping",
+                    "the global norm is taken as the sum of the parameters' norms, not the 2-norm of all their "
+                    "entries, so clipping starts too early and scales too far",
+                    "total = sqrt(sum of each gradient's squared norm) (clip_grad_norm_ over all parameters at once)",
+                    lambda ref, *a: own(clip_each="sum"),
+                )
+            )
     return found + micro
 
 
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("unshifted_labels", "gradient_clipping", "training", "tied_weights")
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-@pytest.mark.parametrize("max_grad_norm", [None, 0.5], ids=["no-clip", "clip0.5"])
+@pytest.mark.parametrize("max_grad_norm", [None, 0.5, 1e3], ids=["no-clip", "clip0.5", "clip-above-the-norm"])
 def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     """train_step's losses and updated weights over two steps equal the reference's with the same optimizer,
-    clipping by global norm when asked (protocol: train_step)."""
+    clipping by global norm when asked; a max_grad_norm above the gradient's norm leaves the gradient as it is
+    (clipping scales it down, never up) (protocol: train_step)."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=61, device=spec.device)
     ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)

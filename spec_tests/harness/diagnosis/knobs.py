@@ -333,6 +333,13 @@ def _swiglu(args, kwargs, style):
         ),
         Variant(
             "knob:activation",
+            "SiLU is applied to the product of the gate and the up projection, silu(gate * up), not to the gate alone",
+            where=where,
+            fix="silu(x @ w_gate.T) * (x @ w_up.T): the activation gates, then multiplies",
+            compute=lambda: down(_silu(g * u)),
+        ),
+        Variant(
+            "knob:activation",
             "sigmoid instead of SiLU on the gate",
             where=where,
             fix="silu(g) = g * sigmoid(g)",

@@ -307,9 +307,17 @@ def crash_signature(exc: BaseException) -> tuple | None:
     return (exc.type_name, where, numbers_aside(exc.message)) if where else None
 
 
+# dtype names as torch's messages spell them ("float != double", "c10::BFloat16", "torch.float64", "Long")
+_DTYPE = re.compile(
+    r"\b(?:torch\.|c10::)?(?:b?float\d*|double|half|bfloat16|BFloat16|Half|Float|Double|Long|Int|Short|Byte|Bool|"
+    r"u?int\d*|long|short|bool|complex\d*)\b"
+)
+
+
 def numbers_aside(message: str) -> str:
-    """A message with its numbers left out: the same line raises it for inputs of other sizes."""
-    return re.sub(r"\d+", "#", message)
+    """A message with its numbers and dtype names left out: the same line raises it for inputs of other sizes and
+    dtypes (one cast to float32 meets a float64 input in one call and a bfloat16 one in another)."""
+    return re.sub(r"\d+", "#", _DTYPE.sub("<dtype>", message))
 
 
 def _own_frame(exc: BaseException | None) -> str:

@@ -248,7 +248,8 @@ def correct_steps(
     in training mode, ``cross_entropy(forward(model, x), y)`` backward, clipping by the global norm when asked, one
     step of one fresh ``make_optimizer`` over ``model.parameters()`` (``adamw``: ``{"weight_decay", "betas"}`` of an
     AdamW instead). The losses; the model is updated in place. ``clip_each`` (a mistake, for diagnosis): each of the
-    model's own parameter tensors clipped alone, however it lays them out (a fused qkv is one tensor).
+    model's own parameter tensors clipped alone, however it lays them out (a fused qkv is one tensor); ``"sum"``:
+    clipped by the sum of the tensors' norms instead of their global (2-)norm.
 
     What a correct ``train_step`` does with the implementation's own model, however its parameters are laid out
     or shared (used to tell a training failure caused by a failing model from one of the step itself)."""
@@ -266,7 +267,12 @@ def correct_steps(
         logits = impl.forward(model, x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
-        if max_grad_norm is not None:
+        if max_grad_norm is not None and clip_each == "sum":
+            total = sum(float(p.grad.norm()) for p in params if p.grad is not None)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(min(1.0, max_grad_norm / (total + 1e-6)))
+        elif max_grad_norm is not None:
             for group in [[p] for p in params] if clip_each else [params]:
                 torch.nn.utils.clip_grad_norm_(group, max_grad_norm)
         opt.step()

@@ -148,7 +148,17 @@ class Subject:
         clip = None if max_grad_norm is None else float(max_grad_norm)
         adamw = None if weight_decay is None else {"weight_decay": float(weight_decay), "betas": list(betas)}
         return self.op(
-            "correct_steps", model, kind, float(lr), float(eps), x, y, clip, int(steps), adamw, bool(clip_each)
+            "correct_steps",
+            model,
+            kind,
+            float(lr),
+            float(eps),
+            x,
+            y,
+            clip,
+            int(steps),
+            adamw,
+            clip_each if isinstance(clip_each, str) else bool(clip_each),
         )
 
     # the reference composed with other functions (root causes, the knob search)
