@@ -1341,7 +1341,15 @@ class _ProcessLost(Exception):
     """A variant timed out or took down the process running the code: probing stops there."""
 
 
-def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[Probe]) -> None:
+def _on_a_fresh_model(run: Callable, p: Probe, ledger) -> bool:
+    """Whether the variant runs on the model built again as well (``Ledger.rebuilt``), where it keeps the call's
+    model: one that runs only on the model the failing call left behind (a mask it cached, grown by the steps run
+    before it raised) shows that state, not the property changed."""
+    again = ledger.rebuilt(*p.arguments()) if ledger is not None and p.make is None else None
+    return again is None or _runs(run, again) is not False
+
+
+def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[Probe], ledger=None) -> None:
     """Run each probe's variant; a variant that runs goes to ``working``, one that raises to ``tried``. A variant
     that times out or takes the process down ends probing (``_ProcessLost``): in grading each one would cost a
     restart of the worker, and the restarts a submission gets are limited."""
@@ -1351,7 +1359,7 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
         outcome = _runs(run, p.arguments)
         if outcome is None:  # the variant could not be built: it says nothing
             continue
-        if not outcome:  # the variant raises too: the property is not the trigger
+        if not outcome or not _on_a_fresh_model(run, p, ledger):  # the variant raises too: not the trigger
             tried.append(p)
         elif all(_runs(run, _control_arguments(c)) == c[-1] for c in p.controls):
             (variant, note) = p.contrast or ((None, None), "")
@@ -1419,6 +1427,25 @@ def _state_lines(name: str, args: tuple, kwargs: dict, fresh: Callable | None) -
     ]
 
 
+def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> list[str]:
+    """The cause where the call runs on the model built again from its current weights (``Ledger.rebuilt``): the
+    crash depends on what earlier calls left in the model (a mask or table it caches, sized by the first call)."""
+    again = ledger.rebuilt(args, kwargs) if ledger is not None else None
+    if again is None:
+        return []
+    try:
+        if _runs(run, again) is not True:
+            return []
+    except _ProcessLost:
+        return []
+    return [
+        f"likely cause: {name} raises for this call only after earlier calls on the same model: the very same call "
+        f"on the model built again from its weights runs. Look for state the model keeps between calls (a mask, "
+        f"table or buffer it caches at one call and reuses, sized by that call); fix: size or rebuild it for each "
+        f"call's input (evidence: the same call runs on a freshly built model with the same weights)"
+    ]
+
+
 def probe(
     name: str, run: Callable, args: tuple, kwargs: dict, ledger=None, fresh: Callable | None = None
 ) -> tuple[list[str], list[str]]:
@@ -1430,12 +1457,12 @@ def probe(
     ``fresh()`` gives ``name`` of a copy of the implementation loaded again: where the same call runs there, the
     crash depends on state earlier calls left, and that is said instead of any property.
     """
-    state = _state_lines(name, args, kwargs, fresh)
+    state = _state_lines(name, args, kwargs, fresh) or _model_state_lines(name, run, args, kwargs, ledger)
     if state:
         return state, ["crash_state"]
     tried, working, path = [], [], False
     try:
-        _try(probes_for(name, args, kwargs, ledger), run, tried, working)
+        _try(probes_for(name, args, kwargs, ledger), run, tried, working, ledger)
         # a path (use_cache=True raises) is narrowed by what raises on it (a batch of several rows), if anything
         path = all(p.weak or p.fallback for p in working) and any(not p.weak for p in working)
         if all(p.weak or p.fallback for p in working):  # nothing specific runs: does the size of an axis matter?
@@ -1446,7 +1473,7 @@ def probe(
                 + _power_of_two_probes(name, args, kwargs)
                 + _int_size_probes(name, args, kwargs)
             )
-            _try(fallback[:MAX_TRIES], run, tried, working)
+            _try(fallback[:MAX_TRIES], run, tried, working, ledger)
     except _ProcessLost:
         pass  # what ran before it still says what it says
     if any(p.refills for p in working):  # the same ids run through a cache holding fewer positions

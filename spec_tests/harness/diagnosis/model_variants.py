@@ -117,6 +117,17 @@ class Ledger:
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
         return fill + probes
 
+    def rebuilt(self, args: tuple, kwargs: dict) -> Callable | None:
+        """The call's arguments with the one model among them built again from its current weights (an optimizer
+        made again over it, a cache made for it and refilled with the tokens fed into it), or ``None`` where no one
+        recorded model is among them: what the call meets on a model that no earlier call has touched."""
+        found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
+        if len(found) != 1:
+            return None
+        (model,) = found.values()
+        _, config, _, options = self.models[id(model)]
+        return self._maker(model, config, None, dict, options, args, kwargs)
+
     def _cache_fill_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
         """A call on a cache that earlier calls filled (N positions), made again on a new cache of the same model
         filled with all but the last of those calls, and on an empty one: a crash that appears only once the cache

@@ -62,11 +62,11 @@ def failure_kind(exc: BaseException, bug_classes=()) -> str:
         return failure_kind(exc.exceptions[0], bug_classes)
     if isinstance(exc, NotImplementedInImpl):
         return "not_implemented"
+    if isinstance(exc, ImplementationError):  # a crash on an input that must run, whatever the test's class
+        return "error"
     classes = set(bug_classes)
     if classes and classes <= CONVENTION_CLASSES:
         return "convention" if not classes <= {"precision"} else "precision"
-    if isinstance(exc, ImplementationError):
-        return "error"
     if isinstance(exc, SpecFailure) and exc.result is not None:
         if exc.result.kind == "raises":
             return "validation"
