@@ -1435,5 +1435,46 @@ def test_a_rank_with_one_leading_dim_is_named_by_a_row_alone():
     """A nucleus that scatters a 1-D arange runs on 1-D logits and raises on [B, V]: each row alone runs, so the
     leading dim is named (before: "raises for top_p=0.6 and works for top_p=None", a path)."""
     lines, _ = probe("sampling_probs", nucleus_scattering_a_1d_arange, (randn(3, 11),), {"top_p": 0.6})
-    assert "sampling_probs raises for 2-D input and works for 1-D (each row alone, without the leading dim)" in \
+    assert "sampling_probs raises for 2-D input and works for 1-D (each row alone, without the leading dims)" in \
         lines[0], lines  # fmt: skip
+
+
+def sdpa_viewing_the_mask(q, k, v, mask=None):
+    *lead, h, tq, d = q.shape
+    scores = (q @ k.transpose(-2, -1)).reshape(-1, tq, k.shape[-2])
+    if mask is not None and q.ndim == 4:  # the bug: a mask viewed as [B * H, Tq, Tk] (only this rank folds it)
+        scores = scores.masked_fill(~mask.reshape(-1, tq, k.shape[-2]), float("-inf"))
+    elif mask is not None:
+        scores = scores.masked_fill(~mask.expand(*lead, h, tq, k.shape[-2]).reshape(-1, tq, k.shape[-2]), -1e9)
+    return (scores.softmax(-1) @ v.reshape(-1, *v.shape[-2:])).reshape(*lead, h, tq, d)
+
+
+def test_a_rank_that_runs_beside_a_change_keeping_it_is_a_clue():
+    """A broadcast mask raises only at rank 4 (5-D inputs take another path): the mask expanded runs, and so does
+    a leading dim added; the rank is said as a clue only, the mask as the cause."""
+    q = randn(2, 3, 4, 5)
+    mask = (torch.rand(2, 1, 1, 4, generator=torch.Generator().manual_seed(3)) > 0.3) | (torch.arange(4) == 0)
+    lines, _ = probe("scaled_dot_product_attention", sdpa_viewing_the_mask, (q, q, q, mask), {})
+    causes = [line for line in lines if line.startswith("likely cause")]
+    assert causes and all("a mask [2, 1, 1, 4] broadcast" in line for line in causes), lines
+
+
+def test_a_call_of_thousands_of_rows_is_probed_on_a_few():
+    """A crash of a call with 4,000 rows is probed on its first 8 rows where they raise at the same place: every
+    variant then costs 8 rows, and the note says so; the trigger found there is the same."""
+    calls = []
+
+    def counting(logits, temperature=1.0, top_k=None, top_p=None):
+        calls.append(logits.shape[0])
+        return nucleus_scattering_a_1d_arange(logits, temperature, top_k, top_p)
+
+    big = randn(4000, 11)
+    try:
+        counting(big, top_p=0.6)
+    except RuntimeError as exc:
+        crash = exc
+    calls.clear()
+    lines, _ = probe("sampling_probs", counting, (big,), {"top_p": 0.6}, crash=crash)
+    assert "sampling_probs raises for 2-D input and works for 1-D" in lines[0], lines
+    assert lines[-1] == "note: probed on the call's first 8 rows of 4000, which raise at the same place", lines
+    assert calls[0] == 8 and max(calls) <= 8, calls

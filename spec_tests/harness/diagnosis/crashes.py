@@ -70,7 +70,9 @@ adapter's, the suite's, torch's or Python's).
 from __future__ import annotations
 
 import copy
+import math
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -126,6 +128,9 @@ class Probe:
     # a path, not a property: said only where no other variant that runs names the trigger (top_k=None runs where
     # top_k above V raises, and the size is what it raises on)
     fallback: bool = False
+    # a rank (a leading dim added, merged or taken away): where another variant that keeps the rank runs too, the rank
+    # is not what it raises on alone (a 5-D input may run by chance where a broadcast mask is the trigger)
+    rank: bool = False
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -235,19 +240,26 @@ def _rank_probes(name, args, kwargs) -> list[Probe]:
             )  # fmt: skip
         )
     probes.append(Probe(f"{n}-D input", f"{n + 1}-D (a leading dim added)", *_map(args, kwargs, add_to_first), note))
-    if n == ENTRY[name].core_rank + 1 and 2 <= x.shape[0] <= 8:  # one leading dim: a row alone has none
+    core = ENTRY[name].core_rank
+    lead = x.shape[: n - core]
+    if n > core and 2 <= math.prod(lead) <= 64:  # leading dims: a row alone has none
+
+        def sharing(t):  # a tensor with the first input's leading dims (cross_entropy's targets)
+            return t is x or (t.ndim >= len(lead) and t.shape[: len(lead)] == lead)
 
         def row(i):
-            return _map(args, kwargs, lambda t: t[i] if t is x or (t.ndim >= 1 and t.shape[0] == x.shape[0]) else t)
+            return _map(args, kwargs, lambda t: t.reshape(-1, *t.shape[len(lead) :])[i] if sharing(t) else t)
 
-        # every row runs alone (not its values), and the first keeping its leading dim ([1, V]) raises: a leading
-        # dim at all is the trigger, not several rows (where [1, V] runs, the rows are: _rows_alone_probes)
-        controls = tuple((*row(i), True) for i in range(1, x.shape[0]))
-        controls += ((*_map(args, kwargs, lambda t: t[:1] if t is x or (t.ndim >= 1 and t.shape[0] == x.shape[0])
-                                else t), False),)  # fmt: skip
-        probes.append(Probe(f"{n}-D input", f"{n - 1}-D (each row alone, without the leading dim)", *row(0), note,
-                            controls=controls))  # fmt: skip
-    return probes
+        def ones(t):  # the first row with a leading dim of 1 for each of its leading dims: [1, 1, V]
+            return t.reshape(-1, *t.shape[len(lead) :])[:1].reshape(*[1] * len(lead), *t.shape[len(lead) :])
+
+        # other rows run alone (not its values), and the first keeping its leading dims as ones ([1, V]) raises: a
+        # leading dim at all is the trigger, not several rows (where [1, V] runs, the rows are: _rows_alone_probes)
+        controls = tuple((*row(i), True) for i in range(1, min(3, math.prod(lead))))
+        controls += ((*_map(args, kwargs, lambda t: ones(t) if sharing(t) else t), False),)
+        probes.append(Probe(f"{n}-D input", f"{core}-D (each row alone, without the leading dims)", *row(0), note,
+                            controls=controls, rank=True))  # fmt: skip
+    return [replace(p, rank=True) for p in probes]
 
 
 def _none_value(key: str, args, kwargs):
@@ -1447,7 +1459,7 @@ def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledg
 
 
 def probe(
-    name: str, run: Callable, args: tuple, kwargs: dict, ledger=None, fresh: Callable | None = None
+    name: str, run: Callable, args: tuple, kwargs: dict, ledger=None, fresh: Callable | None = None, crash=None
 ) -> tuple[list[str], list[str]]:
     """``(lines, codes)``: which input property the crash of ``run(*args, **kwargs)`` depends on.
 
@@ -1455,11 +1467,50 @@ def probe(
     runs but a weak one, the sizes of the first tensor's axes are tried (``_axis_size_probes``). ``ledger``
     (``model_variants.Ledger``) builds a model among the arguments again with one config property changed.
     ``fresh()`` gives ``name`` of a copy of the implementation loaded again: where the same call runs there, the
-    crash depends on state earlier calls left, and that is said instead of any property.
+    crash depends on state earlier calls left, and that is said instead of any property. ``crash``: the exception
+    the call raised (a call of thousands of rows is probed on a few that raise the same: ``_few_rows``).
     """
+    args, kwargs, shrunk = _few_rows(run, args, kwargs, crash)
     state = _state_lines(name, args, kwargs, fresh) or _model_state_lines(name, run, args, kwargs, ledger)
     if state:
-        return state, ["crash_state"]
+        return state + shrunk, ["crash_state"]
+    lines, codes = _probe(name, run, args, kwargs, ledger)
+    return (lines + shrunk if lines else lines), codes
+
+
+MANY_ROWS, FEW_ROWS = 64, 8
+
+
+def _message_shape(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, re.sub(r"\d+", "#", str(exc).split("\n")[0])
+
+
+def _few_rows(run: Callable, args: tuple, kwargs: dict, crash: BaseException | None):
+    """``(args, kwargs, note)``: a call whose first tensor has more than ``MANY_ROWS`` rows (4,000 copies of a prompt)
+    cut to its first ``FEW_ROWS`` (every tensor of that many rows alike), where that smaller call raises the same
+    exception with the same message (numbers aside), or raises at the same line of the implementation's code; each
+    variant then costs a few rows, not thousands. Else the call as it is and no note."""
+    x = _primary(args, kwargs)
+    if crash is None or x is None or x.ndim < 1 or x.shape[0] <= MANY_ROWS:
+        return args, kwargs, []
+    n = x.shape[0]
+    few = _map(args, kwargs, lambda t: t[:FEW_ROWS].contiguous() if t.ndim >= 1 and t.shape[0] == n else t)
+    original = getattr(crash, "original", None) or crash
+    try:
+        run(*_clone(few[0]), **_clone(few[1]))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the same crash on fewer rows, or another one
+        again = getattr(exc, "original", None) or exc
+        same = _message_shape(again) == _message_shape(original) or own_frame(again) == own_frame(original) != ""
+        if not getattr(exc, "process", False) and same:
+            note = f"note: probed on the call's first {FEW_ROWS} rows of {n}, which raise at the same place"
+            return *few, [note]
+    return args, kwargs, []
+
+
+def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple[list[str], list[str]]:
+    """``probe`` past the state checks: the variants, the fallbacks, and the lines they give."""
     tried, working, path = [], [], False
     try:
         _try(probes_for(name, args, kwargs, ledger), run, tried, working, ledger)
@@ -1483,6 +1534,10 @@ def probe(
         causes = [p for p in causes if not p.fallback]
     if any(p.exclusive for p in causes):
         causes, working = [p for p in causes if p.exclusive], [p for p in working if p.exclusive]
+    if any(p.rank for p in causes) and any(not (p.rank or p.fallback) for p in causes):
+        kept = "another change that keeps the rank runs as well"
+        working = [replace(p, weak=True, clue=kept) if p.rank else p for p in working]
+        causes = [p for p in causes if not p.rank]
     clues = [
         f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: {p.clue})"
         for p in working

@@ -155,6 +155,13 @@ class FailureRegistry:
         names = [n for n in self.crashes.get(signature, ()) if n in set(candidates)] if signature else []
         return dependency_order(names)[:1]
 
+    def charged_upstream(self, name: str, exc: BaseException, subjects=()) -> list[str]:
+        """The names upstream of ``name`` (other than ``subjects``) charged with ``exc``'s crash, at the same place:
+        a crash the test's verdict will leave to them (``same_crash``), so probing its inputs would say nothing."""
+        if not self.crash_consequences:
+            return []
+        return self.same_crash(exc, upstream_closure([name]) - {name} - set(subjects))
+
     def upstream_of(self, subject: str, *, precision: bool = False) -> list[str]:
         """Failing, composable names ``subject`` may call whose failures can explain a math check; with
         ``precision``, a check to float64 rounding, whose failure a precision failure upstream explains too (a

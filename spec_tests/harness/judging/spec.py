@@ -112,6 +112,7 @@ class Spec:
         failing=lambda names: [],
         upstream=lambda subject, precision=False: [],
         crash_consequences: bool = True,
+        charged_upstream=lambda name, exc, subjects=(): [],
     ):
         from ..diagnosis.crashes import Probing
 
@@ -122,6 +123,8 @@ class Spec:
         self.failing = failing  # names -> those of them whose own failures can explain a math check
         self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
         self.crash_consequences = crash_consequences  # not in grading (rootcause.FailureRegistry)
+        # (name, exc, subjects) -> upstream names charged with the same crash at the same place: not probed again
+        self.charged_upstream = charged_upstream
         self.test_id, self.component, self.subjects = test_id, component, tuple(subjects)
         self.results: list[CheckResult] = sink if sink is not None else []
         self._labels: dict[str, int] = {}
@@ -432,7 +435,9 @@ class Spec:
             self._crashes[key] = None  # a probe's own crash is not probed again
             # a timeout or a lost process is not an input's fault that a retry could show, and every retry
             # would cost the worker a restart
-            lines, codes = ([], []) if exc.process else probe(name, run, args, kwargs, self.impl.ledger, fresh)
+            # an upstream name charged with the same crash at the same place has it: the verdict leaves it to it
+            known = exc.process or self.charged_upstream(name, exc, self.subjects)
+            lines, codes = ([], []) if known else probe(name, run, args, kwargs, self.impl.ledger, fresh, exc)
             where = own_frame(exc.original)
             subject = exc.name if exc.name in PROTOCOL_NAMES else (self.subjects[0] if self.subjects else "")
             result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")

@@ -39,6 +39,7 @@ def spec(request, impl, device):
         failing=state.registry.behaving_wrongly,
         upstream=state.registry.upstream_of,
         crash_consequences=state.registry.crash_consequences,
+        charged_upstream=state.registry.charged_upstream,
     )
 
 
