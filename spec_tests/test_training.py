@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import models, observed, oracles
-from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, start_range, target_shift
+from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, in_bits, start_range, target_shift
 from .harness.diagnosis.variant import Variant
 from .harness.judging.tolerances import EXACT, Tolerance
 from .harness.plugin.markers import judges
@@ -257,7 +257,7 @@ def variant_steps(
             with torch.no_grad():
                 after = ref.forward(model, x)
                 loss = F.cross_entropy(after.reshape(-1, after.shape[-1]), y.reshape(-1))
-        losses.append(float(loss.detach()))
+        losses.append(float(loss.detach()) / (math.log(2) if returned == "bits" else 1.0))
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
 
 
@@ -324,6 +324,12 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
             "train_step returns the loss recomputed after the step, not the loss of the step",
             "return loss.item() of the forward pass the step used (before optimizer.step())",
             with_(returned="after"),
+        ),
+        Variant(
+            "knob:loss_units",
+            "train_step returns the loss in bits (the NLL divided by ln 2: a log base 2) instead of nats",
+            "return the mean NLL in nats (natural log), the loss the step used",
+            with_(returned="bits"),
         ),
     ]
     if max_grad_norm is not None:
@@ -651,7 +657,10 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
         tol=Tolerance(1e-3, 0.0, "AdamW's weight decay (unspecified) between 0 and 0.1", "lr 1e-3"),
         behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
         "AdamW(lr=1e-3) steps",
-        variants=adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw)),
+        variants=[
+            *adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw)),
+            in_bits(lambda: want),
+        ],
         rebase=(
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", 1e-3, 1.0),
@@ -788,8 +797,8 @@ EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
 @pytest.mark.bug_class("evaluation")
 @pytest.mark.parametrize(
     "n_tokens,context_length,batch_size",
-    [(61, 11, 2), (61, 11, 8), (40, 7, 3), (36, 7, 4), (35, 7, 2), (2, 5, 8)],
-    ids=["61/11/b2", "61/11/b8", "40/7/b3", "36/7/b4", "35/7/b2", "2-tokens"],
+    [(61, 11, 2), (61, 11, 8), (40, 7, 3), (36, 7, 4), (35, 7, 2), (2, 5, 8), (61, None, 2)],
+    ids=["61/11/b2", "61/11/b8", "40/7/b3", "36/7/b4", "35/7/b2", "2-tokens", "full-context"],
 )
 def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batch_size):
     """evaluate's loss is the model's total NLL / number of predicted tokens over consecutive windows from 0 (a
@@ -797,9 +806,11 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     perplexity).
 
     Boundaries: 36 tokens / context 7 divide the 35 predictions into whole windows (no short one); 35 / 7 has a
-    data length that is a multiple of the context; 2 tokens make one window of one prediction.
+    data length that is a multiple of the context; 2 tokens make one window of one prediction; windows as long as
+    the model's own context_length (None here), the longest a model takes (protocol: evaluate, forward).
     """
     config = models.family_config(spec.impl, family)
+    context_length = config["context_length"] if context_length is None else context_length
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=67, device=spec.device))
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()[:n_tokens]
     got = spec.impl.evaluate(model, data, context_length, batch_size=batch_size)
@@ -874,6 +885,7 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "ignore only what is padding (the short last window's, marked by ignore_index), never a real token 0",
             teacher("zero_ignored"),
         ),
+        in_bits(lambda: want),
     ]
     behaviour = (
         f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) = the model's "
@@ -1034,6 +1046,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
                 "make one AdamW before the loop and step it every iteration",
                 lambda: adamw_losses(spec.impl, config, sd, x, 3, fresh=True),
             ),
+            in_bits(lambda: want),
         ],
         hint="likely cause (weak evidence): the first two losses agree and the third does not, so the second update "
         "differs: either the optimizer's state (its moments and step count) does not carry over from step to step (the "

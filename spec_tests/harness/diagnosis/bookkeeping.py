@@ -16,6 +16,8 @@ only where one mechanism alone explains it and describing the difference otherwi
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .cause import EXACT_SHARED, Cause
@@ -41,6 +43,16 @@ ADAMW_RULES = {
     "eps_inside_sqrt": (
         "AdamW's eps is inside the square root (sqrt(v_hat + eps)) instead of added to it (sqrt(v_hat) + eps)",
         "p -= lr * m_hat / (sqrt(v_hat) + eps)",
+    ),
+    "v_hat_beta1": (
+        "AdamW's second moment is bias-corrected with beta1 (v / (1 - beta1**t)) instead of beta2, so the early "
+        "steps are sqrt((1 - beta1**t) / (1 - beta2**t)) times too large (10x at the first)",
+        "v_hat = v / (1 - beta2**t)",
+    ),
+    "no_sqrt_in_step_size": (
+        "AdamW's step size takes the second bias correction without its square root (lr * (1 - beta2**t) / (1 - "
+        "beta1**t) instead of lr * sqrt(1 - beta2**t) / (1 - beta1**t)), so the early steps are far too small",
+        "step_size = lr * sqrt(1 - beta2**t) / (1 - beta1**t); p -= step_size * m / (sqrt(v) + eps)",
     ),
 }
 
@@ -70,10 +82,14 @@ class AdamWRule(torch.optim.Optimizer):
                 m.mul_(b1).add_(g, alpha=1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 m_hat, v_hat = (m, v) if self.rule == "no_bias_correction" else (m / (1 - b1**t), v / (1 - b2**t))
+                v_hat = v / (1 - b1**t) if self.rule == "v_hat_beta1" else v_hat
                 if self.rule == "unscaled_decay":
                     p.mul_(1 - wd)
                 elif self.rule != "coupled_decay":
                     p.mul_(1 - lr * wd)
+                if self.rule == "no_sqrt_in_step_size":  # the fused form: lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)
+                    p.sub_(lr * (1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps))
+                    continue
                 denom = (v_hat + eps).sqrt() if self.rule == "eps_inside_sqrt" else v_hat.sqrt() + eps
                 p.sub_(lr * m_hat / denom)
 
@@ -97,6 +113,24 @@ def adamw_variants(losses_with) -> list[Variant]:
         for rule, (summary, fix) in ADAMW_RULES.items()
         for wd, mats, said in DECAY_SETTINGS
     ]
+
+
+def in_bits(losses) -> Variant:
+    """The losses ``losses()`` (a list of floats, or a dict whose ``"loss"`` is one) reported in bits: divided by
+    ln 2 (a log base 2, or a metric reducer's base 2), a perplexity left as it is."""
+
+    def bits():
+        value = losses()
+        if isinstance(value, dict):
+            return {**value, "loss": value["loss"] / math.log(2)}
+        return [v / math.log(2) for v in value]
+
+    return Variant(
+        "knob:loss_units",
+        "the loss is reported in bits (the NLL divided by ln 2: a log base 2) instead of nats",
+        "report the mean NLL in nats (natural log); perplexity = exp(loss)",
+        bits,
+    )
 
 
 # ----------------------------------------------------------------------------------------- windows

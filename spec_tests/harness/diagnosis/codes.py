@@ -93,6 +93,7 @@ KNOBS = {
     "qkv_layout": "q, k, v weights loaded in the wrong order or layout (swapped, rows not head-major, fused per head)",
     "adamw_rule": "AdamW's update rule is wrong (no bias correction, decay coupled or unscaled, eps inside the sqrt)",
     "data_windows": "data is cut into the wrong windows (non-overlapping chunks, windows context_length + 1 apart)",
+    "loss_units": "the loss is reported in another unit (bits: the NLL divided by ln 2) than the natural log's nats",
 }
 
 PREFIX_KNOB = "knob:"

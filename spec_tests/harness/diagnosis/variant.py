@@ -60,7 +60,12 @@ def fitting_variants(variants, actual, tol: Tolerance, *args, expected=None) -> 
 
 
 def variant_lines(found) -> tuple[list[str], list[str]]:
-    """Diagnosis lines and codes for the fitting variants."""
+    """Diagnosis lines and codes for the fitting variants; those with the same code and fix are one mistake (fitting
+    at each of the settings the protocol leaves open, such as AdamW's weight decay), said once."""
+    one = {}
+    for v in found:
+        one.setdefault((v.code, v.fix), v)
+    found = list(one.values())
     if len(found) > 1:
         names = "; or ".join(dict.fromkeys(v.summary for v in found))
         weak = ", weak evidence" if any(v.weak for v in found) else ""
