@@ -58,4 +58,4 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """
     if logits.shape[:2] != ids.shape:
         raise ValueError(f"lm_loss: logits {tuple(logits.shape)} and ids {tuple(ids.shape)} disagree on [B, T]")
-    return cross_entropy(rearrange(logits[:, :-1], "b t v -> (b t) v"), rearrange(ids[:, 1:], "b t -> (b t)"))
+    return cross_entropy(logits[:, :-1], ids[:, 1:])  # as the protocol states it: [B, T-1, V] against [B, T-1]

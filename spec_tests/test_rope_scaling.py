@@ -57,8 +57,9 @@ def exchanged(kind: str) -> list[tuple[str, dict, str]]:
     ]
 
 
-def variants(kind: str, call) -> list[Variant]:
-    """The classic mistakes of ``kind``, as the reference computes them: ``call(ref, scaling_or_None, *args)``."""
+def variants(kind: str, call, faster=None) -> list[Variant]:
+    """The classic mistakes of ``kind``, as the reference computes them: ``call(ref, scaling_or_None, *args)``;
+    ``faster(ref, m, *args)``: plain RoPE at the positions times ``m`` (a linear factor that multiplies)."""
     sc = SCALINGS[kind]
     changes = {
         "linear": [
@@ -66,7 +67,7 @@ def variants(kind: str, call) -> list[Variant]:
                 "the linear factor is applied twice (to the positions and to the frequencies)",
                 {"factor": 16.0},
                 FIX[kind],
-            )
+            ),
         ],
         "llama3": [],
         "yarn": [
@@ -83,6 +84,19 @@ def variants(kind: str, call) -> list[Variant]:
             for summary, change, fix in changes
         ),
         Variant("knob:rope_scaling", plain, FIX[kind], lambda ref, *a: call(ref, None, *a)),
+        *(
+            [  # mlx's RoPE(scale=) multiplies the positions: a linear factor passed as it is, not as 1 / factor
+                Variant(
+                    "knob:rope_scaling",
+                    "the linear factor multiplies the positions instead of dividing them: the rotation runs factor "
+                    "times faster, not slower",
+                    FIX[kind],
+                    lambda ref, *a: faster(ref, int(sc["factor"]), *a),
+                )
+            ]
+            if kind == "linear" and faster is not None
+            else []
+        ),
     ]
 
 
@@ -120,7 +134,7 @@ def test_rope_scaling_matches_reference(spec, kind):
         subject="rope",
         kind="positions",
         axes="b h t d",
-        variants=variants(kind, lambda ref, s, x: ref.rope(x, pos, scaling=s)),
+        variants=variants(kind, lambda ref, s, x: ref.rope(x, pos, scaling=s), lambda ref, m, x: ref.rope(x, pos * m)),
         behaviour=f"rope with rope_scaling {sc} at positions {sorted(pos.tolist())}",
     )
 
@@ -145,7 +159,9 @@ def test_rope_scaling_frequencies(spec, kind):
         unit_pairs(spec, S.D_HEAD),
         subject="rope",
         kind="positions",
-        variants=variants(kind, lambda ref, s, x: angles(ref, x, s)),
+        variants=variants(
+            kind, lambda ref, s, x: angles(ref, x, s), lambda ref, m, x: pair_angles(ref.rope(x, one * m), style)
+        ),
         behaviour=f"angle of each pair at position 1 under {sc}",
     )
 

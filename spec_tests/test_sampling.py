@@ -574,8 +574,34 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     p = probs.cpu()
     bound = 5.5 * (p * (1 - p) / N_DRAWS).sqrt() + 1e-3
     worst = int(torch.argmax((counts - p).abs() - bound))
+    within = bool(((counts - p).abs() <= bound).all())
+    causes, codes = ((), ()) if within else sharpness_causes(counts, p, kw.get("temperature", 1.0))
     spec.require(
-        bool(((counts - p).abs() <= bound).all()),
+        within,
         behaviour=f"sample({kw}) frequencies match the distribution within 5.5 standard errors",
         found=f"token {worst}: frequency {counts[worst]:.4f}, probability {p[worst]:.4f} (allowed ±{bound[worst]:.4f})",
+        causes=causes,
+        codes=codes,
+    )
+
+
+def sharpness_causes(counts, p, t: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where the draws keep the right tokens but follow another sharpness of their distribution ``p`` (the kept set
+    of sampling_probs at temperature ``t``): the temperature applied twice draws from p ** (1 / t) renormalised
+    (softmax of the kept logits / t**2), and left out of the draw (applied to the filter only) from p ** t. Named
+    only where exactly one of them fits the frequencies."""
+    if t in (0, 1):
+        return (), ()
+    readings = (
+        ("the temperature is applied twice: the draws follow the kept logits divided by temperature**2",
+         "divide the logits by the temperature once, before the filters; draw from that distribution", 1 / t),
+        ("the temperature shapes the filters only: the draws follow the kept logits without it",
+         "draw from the temperature-scaled distribution the filters kept", t),
+    )  # fmt: skip
+    fits = [(said, fix) for said, fix, power in readings if _within(counts, (q := p**power) / q.sum())]
+    if len(fits) != 1:
+        return (), ()
+    said, fix = fits[0]
+    return (f"likely cause: {said} (the frequencies follow it within 5.5 standard errors). Fix: {fix}",), (
+        "knob:temperature",
     )

@@ -226,6 +226,10 @@ def diagnose(
         ]
     if bugs:  # a catalogued bug reproduces the output exactly: what else the structure shows is its symptom
         causes = [c for c in causes if c.code.startswith(PREFIX_KNOB) or c.code in known_codes]
+    if any(c.code == "precision" and c.source == "structural" for c in causes):  # an error of float32 rounding
+        # everywhere: where it happens to be zero (a first RoPE pair of frequency 1, exactly representable) is the
+        # pattern of the rounding, not a boundary or a mask of its own
+        causes = [c for c in causes if c.source != "structural" or c.code == "precision"]
     exact_knobs = {c.code for c in causes if c.source == "knob" and c.confidence >= EXACT_SHARED}
     if len(exact_knobs) == 1:  # one knob of the specified function reproduces the output: the same, the structure
         # shows its symptom (a top-p filter left unnormalised read as a RoPE pairing, a boundary, a scale)

@@ -1122,11 +1122,12 @@ def _boundary_causes(c: _Case) -> list[Cause]:
             out.append(
                 Cause(
                     "boundary",
-                    f"wrong only from {name} = {first} on (the last {tail} of {n}); everything before is right: a "
-                    f"boundary, tail or last-block problem at index {first}",
-                    f"the handling of the last block/window/chunk along {name} (a partial final block, a range "
-                    "that stops early, a window boundary)",
-                    f"handle {name} >= {first} like the rest (include the partial last block)",
+                    f"wrong only from {name} = {first} on (the last {tail} of {n}); everything before is right: "
+                    f"something changes at index {first} (a block, window or chunk that starts there, a partial "
+                    "last block, a range that stops early)",
+                    f"what changes along {name} at index {first} (a block, window or chunk boundary, a partial last "
+                    "block, a range that stops early)",
+                    f"handle {name} >= {first} like {name} < {first}",
                     f"slices {name} = {first}..{n - 1} differ, {name} = 0..{first - 1} match within tolerance",
                     LOCAL if c.named else 0.7,
                 )
