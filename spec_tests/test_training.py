@@ -746,7 +746,7 @@ def test_train_losses_are_next_token_losses(spec, family):
     data = torch.tensor([1, 2, 3] * 14)
     model = models.build(spec.impl, config, sd, training=True)
     first = float(spec.impl.train(model, data, steps=1, batch_size=4, context_length=10)[0])
-    fresh = models.build(spec.impl, config, sd)
+    fresh = models.build(spec.impl, config, sd, training=True)  # the mode train runs it in (no dropout here)
 
     def nearest_mean(shift: int) -> float:
         """The mean of four rotations' losses nearest ``first``, with targets ``shift`` tokens ahead of the inputs."""

@@ -188,6 +188,10 @@ def cases():
                     lambda: F.linear(F.silu(F.linear(xm, wu)) * F.linear(xm, wg), wd),
                     "knob:activation",
                 ),
+                "silu_of_the_product": (  # held out: w2(silu(w1(x) * w3(x))) in a gpt-fast-style FeedForward
+                    lambda: F.linear(F.silu(F.linear(xm, wg) * F.linear(xm, wu)), wd),
+                    "knob:activation",
+                ),
             },
         )
     )

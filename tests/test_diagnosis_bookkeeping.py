@@ -40,7 +40,10 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
             m[i] = b1 * m[i] + (1 - b1) * g
             v[i] = b2 * v[i] + (1 - b2) * g**2
             mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))
+            vh = v[i] / (1 - b1**t) if slip == "v_hat_beta1" else vh
             step = lr * mh / (torch.sqrt(vh + eps) if slip == "eps_inside_sqrt" else torch.sqrt(vh) + eps)
+            if slip == "no_sqrt_in_step_size":  # fairseq's fused step size, its square root left out
+                step = lr * (1 - b2**t) / (1 - b1**t) * m[i] / (torch.sqrt(v[i]) + eps)
             decay = 0.0 if slip == "coupled_decay" else (wd if slip == "unscaled_decay" else lr * wd)
             params[i] = params[i] * (1 - decay) - step
     return params

@@ -1478,3 +1478,26 @@ def test_a_call_of_thousands_of_rows_is_probed_on_a_few():
     assert "sampling_probs raises for 2-D input and works for 1-D" in lines[0], lines
     assert lines[-1] == "note: probed on the call's first 8 rows of 4000, which raise at the same place", lines
     assert calls[0] == 8 and max(calls) <= 8, calls
+
+
+def test_a_crash_after_earlier_calls_on_the_same_model_is_said_as_state_the_model_keeps(tmp_path, pytester):
+    """End to end: a copy of the reference whose attention keeps the batch size of the first call and raises for
+    another one (a buffer sized once). A forward of one row after a batch of several raises; the same call on the
+    model built again from its weights runs, so the crash is said to depend on the model's state (not on a property
+    a variant of the one call changes)."""
+
+    def edit(folder):
+        model = folder / "model.py"
+        old = "        cap = cfg.attn_logit_softcap  # protocol v2"
+        new = (
+            "        if getattr(self, '_rows', None) is None:\n"
+            "            self._rows = x.shape[0]\n"
+            "        elif x.shape[0] != self._rows:\n"
+            "            raise RuntimeError(f'buffer of {self._rows} rows, {x.shape[0]} given')\n" + old
+        )
+        model.write_text(replace_once(model.read_text(), old, new, "model.py"))
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_batch_rows_are_independent and llama_mha"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    assert "raises for this call only after earlier calls on the same model" in out, out[-3000:]
