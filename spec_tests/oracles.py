@@ -37,19 +37,20 @@ def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: in
     return ids
 
 
-# How the implementation's own sampling functions pick greedily from logits [B, V] (temperature 0): through sample,
-# or as the argmax of sampling_probs' one-hot.
-GREEDY_PICKS = {
-    "sampling_probs": lambda impl: lambda logits: impl.sampling_probs(logits, temperature=0.0).argmax(dim=-1),
-    "sample": lambda impl: lambda logits: impl.sample(logits, temperature=0.0),
-}
+def greedy_pick(impl, name: str):
+    """How the implementation's own sampling function ``name`` picks greedily from logits ``[B, V]`` (temperature
+    0): ``sample`` itself, or the argmax of ``sampling_probs``' one-hot."""
+    if name == "sample":
+        return lambda logits: impl.sample(logits, temperature=0.0)
+    return lambda logits: impl.sampling_probs(logits, temperature=0.0).argmax(dim=-1)
 
 
 def greedy_pickers(spec):
     """``[(name, pick)]``: the implementation's sampling functions that fail tests of their own (upstream first),
     each as a greedy pick for ``greedy_teacher``."""
     raw = getattr(spec.impl, "_subject", spec.impl)  # its calls are not probed again
-    return [(name, GREEDY_PICKS[name](raw)) for name in spec.failing(tuple(GREEDY_PICKS)) if raw.provides(name)]
+    names = spec.failing(("sampling_probs", "sample"))
+    return [(name, greedy_pick(raw, name)) for name in names if raw.provides(name)]
 
 
 def own_sampler_explains(spec, args, kwargs):
