@@ -1183,7 +1183,8 @@ def _window_probes(name, args, kwargs) -> list[Probe]:
     def size(b):
         return _with(args, kwargs, wheres.get("batch_size", "batch_size"), b)
 
-    odd = next((d for d in range(2, windows) if windows % d), None)  # a batch size below W that does not divide W
+    # a batch size below W that does not divide W, other than the one given
+    odd = next((d for d in range(2, windows) if windows % d and d != batch), None)
     beside = f"batch_size={batch} beside {windows} window(s) of data"
     if batch > windows:
         controls = ((*size(windows + 1), False),) + (((*size(odd), True),) if odd else ())
@@ -1491,7 +1492,7 @@ def _few_rows(run: Callable, args: tuple, kwargs: dict, crash: BaseException | N
     exception with the same message (numbers aside), or raises at the same line of the implementation's code; each
     variant then costs a few rows, not thousands. Else the call as it is and no note."""
     x = _primary(args, kwargs)
-    if crash is None or x is None or x.ndim < 1 or x.shape[0] <= MANY_ROWS:
+    if crash is None or x is None or x.ndim < 2 or x.shape[0] <= MANY_ROWS:  # rows of a batch, not a token stream
         return args, kwargs, []
     n = x.shape[0]
     few = _map(args, kwargs, lambda t: t[:FEW_ROWS].contiguous() if t.ndim >= 1 and t.shape[0] == n else t)
