@@ -986,3 +986,29 @@ def test_an_in_place_edit_sample_makes_through_its_own_sampling_probs_is_a_conse
     )
     out = run_suite(f"--impl={control}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     assert "sample: " in out.split("root causes")[-1], out[-3000:]
+
+
+def test_an_input_a_failing_upstream_edits_in_place_is_its_consequence_in_a_check(tmp_path, pytester):
+    """A copy of the reference whose cross_entropy subtracts each row's max from the logits in place, and whose
+    lm_loss calls its own copy of it on a view of its logits: lm_loss's check sees its input changed. The test run
+    again with the reference's lm_loss composed with the implementation's cross_entropy fails at the same check, so
+    lm_loss's failure is cross_entropy's consequence (``rootcause.composed_rerun``); cross_entropy is charged. A test
+    that requires unchanged inputs itself asks ``Spec.inplace_upstream`` (test_sample_leaves_its_logits_unchanged)."""
+
+    def edit(folder):
+        losses = folder / "losses.py"
+        text = replace_once(losses.read_text(), "    nll = token_nll(logits, targets, ignore_index)\n",
+                            "    logits = logits.sub_(logits.amax(-1, keepdim=True).detach())\n"
+                            "    nll = token_nll(logits, targets, ignore_index)\n", "losses.py")  # fmt: skip
+        text = text.replace(
+            "    return cross_entropy(logits[:, :-1], ids[:, 1:])", "    return _own_ce(logits[:, :-1], ids[:, 1:])"
+        )
+        losses.write_text(text + "\n\nimport types as _types\n_own_ce = _types.FunctionType(cross_entropy.__code__, "
+                          "cross_entropy.__globals__, '_own_ce', cross_entropy.__defaults__)\n"
+                          "_own_ce.__kwdefaults__ = cross_entropy.__kwdefaults__\n")  # fmt: skip
+
+    folder = implementation(tmp_path, edit=edit)
+    out = run_suite(f"--impl={folder}", "-k", "test_lm_loss_predicts or test_cross_entropy_mean", cwd=tmp_path,
+                    pytester=pytester).stdout  # fmt: skip
+    roots = out.split("root causes")[-1]
+    assert "cross_entropy: " in roots and "lm_loss: " not in roots, out[-3000:]
