@@ -1629,7 +1629,9 @@ class Probing:
                 result = value(*args, **kwargs)
             except ImplementationError as exc:
                 if called in _protocol_names():
-                    self._on_crash(called, value, args, kwargs, exc, fresh=self._fresh(name, called))
+                    self._on_crash(
+                        called, value, args, kwargs, exc, fresh=self.fresh_for(called) if name == called else None
+                    )
                 raise
             if recorded:
                 self.ledger.record(name, args, kwargs, result)
@@ -1637,11 +1639,11 @@ class Probing:
 
         return call
 
-    def _fresh(self, name: str, called: str) -> Callable | None:
-        """How to get ``called`` from a fresh copy of the implementation: only an in-process subject loads one, and
-        only a protocol call's own arguments can be given to it (an operation's are not the name's)."""
+    def fresh_for(self, name: str) -> Callable | None:
+        """How to get protocol name ``name`` from a fresh copy of the implementation (only an in-process subject loads
+        one); its callers give it only a protocol call's own arguments (an operation's are not the name's)."""
         fresh = getattr(self._subject, "fresh_function", None)
-        return (lambda: fresh(called)) if fresh is not None and name == called else None
+        return (lambda: fresh(name)) if fresh is not None else None
 
     def __repr__(self) -> str:
         return repr(self._subject)

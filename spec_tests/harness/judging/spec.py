@@ -395,15 +395,18 @@ class Spec:
         if roots:
             self._crash_consequence(subject, roots, exc)
 
-    def _crash_consequence(self, subject: str, roots: list[str], exc: ImplementationError) -> None:
+    def _crash_consequence(self, subject: str, roots: list[str], exc: ImplementationError, why: str = "") -> None:
         """Raise the ``ConsequenceFailure`` of a crash a correct ``subject`` meets with the implementation's own
-        ``roots`` (the same exception at the same place)."""
+        ``roots``: the same exception at the same place, or ``why`` (a correct ``subject`` cannot run either)."""
         names = ", ".join(roots)
         result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")
         result.outcome = "failed"
         result.found = (
             f"consequence of failing {names}: your code raises what a correct {subject} raises when it calls your "
             f"own {names} on the correct intermediate values ({exc.type_name}: {exc.message}). Fix {names} first."
+            if not why
+            else f"consequence of failing {names}: {why} Fix {names} first.\n  (it raised {exc.type_name}: "
+            f"{exc.message})"
         )
         raise ConsequenceFailure(result, roots) from exc
 
@@ -413,9 +416,8 @@ class Spec:
         if call is not None:
             name, kwargs = call
             raw = self.impl._subject
-            fresh = getattr(raw, "fresh_function", None)
-            again = (lambda: fresh(name)) if fresh is not None else None
-            self._crashed(name, lambda *a, **k: getattr(raw, name)(*a, **k), pristine, dict(kwargs), exc, fresh=again)
+            run = lambda *a, **k: getattr(raw, name)(*a, **k)
+            self._crashed(name, run, pristine, dict(kwargs), exc, fresh=self.impl.fresh_for(name))
         else:
             self._crashed(subject or exc.name, lambda *a: compute(self.impl._subject, *a), pristine, {}, exc)
 
@@ -471,14 +473,9 @@ class Spec:
                 self._crash_consequence(name, roots, exc)
         explain = UPSTREAM_CRASHES.get(name)
         found = explain(self, args, kwargs) if explain is not None else None
-        if not found:
-            return
-        roots, why = found
-        result = self._result(name, "the call runs on inputs the protocol allows", kind="require")
-        result.outcome = "failed"
-        result.found = f"consequence of failing {', '.join(roots)}: {why} Fix {', '.join(roots)} first.\n  (it " \
-            f"raised {exc.type_name}: {exc.message})"  # fmt: skip
-        raise ConsequenceFailure(result, roots) from exc
+        if found:
+            roots, why = found
+            self._crash_consequence(name, roots, exc, why)
 
     def _rebase(self, result: CheckResult, rebase, actual, tol: Tolerance) -> None:
         names, own = rebase
