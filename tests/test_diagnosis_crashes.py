@@ -1501,3 +1501,61 @@ def test_a_crash_after_earlier_calls_on_the_same_model_is_said_as_state_the_mode
     selected = "test_batch_rows_are_independent and llama_mha"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     assert "raises for this call only after earlier calls on the same model" in out, out[-3000:]
+
+
+class _Warmup:
+    def __init__(self, warmup_steps=0):
+        self.warmup_steps = warmup_steps
+
+    def factor(self, step):
+        return min(1.0, (step + 1) / self.warmup_steps)
+
+
+def train_with_a_warmup_of_zero(data, steps=2):
+    schedule = _Warmup()  # its own default: every call divides by 0
+    return [schedule.factor(step) * float(data.float().mean()) for step in range(steps)]
+
+
+def mean_over_one_less(data, steps=2):
+    n = data.shape[0] // data.shape[0]
+    return float(data.float().sum()) / (n - 1)  # divides by an expression, not a name
+
+
+def project_to_a_stale_width(x, weight):
+    projection = torch.ones(5, 5, dtype=x.dtype)
+    return x @ projection
+
+
+def _probed(name, fn, args, kwargs=None):
+    try:
+        fn(*args, **(kwargs or {}))
+    except Exception as exc:  # noqa: BLE001 - the crash is what is probed
+        return probe(name, fn, args, kwargs or {}, crash=exc)
+    raise AssertionError("the call was expected to raise")
+
+
+def test_a_division_by_a_name_holding_zero_is_named():
+    """``train`` dividing by a warmup its own code sets to 0 raises for every input, so no variant runs; the line it
+    raised at divides by one name, and that name holds 0: it is the cause (held-out batch 26's warmup)."""
+    lines, codes = _probed("train", train_with_a_warmup_of_zero, (torch.arange(10),), {"steps": 3})
+    assert codes == ["crash_zero_divisor"], lines
+    assert lines[0].startswith("likely cause: train divides by `self.warmup_steps`, which is 0"), lines
+    assert not any("does not depend on what was probed" in line for line in lines), lines
+
+
+def test_a_division_by_an_expression_is_described_not_named():
+    """Control: a ``ZeroDivisionError`` where the line divides by an expression (``n - 1``) names nothing; the values
+    the line read are said as a note."""
+    lines, codes = _probed("train", mean_over_one_less, (torch.arange(10),), {"steps": 3})
+    assert codes == [] and not any(line.startswith("likely cause") for line in lines), lines
+    assert any(line.startswith("note: where it raised") and "n = 1" in line for line in lines), lines
+
+
+def test_a_crash_no_variant_explains_shows_the_values_at_its_line():
+    """A matmul against a width no input decides: every variant raises, and the note says the shapes the raising
+    line held, without naming a cause."""
+    lines, codes = _probed("rmsnorm", project_to_a_stale_width, (randn(2, 3, 4), randn(4)))
+    assert codes == [] and "does not depend on what was probed" in lines[0], lines
+    site = [line for line in lines if line.startswith("note: where it raised")]
+    assert site and "x = [2, 3, 4] float64, projection = [5, 5] float64" in site[0], lines
+    assert "`return x @ projection`" in site[0], lines

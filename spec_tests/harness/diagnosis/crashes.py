@@ -62,8 +62,9 @@ Probing stops at a variant that times out or takes the worker's process down (``
 a lost process is not probed at all (``Spec._crashed``): in grading each would cost a restart, and they are limited.
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
-the probes showed is said; when every variant raises too, the line says which ones were tried.
-``own_frame`` finds the innermost traceback frame in the implementation's own files (not the
+the probes showed is said; when every variant raises too, the line says which ones were tried, and what the
+line it raised at read (``crash_site.site_lines``: the values it names; a division by one name holding 0 is named).
+``own_frame`` (``crash_site.py``) finds the innermost traceback frame in the implementation's own files (not the
 adapter's, the suite's, torch's or Python's).
 """
 
@@ -71,11 +72,7 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
-import sys
-import sysconfig
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -91,8 +88,10 @@ from ...protocol import (
     WINDOWED,
     config_defaults,
 )
+from .crash_site import own_frame, site_lines
 from .model_variants import Ledger, NotBuilt, heads_repeated, option_off, options_set, without
 
+NOTHING_RAN = "note: the crash does not depend on what was probed"
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
 
 # ANY_LEADING (imported): functions whose protocol shapes are ``[..., d]``: any number of leading dims
@@ -1476,6 +1475,11 @@ def probe(
     if state:
         return state + shrunk, ["crash_state"]
     lines, codes = _probe(name, run, args, kwargs, ledger)
+    if not codes:  # no variant runs: what the raising line read
+        site, codes = site_lines(name, getattr(crash, "original", None) or crash)
+        if codes:  # it pins the cause, and what was tried says nothing more
+            lines = [line for line in lines if not line.startswith(NOTHING_RAN)]
+        lines = site + lines if codes else lines + site
     return (lines + shrunk if lines else lines), codes
 
 
@@ -1556,45 +1560,12 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
         return clues, []
     if tried:
         names = "; ".join(f"{p.working} instead of {p.failing}" for p in tried)
-        return [f"note: the crash does not depend on what was probed: {name} raises as well with {names}"], []
+        return [f"{NOTHING_RAN}: {name} raises as well with {names}"], []
     return [], []
 
 
 # ---------------------------------------------------------------------------------------------
 # where the implementation's own code raised
-
-
-def _foreign_roots(*, installed: bool) -> tuple[str, ...]:
-    """The suite, torch and Python's standard library; with ``installed``, the adapters, the grader, the tools and
-    every installed package too."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # spec_tests/
-    roots = [here + os.sep, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
-    keys = ("stdlib", "platstdlib", "purelib", "platlib") if installed else ("stdlib", "platstdlib")
-    roots += [os.path.realpath(path) + os.sep for key in keys if (path := sysconfig.get_paths().get(key))]
-    if installed:
-        roots += [
-            os.path.join(os.path.dirname(here), name) + os.sep for name in ("tools", "spec_adapters", "spec_grading")
-        ]
-        roots.append(os.path.realpath(sys.prefix) + os.sep)
-    return tuple(roots)
-
-
-def own_frame(exc: BaseException | None, *, libraries: bool = False) -> str:
-    """``file:line in function`` of the innermost frame outside the suite, the adapters, torch and Python;
-    ``libraries``: a library's own frames count too (code behind an adapter raising in the library it wraps)."""
-    if exc is None or exc.__traceback__ is None:
-        return ""
-    foreign = _foreign_roots(installed=not libraries)
-    where = ""
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename.startswith("<"):
-            continue
-        real = os.path.realpath(frame.filename)
-        if any(real.startswith(r) for r in foreign):
-            continue
-        shown = os.path.relpath(real)
-        where = f"{real if shown.startswith('..') else shown}:{frame.lineno} in {frame.name}"
-    return where
 
 
 # ---------------------------------------------------------------------------------------------
