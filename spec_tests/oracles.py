@@ -134,7 +134,9 @@ def evaluate_teacher(
     len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows ``context_length + 1`` apart:
     the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
     divided by the tokens predicted), ``"unshifted"`` (each window's tokens scored as their own targets),
-    ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label).
+    ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label),
+    ``"pad_target"`` and ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its
+    first padded target, or every one, scored as a prediction of token 0: a loss mask one too long, or none).
     """
     nll, targets = [], []
     spans = windows(len(data), context_length)
@@ -148,6 +150,12 @@ def evaluate_teacher(
         logits = impl.forward(model, x)[0].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0])
         targets.append(y)
+    if reduction in ("pad_target", "pad_targets") and spans[-1][1] < context_length:
+        start, length = spans[-1]  # its padding: inputs the window and its last target, then 0s; targets 0s
+        pads = 1 if reduction == "pad_target" else context_length - length
+        x = torch.cat([data[start : start + length + 1].long(), data.new_zeros(pads - 1).long()])[None].to(device)
+        logits = impl.forward(model, x)[0, length:].detach().double().cpu()
+        nll.append(-torch.log_softmax(logits, dim=-1)[:, 0])
     if reduction == "zero_ignored":  # targets equal to token 0 left out, as a pad id of 0 used as the ignored label
         kept = torch.cat(targets) != 0
         loss = float(torch.cat(nll)[kept].sum() / kept.sum()) if bool(kept.any()) else math.nan
@@ -173,7 +181,7 @@ def evaluate_teacher(
         loss = float(torch.cat(nll).sum() / (len(spans) * context_length))
     elif reduction == "all_tokens":
         loss = float(torch.cat(nll).sum() / len(data))
-    elif reduction == "chunks":
+    elif reduction in ("chunks", "pad_target", "pad_targets"):
         loss = float(torch.cat(nll).mean())
     else:
         loss = float(torch.cat(nll).sum() / (len(data) - 1))

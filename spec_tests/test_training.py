@@ -885,6 +885,18 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "ignore only what is padding (the short last window's, marked by ignore_index), never a real token 0",
             teacher("zero_ignored"),
         ),
+        *(
+            Variant(
+                "knob:ignore_index",
+                f"the short last window's padding is scored: {which} (token 0) counted as a prediction",
+                "mask the padding's targets out of the loss and out of the count of predicted tokens",
+                teacher(reduction),
+            )
+            for reduction, which in (
+                ("pad_target", "its first padded target"),
+                ("pad_targets", "every padded target"),
+            )
+        ),
         in_bits(lambda: want),
     ]
     behaviour = (

@@ -164,6 +164,28 @@ BUGS = (
         code="knob:loss_reduction",
     ),
     Bug(
+        "evaluate_scores_padding_targets",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old=EVALUATE_LOOP,
+        new="""    total, counted = torch.zeros((), dtype=torch.float64), 0
+    padded = torch.cat([tokens, tokens.new_zeros(context_length)])  # the short last window padded with token 0
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            starts = torch.tensor([s for s, _ in windows[i : i + batch_size]])
+            offsets = starts[:, None] + torch.arange(context_length)[None, :]
+            x, y = padded[offsets].to(device), padded[offsets + 1].to(device)
+            total += token_nll(model(x), y).sum().double().cpu()  # the padding's targets are not masked out
+            counted += y.numel()
+    loss = (total / counted).item()""",
+        explanation="evaluate pads the short last window with token 0 and scores the padding's targets as "
+        "predictions of token 0, counting them as predicted tokens",
+        fix="mask the padding's targets out of the loss and out of the count (ignore_index)",
+        corner=True,
+        code="knob:ignore_index",
+    ),
+    Bug(
         "evaluate_in_training_mode",
         "evaluation",
         EVALUATION,
