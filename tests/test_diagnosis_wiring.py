@@ -92,6 +92,8 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         x = x + F.embedding(pos, sd["pos_embeddings.weight"])
     for i in range(cfg["n_layers"]):
         p = f"layers.{i}"
+        if bug in ("every_layer_the_first", "every_layer_the_last"):  # one block's weights at every layer
+            p = f"layers.{0 if bug.endswith('first') else cfg['n_layers'] - 1}"
         if bug == "no_attn_residual":
             x = attention(norm(x, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
@@ -239,6 +241,7 @@ CATALOG_WIRING = {
     "embedding_scaled_by_sqrt_d_model": "embedding_scale",
     "wo_transposed_at_load": "transposed_wo",
     "wq_wk_swapped_at_load": "wq_wk_swapped",
+    "every_layer_runs_the_last_block": "every_layer_the_last",
 }
 
 

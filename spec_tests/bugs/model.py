@@ -79,6 +79,19 @@ BUGS = (
         code="knob:weight_layout",
     ),
     Bug(
+        "every_layer_runs_the_last_block",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="            x = block(x, positions, cache, layer, mask)",
+        new="            x = self.layers[-1](x, positions, cache, layer, mask)",
+        explanation="the layer loop calls the last block at every layer (a block variable left over from another "
+        "loop), so every layer computes with the last layer's weights",
+        fix="call each layer's own block: for layer, block in enumerate(self.layers): x = block(x, ...)",
+        corner=True,
+        code="knob:layer_weights",
+    ),
+    Bug(
         "wq_wk_swapped_at_load",
         "wiring",
         FORWARD,

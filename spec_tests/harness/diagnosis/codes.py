@@ -91,6 +91,7 @@ KNOBS = {
     "missing_residual": "a sublayer's output replaces the residual stream instead of being added to it",
     "parallel_blocks": "attention and the MLP run in parallel on one input (GPT-J) instead of one after the other",
     "embed_scale": "the token embeddings are scaled (by sqrt(d_model)) where the family does not, or not where it does",
+    "layer_weights": "every block computes with one block's weights (a repeated module, a loader writing one layer)",
     "qkv_layout": "q, k, v weights loaded in the wrong order or layout (swapped, rows not head-major, fused per head)",
     "adamw_rule": "AdamW's update rule is wrong (no bias correction, decay coupled or unscaled, eps inside the sqrt)",
     "data_windows": "data is cut into the wrong windows (non-overlapping chunks, windows context_length + 1 apart)",

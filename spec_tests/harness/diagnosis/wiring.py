@@ -177,6 +177,24 @@ def _swapped(a: str, b: str):
     return transform
 
 
+def _every_layer_as(which: str):
+    """Every block's canonical weights replaced by one block's (``"first"`` or ``"last"``): one block module
+    repeated (``[Block()] * n_layers``), or a loader writing one layer's weights into every block."""
+
+    def transform(state_dict: dict, config) -> dict:
+        layers = sorted({int(k.split(".")[1]) for k in state_dict if k.startswith("layers.")})
+        if len(layers) < 2:
+            raise NotApplicable("a single block")
+        source = f"layers.{layers[0] if which == 'first' else layers[-1]}."
+        out = dict(state_dict)
+        for key in state_dict:
+            if key.startswith("layers."):
+                out[key] = state_dict[source + key.split(".", 2)[2]]
+        return out
+
+    return transform
+
+
 def _not_head_major(with_output: bool):
     """q, k, v rows (and with ``with_output`` wo's columns) read as ``[d_head, heads]`` instead of ``[heads,
     d_head]``: the loader's (or the head split's) view puts the channel before the head."""
@@ -345,6 +363,18 @@ WIRINGS = (
             weights=_transposed(f"attn.{proj}.weight"),
         )
         for proj in ("wq", "wk", "wv", "wo")
+    ),
+    *(
+        Wiring(
+            f"every_layer_the_{which}",
+            "knob:layer_weights",
+            f"every block computes with the {which} block's weights: one block module repeated ([Block()] * "
+            f"n_layers shares one module), or the loader writes layer {index}'s weights into every block",
+            "build a new block per layer (ModuleList(Block() for _ in range(n_layers))) and load layers.{i}.* into "
+            "block i",
+            weights=_every_layer_as(which),
+        )
+        for which, index in (("first", "0"), ("last", "n_layers - 1"))
     ),
     Wiring(
         "wq_wk_swapped",
