@@ -1559,3 +1559,37 @@ def test_a_crash_no_variant_explains_shows_the_values_at_its_line():
     site = [line for line in lines if line.startswith("note: where it raised")]
     assert site and "x = [2, 3, 4] float64, projection = [5, 5] float64" in site[0], lines
     assert "`return x @ projection`" in site[0], lines
+
+
+def block_adding_an_absent_bias(x, weight):
+    bias = None  # the model has no bias, and the fused kernel adds it anyway
+    x = x * weight
+    return x + bias
+
+
+def norm_reading_an_absent_mask(x, weight, mask=None):
+    width = mask.shape[-1]
+    return x[..., :width] * weight[:width]
+
+
+def test_an_operation_on_one_name_holding_none_is_named():
+    """A fused add of a bias the model does not have raises ``TypeError`` on ``None`` for every input (held-out batch
+    22's bias-dropout-add): the raising line names one value that is None, and that is said as the cause; an
+    attribute read on a None argument is named by the name that is None."""
+    lines, codes = _probed("rmsnorm", block_adding_an_absent_bias, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_none_value"], lines
+    assert "`return x + bias`" in lines[0] and "with `bias` None" in lines[0], lines
+    lines, codes = _probed("rmsnorm", norm_reading_an_absent_mask, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_none_value"] and "with `mask` None" in lines[0], lines
+
+
+def test_a_none_crash_with_two_none_names_is_described_not_named():
+    """Control: a line reading two names that hold None does not say which one raised."""
+
+    def both_absent(x, weight):
+        bias, scale = None, None
+        return x * weight + bias * scale
+
+    lines, codes = _probed("rmsnorm", both_absent, (randn(2, 3, 4), randn(4)))
+    assert codes == [] and not any(line.startswith("likely cause") for line in lines), lines
+    assert any("bias = None, scale = None" in line for line in lines), lines

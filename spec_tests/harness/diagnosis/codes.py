@@ -29,6 +29,7 @@ STRUCTURAL = {
     "crash": "the call raises for an input the protocol allows, and runs with one property of it changed",
     "cache_fill": "the call raises through a cache that earlier calls filled, and runs through an empty one",
     "crash_zero_divisor": "the call divides by a value that is 0 for an input the protocol allows",
+    "crash_none_value": "the call reaches an operation on a value that is None for an input the protocol allows",
     "crash_state": "the call raises only after earlier calls: a freshly loaded copy of the code runs it (state kept)",
     "ignored_weight": "the output does not depend on a weight the specified model uses: it is loaded but not used",
 }

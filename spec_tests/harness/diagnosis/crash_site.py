@@ -4,7 +4,8 @@ raised at, and the values that line names.
 - ``own_frame(exc)``: ``file:line in function`` of that frame (not the adapter's, the suite's, torch's or Python's);
 - ``site_lines(name, exc)``: for a crash no probe explains, what the raising line read (``note: at train.py:37
   ... warmup_steps = 0, step = 0``), and, for a ``ZeroDivisionError`` whose line divides by exactly one name
-  holding 0, that name as the cause (the evidence pins it: the division by it is what raised).
+  holding 0, or a ``TypeError``/``AttributeError`` on ``None`` at a line naming exactly one name that holds None, that
+  name as the cause (the evidence pins it: the division by it, or the operation on None, is what raised).
 
 Values are read from the frame's own locals (and attributes of them, looked up without running the code's
 properties); a tensor is said as its shape and dtype, a number as itself. Nothing is evaluated: a name the frame
@@ -113,6 +114,12 @@ def _lookup(frame: FrameType, dotted: str):
     return value
 
 
+def _prefixes(dotted: str) -> list[str]:
+    """``a``, ``a.b``, ``a.b.c`` of ``a.b.c``: an attribute read on None raises at the prefix that is None."""
+    parts = dotted.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 def _described(value) -> str | None:
     """A value as a line shows it: a tensor's shape and dtype, a number, a short string, a sequence's length."""
     if isinstance(value, torch.Tensor):
@@ -187,6 +194,14 @@ def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[st
                 f"fix: give it a value that cannot be 0 for any input the protocol allows, or guard the division "
                 f"(evidence: the division by it raised)"
             ], ["crash_zero_divisor"]
+    if isinstance(exc, TypeError | AttributeError) and "NoneType" in str(exc):
+        nones = list(dict.fromkeys(p for n in _names(source) for p in _prefixes(n) if _lookup(frame, p) is None))
+        if len(nones) == 1:
+            return [
+                f"likely cause: {name} reaches `{source}` at {where} with `{nones[0]}` None (an optional argument, "
+                f"weight or setting the code assumes is given); fix: handle None there, or give it the value None "
+                f"stands for (evidence: the operation on None raised)"
+            ], ["crash_none_value"]
     values = []
     for dotted in _names(source):
         value = _lookup(frame, dotted)
