@@ -982,15 +982,28 @@ def test_evaluate_ignores_dropout(spec, family):
 
 
 def adamw_losses(
-    m, cfg, sd, x, steps, *, weight_decay=0.01, betas=(0.9, 0.999), rule=None, fresh=False, matrices_only=False
+    m,
+    cfg,
+    sd,
+    x,
+    steps,
+    *,
+    weight_decay=0.01,
+    betas=(0.9, 0.999),
+    rule=None,
+    fresh=False,
+    matrices_only=False,
+    schedule=None,
 ):
     """The losses of ``steps`` AdamW(lr=1e-3) steps with clipping at 1.0 on the implementation's own model and
     gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here.
 
     For diagnosis: ``rule``, AdamW with one slip in its update (``bookkeeping.ADAMW_RULES``); ``fresh``, a new
     optimizer at every step (its moments and step count lost); ``matrices_only``, the weight decay on the weights of
-    two or more dims alone (nanoGPT's parameter groups)."""
-    if rule is None and not fresh:  # the specified AdamW, on the model itself however its parameters are shared
+    two or more dims alone (nanoGPT's parameter groups); ``schedule(t)``, the learning rate of step ``t`` (from 0) as
+    a multiple of 1e-3."""
+    # the specified AdamW, on the model itself however its parameters are shared
+    if rule is None and not fresh and schedule is None:
         model = models.build(m, cfg, sd)
         return m.correct_steps(model, "adamw", 1e-3, 1e-8, x, x, 1.0, steps, weight_decay=weight_decay, betas=betas)
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
@@ -1011,8 +1024,10 @@ def adamw_losses(
 
     opt = optimizer()
     losses = []
-    for _ in range(steps):
+    for step in range(steps):
         opt = optimizer() if fresh else opt
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 * (schedule(step) if schedule is not None else 1.0)
         facts = m.cross_entropy_grads(models.build(m, cfg, {k: v.detach() for k, v in leaves.items()}), x, x)
         losses.append(float(facts["loss"]))
         for name, p in leaves.items():
@@ -1057,6 +1072,18 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
                 "a new AdamW is made at every step, so its moments and step count never carry over",
                 "make one AdamW before the loop and step it every iteration",
                 lambda: adamw_losses(spec.impl, config, sd, x, 3, fresh=True),
+            ),
+            *(
+                Variant(
+                    "knob:lr_schedule",
+                    f"train's learning rate {how} over its steps (a schedule), where the protocol's lr is every step's",
+                    "keep lr constant: no scheduler in train (or one that leaves lr as it is)",
+                    lambda schedule=schedule: adamw_losses(spec.impl, config, sd, x, 3, schedule=schedule),
+                )
+                for how, schedule in (
+                    ("decays linearly to 0", lambda t: 1 - t / 3),
+                    ("decays to 0 along a cosine", lambda t: 0.5 * (1 + math.cos(math.pi * t / 3))),
+                )
             ),
             in_bits(lambda: want),
         ],

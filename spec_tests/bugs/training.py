@@ -217,6 +217,21 @@ BUGS = (
         code="knob:data_windows",
     ),
     Bug(
+        "train_lr_decays_linearly",
+        "training",
+        TRAINING,
+        "training.py",
+        old="""            losses.append(train_step(model, optimizer, x, y, max_grad_norm))""",
+        new="""            losses.append(train_step(model, optimizer, x, y, max_grad_norm))
+            for group in optimizer.param_groups:  # a linear decay to 0 over the steps
+                group["lr"] = lr * (1 - (len(losses)) / steps)""",
+        explanation="train decays the learning rate linearly to 0 over its steps (a scheduler's default), where the "
+        "protocol's lr is every step's",
+        fix="keep lr constant in train: no scheduler",
+        corner=True,
+        code="knob:lr_schedule",
+    ),
+    Bug(
         "train_adam_with_l2_decay",
         "training",
         TRAINING,

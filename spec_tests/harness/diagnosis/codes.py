@@ -73,6 +73,7 @@ KNOBS = {
     "tying": "the tied LM head is a copy (or a detached use) of the embedding, not the same parameter",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
+    "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",
     "optimizer_state": "the optimizer's state (moments, step count) does not carry over from step to step",
     "zero_grad": "gradients of the previous step are not cleared before the next backward pass",
     "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
