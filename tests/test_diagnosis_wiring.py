@@ -71,7 +71,8 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         if llama:
             theta = cfg.get("rope_theta", 10000.0)
             q, k = rope_complex(q, pos, theta), rope_complex(k, pos, theta)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H_kv != H)
+        scale = 1 / math.sqrt(dh) / (1 + int(p.split(".")[1]) if bug == "scores_scaled_by_layer" else 1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H_kv != H, scale=scale)
         if bug == "qkvo_not_head_major":
             out = out.permute(0, 2, 3, 1).reshape(B, T, d)
         else:
@@ -90,6 +91,7 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         x = x * math.sqrt(d)
     if not llama:
         x = x + F.embedding(pos, sd["pos_embeddings.weight"])
+    before = x
     for i in range(cfg["n_layers"]):
         p = f"layers.{i}"
         if bug in ("every_layer_the_first", "every_layer_the_last"):  # one block's weights at every layer
@@ -127,6 +129,10 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         elif bug == "mlp_on_attn_norm":
             x = x + attention(norm(x, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.attn_norm"), p)
+        elif bug == "stale_block_input":  # block i's attention reads block i - 1's input (a variable not updated)
+            source, before = (before if i else x), x
+            x = x + attention(norm(source, f"{p}.attn_norm"), p)
+            x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
         elif bug == "doubled_residual":
             x = 2 * x + attention(norm(x, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
@@ -313,3 +319,32 @@ def test_a_weight_an_option_model_does_not_use_is_named(tmp_path, pytester):
     out = run_suite(f"--impl={folder}", "-k", "test_logits_match_reference_with_post_norms", cwd=tmp_path,
                     pytester=pytester).stdout  # fmt: skip
     assert "does not depend on layers.0.attn_post_norm.weight, layers.1.attn_post_norm.weight" in out, out[-3000:]
+
+
+@pytest.mark.parametrize(
+    "bug, codes",
+    [
+        ("scores_scaled_by_layer", ["layer_index"]),
+        ("stale_block_input", ["~between_blocks"]),
+        ("head_scaled", ["~outside_blocks"]),
+        ("mlp_on_attn_norm", []),
+    ],
+)
+def test_silencing_blocks_says_where_in_the_stack_a_model_differs(bug, codes):
+    """diagnosis/depth.py: the blocks' output projections zeroed, all of them or all but one, on both sides. Attention
+    scores divided by the layer's number (Megatron's query-key layer scaling left half applied) are right in block 0
+    alone and wrong in block 1 alone; a block reading the previous block's input is right block by block and wrong
+    stacked; a scaled head differs with every block silenced. A mistake inside every block (the MLP normalised with
+    the attention's norm) is wrong in block 0 alone, and nothing is said: the component's tests say more."""
+    from spec_tests.harness.diagnosis.depth import depth_lines
+
+    cfg, sd, ids = _inputs("llama_gqa")
+    compute = lambda m, sd, ids: m.logits(sd, ids)
+    impl = _Functional(cfg, None if bug in OTHER_BUGS else bug)
+    if bug in OTHER_BUGS:
+        impl.logits = lambda sd, ids: OTHER_BUGS[bug](cfg, sd, ids)
+    assert mismatch(compute(impl, sd, ids), compute(_Functional(cfg), sd, ids), TOL) is not None
+    lines, found = depth_lines(compute, impl, _Functional(cfg), (sd, ids), (sd, ids), TOL)
+    assert found == codes, lines
+    if codes == ["layer_index"]:
+        assert "block 1 alone does not" in lines[0], lines

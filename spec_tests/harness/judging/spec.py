@@ -295,6 +295,11 @@ class Spec:
 
                 found = ignored_weights(compute, self.impl, reference, pristine, args64, actual, expected, tol)
                 lines, codes = lines + found[0], codes + found[1]
+                if model_knobs and not found[0]:  # where in the stack the model goes wrong
+                    from ..diagnosis.depth import depth_lines
+
+                    found = depth_lines(compute, self.impl, reference, pristine, args64, tol)
+                    lines, codes = lines + found[0], codes + found[1]
             if call is not None and not fitting:  # an activation's constants, measured on the implementation
                 from ..diagnosis.activation_fit import fitted_activation
 
