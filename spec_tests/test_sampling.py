@@ -585,23 +585,50 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     )
 
 
+def uniform_race(p: torch.Tensor, grid: int = 4000) -> torch.Tensor:
+    """The distribution of argmax(p / U) with U uniform on (0, 1) (the exponential race run with uniform noise):
+    P(i wins) = integral over u in (0, 1) of prod_{j != i} max(0, 1 - p_j u / p_i), by the midpoint rule."""
+    p = p.double()
+    u = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid
+    kept = p > 0
+    out = torch.zeros_like(p)
+    for i in torch.nonzero(kept).flatten().tolist():
+        others = torch.cat([p[:i], p[i + 1 :]])
+        terms = (1 - others[None, :] * u[:, None] / p[i]).clamp(min=0)  # [grid, V - 1]
+        out[i] = terms.prod(dim=1).mean()
+    return out / out.sum()
+
+
 def sharpness_causes(counts, p, t: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Where the draws keep the right tokens but follow another sharpness of their distribution ``p`` (the kept set
-    of sampling_probs at temperature ``t``): the temperature applied twice draws from p ** (1 / t) renormalised
-    (softmax of the kept logits / t**2), and left out of the draw (applied to the filter only) from p ** t. Named
-    only where exactly one of them fits the frequencies."""
-    if t in (0, 1):
-        return (), ()
-    readings = (
-        ("the temperature is applied twice: the draws follow the kept logits divided by temperature**2",
-         "divide the logits by the temperature once, before the filters; draw from that distribution", 1 / t),
-        ("the temperature shapes the filters only: the draws follow the kept logits without it",
-         "draw from the temperature-scaled distribution the filters kept", t),
-    )  # fmt: skip
-    fits = [(said, fix) for said, fix, power in readings if _within(counts, (q := p**power) / q.sum())]
+    """Where the draws keep the right tokens but follow another distribution than ``p`` (the kept set of
+    sampling_probs at temperature ``t``): the temperature applied twice draws from p ** (1 / t) renormalised
+    (softmax of the kept logits / t**2), and left out of the draw (applied to the filter only) from p ** t; the
+    exponential race run with uniform noise (argmax(p / U)) from ``uniform_race(p)``; a second softmax over the
+    probabilities (or Gumbel noise added to them, not to their logs) from softmax(p) over the kept tokens; the kept
+    tokens drawn alike from 1 / k. Named only where exactly one of them fits the frequencies."""
+    kept = p > 0
+    readings = [
+        ("the exponential race runs with uniform noise: argmax(p / U) does not pick token i with probability p_i",
+         "argmax(p / E) with E ~ Exponential(1) (torch.empty_like(p).exponential_(1)), or torch.multinomial(p)",
+         uniform_race(p), "knob:draw"),
+        ("the probabilities go through a second softmax (or Gumbel noise is added to them, not to their logs): the "
+         "draws follow softmax(p) over the kept tokens",
+         "draw from p itself: torch.multinomial(p), or argmax(log p + Gumbel)",
+         torch.where(kept, p.exp(), 0.0), "knob:draw"),
+        ("every kept token is drawn alike: the draw ignores the probabilities (a mask drawn from, not p)",
+         "draw from the kept probabilities: torch.multinomial(p)", kept.double(), "knob:draw"),
+    ]  # fmt: skip
+    if t not in (0, 1):
+        readings += [
+            ("the temperature is applied twice: the draws follow the kept logits divided by temperature**2",
+             "divide the logits by the temperature once, before the filters; draw from that distribution",
+             p ** (1 / t), "knob:temperature"),
+            ("the temperature shapes the filters only: the draws follow the kept logits without it",
+             "draw from the temperature-scaled distribution the filters kept", p**t, "knob:temperature"),
+        ]  # fmt: skip
+    fits = [(said, fix, code) for said, fix, q, code in readings if not torch.allclose(q / q.sum(), p)
+            and _within(counts, q / q.sum())]  # fmt: skip
     if len(fits) != 1:
         return (), ()
-    said, fix = fits[0]
-    return (f"likely cause: {said} (the frequencies follow it within 5.5 standard errors). Fix: {fix}",), (
-        "knob:temperature",
-    )
+    said, fix, code = fits[0]
+    return (f"likely cause: {said} (the frequencies follow it within 5.5 standard errors). Fix: {fix}",), (code,)

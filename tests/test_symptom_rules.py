@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_tests.test_sampling import N_DRAWS, ids_shape_causes, unfiltered_draw_causes
+from spec_tests.test_sampling import N_DRAWS, ids_shape_causes, sharpness_causes, unfiltered_draw_causes, uniform_race
 
 
 def _counts(p: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -40,3 +40,27 @@ def test_a_wrong_ids_shape_is_named_only_where_the_shape_pins_it():
     assert ids_shape_causes((5,), (5,)) == ()
     assert ids_shape_causes((4, 3), (3, 4)) == ()  # the right count in another shape: described, not named
     assert ids_shape_causes((6,), (3, 4)) == ()
+
+
+def test_a_draw_from_another_distribution_is_named_by_the_one_it_follows():
+    """Draws that keep the right tokens but follow another distribution: the exponential race with uniform noise
+    (argmax(p / U), computed by ``uniform_race`` and drawn here by simulating that race), a second softmax, every
+    kept token alike, the temperature applied twice. Each is named by its own reading alone; draws that follow p
+    name nothing."""
+    p = torch.zeros(20, dtype=torch.float64)
+    p[:6] = (LOGITS[:6] / 0.8).softmax(-1)
+    g = torch.Generator().manual_seed(5)
+    race = (p / torch.rand(N_DRAWS, 20, generator=g, dtype=torch.float64)).argmax(-1)
+    counts = torch.bincount(race, minlength=20).double() / N_DRAWS
+    causes, codes = sharpness_causes(counts, p, 0.8)
+    assert codes == ("knob:draw",) and "uniform noise" in causes[0], causes
+    assert torch.allclose(uniform_race(p), counts, atol=0.01)
+    causes, codes = sharpness_causes(
+        _counts(torch.where(p > 0, p.exp(), 0.0) / torch.where(p > 0, p.exp(), 0.0).sum()), p, 0.8
+    )
+    assert codes == ("knob:draw",) and "second softmax" in causes[0], causes
+    causes, codes = sharpness_causes(_counts((p > 0).double() / 6), p, 0.8)
+    assert codes == ("knob:draw",) and "drawn alike" in causes[0], causes
+    causes, codes = sharpness_causes(_counts(p**1.25 / (p**1.25).sum()), p, 0.8)
+    assert codes == ("knob:temperature",) and "twice" in causes[0], causes
+    assert sharpness_causes(_counts(p), p, 0.8) == ((), ())

@@ -87,4 +87,20 @@ BUGS = (
         fix="divide the logits by the temperature",
         code="knob:temperature",
     ),
+    Bug(
+        "sample_race_with_uniform_noise",
+        "sampling_order",
+        SAMPLING,
+        "sampling.py",
+        old="""    ids = torch.multinomial(
+        flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, 1, generator=generator
+    )""",
+        new="""    noise = torch.empty_like(flat).uniform_(generator=generator)  # a race with uniform noise
+    ids = (flat / noise).argmax(dim=-1, keepdim=True)""",
+        explanation="sample runs the exponential race argmax(p / q) with q uniform instead of Exponential(1), so token "
+        "i is not drawn with probability p_i",
+        fix="q = torch.empty_like(p).exponential_(1) (or torch.multinomial(p))",
+        corner=True,
+        code="knob:draw",
+    ),
 )
