@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from ahead import run_ahead  # tests/ahead.py: run by a runner process while other tests run
-from suite_subprocess import ROOT, run_suite
+from suite_subprocess import ROOT, implementation, run_suite
 
 pytest_plugins = ["pytester"]
 
@@ -440,3 +440,22 @@ def test_a_host_with_its_own_impl_option_shares_the_session(pytester):
     default = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pyargs", "spec_tests", str(pytester.path),
                                            "-k", "host or test_silu and f64", "-q")  # fmt: skip
     assert "2 passed" in default.outlines[-1] or "3 passed" in default.outlines[-1], "\n".join(default.outlines)
+
+
+def test_a_consequence_nothing_pays_for_is_counted_and_shown_as_a_failure(tmp_path, pytester):
+    """A loader that never reads an untied gpt2 head (held-out batch 28's) leaves it initialised: the untied head's
+    logits test names build_model (the model is not determined by its weights), and no selected test of build_model
+    fails. Settling charges it, as the spec summary and the grade do; pytest's counts, -rf and the failures section
+    say the same (before: "1 consequences", and no text for it)."""
+    skip = (
+        "model.py",
+        "        params[name].copy_(value)",
+        "        if not (name == 'lm_head.weight' and model.config.family == 'gpt2'):\n"
+        "            params[name].copy_(value)",
+    )
+    folder = implementation(tmp_path, patch=skip)
+    out = run_suite(f"--impl={folder}", "-k", "untied_gpt2_head", "-rf", cwd=tmp_path, pytester=pytester).stdout
+    failed = r"FAILED \S*spec_tests/test_model.py::test_logits_match_reference_with_an_untied_gpt2_head"
+    assert re.search(failed, out), out[-3000:]
+    assert "charged: this test failed and named build_model" in out, out[-3000:]
+    assert re.search(r"\b1 failed\b", out) and "consequences in" not in out, out[-3000:]

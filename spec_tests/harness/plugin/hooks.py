@@ -467,6 +467,7 @@ def pytest_sessionfinish(session):
     from . import rejudging
 
     rejudging.rejudge(session, state)
+    rejudging.promote_charged(session, state)
     from ..judging import tolerance_measurement
 
     tolerance_measurement.dump()
@@ -622,7 +623,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_report_teststatus(report, config):
-    if report.when != "call" or not report.failed or hasattr(report, "wasxfail"):
+    if report.when != "call" or not report.failed or hasattr(report, "wasxfail") or getattr(report, "_spec_charged", 0):
         return None
     from .terminal import OWN_CATEGORIES, category
 

@@ -13,6 +13,9 @@ and a test judged again only ever turns into a consequence, never into a new fai
 fail every check the first failed (``failed_checks``): code that answers otherwise when asked again gains
 nothing. The reports replace the first ones in pytest's counts and for the plugins that keep verdicts (the
 grader's collector), without printing the test's progress again.
+
+``promote_charged`` does the converse in pytest's counts only: a consequence whose roots, at the end, fail no test of
+their own is charged by ``settling.settle`` (the spec summary and the grade), and its report is moved to the failures.
 """
 
 from __future__ import annotations
@@ -107,3 +110,31 @@ def _replace_reports(config, item, reports) -> None:
         logreport(report=report)
     finish = config.pluginmanager.subset_hook_caller("pytest_runtest_logfinish", remove_plugins=quiet)
     finish(nodeid=item.nodeid, location=item.location)
+
+
+def promote_charged(session, state) -> list[str]:
+    """The other way round: a test that ended as a consequence of names that, at the end, fail no test of their own
+    is charged (``settling.settle``, the decision the grade reads). Its report moves from pytest's consequences to its
+    failures, with the reason appended, so the terminal's counts, ``-rf`` and the failures section agree with the
+    spec summary. Returns their test ids."""
+    from ..judging.results import verdict_of
+    from ..judging.settling import settle
+    from .terminal import CONSEQUENCE
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not reporter.stats.get(CONSEQUENCE):
+        return []
+    settled = settle(state.verdicts.values())
+    promoted = []
+    for report in list(reporter.stats[CONSEQUENCE]):
+        verdict = verdict_of(report)
+        if verdict is None or verdict.test not in settled or settled[verdict.test].status != Status.FAILED:
+            continue
+        reporter.stats[CONSEQUENCE].remove(report)
+        reporter.stats.setdefault("failed", []).append(report)
+        report.longrepr = f"{report.longrepr}\n  {settled[verdict.test].reason}"
+        report._spec_charged = True  # pytest's own "failed" status from here on
+        promoted.append(verdict.test)
+    if not reporter.stats[CONSEQUENCE]:
+        del reporter.stats[CONSEQUENCE]
+    return promoted
