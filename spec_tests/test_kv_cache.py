@@ -46,7 +46,7 @@ def cached_logits(m, model, ids, chunks):
 
 def check_chunks(spec, config, chunks, *, seed):
     sd = models.random_state_dict(config, seed=seed, device=spec.device)
-    ids = spec.inputs.token_ids(2, T, vocab=config["vocab_size"], seed=seed + 1)
+    ids = spec.inputs.token_ids(2, sum(chunks), vocab=config["vocab_size"], seed=seed + 1)
     model = models.build(spec.impl, config, sd)
     full = spec.impl.forward(model, ids)
     cached = cached_logits(spec.impl, model, ids, chunks)
@@ -58,7 +58,7 @@ def check_chunks(spec, config, chunks, *, seed):
         # by token through the cache computes the specified logits, the cache holds and hands on the right keys and
         # values, and the difference is forward's, whose own tests report it
         right = spec.expected(lambda m, sd, ids: models.logits(m, config, sd, ids), sd, ids, label="reference")
-        stepwise = cached if chunks == [1] * T else cached_logits(spec.impl, model, ids, [1] * T)
+        stepwise = cached if chunks == [1] * len(chunks) else cached_logits(spec.impl, model, ids, [1] * sum(chunks))
         if mismatch(stepwise, right, tol) is None:
             raise spec.defer(
                 ["forward"],
@@ -316,6 +316,18 @@ def test_cached_logits_equal_full_forward(spec, config, chunks):
     """Logits computed chunk by chunk through the cache equal one uncached forward: ids follow the cached tokens and
     positions continue from the cache length (protocol: forward with cache; course notes: KV cache)."""
     check_chunks(spec, config, chunks, seed=21)
+
+
+@judges("new_cache", uses=("build_model", "forward"))
+@pytest.mark.bug_class("kv_cache")
+@pytest.mark.parametrize("chunks", [[32], [16, 16], [31, 1]], ids=["one-call", "two-halves", "to-the-last-token"])
+def test_a_cache_filled_to_a_context_of_32(spec, family, chunks):
+    """A model whose context_length is 32, a multiple of the usual cache block sizes (4, 8, 16, 32), takes its whole
+    context through a fresh cache in one call, in two halves and up to its last token, and gives the uncached logits
+    (protocol: forward with cache; filling a cache to exactly context_length is accepted). A paged or preallocated
+    cache that counts its blocks one off at an exact multiple of its block size fails only at such a length; the
+    shared configs' contexts are deliberately not such multiples."""
+    check_chunks(spec, models.family_config(spec.impl, family, context_length=32), chunks, seed=25)
 
 
 @judges("new_cache", uses=("build_model", "forward"))

@@ -130,6 +130,9 @@ class Probe:
     # a rank (a leading dim added, merged or taken away): where another variant that keeps the rank runs too, the rank
     # is not what it raises on alone (a 5-D input may run by chance where a broadcast mask is the trigger)
     rank: bool = False
+    # "handles one new token only": no claim where a shorter chunk of several tokens (``chunk`` >= 2) runs as well
+    single_token: bool = False
+    chunk: int = 0  # the new tokens of a [B, T] id input cut shorter
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -412,7 +415,7 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
                 # one token runs where a wrong shape broadcasts by chance: a clue, never a cause
                 probes.append(
                     Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs, "", "boundary",
-                          weak=shorter == 1 and t > 2, beside_cache=True, controls=(control,))
+                          weak=shorter == 1 and t > 2, beside_cache=True, controls=(control,), chunk=shorter)
                 )  # fmt: skip
             break
     return probes
@@ -1303,6 +1306,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _none_probes(name, args, kwargs)
         + _given_none_probes(name, args, kwargs)
         + _speed_only_probes(name, args, kwargs)
+        + _boundary_probes(args, kwargs)
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
         + _gqa_weight_probes(name, args, kwargs)
@@ -1315,7 +1319,6 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _empty_probes(name, args, kwargs)
         + _zero_float_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
-        + _boundary_probes(args, kwargs)
         + _key_length_probes(args, kwargs)
         + _odd_batch_probes(args, kwargs)
         + _negative_id_probes(name, args, kwargs)
@@ -1368,12 +1371,12 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
     for p in probes:
         if any(w.failing == p.failing and not w.weak for w in working):  # the nearest variant that runs said it
             continue
-        outcome = _runs(run, p.arguments)
+        outcome = _runs(run, _on_fresh_caches(p.arguments, p.args, p.kwargs, p.make, ledger))
         if outcome is None:  # the variant could not be built: it says nothing
             continue
         if not outcome or not _on_a_fresh_model(run, p, ledger):  # the variant raises too: not the trigger
             tried.append(p)
-        elif all(_runs(run, _control_arguments(c)) == c[-1] for c in p.controls):
+        elif all(_runs(run, _control_arguments(c, ledger)) == c[-1] for c in p.controls):
             (variant, note) = p.contrast or ((None, None), "")
             if p.contrast and _runs(run, lambda v=variant: (_clone(v[0]), _clone(v[1]))) is False:
                 p = replace(p, note=note + p.note)
@@ -1382,12 +1385,25 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
             tried.append(p)
 
 
-def _control_arguments(control: tuple) -> Callable:
+def _control_arguments(control: tuple, ledger=None) -> Callable:
     """A control's ``(args, kwargs)``, given as ``(args, kwargs, runs)`` or built when tried, ``(make, runs)``."""
     if len(control) == 2:
         return control[0]
     args, kwargs, _ = control
-    return lambda: (_clone(args), _clone(kwargs))
+    return _on_fresh_caches(lambda: (_clone(args), _clone(kwargs)), args, kwargs, None, ledger)
+
+
+def _on_fresh_caches(arguments: Callable, args: tuple, kwargs: dict, make, ledger) -> Callable:
+    """``arguments``, or where the variant's own arguments hold a cache the ledger recorded, the same with that cache
+    made again and filled as it was before the failing call (which may have left it half written)."""
+    if ledger is None or make is not None:
+        return arguments
+
+    def fresh():
+        found = ledger.fresh_caches(args, kwargs, _clone)
+        return found if found is not None else arguments()
+
+    return fresh
 
 
 def _runs(run: Callable, arguments: Callable) -> bool | None:
@@ -1532,6 +1548,9 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             _try(fallback[:MAX_TRIES], run, tried, working, ledger)
     except _ProcessLost:
         pass  # what ran before it still says what it says
+    if any(p.chunk >= 2 for p in working):  # a shorter chunk of several tokens runs: not "one new token only"
+        several = "a shorter chunk of several tokens runs as well, so the cached path takes more than one new token"
+        working = [replace(p, weak=True, clue=several) if p.single_token else p for p in working]
     if any(p.refills for p in working):  # the same ids run through a cache holding fewer positions
         working = [replace(p, weak=True, clue=BESIDE_CACHE) if p.beside_cache else p for p in working]
     causes = [p for p in working if not p.weak]

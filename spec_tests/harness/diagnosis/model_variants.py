@@ -55,6 +55,25 @@ class Ledger:
         elif op == "set_training" and len(args) > 1:
             self.modes[id(args[0])] = bool(args[1])
 
+    def fresh_caches(self, args: tuple, kwargs: dict, clone: Callable) -> tuple[tuple, dict] | None:
+        """``(args, kwargs)`` with every recorded cache among them made again (``new_cache``) and filled with what
+        was forwarded into it before, the rest ``clone``d; None where none is recorded. A failing call may have left
+        its cache half written, and a variant tried on that cache says nothing about the variant."""
+        if not any(id(v) in self.caches for v in (*args, *kwargs.values())):
+            return None
+
+        def fresh(value):
+            entry = self.caches.get(id(value))
+            if entry is None:
+                return clone(value)
+            _, model, batch_size, forwarded = entry
+            cache = self.subject.new_cache(model, batch_size)
+            for earlier in forwarded:
+                self.subject.forward(model, earlier.clone(), cache)
+            return cache
+
+        return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}
+
     def _model_of(self, value):
         """The recorded model ``value`` is, or the one its optimizer or cache belongs to."""
         for table, at in ((self.models, None), (self.optimizers, 1), (self.caches, 1)):
@@ -208,9 +227,18 @@ class Ledger:
                 swap = lambda v: fresh if v is value else (ids[:, -1:].clone() if v is ids else v)
                 return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
+            def pair(value=value, model=model, batch_size=batch_size, forwarded=forwarded, ids=ids):
+                fresh = subject.new_cache(model, batch_size)
+                for earlier in [*forwarded, *ids[:, :-2].split(1, dim=-1)]:
+                    subject.forward(model, earlier.clone(), fresh)
+                swap = lambda v: fresh if v is value else (ids[:, -2:].clone() if v is ids else v)
+                return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
             failing = f"a chunk of {ids.shape[-1]} tokens through the cache"
+            # "one new token only" holds where the last two tokens as a chunk raise as well
             return [probe_type(failing, "the same tokens fed one at a time", args, kwargs,
-                               "; so the cached path handles one new token only", "crash", make=make)]  # fmt: skip
+                               "; so the cached path handles one new token only", "crash", make=make,
+                               single_token=True, controls=((pair, False),))]  # fmt: skip
         return []
 
     def _one_row_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
