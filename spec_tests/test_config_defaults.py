@@ -6,16 +6,22 @@ import pytest
 
 from . import models
 from .harness.plugin.markers import judges
+from .protocol import V2_CAPABILITIES
 from .protocol import V2_CONFIG_DEFAULTS as DEFAULTS
+from .protocol.names import IMPLIED_BY_V1
 
 pytestmark = pytest.mark.component("model")
 
 
 def require_key(impl, key: str) -> str:
-    """The family to try ``key`` in, or a skip: its capability is absent, or FIXED_CONFIG sets it otherwise."""
+    """The family to try ``key`` in, or a skip: FIXED_CONFIG sets it otherwise, or the implementation is of protocol
+    v1 (no v2 capability declared) and lacks its capability. A v2 implementation takes every v2 key at its default,
+    whatever it supports: the key then means what leaving it out means (amendment 31)."""
     capability, _, both = DEFAULTS[key]
     caps = impl.capabilities
-    if not (capability in caps or (capability == "rope_scaling" and any(c.startswith("rope_scaling:") for c in caps))):
+    v2 = any(c in V2_CAPABILITIES and c not in IMPLIED_BY_V1 for c in caps)
+    held = capability in caps or (capability == "rope_scaling" and any(c.startswith("rope_scaling:") for c in caps))
+    if not (held or v2):
         impl.require_capability(capability)
     if key in impl.fixed_config:
         pytest.skip(f"not provided: FIXED_CONFIG sets {key}={impl.fixed_config[key]!r}, not its default")

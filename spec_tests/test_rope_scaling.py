@@ -141,6 +141,26 @@ def test_rope_scaling_matches_reference(spec, kind):
 
 @judges("rope")
 @pytest.mark.bug_class("rope_scaling")
+@pytest.mark.parametrize("kind", TYPES)
+def test_rope_scaling_takes_the_legacy_type_key(spec, kind):
+    """A rope_scaling dict that spells its type with the legacy key "type" (older Hugging Face configs) scales as the
+    same dict with "rope_type" does (protocol: amendment 20, '"type" is accepted for "rope_type"')."""
+    spec.impl.require_capability(f"rope_scaling:{kind}")
+    legacy = {("type" if k == "rope_type" else k): v for k, v in SCALINGS[kind].items()}
+    x = spec.inputs.per_head(S.B, S.H, S.T, S.D_HEAD, seed=146)
+    pos = spec.inputs.scattered_positions(S.T, seed=147, high=4 * legacy.get("original_max_position_embeddings", 16))
+    spec.check(
+        lambda m, x: m.rope(x, pos, scaling=legacy),
+        x,
+        subject="rope",
+        kind="positions",
+        axes="b h t d",
+        behaviour=f"rope with the legacy rope_scaling {legacy} (type for rope_type)",
+    )
+
+
+@judges("rope")
+@pytest.mark.bug_class("rope_scaling")
 @pytest.mark.parametrize("kind", ["linear", "llama3", "yarn"])
 def test_rope_scaling_frequencies(spec, kind):
     """With a position-independent scaling, pair i turns by its scaled inverse frequency per position: linear divides

@@ -344,6 +344,42 @@ def test_temperature_zero_is_argmax(spec):
     )
 
 
+@judges("sampling_probs", "sample")
+@pytest.mark.parametrize("kw", [dict(top_k=5), dict(top_p=0.9), dict(top_k=5, top_p=0.5)], ids=str)
+def test_temperature_zero_with_filters_is_argmax(spec, kw):
+    """temperature 0 with top_k or top_p given is still the one-hot argmax, and sample returns the argmax: the filters
+    come after the temperature and always keep the most probable token, so they change nothing (protocol:
+    sampling_probs, "temperature == 0 -> one-hot at argmax"; amendment 4). Code that refuses filters at temperature
+    0, or sends them down a sampling path that divides by it, fails only here."""
+    filters.require(spec.impl, kw)
+    logits = batch_logits(spec, 34)
+    probs = spec.impl.sampling_probs(logits, temperature=0.0, **kw)
+    want = torch.nn.functional.one_hot(logits.argmax(-1), S.V).to(probs.dtype)
+    nan = bool(torch.isnan(probs).any())
+    spec.require(
+        torch.equal(probs, want),
+        behaviour=f"sampling_probs(temperature=0, {kw}) -> one-hot at argmax",
+        found=f"NaN in rows {torch.isnan(probs).any(-1).nonzero().flatten().tolist()}"
+        if nan
+        else f"kept {[kept(r) for r in probs]}",
+        causes=(
+            f"likely cause: with {kw} at temperature 0 the logits reach a division by the temperature (the filtered "
+            "path taken instead of the greedy one), and 0/0 or inf - inf gives NaN. Fix: at temperature 0 return the "
+            "one-hot argmax before any filter",
+        )
+        if nan
+        else (),
+        codes=("knob:temperature",) if nan else (),
+    )
+    ids = spec.impl.sample(logits, temperature=0.0, **kw)
+    spec.require(
+        torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
+        subject="sample",
+        behaviour=f"sample(temperature=0, {kw}) returns the argmax",
+        found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
+    )
+
+
 @pytest.mark.bug_class("validation")
 @pytest.mark.parametrize(
     "kw",

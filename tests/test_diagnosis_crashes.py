@@ -1593,3 +1593,17 @@ def test_a_none_crash_with_two_none_names_is_described_not_named():
     lines, codes = _probed("rmsnorm", both_absent, (randn(2, 3, 4), randn(4)))
     assert codes == [] and not any(line.startswith("likely cause") for line in lines), lines
     assert any("bias = None, scale = None" in line for line in lines), lines
+
+
+def rope_reading_only_the_new_key(x, positions, scaling=None):
+    kind = scaling["rope_type"]
+    return x * (2.0 if kind == "linear" else 1.0)
+
+
+def test_a_key_the_given_dict_lacks_is_named():
+    """A rope_scaling dict spelled with the legacy "type" key, read as scaling["rope_type"] (held-out batch 31): the
+    line reads one dict, it lacks the key, and that is said with the keys it holds."""
+    lines, codes = _probed("rope", rope_reading_only_the_new_key, (randn(2, 3, 4), torch.arange(3)),
+                           {"scaling": {"type": "linear", "factor": 2.0}})  # fmt: skip
+    assert codes == ["crash_missing_key"], lines
+    assert "reads key 'rope_type' of `scaling`" in lines[0] and "'type', 'factor'" in lines[0], lines

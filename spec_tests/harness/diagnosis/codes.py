@@ -32,6 +32,7 @@ STRUCTURAL = {
     "outside_blocks": "every block silenced, the model still differs: the embeddings, positions, final norm or head",
     "layer_index": "the first block alone is right and a later one alone is not: something depends on the layer number",
     "between_blocks": "each block alone is right and the stack is not: how one block's output reaches the next",
+    "crash_missing_key": "the call reads a key the dict it was given does not hold (an optional or legacy key)",
     "crash_none_value": "the call reaches an operation on a value that is None for an input the protocol allows",
     "crash_state": "the call raises only after earlier calls: a freshly loaded copy of the code runs it (state kept)",
     "ignored_weight": "the output does not depend on a weight the specified model uses: it is loaded but not used",

@@ -3,9 +3,9 @@ raised at, and the values that line names.
 
 - ``own_frame(exc)``: ``file:line in function`` of that frame (not the adapter's, the suite's, torch's or Python's);
 - ``site_lines(name, exc)``: for a crash no probe explains, what the raising line read (``note: at train.py:37
-  ... warmup_steps = 0, step = 0``), and, for a ``ZeroDivisionError`` whose line divides by exactly one name
-  holding 0, or a ``TypeError``/``AttributeError`` on ``None`` at a line naming exactly one name that holds None, that
-  name as the cause (the evidence pins it: the division by it, or the operation on None, is what raised).
+  ... warmup_steps = 0, step = 0``); and where the line pins the cause, that cause: a ``ZeroDivisionError`` at a
+  line dividing by exactly one name that holds 0, a ``KeyError`` reading the one dict at the line that lacks the
+  key, a ``TypeError`` or ``AttributeError`` on ``None`` at a line reading exactly one name that holds None.
 
 Values are read from the frame's own locals (and attributes of them, looked up without running the code's
 properties); a tensor is said as its shape and dtype, a number as itself. Nothing is evaluated: a name the frame
@@ -194,6 +194,17 @@ def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[st
                 f"fix: give it a value that cannot be 0 for any input the protocol allows, or guard the division "
                 f"(evidence: the division by it raised)"
             ], ["crash_zero_divisor"]
+    if isinstance(exc, KeyError) and exc.args:
+        missing = exc.args[0]
+        lacking = [n for n in _names(source) if isinstance(v := _lookup(frame, n), dict) and missing not in v]
+        if len(lacking) == 1:
+            held = ", ".join(repr(k) for k in list(_lookup(frame, lacking[0]))[:8])
+            return [
+                f"likely cause: {name} reads key {missing!r} of `{lacking[0]}` at {where} (`{source}`), and the dict "
+                f"it was given has no such key (it holds {held or 'nothing'}): a key the protocol leaves optional or "
+                f"spells another way; fix: read it with a default, or accept every spelling the protocol allows "
+                f"(evidence: the lookup raised KeyError)"
+            ], ["crash_missing_key"]
     if isinstance(exc, TypeError | AttributeError) and "NoneType" in str(exc):
         nones = list(dict.fromkeys(p for n in _names(source) for p in _prefixes(n) if _lookup(frame, p) is None))
         if len(nones) == 1:
