@@ -130,6 +130,22 @@ def test_get_batch_with_exactly_enough_data(spec):
 
 
 @judges("get_batch")
+def test_get_batch_takes_more_rows_than_starts(spec):
+    """A batch of 16 windows from 12 tokens at context 8 (4 possible starts) is 16 valid windows: each row is drawn on
+    its own, so starts repeat (protocol: get_batch, random windows; only fewer than context_length + 1 tokens is too
+    little data). A sampler that draws its starts without replacement raises here."""
+    data = torch.arange(20, 32)
+    x, y = spec.impl.get_batch(data, 16, 8, generator=spec.inputs.generator(0, device="cpu"))
+    starts = [int(row[0]) - 20 for row in x.cpu()]
+    valid = [list(range(20 + s, 28 + s)) for s in range(4)]
+    spec.require(
+        tuple(x.shape) == (16, 8) and all(row in valid for row in x.tolist()) and torch.equal(y.cpu(), x.cpu() + 1),
+        behaviour="get_batch(12 tokens, batch 16, context 8) returns 16 windows of the 4 there are, y one ahead",
+        found=f"x shape {tuple(x.shape)}, starts {starts}",
+    )
+
+
+@judges("get_batch")
 @pytest.mark.bug_class("validation")
 def test_get_batch_rejects_too_little_data(spec):
     """get_batch with fewer than context_length + 1 tokens raises ValueError (protocol: get_batch)."""

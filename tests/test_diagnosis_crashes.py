@@ -1607,3 +1607,29 @@ def test_a_key_the_given_dict_lacks_is_named():
                            {"scaling": {"type": "linear", "factor": 2.0}})  # fmt: skip
     assert codes == ["crash_missing_key"], lines
     assert "reads key 'rope_type' of `scaling`" in lines[0] and "'type', 'factor'" in lines[0], lines
+
+
+def forward_reading_the_first_layer_of_an_empty_cache(x, weight, cache=None):
+    past = [] if cache is None else cache
+    past_length = past[0][0].shape[-2] if past is not None else 0
+    return x * weight + past_length
+
+
+def test_an_index_into_the_one_empty_list_is_named():
+    """A forward that reads the first layer of a cache list before anything was written (held-out batch 30): the
+    line indexes one empty list, and that is the cause."""
+    lines, codes = _probed("rmsnorm", forward_reading_the_first_layer_of_an_empty_cache, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_empty_sequence"] and "with `past` empty (a list of 0 items)" in lines[0], lines
+
+
+def test_a_cache_that_exists_only_after_its_first_write_is_named(tmp_path, pytester):
+    """End to end: cache_kv counting the layers written so far (transformers' DynamicCache: "Cache only has 0
+    layers") raises for a fresh cache (held-out batches 23 and 28). The call made again on a new cache after one token
+    was forwarded runs, and that is said."""
+    patch = ("kv_cache.py", "    if not 0 <= layer < len(cache.lengths):",
+             "    if not 0 <= layer < len([n for n in cache.lengths if n]):")  # fmt: skip
+    folder = implementation(tmp_path, patch=patch)
+    out = run_suite(f"--impl={folder}", "-k", "fresh_cache_holds", cwd=tmp_path, pytester=pytester).stdout
+    assert "cache_kv raises for a fresh, empty cache and works for the cache after one token was forwarded" in out, out[
+        -3000:
+    ]

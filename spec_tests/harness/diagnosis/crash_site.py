@@ -5,7 +5,8 @@ raised at, and the values that line names.
 - ``site_lines(name, exc)``: for a crash no probe explains, what the raising line read (``note: at train.py:37
   ... warmup_steps = 0, step = 0``); and where the line pins the cause, that cause: a ``ZeroDivisionError`` at a
   line dividing by exactly one name that holds 0, a ``KeyError`` reading the one dict at the line that lacks the
-  key, a ``TypeError`` or ``AttributeError`` on ``None`` at a line reading exactly one name that holds None.
+  key, an ``IndexError`` at a line reading exactly one empty list or tuple, a ``TypeError`` or ``AttributeError``
+  on ``None`` at a line reading exactly one name that holds None.
 
 Values are read from the frame's own locals (and attributes of them, looked up without running the code's
 properties); a tensor is said as its shape and dtype, a number as itself. Nothing is evaluated: a name the frame
@@ -205,6 +206,15 @@ def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[st
                 f"spells another way; fix: read it with a default, or accept every spelling the protocol allows "
                 f"(evidence: the lookup raised KeyError)"
             ], ["crash_missing_key"]
+    if isinstance(exc, IndexError) and "index out of range" in str(exc):
+        empty = [n for n in _names(source) if isinstance(v := _lookup(frame, n), list | tuple) and not v]
+        if len(empty) == 1:
+            return [
+                f"likely cause: {name} reaches `{source}` at {where} with `{empty[0]}` empty (a "
+                f"{type(_lookup(frame, empty[0])).__name__} of 0 items) and indexes it: a structure that only an "
+                f"earlier call or a first write fills (a cache's layers before any forward); fix: handle it empty "
+                f"(evidence: the index into the empty sequence raised)"
+            ], ["crash_empty_sequence"]
     if isinstance(exc, TypeError | AttributeError) and "NoneType" in str(exc):
         nones = list(dict.fromkeys(p for n in _names(source) for p in _prefixes(n) if _lookup(frame, p) is None))
         if len(nones) == 1:

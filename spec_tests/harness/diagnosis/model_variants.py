@@ -91,6 +91,7 @@ class Ledger:
             return []
         fill = (
             self._cache_fill_probes(args, kwargs, probe_type)
+            + self._empty_cache_probes(args, kwargs, probe_type)
             + self._one_at_a_time_probes(args, kwargs, probe_type)
             + self._one_row_probes(args, kwargs, probe_type)
         )
@@ -207,6 +208,33 @@ class Ledger:
             return 0
         held = sum(int(t.shape[-1]) for t in caches[0][3])
         return max(0, context - held - int(ids.shape[-1]))
+
+    def _empty_cache_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
+        """A call on a fresh cache nothing was forwarded into, made again on a new cache of the same model after one
+        token went in (the first of the call's ids, which then go on from the second; for a call without ids, token
+        0, as for a call of one token, which then follows it): a cache whose per-layer entries or block tables exist
+        only after a first write raises empty and runs then."""
+        subject = self.subject
+        for value in (*args, *kwargs.values()):
+            entry = self.caches.get(id(value))
+            if entry is None or entry[3]:
+                continue
+            _, model, batch_size, _ = entry
+            ids = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].ndim == 2 else None
+            split = ids is not None and ids.shape[-1] >= 2
+
+            def make(value=value, model=model, batch_size=batch_size, ids=ids, split=split):
+                fresh = subject.new_cache(model, batch_size)
+                first = ids[:, :1].clone() if split else torch.zeros(batch_size, 1, dtype=torch.long)
+                subject.forward(model, first, fresh)
+                rest = ids[:, 1:].clone() if split else ids
+                swap = lambda v: fresh if v is value else (rest if v is ids else v)
+                return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+            return [probe_type("a fresh, empty cache", "the cache after one token was forwarded into it", args, kwargs,
+                               "; so look at what the cache reads or builds before its first write", "cache_empty",
+                               make=make)]  # fmt: skip
+        return []
 
     def _one_at_a_time_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
         """A chunk of several tokens through a cache (empty or filled), given as the same tokens fed one at a time:
