@@ -309,6 +309,15 @@ def tiny_top_p_cause(probs, at_top) -> dict:
     if bool(probs.isnan().any()):
         why = "every token is dropped (all -inf, then NaN): the top token must always stay"
         return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("nan_rows",)}
+    one_elsewhere = ((probs > 0).sum(-1) == 1) & (probs.max(-1).values == 1) & (at_top == 0)
+    if bool(one_elsewhere.any()):
+        why = (
+            "one token is kept at probability 1, but not the most probable one: the filtered values land on other "
+            "token ids than they came from (a sort's permutation applied again instead of inverted), or the least "
+            "probable end of the sort is kept"
+        )
+        fix = "put the filtered values back with the inverse permutation (scatter to the sorted indices)"
+        return {"causes": (f"likely cause (weak evidence): {why}. Fix: {fix}",), "codes": ("~knob:unsort",)}
     if bool((at_top == 0).any()):
         why = "the nucleus drops the top token for a tiny top_p"
         return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("knob:top_p_boundary",)}

@@ -472,3 +472,13 @@ def test_nan_rows_beside_a_boolean_mask_are_not_said_to_have_no_mask():
     causes = structural_causes(expected, actual, axes="b t d", inputs=inputs, atol=1e-8, rtol=1e-8)
     said = [c.summary for c in causes if c.code == "nan_rows"]
     assert said and all("no input is masked" not in s for s in said), said
+
+
+def test_rope_pairing_needs_a_named_channel_axis():
+    """A distribution over the vocabulary wrong only in its even entries (probabilities put back on the wrong ids)
+    names no RoPE pairing: the last axis is not a named channel axis (held-out batches 28 and 30)."""
+    expected = torch.rand(4, 8, dtype=torch.float64)
+    wrong = expected.clone()
+    wrong[:, 0::2] = wrong[:, 0::2].flip(-1)
+    assert best(diagnose(expected, wrong), "rope_pairing") is None
+    assert best(diagnose(expected, wrong, axes="b v"), "rope_pairing") is None

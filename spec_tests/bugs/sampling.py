@@ -103,4 +103,19 @@ BUGS = (
         corner=True,
         code="knob:draw",
     ),
+    Bug(
+        "top_p_unsorted_with_gather",
+        "top_p",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="""    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))""",
+        new="""    sorted_logits = logits.gather(-1, order).masked_fill(drop_sorted, float("-inf"))
+    return sorted_logits.gather(-1, order)  # back to vocabulary order""",
+        explanation="top-p filters the logits in sorted order and puts them back with the sort's permutation again "
+        "(gather) instead of its inverse (scatter), so the kept values land on other token ids",
+        fix="sorted_logits.scatter(-1, order, sorted_logits) (or mask in vocabulary order)",
+        corner=True,
+        code="knob:unsort",
+    ),
 )

@@ -94,6 +94,7 @@ KNOBS = {
     "head_layout": "heads are split or merged with a plain reshape/view where a transpose is needed",
     "rope_target": "RoPE rotates the wrong tensors (values too, or not both queries and keys)",
     "returned_loss": "train_step returns another loss than the one its step used (recomputed after the step)",
+    "unsort": "filtered values put back on the wrong token ids (a sort's permutation applied again, not inverted)",
     "draw": "the draw does not pick each kept token with its probability (a race with wrong noise, a second softmax)",
     "generator": "a random draw ignores the given generator (it uses the global RNG) on some path",
     "parameter_groups": "a group of parameters is counted twice or left out (the tied matrix, position embeddings)",

@@ -1367,6 +1367,13 @@ def _sampling(
     return probs / probs.sum(-1, keepdim=True) if renorm else probs
 
 
+def _gathered_twice(probs: torch.Tensor, logits: torch.Tensor, descending: bool) -> torch.Tensor:
+    """``probs`` (already in vocabulary order) taken into the logits' sorted order and then "unsorted" with the same
+    permutation again: what code that restores the order with ``gather`` instead of ``scatter`` returns."""
+    idx = logits.argsort(dim=-1, descending=descending, stable=True)
+    return probs.gather(-1, idx).gather(-1, idx)
+
+
 def _sampling_probs(args, kwargs, style):
     p = _bind("logits, temperature=1.0, top_k=None, top_p=None", args, kwargs)
     lg, t, k, tp = p.logits, float(p.temperature), p.top_k, p.top_p
@@ -1468,6 +1475,18 @@ def _sampling_probs(args, kwargs, style):
                     compute=s(order="p_excludes_k"),
                 ),
             ]
+    if (k is not None or tp is not None) and t > 0:
+        out += [
+            Variant(
+                "knob:unsort",
+                f"the filtered probabilities land on the wrong token ids: after filtering in {order} sorted order they "
+                "are put back by applying the sort's permutation again (gather) instead of its inverse (scatter)",
+                where="putting the filtered values back in vocabulary order",
+                fix="scatter the sorted values back to the sort's indices: out.scatter(-1, sorted_idx, sorted_values)",
+                compute=lambda descending=descending: _gathered_twice(_sampling(lg, t, k, tp), lg, descending),
+            )
+            for order, descending in (("descending", True), ("ascending", False))
+        ]
     if k is not None:
         out += [
             Variant(

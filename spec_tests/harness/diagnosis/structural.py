@@ -1157,7 +1157,7 @@ def _rope_pairing_causes(c: _Case) -> list[Cause]:
     d = c.e.shape[-1]
     if d < 4 or d % 2:
         return []
-    if c.named and c.names[-1].lower() not in CHANNEL_NAMES:
+    if not c.named or c.names[-1].lower() not in CHANNEL_NAMES:  # a vocabulary, or an axis nobody named: no pairs
         return []
     chans = c.bad.reshape(-1, d).any(0)
     idx = np.arange(d)
