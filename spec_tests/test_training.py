@@ -259,6 +259,8 @@ def variant_steps(
         if max_grad_norm is not None and clip == "per_parameter":
             for p in params:
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
+        if max_grad_norm is not None and clip == "value":  # each entry clamped to [-max, max]
+            torch.nn.utils.clip_grad_value_(params, max_grad_norm)
         if max_grad_norm is not None and clip == "to_norm":  # the factor max / norm not capped at 1
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
             for p in params:
@@ -370,6 +372,13 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
             ),
             Variant(
                 "knob:clipping",
+                "each gradient entry is clamped to [-max_grad_norm, max_grad_norm] (clip_grad_value_) instead of the "
+                "gradients rescaled by their global norm",
+                "clip_grad_norm_(model.parameters(), max_grad_norm): one factor min(1, max_grad_norm / norm) for all",
+                with_(clip="value"),
+            ),
+            Variant(
+                "knob:clipping",
                 "the gradients are always rescaled to max_grad_norm: a norm below it is scaled up (the factor "
                 "max_grad_norm / norm is not capped at 1)",
                 "scale by min(1, max_grad_norm / norm): clipping only ever scales down",
@@ -392,11 +401,14 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("unshifted_labels", "gradient_clipping", "training", "tied_weights")
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-@pytest.mark.parametrize("max_grad_norm", [None, 0.5, 1e3], ids=["no-clip", "clip0.5", "clip-above-the-norm"])
+@pytest.mark.parametrize(
+    "max_grad_norm", [None, 0.5, 0.02, 1e3], ids=["no-clip", "clip0.5", "clip0.02", "clip-above-the-norm"]
+)
 def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     """train_step's losses and updated weights over two steps equal the reference's with the same optimizer,
     clipping by global norm when asked; a max_grad_norm above the gradient's norm leaves the gradient as it is
-    (clipping scales it down, never up) (protocol: train_step)."""
+    (clipping scales it down, never up) (protocol: train_step). At 0.02, below many single gradient entries, clamping
+    each entry (clip_grad_value_) differs from rescaling by the norm; at 0.5 no entry reaches the bound."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=61, device=spec.device)
     ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
