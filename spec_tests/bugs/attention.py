@@ -61,6 +61,23 @@ BUGS = (
         fix="scale by 1/sqrt(d_head), the size of the vectors in each dot product",
     ),
     Bug(
+        "sdpa_causal_when_no_mask",
+        "causal_mask",
+        (SDPA,),
+        "attention.py",
+        old="""    if causal:
+        mask = with_causal(mask, t_q, t_k, q.device)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)""",
+        new="""    if causal or mask is None:  # "no mask" read as the usual causal one
+        mask = with_causal(mask, t_q, t_k, q.device)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)""",
+        explanation="scaled_dot_product_attention applies a causal mask when no mask is given (is_causal=mask is "
+        "None), so mask=None hides the future instead of attending every key",
+        fix="with mask=None mask nothing; the model asks for causality itself",
+        code="knob:mask_missing",
+        corner=True,
+    ),
+    Bug(
         "softmax_over_queries",
         "softmax_dim",
         (SDPA, MHA),

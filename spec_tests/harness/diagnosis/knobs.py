@@ -765,6 +765,19 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
                 compute=a(tiled=True),
             )
         )
+    if mask is None:
+        tq, tk = q.shape[-2], k.shape[-2]
+        out += [
+            Variant(
+                "knob:mask_missing",
+                f"a causal mask is applied although no mask was given ({'bottom-right' if top else 'top-left'} "
+                "aligned): mask=None means every query attends to every key",
+                where="what the attention does when mask is None",
+                fix="with mask=None mask nothing (is_causal=False); only a given mask hides keys",
+                compute=lambda top=top: _attend(q, k, v, _causal(tq, tk, top_left=not top)),
+            )
+            for top in ((True,) if tq == tk else (True, False))
+        ]
     if mask is not None:
         mwhere = "where the mask is applied to the scores (masked_fill(~mask, -inf))"
         mfix = "set scores to -inf where mask is False, before the softmax"

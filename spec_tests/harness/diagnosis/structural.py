@@ -969,11 +969,12 @@ def _mask_causes(c: _Case) -> list[Cause]:
             out.append(
                 Cause(
                     "mask",
-                    f"every {name} but the last is wrong and the last one is right: the last position may see every "
-                    "token, so earlier positions see tokens they should not (causal mask missing, inverted or "
-                    "misaligned)",
-                    "the causal mask (is it applied, bottom-right aligned, True = may attend?)",
-                    "mask key j for query i unless j <= i + t_k - t_q",
+                    f"every {name} but the last is wrong and the last one is right: the last position sees every "
+                    "token either way, so the earlier positions see other tokens than they should (a causal mask "
+                    "missing where one is due, applied where none is asked for, inverted or misaligned)",
+                    "the causal mask (is it applied only when asked, bottom-right aligned, True = may attend?)",
+                    "mask key j for query i unless j <= i + t_k - t_q where a causal mask is due, and nothing where "
+                    "none is",
                     f"{name} = 0..{n - 2} differ, {name} = {n - 1} matches within tolerance",
                     LOCAL,
                 )
