@@ -1135,7 +1135,11 @@ def _axis_size_probes(name, args, kwargs) -> list[Probe]:
             # the first m entries, which run alone, tiled back to n: raising as well, the size is what it raises on
             control = (*_map(args, kwargs, tiled), False)
             copied = f"; {n} entries copied from those raise as well"
-            probes.append(Probe(failing, working, *_map(args, kwargs, cut), copied, "boundary", controls=(control,)))
+            # a size cut to 1 broadcasts where a wrong shape meets it (one kv head against several): a clue only
+            one = dict(weak=True, clue="an axis of size 1 broadcasts where a wrong shape meets it") if m == 1 else {}
+            probes.append(
+                Probe(failing, working, *_map(args, kwargs, cut), copied, "boundary", controls=(control,), **one)
+            )
             probes.append(
                 Probe(failing, working, *_map(args, kwargs, cut), "", "boundary", weak=True,
                       clue="the entries cut away may be what it raises on")
