@@ -111,6 +111,28 @@ def windows(n_tokens: int, context_length: int) -> list[tuple[int, int]]:
     return spans
 
 
+def batch_perplexities(
+    impl, model, data: torch.Tensor, context_length: int, device: str = "cpu", *, batch_size: int = 8, alone: bool
+) -> float:
+    """The mean over evaluate's batches of exp(the batch's mean NLL): what code that averages per-batch perplexities
+    reports as the perplexity. Batches are ``batch_size`` consecutive windows; ``alone``: the short last window is
+    a batch of its own (code that cannot stack two lengths), else it joins the last batch."""
+    spans = windows(len(data), context_length)
+    nll = []
+    for start, length in spans:
+        x = data[start : start + length][None].long().to(device)
+        y = data[start + 1 : start + length + 1].long()
+        logits = impl.forward(model, x)[0].detach().double().cpu()
+        nll.append(-torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0])
+    if alone:
+        full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
+        batches = [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)]
+        batches += [n for n, (_, length) in zip(nll, spans) if length != context_length]
+    else:
+        batches = [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
+    return float(torch.stack([b.mean().exp() for b in batches]).mean())
+
+
 def evaluate_teacher(
     impl,
     model,

@@ -925,6 +925,21 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
                 ("pad_targets", "every padded target"),
             )
         ),
+        *(
+            Variant(
+                "knob:loss_reduction",
+                "the perplexity is the mean of the per-batch perplexities, not exp of the token-weighted loss (a mean "
+                "of exponentials is larger, and a short batch weighs as much as a full one)",
+                "perplexity = exp(loss), the mean NLL over every predicted token",
+                lambda alone=alone: {
+                    "loss": want["loss"],
+                    "perplexity": oracles.batch_perplexities(
+                        spec.impl, model, data, context_length, spec.device, batch_size=batch_size, alone=alone
+                    ),
+                },
+            )
+            for alone in (True, False)  # the short last window a batch of its own, or in the last batch
+        ),
         in_bits(lambda: want),
     ]
     behaviour = (

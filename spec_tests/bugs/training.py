@@ -186,6 +186,31 @@ BUGS = (
         code="knob:ignore_index",
     ),
     Bug(
+        "evaluate_perplexity_mean_of_batches",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old=EVALUATE_LOOP + '\n    return {"loss": loss, "perplexity": math.exp(loss)}',
+        new="""    total, perplexities = torch.zeros((), dtype=torch.float64), []
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            batch = torch.zeros((), dtype=torch.float64)
+            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                batch += token_nll(model(x), y).sum().double().cpu()
+            total += batch
+            perplexities.append(math.exp(batch.item() / sum(n for _, n in group)))
+    loss = (total / n_pred).item()
+    return {"loss": loss, "perplexity": sum(perplexities) / len(perplexities)}""",
+        explanation="evaluate reports the mean of its batches' perplexities, not exp of the token-weighted loss",
+        fix="perplexity = exp(loss)",
+        corner=True,
+        code="knob:loss_reduction",
+    ),
+    Bug(
         "evaluate_in_training_mode",
         "evaluation",
         EVALUATION,
