@@ -577,6 +577,13 @@ def test_kv_cache_bytes(spec, dtype):
                 "element_size of the dtype",
                 lambda want=want: want * 4 // torch.empty((), dtype=dtype).element_size(),
             ),
+            Variant(
+                "scale",
+                "the element size is counted in bits, not bytes (8 times the bytes: a dtype's size in bits, as "
+                "Keras' dtype_size or torch.finfo(dtype).bits give it)",
+                "element size in bytes: torch.empty((), dtype=dtype).element_size() (bits // 8)",
+                lambda want=want: want * 8,
+            ),
             *(
                 Variant(
                     "scale",

@@ -137,6 +137,17 @@ BUGS = (
         fix="load lm_head.weight as given when tie_embeddings is False; tie only when it is True",
     ),
     Bug(
+        "kv_cache_bytes_in_bits",
+        "memory",
+        MODEL,
+        "kv_cache.py",
+        old="    element_size = torch.empty((), dtype=dtype).element_size()",
+        new="    element_size = torch.finfo(dtype).bits  # the dtype's size",
+        explanation="kv_cache_bytes counts each element's size in bits, so the total is 8 times the bytes",
+        fix="element_size() is in bytes: torch.empty((), dtype=dtype).element_size()",
+        code="scale",
+    ),
+    Bug(
         "count_parameters_counts_tied_twice",
         "tied_weights",
         FORWARD,
