@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import models, observed, oracles
-from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, in_bits, start_range, target_shift
+from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, in_bits, running_means, start_range, target_shift
 from .harness.diagnosis.variant import Variant
 from .harness.judging.tolerances import EXACT, Tolerance
 from .harness.plugin.markers import judges
@@ -688,6 +688,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
         variants=[
             *adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw)),
             in_bits(lambda: want),
+            running_means(lambda: want),
         ],
         rebase=(
             ("train_step",),
@@ -1129,6 +1130,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
                 )
             ),
             in_bits(lambda: want),
+            running_means(lambda: want),
         ],
         hint="likely cause (weak evidence): the first two losses agree and the third does not, so the second update "
         "differs: either the optimizer's state (its moments and step count) does not carry over from step to step (the "

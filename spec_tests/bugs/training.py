@@ -257,6 +257,19 @@ BUGS = (
         code="knob:lr_schedule",
     ),
     Bug(
+        "train_returns_running_means",
+        "training",
+        TRAINING,
+        "training.py",
+        old="""            losses.append(train_step(model, optimizer, x, y, max_grad_norm))""",
+        new="""            step = train_step(model, optimizer, x, y, max_grad_norm)
+            losses.append((losses[-1] * len(losses) + step) / (len(losses) + 1) if losses else step)  # running""",
+        explanation="train returns the running mean of the step losses (a tracker never reset), not each step's loss",
+        fix="append each step's own loss",
+        corner=True,
+        code="knob:loss_reduction",
+    ),
+    Bug(
         "train_adam_with_l2_decay",
         "training",
         TRAINING,

@@ -133,6 +133,23 @@ def in_bits(losses) -> Variant:
     )
 
 
+def running_means(losses) -> Variant:
+    """The per-step losses ``losses()`` (a list of floats) returned as running means, the i-th the mean of the first
+    i + 1: a metric tracker that is never reset between steps (Keras' ``reset_metrics=False``, an epoch average)."""
+
+    def means():
+        value = [float(v) for v in losses()]
+        return [sum(value[: i + 1]) / (i + 1) for i in range(len(value))]
+
+    return Variant(
+        "knob:loss_reduction",
+        "the losses returned are running means (the i-th is the mean of the first i + 1 step losses): a loss tracker "
+        "never reset between steps",
+        "return each step's own loss (reset the tracker, or record loss.item() of that step)",
+        means,
+    )
+
+
 # ----------------------------------------------------------------------------------------- windows
 
 
