@@ -252,3 +252,25 @@ def test_per_tensor_clipping_is_taken_on_the_implementation_s_own_parameters():
     for clip_each, want in ((True, each), (False, whole)):
         got = own(clip_each)
         assert got[0] == pytest.approx(want[0]) and torch.allclose(got[1], want[1]), clip_each
+
+
+def test_train_is_judged_against_the_nearer_correct_adamw():
+    """The protocol names AdamW without its eps or decayed set: losses of Keras' formulation (eps 1e-7 on the
+    uncorrected moment, no decay on biases and norm gains; held-out batch 31's base) are judged against that
+    formulation, PyTorch's against PyTorch's, and a learning rate off by a factor 2 is far from both."""
+    from spec_tests import models
+    from spec_tests.harness.subject.subject import reference_subject
+    from spec_tests.test_training import adamw_losses, nearest_adamw
+
+    ref = reference_subject("interleaved")
+    cfg = models.family_config(ref, "llama")
+    sd = models.random_state_dict(cfg, seed=69)
+    x = torch.full((4, 10), 7)
+    torch_losses = ref.correct_steps(models.build(ref, cfg, sd), "adamw", 1e-3, 1e-8, x, x, 1.0, 2)
+    keras_losses = adamw_losses(ref, cfg, sd, x, 2, keras=True)
+    assert abs(keras_losses[1] - torch_losses[1]) > 1e-3  # the test's tolerance would fail a correct Keras AdamW
+    assert nearest_adamw(ref, cfg, sd, x, keras_losses, torch_losses, 1e-3) == (keras_losses, "Keras' AdamW")
+    assert nearest_adamw(ref, cfg, sd, x, torch_losses, torch_losses, 1e-3)[1] == "PyTorch's AdamW"
+    doubled = ref.correct_steps(models.build(ref, cfg, sd), "adamw", 2e-3, 1e-8, x, x, 1.0, 2)
+    near, _ = nearest_adamw(ref, cfg, sd, x, doubled, torch_losses, 1e-3)
+    assert abs(doubled[1] - near[1]) > 1e-2

@@ -58,13 +58,17 @@ ADAMW_RULES = {
 
 
 class AdamWRule(torch.optim.Optimizer):
-    """AdamW (PyTorch's formulation) with ``rule`` one of ``ADAMW_RULES``, or ``"adamw"`` for the correct one."""
+    """AdamW (PyTorch's formulation) with ``rule`` one of ``ADAMW_RULES``, or ``"adamw"`` for the correct one;
+    ``eps_hat``: the other correct formulation, Kingma and Ba's (Keras', TensorFlow's), eps added to the square root
+    of the uncorrected second moment and the bias corrections folded into the step size."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, rule="adamw"):
+    def __init__(
+        self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, rule="adamw", eps_hat=False
+    ):
         if rule != "adamw" and rule not in ADAMW_RULES:
             raise ValueError(f"unknown AdamW rule {rule!r}; known: adamw, {', '.join(ADAMW_RULES)}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        self.rule = rule
+        self.rule, self.eps_hat = rule, eps_hat
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -89,6 +93,9 @@ class AdamWRule(torch.optim.Optimizer):
                     p.mul_(1 - lr * wd)
                 if self.rule == "no_sqrt_in_step_size":  # the fused form: lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)
                     p.sub_(lr * (1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps))
+                    continue
+                if self.eps_hat:  # Kingma and Ba's efficient form (Keras, TensorFlow): eps on the uncorrected moment
+                    p.sub_(lr * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps))
                     continue
                 denom = (v_hat + eps).sqrt() if self.rule == "eps_inside_sqrt" else v_hat.sqrt() + eps
                 p.sub_(lr * m_hat / denom)
