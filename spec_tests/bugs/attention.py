@@ -237,6 +237,18 @@ BUGS = (
         fix="x.transpose(1, 2).contiguous().view(B, T, H * d_head)",
     ),
     Bug(
+        "merge_heads_channel_major",
+        "layout",
+        (MHA, *MODEL),
+        "attention.py",
+        old='    return rearrange(x, "b h t d -> b t (h d)")',
+        new='    return rearrange(x, "b h t d -> b t (d h)")',
+        explanation="heads are merged channel-major, '(d h)' instead of '(h d)': wo's columns meet other "
+        "(head, channel) entries than they were trained on",
+        fix="rearrange(x, 'b h t d -> b t (h d)'): the head outer, the channel inner",
+        code="knob:head_layout",
+    ),
+    Bug(
         "split_heads_without_transpose",
         "layout",
         (MHA, *MODEL),

@@ -873,6 +873,7 @@ def _mha(
     *,
     split_view=False,
     merge_view=False,
+    channel_major=None,
     rope_values=False,
     rope_q_only=False,
     rope_flat=None,
@@ -884,6 +885,8 @@ def _mha(
     def split(y, heads):
         if split_view:
             return y.reshape(b, heads, t, dh)
+        if channel_major in ("split", "both"):  # (d h): the channel index outer, the head inner
+            return y.reshape(b, t, dh, heads).permute(0, 3, 1, 2)
         return y.reshape(b, t, heads, dh).transpose(1, 2)
 
     if rope_flat is not None:  # RoPE on the flat [B, T, H * d_head] projections, pairs indexed across the heads
@@ -903,6 +906,8 @@ def _mha(
             v = _rope(v, pos, theta, style)
     mask = attend.pop("mask", _causal(t, t))
     o = _attend(q, k, v, mask, **attend)
+    if channel_major in ("merge", "both"):
+        return o.permute(0, 2, 3, 1).reshape(b, t, h * dh) @ wo.T
     o = o.reshape(b, t, h * dh) if merge_view else o.transpose(1, 2).reshape(b, t, h * dh)
     return o @ wo.T
 
@@ -970,6 +975,17 @@ def _mha_family(args, kwargs, style):
             where="the view that splits q/k/v into heads",
             fix="y.view(B, T, H, d_head).transpose(1, 2)",
             compute=m(split_view=True),
+        ),
+        *(
+            Variant(
+                "knob:head_layout",
+                f"heads are {what} channel-major, '(d h)' instead of head-major '(h d)': the channel index outer and "
+                "the head inner",
+                where="the rearrange patterns that split and merge heads",
+                fix="rearrange(o, 'b h t d -> b t (h d)') and rearrange(y, 'b t (h d) -> b h t d'): the head outer",
+                compute=m(channel_major=which),
+            )
+            for what, which in (("merged", "merge"), ("split", "split"), ("split and merged", "both"))
         ),
         Variant(
             "knob:scale_constant",
