@@ -644,11 +644,29 @@ def uniform_race(p: torch.Tensor, grid: int = 4000) -> torch.Tensor:
     return out / out.sum()
 
 
+def negated_gumbel_race(p: torch.Tensor, grid: int = 6000) -> torch.Tensor:
+    """The distribution of argmax(log p - G) with G ~ Gumbel(0, 1) (the Gumbel-max trick with the noise's sign
+    flipped): P(i wins) = integral over y of f(y - a_i) prod_{j != i} F(y - a_j), a = log p, where -G has
+    cdf F(z) = 1 - exp(-exp(z)) and density f(z) = exp(z - exp(z)); the midpoint rule on a grid of y."""
+    kept = p > 0
+    a = torch.where(kept, p.double(), 1.0).log()
+    lo, hi = float(a[kept].min()) - 12.0, float(a[kept].max()) + 4.0
+    y = lo + (torch.arange(grid, dtype=torch.float64) + 0.5) * (hi - lo) / grid
+    z = y[:, None] - a[None, :]  # [grid, V]
+    log_cdf = torch.log1p(-torch.exp(-torch.exp(z)).clamp(max=1 - 1e-300))
+    log_cdf = torch.where(kept[None, :], log_cdf, 0.0)
+    total = log_cdf.sum(-1, keepdim=True)
+    density = torch.exp(z - torch.exp(z) + total - log_cdf)  # f(y - a_i) * prod_{j != i} F(y - a_j)
+    out = torch.where(kept, density.sum(0) * (hi - lo) / grid, 0.0)
+    return out / out.sum()
+
+
 def sharpness_causes(counts, p, t: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Where the draws keep the right tokens but follow another distribution than ``p`` (the kept set of
     sampling_probs at temperature ``t``): the temperature applied twice draws from p ** (1 / t) renormalised
     (softmax of the kept logits / t**2), and left out of the draw (applied to the filter only) from p ** t; the
-    exponential race run with uniform noise (argmax(p / U)) from ``uniform_race(p)``; a second softmax over the
+    exponential race run with uniform noise (argmax(p / U)) from ``uniform_race(p)``; the Gumbel-max trick with the
+    noise's sign flipped from ``negated_gumbel_race(p)``; a second softmax over the
     probabilities (or Gumbel noise added to them, not to their logs) from softmax(p) over the kept tokens; the kept
     tokens drawn alike from 1 / k. Named only where exactly one of them fits the frequencies."""
     kept = p > 0
@@ -660,6 +678,9 @@ def sharpness_causes(counts, p, t: float) -> tuple[tuple[str, ...], tuple[str, .
          "draws follow softmax(p) over the kept tokens",
          "draw from p itself: torch.multinomial(p), or argmax(log p + Gumbel)",
          torch.where(kept, p.exp(), 0.0), "knob:draw"),
+        ("the Gumbel noise has the wrong sign: argmax(log p - G) does not draw token i with probability p_i",
+         "add the noise: argmax(log p + G) with G = -log(-log(U)), U uniform on (0, 1)",
+         negated_gumbel_race(p), "knob:draw"),
         ("every kept token is drawn alike: the draw ignores the probabilities (a mask drawn from, not p)",
          "draw from the kept probabilities: torch.multinomial(p)", kept.double(), "knob:draw"),
     ]  # fmt: skip

@@ -63,4 +63,8 @@ def test_a_draw_from_another_distribution_is_named_by_the_one_it_follows():
     assert codes == ("knob:draw",) and "drawn alike" in causes[0], causes
     causes, codes = sharpness_causes(_counts(p**1.25 / (p**1.25).sum()), p, 0.8)
     assert codes == ("knob:temperature",) and "twice" in causes[0], causes
+    gumbel = -torch.log(-torch.log(torch.rand(N_DRAWS, 20, generator=g, dtype=torch.float64)))
+    negated = (torch.where(p > 0, p, 1.0).log().masked_fill(p == 0, float("-inf")) - gumbel).argmax(-1)
+    causes, codes = sharpness_causes(torch.bincount(negated, minlength=20).double() / N_DRAWS, p, 0.8)
+    assert codes == ("knob:draw",) and "wrong sign" in causes[0], causes
     assert sharpness_causes(_counts(p), p, 0.8) == ((), ())
