@@ -542,11 +542,20 @@ def ids_shape_causes(got, want) -> tuple[str, ...]:
     return ()
 
 
-def unfiltered_draw_causes(counts, logits, kw) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def unfiltered_draw_causes(counts, logits, kw, probs=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Why filtered-out tokens were drawn, named only where the draw frequencies pin it: they follow the unfiltered
-    distribution (softmax of logits / temperature, or of the raw logits). Drawing outside the kept set has other
-    causes too (a filter keeping one token too many, a nucleus cut at the wrong place), which the sampling_probs
-    tests name: then the difference is described, weakly."""
+    distribution (softmax of logits / temperature, or of the raw logits), or (given ``probs``, the protocol's
+    distribution) they are the draws' ranks in the sorted order, 0 the most probable, instead of their ids. Drawing
+    outside the kept set has other causes too (a filter keeping one token too many, a nucleus cut at the wrong
+    place), which the sampling_probs tests name: then the difference is described, weakly."""
+    if probs is not None:
+        ranked = probs.double().cpu().sort(descending=True).values
+        if _within(counts, ranked):
+            return (
+                "likely cause: sample returns each drawn token's rank in the sorted order (0 for the most probable) "
+                "instead of its token id: the draws of ids 0, 1, 2, ... follow the sorted probabilities. Fix: map "
+                "the drawn position back through the sort's indices (sorted_indices.gather(-1, drawn))",
+            ), ("knob:unsort",)
     t = kw.get("temperature", 1.0)
     for label, p in (("temperature-scaled", (logits.double() / t).softmax(-1)), ("raw", logits.double().softmax(-1))):
         if _within(counts, p.cpu()):
@@ -608,7 +617,7 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     counts = torch.bincount(draws.flatten().cpu(), minlength=S.V).double() / N_DRAWS
     outside = [t for t in torch.nonzero(counts > 0).flatten().tolist() if probs[t] == 0]
     follows_own_sampling_probs(spec, logits, kw, counts, probs)
-    causes, codes = unfiltered_draw_causes(counts, logits, kw) if outside else ((), ())
+    causes, codes = unfiltered_draw_causes(counts, logits, kw, probs) if outside else ((), ())
     spec.require(
         not outside,
         behaviour=f"sample({kw}) draws only tokens sampling_probs keeps",

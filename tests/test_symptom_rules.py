@@ -68,3 +68,17 @@ def test_a_draw_from_another_distribution_is_named_by_the_one_it_follows():
     causes, codes = sharpness_causes(torch.bincount(negated, minlength=20).double() / N_DRAWS, p, 0.8)
     assert codes == ("knob:draw",) and "wrong sign" in causes[0], causes
     assert sharpness_causes(_counts(p), p, 0.8) == ((), ())
+
+
+def test_draws_that_are_ranks_are_named():
+    """A top-p sampler returning the drawn token's place in the sorted order (held-out batch 31): ids 0, 1, 2 ...
+    drawn with the sorted probabilities. Named only with the protocol's distribution given, and draws of the ids
+    themselves are not read as ranks."""
+    p = torch.zeros(20, dtype=torch.float64)
+    p[[7, 2, 11]] = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    ranks = torch.zeros(20, dtype=torch.float64)
+    ranks[:3] = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    causes, codes = unfiltered_draw_causes(_counts(ranks), LOGITS, dict(top_p=0.9), p)
+    assert codes == ("knob:unsort",) and "rank in the sorted order" in causes[0], causes
+    causes, codes = unfiltered_draw_causes(_counts(ranks), LOGITS, dict(top_p=0.9))
+    assert codes != ("knob:unsort",), causes
