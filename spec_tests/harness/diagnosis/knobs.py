@@ -1386,6 +1386,8 @@ def _sampling(
         keep = _nucleus(torch.softmax(_top_k_filter(logits, k), -1), top_p, crossing) & torch.isfinite(zk)
     elif order == "p_before_k":
         keep = _nucleus(torch.softmax(z, -1), top_p, crossing) & torch.isfinite(zk)
+    elif order == "p_unnormalised":  # the nucleus cut on p ** (1 / T): log-probabilities divided, not renormalised
+        keep = _nucleus(torch.softmax(_top_k_filter(logits, k), -1) ** (1 / temperature), top_p, crossing)
     else:
         keep = _nucleus(torch.softmax(zk, -1), top_p, crossing)
     if keep_least and top_p is not None and top_p < 1:  # the kept minimum taken at the wrong end of the sort
@@ -1447,6 +1449,14 @@ def _sampling_probs(args, kwargs, style):
                 where=order_where,
                 fix="apply top-p to softmax(logits / temperature)",
                 compute=s(order="p_before_temperature"),
+            ),
+            Variant(
+                "knob:sampling_order",
+                "the nucleus is cut on p ** (1 / temperature) without renormalising it (log-probabilities divided by "
+                "the temperature, not log-softmaxed again), so its mass is not that of the scaled distribution",
+                where=order_where,
+                fix="apply top-p to softmax(logits / temperature), a distribution that sums to 1",
+                compute=s(order="p_unnormalised") if t not in (0, 1) else (lambda: None),
             ),
             Variant(
                 "knob:sampling_order",
