@@ -217,12 +217,13 @@ def variant_steps(
     clip="before",
     returned="before",
     micro=None,
+    summed=False,
 ):
     """Two training steps of the reference's model with one knob changed (for diagnosis). ``zero_grad="late"``
     clears the gradients between backward() and step(); ``returned="after"`` returns the loss recomputed after
     the step; ``micro=m``: the batch taken in micro-batches of ``m`` rows, gradients accumulated, the loss the mean
     of their means (``clip="micro"``: each weighted by its tokens, and the accumulated gradients clipped after each
-    micro-batch's backward pass)."""
+    micro-batch's backward pass; ``summed``: the sum of their means, each micro-batch normalised by its own tokens)."""
     model = models.build(ref, cfg, sd)
     opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     params, losses = list(model.parameters()), []
@@ -237,8 +238,8 @@ def variant_steps(
                 logits = ref.forward(model, xs)
                 flat = (logits.reshape(-1, logits.shape[-1]), ys.reshape(-1))
                 part = (
-                    F.cross_entropy(*flat) / len(parts)
-                    if clip != "micro"  # the mean of the micro-batches' means
+                    F.cross_entropy(*flat) / (1 if summed else len(parts))
+                    if clip != "micro"  # the mean (or the sum) of the micro-batches' means
                     else F.cross_entropy(*flat, reduction="sum") / y.numel()  # weighted right
                 )
                 part.backward()
@@ -299,6 +300,15 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
         )
         for m in range(2, rows)
         if rows % m
+    ] + [
+        Variant(
+            "knob:loss_reduction",
+            f"the batch is taken in micro-batches of {m} rows, each divided by its own token count, and their losses "
+            "summed: the loss is about the number of micro-batches times the mean, and the gradients alike",
+            "divide every micro-batch's summed loss by the whole batch's token count, then add them up",
+            with_(micro=m, summed=True),
+        )
+        for m in range(1, rows)
     ]
     if max_grad_norm is not None:
         micro += [
