@@ -501,6 +501,16 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
             given=(("new_cache",), lambda: prefill_reads_back(spec, config, sd, ids), PREFILL_DIFFERS),
             behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after one prefill of 9 tokens; "
             "[i] is layer i, [i][0] keys, [i][1] values",
+            variants=[
+                Variant(
+                    "knob:cache_contents",
+                    f"every layer's cache holds the {which} layer's keys and values: the layers share one buffer (a "
+                    "list made by repetition, [buffer] * n_layers), so each write lands where every layer reads",
+                    "give each layer its own key and value buffers: [make() for _ in range(n_layers)]",
+                    lambda ref, sd, ids, at=at: [contents(ref, sd, ids)[at]] * config["n_layers"],
+                )
+                for which, at in (("last", -1), ("first", 0))
+            ],
         )
 
 

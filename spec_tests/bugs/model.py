@@ -265,6 +265,22 @@ BUGS = (
         fix="append along the time axis of [B, n_kv_heads, T, d_head]: dim=-2",
     ),
     Bug(
+        "kv_cache_layers_share_a_buffer",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""            self.key_buffers[layer] = regrown(self.key_buffers[layer], start, capacity, k)
+            self.value_buffers[layer] = regrown(self.value_buffers[layer], start, capacity, v)""",
+        new="""            n = len(self.key_buffers)
+            self.key_buffers = [regrown(self.key_buffers[layer], start, capacity, k)] * n
+            self.value_buffers = [regrown(self.value_buffers[layer], start, capacity, v)] * n""",
+        explanation="a regrown buffer is shared by every layer (a list made by repetition), so each layer's write "
+        "lands where every layer reads: after a forward every layer holds the last layer's keys and values",
+        fix="regrow each layer's own buffers: key_buffers[layer] = regrown(...)",
+        corner=True,
+        code="knob:cache_contents",
+    ),
+    Bug(
         "kv_cache_bytes_ignores_gqa",
         "memory",
         FORWARD,
