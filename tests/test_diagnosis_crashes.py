@@ -1633,3 +1633,17 @@ def test_a_cache_that_exists_only_after_its_first_write_is_named(tmp_path, pytes
     assert "cache_kv raises for a fresh, empty cache and works for the cache after one token was forwarded" in out, out[
         -3000:
     ]
+
+
+def sample_taking_only_int_seeds(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    seed = None if generator is None else int(generator)  # a Keras SeedGenerator: an int seed or nothing
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=g)[..., 0]
+
+
+def test_a_given_generator_is_tried_as_none():
+    """A sampler that takes an int seed only raises for the torch.Generator the protocol allows (held-out batch 31):
+    the same call with generator=None runs, and the line names the path."""
+    lines, codes = probe("sample", sample_taking_only_int_seeds, (randn(4, 9),),
+                         {"generator": torch.Generator().manual_seed(0)})  # fmt: skip
+    assert "sample raises for a generator and works for generator=None" in lines[0], lines

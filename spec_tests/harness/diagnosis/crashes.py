@@ -320,7 +320,7 @@ def _given_none_probes(name, args, kwargs) -> list[Probe]:
     wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
     probes = []
     for key, where, value in zip(keys, wheres, values, strict=True):
-        if key not in NONE_MEANS.get(name, ()) or value is None or key in ("generator", "device", "dtype"):
+        if key not in NONE_MEANS.get(name, ()) or value is None or key in ("device", "dtype"):
             continue
         shown = f"{key}={value!r}" if isinstance(value, int | float) else f"a {key}"
         probes.append(Probe(shown, f"{key}=None", *_with(args, kwargs, where, None),
