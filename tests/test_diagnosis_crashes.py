@@ -1647,3 +1647,43 @@ def test_a_given_generator_is_tried_as_none():
     lines, codes = probe("sample", sample_taking_only_int_seeds, (randn(4, 9),),
                          {"generator": torch.Generator().manual_seed(0)})  # fmt: skip
     assert "sample raises for a generator and works for generator=None" in lines[0], lines
+
+
+def attention_with_a_mask_bound_on_one_branch(q, k, v, causal=True):
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def norm_adding_the_residual_in_place(x, weight):
+    x = x.detach().requires_grad_(True)
+    h = x * weight
+    residual = h.exp()
+    residual.add_(x)  # the fused residual add, in place on a tensor exp saved
+    residual.sum().backward()
+    return residual.detach()
+
+
+def test_messages_that_pin_their_cause_are_named():
+    """Where no variant runs, a message that says its own cause is read: a variable bound on one branch only
+    (held-out batch 29's flash mask; here the flag is positional-free, so no flag probe), and autograd's in-place
+    version check (batch 28's fused residual add)."""
+    from spec_tests.harness.diagnosis.crash_site import site_lines
+
+    q = randn(2, 3, 4)
+    try:
+        attention_with_a_mask_bound_on_one_branch(q, q, q, causal=False)
+    except UnboundLocalError as exc:
+        lines, codes = site_lines("flash_attention", exc)
+    assert codes == ["crash_unbound"] and "reads `mask`" in lines[0], lines
+    lines, codes = _probed("rmsnorm", norm_adding_the_residual_in_place, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_inplace_autograd"], lines
+
+
+def test_a_flag_given_explicitly_is_tried_at_its_other_value():
+    """flash_attention(causal=False) raising where causal=True runs (held-out batch 29): the flag's path is named,
+    as a path (a fallback: a nearer property that runs wins)."""
+    q = randn(2, 3, 4)
+    lines, _ = probe("flash_attention", attention_with_a_mask_bound_on_one_branch, (q, q, q), {"causal": False})
+    assert "flash_attention raises for causal=False and works for causal=True" in lines[0], lines

@@ -34,6 +34,8 @@ STRUCTURAL = {
     "between_blocks": "each block alone is right and the stack is not: how one block's output reaches the next",
     "crash_missing_key": "the call reads a key the dict it was given does not hold (an optional or legacy key)",
     "crash_empty_sequence": "the call indexes a list or tuple that is empty for an input the protocol allows",
+    "crash_unbound": "the call reads a variable that only some paths assign (UnboundLocalError)",
+    "crash_inplace_autograd": "the forward changes in place a tensor autograd saved: every backward through it raises",
     "crash_none_value": "the call reaches an operation on a value that is None for an input the protocol allows",
     "cache_empty": "the call raises through a fresh, empty cache and runs once one token was forwarded into it",
     "crash_state": "the call raises only after earlier calls: a freshly loaded copy of the code runs it (state kept)",

@@ -5,7 +5,8 @@ raised at, and the values that line names.
 - ``site_lines(name, exc)``: for a crash no probe explains, what the raising line read (``note: at train.py:37
   ... warmup_steps = 0, step = 0``); and where the line pins the cause, that cause: a ``ZeroDivisionError`` at a
   line dividing by exactly one name that holds 0, a ``KeyError`` reading the one dict at the line that lacks the
-  key, an ``IndexError`` at a line reading exactly one empty list or tuple, a ``TypeError`` or ``AttributeError``
+  key, an ``IndexError`` at a line reading exactly one empty list or tuple, a variable unbound on the path taken,
+  autograd's in-place version check, a ``TypeError`` or ``AttributeError``
   on ``None`` at a line reading exactly one name that holds None.
 
 Values are read from the frame's own locals (and attributes of them, looked up without running the code's
@@ -195,6 +196,19 @@ def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[st
                 f"fix: give it a value that cannot be 0 for any input the protocol allows, or guard the division "
                 f"(evidence: the division by it raised)"
             ], ["crash_zero_divisor"]
+    if isinstance(exc, UnboundLocalError) and (m := re.search(r"local variable '(\w+)'", str(exc))):
+        return [
+            f"likely cause: {name} reads `{m.group(1)}` at {where} (`{source}`) on a path where nothing assigned it: "
+            f"it is assigned only under some condition (an option's branch, a flag). Fix: give it a value on every "
+            f"path (None where the branch does not apply) (evidence: UnboundLocalError)"
+        ], ["crash_unbound"]
+    if isinstance(exc, RuntimeError) and "modified by an inplace operation" in str(exc):
+        return [
+            f"likely cause: {name}'s backward pass raises because the forward pass changed in place a tensor "
+            f"autograd saved for it (x += y, x.add_(y), an in-place activation or norm on a residual): the forward "
+            f"alone runs, every gradient through it raises. Fix: compute out of place (x = x + y) on tensors the "
+            f"graph still needs (evidence: autograd's version check)"
+        ], ["crash_inplace_autograd"]
     if isinstance(exc, KeyError) and exc.args:
         missing = exc.args[0]
         lacking = [n for n in _names(source) if isinstance(v := _lookup(frame, n), dict) and missing not in v]

@@ -347,6 +347,20 @@ def _speed_only_probes(name, args, kwargs) -> list[Probe]:
     return probes
 
 
+def _flag_probes(name, args, kwargs) -> list[Probe]:
+    """A boolean argument given explicitly (``flash_attention``'s ``causal=False``), other than the speed-only ones,
+    given its other value: the path of that value raises. A path, not a property: said only where nothing nearer is."""
+    keys = argument_keys(name, args, kwargs)
+    probes = []
+    for where, (key, value) in enumerate(zip(keys, [*args, *kwargs.values()], strict=True)):
+        if not isinstance(value, bool) or key in SPEED_ONLY.get(name, ()):
+            continue
+        at = where if where < len(args) else key
+        probes.append(Probe(f"{key}={value}", f"{key}={not value}", *_with(args, kwargs, at, not value),
+                            f"; so the {key}={value} path raises", fallback=True))  # fmt: skip
+    return probes
+
+
 def _empty_probes(name, args, kwargs) -> list[Probe]:
     """Every empty axis (size 0: a fresh cache's keys, no tokens yet) given one entry (zeros)."""
     keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
@@ -1310,6 +1324,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _none_probes(name, args, kwargs)
         + _given_none_probes(name, args, kwargs)
         + _speed_only_probes(name, args, kwargs)
+        + _flag_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
