@@ -297,6 +297,20 @@ def test_model_is_determined_by_its_weights(spec, config):
     """A model built from canonical weights computes the same logits whatever the global random state held when it
     was built: build_model loads every weight it is given, and no part of the model keeps its initialisation
     (protocol: build_model; symptoms table: weights copied, not shared)."""
+    check_determined(spec, config)
+
+
+@judges("build_model", uses=("forward",))
+@pytest.mark.bug_class("tied_weights")
+def test_an_untied_gpt2_model_is_determined_by_its_weights(spec):
+    """test_model_is_determined_by_its_weights for an untied gpt2 model: the shared configs tie gpt2's head (as GPT-2
+    does), so a loader that skips lm_head for gpt2 ("GPT-2 ties the weights") keeps an initialised head only here
+    (protocol: build_model, tie_embeddings)."""
+    check_determined(spec, models.family_config(spec.impl, "gpt2", need=("untied_head",), tie_embeddings=False))
+
+
+def check_determined(spec, config) -> None:
+    """The same logits from models built from ``config``'s canonical weights under global seeds 1 and 2."""
     sd = models.random_state_dict(config, seed=13, device=spec.device)
     ids = ids_for(spec, config, seed=14)
     model = models.build(spec.impl, config, sd, seed=1)
