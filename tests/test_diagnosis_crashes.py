@@ -1687,3 +1687,17 @@ def test_a_flag_given_explicitly_is_tried_at_its_other_value():
     q = randn(2, 3, 4)
     lines, _ = probe("flash_attention", attention_with_a_mask_bound_on_one_branch, (q, q, q), {"causal": False})
     assert "flash_attention raises for causal=False and works for causal=True" in lines[0], lines
+
+
+def causal_mask_reading_device_type(t_q, t_k, device=None):
+    kind = device.type  # OLMo's get_causal_attention_bias takes a torch.device only
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=kind).tril(t_k - t_q)
+
+
+def test_a_device_string_or_none_is_tried_as_a_torch_device():
+    """causal_mask reading device.type raises for "cpu" and for a device left out (held-out batch 30): given as
+    torch.device("cpu") it runs, and that is said."""
+    lines, _ = probe("causal_mask", causal_mask_reading_device_type, (4, 6), {"device": "cpu"})
+    assert "causal_mask raises for device='cpu' (a string) and works for device=torch.device('cpu')" in lines[0], lines
+    lines, _ = probe("causal_mask", causal_mask_reading_device_type, (4, 6), {})
+    assert "raises for device left out (None) and works for device=torch.device('cpu')" in lines[0], lines

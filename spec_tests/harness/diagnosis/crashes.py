@@ -347,6 +347,22 @@ def _speed_only_probes(name, args, kwargs) -> list[Probe]:
     return probes
 
 
+def _device_probes(name, args, kwargs) -> list[Probe]:
+    """A ``device`` given as a string ("cpu", as torch's own functions take it) or left None, given as the
+    ``torch.device`` it names: code that reads ``device.type`` takes only the latter."""
+    keys = argument_keys(name, args, kwargs)
+    wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
+    for key, where, value in zip(keys, wheres, values, strict=True):
+        if key == "device" and (value is None or isinstance(value, str)):
+            device = torch.device(value or "cpu")
+            shown = f"device={value!r}" + (" (a string)" if isinstance(value, str) else "")
+            return [Probe(shown, f"device=torch.device({str(device)!r})", *_with(args, kwargs, where, device))]
+    if "device" in _signature_names(name) and "device" not in keys:  # omitted: None, the default device
+        return [Probe("device left out (None)", "device=torch.device('cpu')", args,
+                      {**kwargs, "device": torch.device("cpu")})]  # fmt: skip
+    return []
+
+
 def _flag_probes(name, args, kwargs) -> list[Probe]:
     """A boolean argument given explicitly (``flash_attention``'s ``causal=False``), other than the speed-only ones,
     given its other value: the path of that value raises. A path, not a property: said only where nothing nearer is."""
@@ -1325,6 +1341,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _given_none_probes(name, args, kwargs)
         + _speed_only_probes(name, args, kwargs)
         + _flag_probes(name, args, kwargs)
+        + _device_probes(name, args, kwargs)
         + _boundary_probes(args, kwargs)
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
