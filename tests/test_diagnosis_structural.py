@@ -482,3 +482,13 @@ def test_rope_pairing_needs_a_named_channel_axis():
     wrong[:, 0::2] = wrong[:, 0::2].flip(-1)
     assert best(diagnose(expected, wrong), "rope_pairing") is None
     assert best(diagnose(expected, wrong, axes="b v"), "rope_pairing") is None
+
+
+def test_a_reshape_where_a_transpose_belongs_is_named():
+    """A [V, d] head ported to [d, V] by reshape and brought back by .T (held-out batch 31): the same entries in
+    another order of the flat buffer; a plain transpose of a square matrix is not read as one."""
+    expected = torch.randn(7, 5, dtype=torch.float64)
+    cause = assert_names(diagnose(expected, expected.reshape(5, 7).T.contiguous()), "layout", 0.8)
+    assert "reshape where a transpose belongs" in cause.summary
+    square = torch.randn(6, 6, dtype=torch.float64)
+    assert not any("reshape where" in c.summary for c in diagnose(square, square * 1.5))

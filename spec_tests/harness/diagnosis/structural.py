@@ -143,7 +143,7 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
     else:  # a 2-D bool tensor is read as a [t_q, t_k] mask, whose inversion the mask detector names
         detectors = [_bool_inversion] if e.ndim != 2 else []
     if e.size <= LARGE:  # the rearrangement searches cost O(size) per candidate
-        detectors += [_layout_causes, _slice_permutation_causes, _shift_causes]
+        detectors += [_layout_causes, _slice_permutation_causes, _shift_causes, _reshape_for_transpose_causes]
     detectors += [lambda c: _noop_causes(c.a, c.inputs, c.atol, c.rtol)]
     detectors += [_mask_causes, _boundary_causes, _rope_pairing_causes]
     for detect in detectors:
@@ -1146,6 +1146,37 @@ def _boundary_causes(c: _Case) -> list[Cause]:
                 )
             )
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# a matrix reshaped where it should be transposed (or the reverse)
+
+
+def _reshape_for_transpose_causes(c: _Case) -> list[Cause]:
+    """A 2-D ``[r, c]`` output equal to the expected one read through a reshape where a transpose belongs: its
+    entries in another order of the same flat buffer, ``e.reshape(c, r).T`` or ``e.T.reshape(r, c)`` (a weight
+    ported ``[V, d] -> [d, V]`` by ``reshape`` and brought back by ``.T``)."""
+    if c.e.ndim != 2 or c.e.shape[0] == 1 or c.e.shape[1] == 1:
+        return []
+    r, k = c.e.shape
+    for said, candidate in (
+        ("reshaped to [{k}, {r}] and then transposed", c.e.reshape(k, r).T),
+        ("transposed and then reshaped to [{r}, {k}]", c.e.T.reshape(r, k)),
+    ):
+        if c.fits(candidate):
+            return [
+                Cause(
+                    "layout",
+                    f"the matrix is the expected one {said.format(r=r, k=k)}: a reshape where a transpose belongs "
+                    "(or the reverse), the same entries in another order",
+                    "where the matrix is converted between [out, in] and [in, out] (at load or at export)",
+                    "transpose with .T (or permute), never reshape/view, to swap a matrix's two axes",
+                    f"actual == expected.{'reshape(k, r).T' if 'reshaped to' in said else 'T.reshape(r, k)'} at every "
+                    "entry",
+                    LOCAL,
+                )
+            ]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------
