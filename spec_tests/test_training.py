@@ -698,7 +698,7 @@ def test_train_and_evaluate_take_tokens_of_any_integer_dtype(spec, family):
 @pytest.mark.bug_class("training")
 def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
     """train's defaults are AdamW at lr 1e-3 (clipping at 1.0): on data of one repeated token every window is the
-    same batch, so train's losses are those of AdamW(lr=1e-3) steps on that batch (protocol: train).
+    same batch, so train's losses are those of AdamW(lr=1e-3) steps on that batch (protocol: train; amendment 33).
 
     AdamW's first update is lr * sign(gradient) whatever its betas, and clipping rescales the gradient, which that
     update ignores; so the second loss pins the learning rate. Weight decay between 0 and 0.1 moves it by at most
@@ -739,7 +739,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
 def test_train_uses_the_given_lr(spec, family):
     """train(..., lr=4e-3) takes AdamW steps of that learning rate: on data of one repeated token every window is the
     same batch, and AdamW's first update is lr * sign(gradient), so the second loss pins the rate (protocol: train).
-    The tolerance is test_train_defaults_to_adamw_at_lr_1e_3's (weight decay and eps unspecified)."""
+    The tolerance is test_train_defaults_to_adamw_at_lr_1e_3's (weight decay and eps unspecified: amendment 33)."""
     lr = 4e-3
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=71, device=spec.device)
