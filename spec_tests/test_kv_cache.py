@@ -324,7 +324,7 @@ def test_cached_logits_equal_full_forward(spec, config, chunks):
 def test_a_cache_filled_to_a_context_of_32(spec, family, chunks):
     """A model whose context_length is 32, a multiple of the usual cache block sizes (4, 8, 16, 32), takes its whole
     context through a fresh cache in one call, in two halves and up to its last token, and gives the uncached logits
-    (protocol: forward with cache; filling a cache to exactly context_length is accepted). A paged or preallocated
+    (protocol: forward with cache): filling a cache to exactly context_length is accepted. A paged or preallocated
     cache that counts its blocks one off at an exact multiple of its block size fails only at such a length; the
     shared configs' contexts are deliberately not such multiples."""
     check_chunks(spec, models.family_config(spec.impl, family, context_length=32), chunks, seed=25)

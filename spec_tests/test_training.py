@@ -132,8 +132,8 @@ def test_get_batch_with_exactly_enough_data(spec):
 @judges("get_batch")
 def test_get_batch_takes_more_rows_than_starts(spec):
     """A batch of 16 windows from 12 tokens at context 8 (4 possible starts) is 16 valid windows: each row is drawn on
-    its own, so starts repeat (protocol: get_batch, random windows; only fewer than context_length + 1 tokens is too
-    little data). A sampler that draws its starts without replacement raises here."""
+    its own, so starts repeat (protocol: get_batch): only fewer than context_length + 1 tokens is too little data. A
+    sampler that draws its starts without replacement raises here."""
     data = torch.arange(20, 32)
     x, y = spec.impl.get_batch(data, 16, 8, generator=spec.inputs.generator(0, device="cpu"))
     starts = [int(row[0]) - 20 for row in x.cpu()]
