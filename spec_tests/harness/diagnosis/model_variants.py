@@ -231,9 +231,16 @@ class Ledger:
                 swap = lambda v: fresh if v is value else (rest if v is ids else v)
                 return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
+            def alone(value=value, model=model, batch_size=batch_size, ids=ids, split=split):
+                fresh = subject.new_cache(model, batch_size)
+                rest = ids[:, 1:].clone() if split else ids
+                swap = lambda v: fresh if v is value else (rest if v is ids else v)
+                return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+            # the same (shorter) call through an empty cache must raise too: else the length, not the emptiness, was it
             return [probe_type("a fresh, empty cache", "the cache after one token was forwarded into it", args, kwargs,
                                "; so look at what the cache reads or builds before its first write", "cache_empty",
-                               make=make)]  # fmt: skip
+                               make=make, controls=((alone, False),))]  # fmt: skip
         return []
 
     def _one_at_a_time_probes(self, args: tuple, kwargs: dict, probe_type) -> list:
