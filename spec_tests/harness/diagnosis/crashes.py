@@ -350,6 +350,8 @@ def _speed_only_probes(name, args, kwargs) -> list[Probe]:
 def _device_probes(name, args, kwargs) -> list[Probe]:
     """A ``device`` given as a string ("cpu", as torch's own functions take it) or left None, given as the
     ``torch.device`` it names: code that reads ``device.type`` takes only the latter."""
+    if "device" not in _signature_names(name):  # the protocol's own device argument only
+        return []
     keys = argument_keys(name, args, kwargs)
     wheres, values = [*range(len(args)), *kwargs], [*args, *kwargs.values()]
     for key, where, value in zip(keys, wheres, values, strict=True):
@@ -1335,14 +1337,17 @@ def _grown(n: int, m: int) -> Callable:
 def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]:
     """The input variants worth trying for a call of ``name`` that raised (at most ``MAX_TRIES``); with a
     ``model_variants.Ledger``, a model among the arguments built again with one config property changed."""
+    # through a cache the call's length comes before the model's variants (a block count one off at a length); else
+    # after the ranks, where it was (a model's own variants first)
+    cached = ledger is not None and any(id(v) in ledger.caches for v in (*args, *kwargs.values()))
+    boundary = _boundary_probes(args, kwargs)
     found = (
         _layout_probes(name, args, kwargs)
         + _none_probes(name, args, kwargs)
         + _given_none_probes(name, args, kwargs)
         + _speed_only_probes(name, args, kwargs)
         + _flag_probes(name, args, kwargs)
-        + _device_probes(name, args, kwargs)
-        + _boundary_probes(args, kwargs)
+        + (boundary if cached else [])
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
         + _gqa_weight_probes(name, args, kwargs)
@@ -1355,6 +1360,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _empty_probes(name, args, kwargs)
         + _zero_float_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
+        + ([] if cached else boundary)
         + _key_length_probes(args, kwargs)
         + _odd_batch_probes(args, kwargs)
         + _negative_id_probes(name, args, kwargs)
@@ -1369,6 +1375,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _head_size_probes(args, kwargs)
         + _odd_size_probes(args, kwargs)
         + _dtype_argument_probes(args, kwargs)
+        + _device_probes(name, args, kwargs)
         + _dtype_probes(args, kwargs)
         + _numpy_probes(args, kwargs)
         + _tensor_data_probes(name, args, kwargs)
