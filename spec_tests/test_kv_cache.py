@@ -517,21 +517,25 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
 @judges("cache_kv", uses=("build_model", "new_cache"))
 @pytest.mark.bug_class("kv_cache")
 def test_a_fresh_cache_holds_no_positions(spec, family):
-    """cache_kv of a cache no forward has filled yet gives, for every layer, keys and values of
-    [B, n_kv_heads, 0, d_head], or (None, None) for nothing held (protocol: new_cache, "an empty cache"; cache_kv,
-    "[B, n_kv_heads, T_cached, d_head]" with T_cached = 0; amendment 34). A cache that builds its per-layer entries
-    or its block tables only on the first write raises, or holds something, here."""
+    """cache_kv of a cache no forward has filled yet holds no positions: keys and values of
+    [B, n_kv_heads, 0, d_head], or (None, None); it may also raise, having nothing to give (protocol: new_cache, "an
+    empty cache"; amendment 34). A preallocated cache that hands back its whole buffer, zeros included, holds
+    positions nothing wrote."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=33, device=spec.device))
     cache = spec.impl.new_cache(model, 2)
     want = (2, models.n_kv(config), 0, models.d_head(config))
-    shapes = [
-        tuple(None if t is None else tuple(t.shape) for t in spec.impl.cache_kv(cache, layer))
-        for layer in range(config["n_layers"])
-    ]
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a raise is an answer here, not a crash to report
+    shapes = []
+    for layer in range(config["n_layers"]):
+        try:
+            held = raw.cache_kv(cache, layer)
+        except Exception:  # noqa: BLE001 - nothing to give: allowed (amendment 34)
+            continue
+        shapes.append(tuple(None if t is None else tuple(t.shape) for t in held))
     spec.require(
         all(shape in ((want, want), (None, None)) for shape in shapes),
-        behaviour=f"cache_kv of a fresh cache of 2 rows is (keys, values) of {list(want)} in every layer",
+        behaviour=f"cache_kv of a fresh cache of 2 rows holds no positions ({list(want)}, or None) in any layer",
         found=f"(keys, values) shapes per layer {shapes}",
     )
 

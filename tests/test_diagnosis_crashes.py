@@ -1622,17 +1622,31 @@ def test_an_index_into_the_one_empty_list_is_named():
     assert codes == ["crash_empty_sequence"] and "with `past` empty (a list of 0 items)" in lines[0], lines
 
 
-def test_a_cache_that_exists_only_after_its_first_write_is_named(tmp_path, pytester):
-    """End to end: cache_kv counting the layers written so far (transformers' DynamicCache: "Cache only has 0
-    layers") raises for a fresh cache (held-out batches 23 and 28). The call made again on a new cache after one token
-    was forwarded runs, and that is said."""
-    patch = ("kv_cache.py", "    if not 0 <= layer < len(cache.lengths):",
-             "    if not 0 <= layer < len([n for n in cache.lengths if n]):")  # fmt: skip
-    folder = implementation(tmp_path, patch=patch)
-    out = run_suite(f"--impl={folder}", "-k", "fresh_cache_holds", cwd=tmp_path, pytester=pytester).stdout
-    assert "cache_kv raises for a fresh, empty cache and works for the cache after one token was forwarded" in out, out[
-        -3000:
-    ]
+def test_a_cache_that_exists_only_after_its_first_write_is_named():
+    """cache_kv counting the layers written so far (transformers' DynamicCache: "Cache only has 0 layers") raises for a
+    fresh cache (held-out batches 23 and 28). The call made again on a new cache after one token was forwarded runs
+    (and the same call on a fresh cache raises too, the control), and that is said. The control without a ledger
+    (nothing known of the cache) names nothing of the kind."""
+    from spec_tests import models
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = dict(models.CONFIGS["llama_gqa"])
+    model = subject.build(config, models.random_state_dict(config, seed=1))
+
+    def cache_kv_of_written_layers(cache, layer):
+        if not 0 <= layer < len([n for n in cache.lengths if n]):
+            raise KeyError(f"Cache only has 0 layers, attempted to access layer with index {layer}")
+        return subject.cache_kv(cache, layer)
+
+    ledger, cache = cache_through_a_ledger(subject, config, model)
+    lines, codes = probe("cache_kv", cache_kv_of_written_layers, (cache, 0), {}, ledger)
+    assert (
+        codes == ["cache_empty"]
+        and "raises for a fresh, empty cache and works for the cache after one token" in (lines[0])
+    ), lines
+    lines, codes = probe("cache_kv", cache_kv_of_written_layers, (cache, 0), {})
+    assert "cache_empty" not in codes, lines
 
 
 def sample_taking_only_int_seeds(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
