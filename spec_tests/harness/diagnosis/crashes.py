@@ -39,8 +39,13 @@ variants of its input, each one property changed and each as cheap as the origin
 - a config given to the call: a protocol v2 option at its default (the weights it adds left out), an int option
   one smaller and below the context (a limit where one larger raises), an untied head tied;
 - token ids holding 0 inside a sequence with 0 replaced by 1 (a pad id read as padding; 2 must run too); a bool
-  ``attention_mask`` as int64; ``generate``'s ``use_cache`` at its other value (a path: said only where nothing
-  nearer is); an expanded (stride 0) input as a contiguous copy.
+  ``attention_mask`` as int64; ``generate``'s ``use_cache`` at its other value, any other bool flag given
+  explicitly at its other value (``causal=False``), and a given ``generator`` as None (paths: said only where
+  nothing nearer is); an expanded (stride 0) input as a contiguous copy; a ``device`` given as a string or left out
+  as a ``torch.device``;
+- through a cache: a fresh cache after one token went in (``cache_empty``, where the shorter call through an
+  empty cache raises too); every variant on a recorded cache runs on that cache made again and refilled as it was
+  (``Ledger.fresh_caches``: the failing call may have left it half written), the call's length tried first.
 
 A cut ``[B, T]`` id input names a length only where the kept tokens repeated to ``T`` raise too (else the ids
 cut away were the trigger). A variant whose model cannot be built (``model_variants.NotBuilt``) is not tried.
