@@ -1441,28 +1441,22 @@ def _sampling_probs(args, kwargs, style):
             compute=s(renorm=False),
         ),
     ]
-    if tp is not None and tp < 1:
-        out.append(
-            Variant(
-                "knob:sampling_order",
-                "the top-p filter is not applied (skipped where it is given alone, or behind a condition that needs "
-                "another option too)",
-                where=order_where,
-                fix="apply top-p whenever top_p < 1, with or without top_k",
-                compute=lambda: _sampling(lg, t, k, None),
-            )
+    skipped = [
+        ("top-p", "top_p < 1", "top_k", lambda: _sampling(lg, t, k, None), tp is not None and tp < 1),
+        ("top-k", "top_k is given", "top_p", lambda: _sampling(lg, t, None, tp), k is not None and k < lg.shape[-1]),
+    ]
+    out += [
+        Variant(
+            "knob:sampling_order",
+            f"the {which} filter is not applied (skipped where it is given alone, or behind a condition that needs "
+            "another option too)",
+            where=order_where,
+            fix=f"apply {which} whenever {when}, with or without {other}",
+            compute=compute,
         )
-    if k is not None and k < lg.shape[-1]:
-        out.append(
-            Variant(
-                "knob:sampling_order",
-                "the top-k filter is not applied (skipped where it is given alone, or behind a condition that needs "
-                "another option too)",
-                where=order_where,
-                fix="apply top-k whenever top_k is given, with or without top_p",
-                compute=lambda: _sampling(lg, t, None, tp),
-            )
-        )
+        for which, when, other, compute, given in skipped
+        if given
+    ]
     if tp is not None:
         out += [
             Variant(

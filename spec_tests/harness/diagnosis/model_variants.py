@@ -255,20 +255,16 @@ class Ledger:
                 continue
             _, model, batch_size, forwarded = entry
 
-            def make(value=value, model=model, batch_size=batch_size, forwarded=forwarded, ids=ids):
+            def stepped(last: int, value=value, model=model, batch_size=batch_size, forwarded=forwarded, ids=ids):
+                """The call on a new cache fed the earlier chunks, then all but the last ``last`` tokens one at a
+                time; the call itself gives those ``last`` tokens."""
                 fresh = subject.new_cache(model, batch_size)
-                for earlier in [*forwarded, *ids[:, :-1].split(1, dim=-1)]:
+                for earlier in [*forwarded, *ids[:, :-last].split(1, dim=-1)]:
                     subject.forward(model, earlier.clone(), fresh)
-                swap = lambda v: fresh if v is value else (ids[:, -1:].clone() if v is ids else v)
+                swap = lambda v: fresh if v is value else (ids[:, -last:].clone() if v is ids else v)
                 return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
-            def pair(value=value, model=model, batch_size=batch_size, forwarded=forwarded, ids=ids):
-                fresh = subject.new_cache(model, batch_size)
-                for earlier in [*forwarded, *ids[:, :-2].split(1, dim=-1)]:
-                    subject.forward(model, earlier.clone(), fresh)
-                swap = lambda v: fresh if v is value else (ids[:, -2:].clone() if v is ids else v)
-                return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
-
+            make, pair = (lambda: stepped(1)), (lambda: stepped(2))
             failing = f"a chunk of {ids.shape[-1]} tokens through the cache"
             # "one new token only" holds where the last two tokens as a chunk raise as well
             return [probe_type(failing, "the same tokens fed one at a time", args, kwargs,
