@@ -25,7 +25,6 @@ import os
 import re
 import sys
 import sysconfig
-import traceback
 from types import FrameType
 
 import torch
@@ -48,22 +47,17 @@ def _foreign_roots(*, installed: bool) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def _own_frames(exc: BaseException, *, libraries: bool) -> list[tuple[str, int, str, FrameType | None]]:
+def _own_frames(exc: BaseException, *, libraries: bool) -> list[tuple[str, int, str, FrameType]]:
     """``(real path, line, function, frame)`` of every traceback frame in the implementation's own files, outermost
-    first (the frame objects where the traceback still holds them)."""
+    first."""
     foreign = _foreign_roots(installed=not libraries)
     frames, tb = [], exc.__traceback__
-    summaries = traceback.extract_tb(tb)
-    objects = []
     while tb is not None:
-        objects.append(tb.tb_frame)
+        code = tb.tb_frame.f_code
+        real = os.path.realpath(code.co_filename)
+        if not code.co_filename.startswith("<") and not any(real.startswith(r) for r in foreign):
+            frames.append((real, tb.tb_lineno, code.co_name, tb.tb_frame))
         tb = tb.tb_next
-    for summary, frame in zip(summaries, objects + [None] * (len(summaries) - len(objects)), strict=False):
-        if summary.filename.startswith("<"):
-            continue
-        real = os.path.realpath(summary.filename)
-        if not any(real.startswith(r) for r in foreign):
-            frames.append((real, summary.lineno, summary.name, frame))
     return frames
 
 
@@ -175,13 +169,13 @@ def _divisors(line: str) -> list[str]:
 
 
 def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[str]]:
-    """``(lines, codes)``: what the line ``name``'s call raised at read. A ``ZeroDivisionError`` at a line dividing
-    by exactly one name that holds 0 names it (code ``crash_zero_divisor``); else a note with the values the line
-    names, where the frame still holds them. Nothing where no own frame or no value is known."""
+    """``(lines, codes)``: what the line ``name``'s call raised at read. Where the line pins the cause (the readings
+    of the module's docstring, each naming exactly one value or a message that says its own cause), that cause with
+    its code; else a note with the values the line names. Nothing where no own frame or no value is known."""
     if exc is None or exc.__traceback__ is None:
         return [], []
     frames = _own_frames(exc, libraries=True)
-    if not frames or frames[-1][3] is None:
+    if not frames:
         return [], []
     real, lineno, function, frame = frames[-1]
     source = _code(linecache.getline(real, lineno))

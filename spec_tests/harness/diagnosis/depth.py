@@ -22,9 +22,9 @@ from collections.abc import Callable
 import torch
 
 from ..judging.compare import mismatch
-from .sensitivity import _state_dict_at
+from .sensitivity import state_dict_position
 
-_OUTPUT = re.compile(r"^layers\.(\d+)\..*(attn\.wo|mlp\.w_down|mlp\.w_proj|\.w_down)\.(weight|bias)$")
+_OUTPUT = re.compile(r"^layers\.(\d+)\..*(attn\.wo|\.w_down|mlp\.w_proj)\.(weight|bias)$")  # experts' w_down too
 
 
 def _layers(state_dict: dict) -> list[int]:
@@ -44,8 +44,8 @@ def depth_lines(compute: Callable, impl, reference, args: tuple, args64: tuple, 
     """``(lines, codes)``: which part of the stack the failing ``compute(impl, *args)`` differs in, where silencing
     blocks (``_silenced``) tells it; nothing where the first block alone is wrong too (a component's own tests say
     more) or where a silenced model cannot run."""
-    at = _state_dict_at(args)
-    if at is None or _state_dict_at(args64) != at:
+    at = state_dict_position(args, args64)
+    if at is None:
         return [], []
     layers = _layers(args[at])
     if len(layers) < 2:

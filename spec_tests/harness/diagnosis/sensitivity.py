@@ -27,6 +27,13 @@ def _state_dict_at(args) -> int | None:
     return None
 
 
+def state_dict_position(args: tuple, args64: tuple) -> int | None:
+    """Where the canonical state dict sits among a check's arguments, the same in the implementation's and the
+    float64 ones (None where there is none)."""
+    at = _state_dict_at(args)
+    return at if at is not None and _state_dict_at(args64) == at else None
+
+
 def _changed(t: torch.Tensor, seed: int) -> torch.Tensor:
     """``t`` plus noise of its own size (at least 0.1): a change no used weight hides."""
     g = torch.Generator().manual_seed(seed)
@@ -39,8 +46,8 @@ def ignored_weights(
 ) -> tuple[list[str], list[str]]:
     """``(lines, codes)``: the canonical weights whose change leaves ``compute(impl, ...)`` as it was while
     ``compute(reference, ...)`` moves; nothing where none is, or where every one is (then nothing is used)."""
-    at = _state_dict_at(args)
-    if at is None or _state_dict_at(args64) != at:
+    at = state_dict_position(args, args64)
+    if at is None:
         return [], []
     used, ignored = 0, []
     for seed, key in enumerate(sorted(args[at])):

@@ -323,8 +323,7 @@ class Spec:
             )
             if lines and lines[0].startswith("likely cause (ambiguous"):  # several of the test's variants fit: a
                 # catalogued bug that reproduces the output is one of them, no more certain than the others
-                kept = [i for i, line in enumerate(more) if not line.startswith(("matches known bug", "or matches"))]
-                more = [more[i] for i in kept]
+                more = [line for line in more if not line.startswith(("matches known bug", "or matches"))]
                 more_codes = [c for c in more_codes if not c.startswith("known_bug:")]
             return lines + more, codes + more_codes
 
