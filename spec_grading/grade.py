@@ -181,6 +181,9 @@ def check_text(check: dict) -> str:
 def message_of(verdict: Verdict) -> str:
     if verdict.status == Status.FAILED and verdict.failed_checks:
         return clean("\n".join(check_text(c) for c in verdict.failed_checks), MESSAGE_CAP)
+    if verdict.status == Status.ERROR and verdict.failed_checks:  # a crash: what probing its inputs found
+        causes = [line for c in verdict.failed_checks for line in check_text(c).split("\n")[2:]]
+        return clean("\n".join([verdict.message, *dict.fromkeys(causes)]), MESSAGE_CAP)
     return clean(verdict.message, MESSAGE_CAP)
 
 

@@ -55,6 +55,16 @@ def linear(x, weight, bias=None):
     raise _Unprintable()
 
 
+def gelu_mlp(x, w_in, b_in, w_out, b_out):  # raises ZeroDivisionError at a line dividing by a name holding 0
+    groups = w_in.shape[0] - w_in.shape[0]
+    return x.shape[-1] // groups
+
+
+def swiglu(x, w_gate, w_up, w_down, config=None):  # reads an attribute of None, with control characters around
+    label = "\x1b[31mred\x1b[0m"
+    return x * config.scale + len(label)
+
+
 def embedding(ids, weight):  # far more memory than the worker may have
     return torch.ones(1 << 34, dtype=torch.uint8)
 

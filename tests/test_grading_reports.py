@@ -26,7 +26,8 @@ from ahead import run_ahead  # tests/ahead.py: done by a runner while other test
 from manifest_cache import shared_cache  # tests/manifest_cache.py: the session's manifests
 
 from spec_grading import autograder, handout, report
-from spec_grading.grade import Grade, TestResult
+from spec_grading.grade import Grade, TestResult, message_of
+from spec_grading.judge import Verdict
 from spec_grading.manifest import Manifest
 from spec_grading.rubric import Rubric, RubricError, assign, load_rubric, resolve_rubric, short_name
 from spec_grading.textsafe import csv_cell, md_fence
@@ -108,6 +109,24 @@ def test_failures_are_grouped_under_the_function_charged_each_message_once():
     assert md.count("max abs error 1.0") == 30  # each distinct message once per function
     assert md.count("(the same message as") == 30 * 8
     assert 'python -m pytest "spec_tests/test_c0.py::test_fn0[case0]"' in md
+
+
+def test_a_crash_reads_with_what_probing_its_inputs_found():
+    """A test that raised shows the exception and, below it, the causes the judge's crash probe found (an input
+    property, what the raising line held), as a pytest run prints them; each once."""
+    check = {
+        "subject": "train",
+        "behaviour": "the call runs on inputs the protocol allows",
+        "found": "train raised ZeroDivisionError: division by zero (at sub/train.py:37)",
+        "causes": ["likely cause: train divides by `warmup_steps`, which is 0 for this call", "note: probed"],
+    }
+    verdict = Verdict("error", "ZeroDivisionError: division by zero", failed_checks=[check, dict(check)])
+    assert message_of(verdict).split("\n") == [
+        "ZeroDivisionError: division by zero",
+        "  likely cause: train divides by `warmup_steps`, which is 0 for this call",
+        "  note: probed",
+    ]
+    assert message_of(Verdict("error", "ZeroDivisionError: division by zero")) == "ZeroDivisionError: division by zero"
 
 
 def test_gradescope_tests_carry_a_rerun_command():

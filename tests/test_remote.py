@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spec_tests.harness.diagnosis.crash_site import site_lines
 from spec_tests.harness.remote import wire
 from spec_tests.harness.remote.client import (
     RemoteError,
@@ -19,6 +20,7 @@ from spec_tests.harness.remote.client import (
     WorkerCrashed,
     WorkerTimeout,
 )
+from spec_tests.harness.subject.subject import ImplementationError
 
 HERE = Path(__file__).resolve().parent
 TOY = HERE / "remote_toy_impl.py"
@@ -62,6 +64,54 @@ def test_not_implemented_is_reported_with_where(worker):
     assert err.not_implemented and err.is_a(NotImplementedError) and err.type == "NotImplementedError"
     assert err.message == "layernorm is still to do"
     assert err.where.startswith("remote_toy_impl.py:") and err.where.endswith(" in layernorm")
+
+
+def test_an_error_carries_what_its_line_held_and_the_judge_reads_it(worker):
+    """A crash's raising line is read in the worker (``crash_site.read_site``) and sent with the error, so the judge
+    names a remote crash's cause as it names a local one."""
+    with pytest.raises(RemoteError) as info:
+        worker.call("gelu_mlp", (torch.ones(2, 3), torch.ones(4, 3), None, None, None), deadline=soon())
+    site = info.value.site
+    assert site["where"].startswith("remote_toy_impl.py:") and site["function"] == "gelu_mlp"
+    assert site["source"] == "return x.shape[-1] // groups" and site["types"][0] == "ZeroDivisionError"
+    groups = next(e for e in site["names"] if e["name"] == "groups")
+    assert groups["zero"] and groups["text"] == "0" and not groups["none"]
+    error = ImplementationError("gelu_mlp", ("ZeroDivisionError",), info.value.message, info.value.where, site=site)
+    lines, codes = site_lines("gelu_mlp", error)
+    assert codes == ["crash_zero_divisor"] and "`groups`" in lines[0] and "remote_toy_impl.py:" in lines[0]
+
+    with pytest.raises(RemoteError) as info:
+        worker.call("swiglu", (torch.ones(2, 3), None, None, None), deadline=soon())
+    lines, codes = site_lines("swiglu", ImplementationError("swiglu", ("AttributeError",), "", site=info.value.site))
+    assert codes == ["crash_none_value"] and "`config` None" in lines[0]
+
+
+def test_a_site_record_out_of_shape_is_refused_and_its_text_made_plain():
+    """The worker runs the submission's code: its site record is data, checked field by field like the rest of the
+    error report."""
+    good = {
+        "where": "sub.py:3",
+        "function": "f",
+        "source": "return a / n",
+        "types": ["ZeroDivisionError"],
+        "message": "division by zero",
+        "key": None,
+        "names": [{"name": "n\x1b[2J", "text": "0", "none": False, "zero": True, "empty": None}],
+    }
+    report = {"type": "ZeroDivisionError", "mro": [], "message": "m", "where": None, "not_implemented": False}
+    error = RemoteError.from_data({**report, "site": good})
+    assert error.site["names"][0]["name"] == "n" and error.site["where"] == "sub.py:3"
+    assert RemoteError.from_data(report).site is None  # a worker that sends none
+    for bad in (
+        {**good, "extra": 1},
+        {**good, "where": 3},
+        {**good, "types": ["x"] * 40},
+        {**good, "names": [{"name": "n", "none": "yes", "zero": False}]},
+        {**good, "names": [{"name": "n", "none": False, "zero": False, "keys": [1]}]},
+        {**good, "names": [{"name": "n", "none": False, "zero": False, "run": "code"}]},
+    ):
+        with pytest.raises(wire.WireError):
+            RemoteError.from_data({**report, "site": bad})
 
 
 def test_an_exception_that_cannot_be_printed(worker):

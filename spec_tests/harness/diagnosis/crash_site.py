@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Callable
 from types import FrameType
 
 import torch
@@ -168,80 +169,171 @@ def _divisors(line: str) -> list[str]:
     return []
 
 
-def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[str]]:
-    """``(lines, codes)``: what the line ``name``'s call raised at read. Where the line pins the cause (the readings
-    of the module's docstring, each naming exactly one value or a message that says its own cause), that cause with
-    its code; else a note with the values the line names. Nothing where no own frame or no value is known."""
+SITE_NAMES = 16  # names a site record holds (with their prefixes)
+SITE_KEYS = 8  # keys of a dict a record lists
+
+
+def read_site(
+    exc: BaseException | None, *, inside: Callable[[str], bool] | None = None, shown: Callable[[str], str] | None = None
+) -> dict | None:
+    """The raising line of ``exc``'s innermost own frame as plain data (the worker sends it with the error, so the
+    judge reads a remote crash as it reads a local one): ``where``, ``function``, ``source``, ``types`` (the
+    exception's class names), ``message``, ``key`` (a ``KeyError``'s key, as ``repr``) and ``names``: per dotted
+    name the line reads (and each prefix of it), its ``text`` (``_described``), whether it is ``none``, ``zero``,
+    an ``empty`` list or tuple (its type's name), and for a dict its first ``keys`` and whether it ``lacks`` the
+    missing key. ``inside(path)``: which files are the implementation's (default: not the suite, torch, Python);
+    ``shown(path)``: how a file is named in ``where`` (default: relative to the working directory)."""
     if exc is None or exc.__traceback__ is None:
-        return [], []
+        return None
     frames = _own_frames(exc, libraries=True)
+    if inside is not None:
+        frames = [f for f in frames if inside(f[0])]
     if not frames:
-        return [], []
+        return None
     real, lineno, function, frame = frames[-1]
     source = _code(linecache.getline(real, lineno))
     if not source:
+        return None
+    missing = exc.args[0] if isinstance(exc, KeyError) and exc.args else _MISSING
+    names = []
+    for dotted in dict.fromkeys(p for n in _names(source) for p in _prefixes(n)):
+        value = _lookup(frame, dotted)
+        if value is _MISSING:
+            continue
+        entry = {"name": dotted, "text": _described(value), "none": value is None, "zero": _is_zero(value)}
+        entry["empty"] = type(value).__name__ if isinstance(value, list | tuple) and not value else None
+        if isinstance(value, dict):
+            entry["keys"] = [repr(k)[:60] for k in list(value)[:SITE_KEYS]]
+            entry["lacks"] = missing is not _MISSING and missing not in value
+        names.append(entry)
+        if len(names) == SITE_NAMES:
+            break
+    return {
+        "where": f"{(shown or _shown)(real)}:{lineno}",
+        "function": function,
+        "source": source[:300],
+        "types": [c.__name__ for c in type(exc).__mro__ if c is not object][:16],
+        "message": str(exc)[:300],
+        "key": None if missing is _MISSING else repr(missing)[:60],
+        "names": names,
+    }
+
+
+_SITE_FIELDS = {"where": str, "function": str, "source": str, "message": str}
+_NAME_FIELDS = {"name": str, "none": bool, "zero": bool}
+_NAME_OPTIONAL = ("text", "empty", "keys", "lacks")
+
+
+def checked_site(data) -> dict | None:
+    """A site record received from a worker, checked field by field and its text made plain (``plain_text``); None
+    where it is None. Raises ``ValueError`` naming the first field out of shape."""
+    from ..text import plain_text
+
+    if data is None:
+        return None
+    if type(data) is not dict or set(data) != {*_SITE_FIELDS, "types", "key", "names"}:
+        raise ValueError("a site record needs exactly where, function, source, types, message, key, names")
+    for field, kind in _SITE_FIELDS.items():
+        if type(data[field]) is not kind:
+            raise ValueError(f"a site record's {field} must be a {kind.__name__}")
+    types, key, names = data["types"], data["key"], data["names"]
+    if type(types) is not list or len(types) > 16 or not all(type(t) is str for t in types):
+        raise ValueError("a site record's types must be a list of at most 16 strings")
+    if key is not None and type(key) is not str:
+        raise ValueError("a site record's key must be a string or null")
+    if type(names) is not list or len(names) > SITE_NAMES * 4:
+        raise ValueError(f"a site record's names must be a list of at most {SITE_NAMES * 4}")
+    out = []
+    for entry in names:
+        if type(entry) is not dict or not set(_NAME_FIELDS) <= set(entry) <= {*_NAME_FIELDS, *_NAME_OPTIONAL}:
+            raise ValueError("a site record's name entry has unknown or missing fields")
+        if any(type(entry[f]) is not kind for f, kind in _NAME_FIELDS.items()):
+            raise ValueError("a site record's name entry has fields of the wrong type")
+        for f in ("text", "empty"):
+            if entry.get(f) is not None and type(entry[f]) is not str:
+                raise ValueError(f"a site record's name entry's {f} must be a string or null")
+        keys = entry.get("keys")
+        if keys is not None and (type(keys) is not list or len(keys) > SITE_KEYS or {type(k) for k in keys} - {str}):
+            raise ValueError(f"a site record's keys must be a list of at most {SITE_KEYS} strings")
+        if "lacks" in entry and type(entry["lacks"]) is not bool:
+            raise ValueError("a site record's lacks must be a bool")
+        clean = {f: entry[f] for f in _NAME_FIELDS}
+        clean["name"] = plain_text(entry["name"], 120)
+        clean.update({f: plain_text(entry[f], 120) for f in ("text", "empty") if entry.get(f) is not None})
+        if keys is not None:
+            clean["keys"], clean["lacks"] = [plain_text(k, 60) for k in keys], entry.get("lacks", False)
+        out.append(clean)
+    return {
+        **{f: plain_text(data[f], 300) for f in _SITE_FIELDS},
+        "types": [plain_text(t, 100) for t in types],
+        "key": None if key is None else plain_text(key, 60),
+        "names": out,
+    }
+
+
+def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[str]]:
+    """``(lines, codes)``: what the line ``name``'s call raised at read (``read_site``, or the record a worker sent
+    with the error, ``exc.site``). Where the line pins the cause (the readings of the module's docstring, each
+    naming exactly one value or a message that says its own cause), that cause with its code; else a note with the
+    values the line names. Nothing where no own frame or no value is known."""
+    site = exc.site if hasattr(exc, "site") else read_site(exc)
+    if not site:
         return [], []
-    where = f"{_shown(real)}:{lineno}"
-    if isinstance(exc, ZeroDivisionError):
-        zeros = [d for d in _divisors(source) if (v := _lookup(frame, d)) is not _MISSING and _is_zero(v)]
+    source, where, types, message = site["source"], site["where"], set(site["types"]), site["message"]
+    entries = {e["name"]: e for e in site["names"]}
+    read = [n for n in _names(source) if n in entries]
+    if "ZeroDivisionError" in types:
+        zeros = [d for d in _divisors(source) if d in entries and entries[d]["zero"]]
         if len(zeros) == 1:
             return [
                 f"likely cause: {name} divides by `{zeros[0]}`, which is 0 for this call, at {where} (`{source}`); "
                 f"fix: give it a value that cannot be 0 for any input the protocol allows, or guard the division "
                 f"(evidence: the division by it raised)"
             ], ["crash_zero_divisor"]
-    if isinstance(exc, UnboundLocalError) and (m := re.search(r"local variable '(\w+)'", str(exc))):
+    if "UnboundLocalError" in types and (m := re.search(r"local variable '(\w+)'", message)):
         return [
             f"likely cause: {name} reads `{m.group(1)}` at {where} (`{source}`) on a path where nothing assigned it: "
             f"it is assigned only under some condition (an option's branch, a flag). Fix: give it a value on every "
             f"path (None where the branch does not apply) (evidence: UnboundLocalError)"
         ], ["crash_unbound"]
-    if isinstance(exc, RuntimeError) and "modified by an inplace operation" in str(exc):
+    if "RuntimeError" in types and "modified by an inplace operation" in message:
         return [
             f"likely cause: {name}'s backward pass raises because the forward pass changed in place a tensor "
             f"autograd saved for it (x += y, x.add_(y), an in-place activation or norm on a residual): the forward "
             f"alone runs, every gradient through it raises. Fix: compute out of place (x = x + y) on tensors the "
             f"graph still needs (evidence: autograd's version check)"
         ], ["crash_inplace_autograd"]
-    if isinstance(exc, KeyError) and exc.args:
-        missing = exc.args[0]
-        lacking = [n for n in _names(source) if isinstance(v := _lookup(frame, n), dict) and missing not in v]
+    if "KeyError" in types and site["key"] is not None:
+        lacking = [n for n in read if entries[n].get("lacks")]
         if len(lacking) == 1:
-            held = ", ".join(repr(k) for k in list(_lookup(frame, lacking[0]))[:8])
+            held = ", ".join(entries[lacking[0]]["keys"])
             return [
-                f"likely cause: {name} reads key {missing!r} of `{lacking[0]}` at {where} (`{source}`), and the dict "
+                f"likely cause: {name} reads key {site['key']} of `{lacking[0]}` at {where} (`{source}`), and the dict "
                 f"it was given has no such key (it holds {held or 'nothing'}): a key the protocol leaves optional or "
                 f"spells another way; fix: read it with a default, or accept every spelling the protocol allows "
                 f"(evidence: the lookup raised KeyError)"
             ], ["crash_missing_key"]
-    if isinstance(exc, IndexError) and "index out of range" in str(exc):
-        empty = [n for n in _names(source) if isinstance(v := _lookup(frame, n), list | tuple) and not v]
+    if "IndexError" in types and "index out of range" in message:
+        empty = [n for n in read if entries[n].get("empty")]
         if len(empty) == 1:
             return [
                 f"likely cause: {name} reaches `{source}` at {where} with `{empty[0]}` empty (a "
-                f"{type(_lookup(frame, empty[0])).__name__} of 0 items) and indexes it: a structure that only an "
+                f"{entries[empty[0]]['empty']} of 0 items) and indexes it: a structure that only an "
                 f"earlier call or a first write fills (a cache's layers before any forward); fix: handle it empty "
                 f"(evidence: the index into the empty sequence raised)"
             ], ["crash_empty_sequence"]
-    if isinstance(exc, TypeError | AttributeError) and "NoneType" in str(exc):
-        nones = list(dict.fromkeys(p for n in _names(source) for p in _prefixes(n) if _lookup(frame, p) is None))
+    if types & {"TypeError", "AttributeError"} and "NoneType" in message:
+        nones = list(dict.fromkeys(p for n in _names(source) for p in _prefixes(n) if entries.get(p, {}).get("none")))
         if len(nones) == 1:
             return [
                 f"likely cause: {name} reaches `{source}` at {where} with `{nones[0]}` None (an optional argument, "
                 f"weight or setting the code assumes is given); fix: handle None there, or give it the value None "
                 f"stands for (evidence: the operation on None raised)"
             ], ["crash_none_value"]
-    values = []
-    for dotted in _names(source):
-        value = _lookup(frame, dotted)
-        if value is _MISSING or (text := _described(value)) is None:
-            continue
-        values.append(f"{dotted} = {text}")
-        if len(values) == MAX_VALUES:
-            break
+    values = [f"{n} = {entries[n]['text']}" for n in read if entries[n].get("text") is not None][:MAX_VALUES]
     if not values:
         return [], []
-    return [f"note: where it raised, {where} in {function} (`{source}`), held {', '.join(values)}"], []
+    return [f"note: where it raised, {where} in {site['function']} (`{source}`), held {', '.join(values)}"], []
 
 
 def _code(line: str) -> str:

@@ -78,9 +78,11 @@ class StaleHandleError(WorkerError, ValueError):
 class RemoteError(WorkerError):
     """The implementation raised. The fields are data reported by the worker (sanitised)."""
 
-    def __init__(self, type_name: str, mro: list[str], message: str, where: str | None, not_implemented: bool):
+    def __init__(
+        self, type_name: str, mro: list[str], message: str, where: str | None, not_implemented: bool, site=None
+    ):
         self.type, self.mro, self.message, self.where = type_name, list(mro), message, where
-        self.not_implemented = not_implemented
+        self.not_implemented, self.site = not_implemented, site
         text = f"{type_name}: {message}" if message else type_name
         super().__init__(text + (f" (at {where})" if where else ""))
 
@@ -90,8 +92,9 @@ class RemoteError(WorkerError):
 
     @classmethod
     def from_data(cls, data) -> RemoteError:
-        if type(data) is not dict or set(data) != {"type", "mro", "message", "where", "not_implemented"}:
-            raise wire.WireError("an error report needs exactly type, mro, message, where, not_implemented")
+        fields = {"type", "mro", "message", "where", "not_implemented"}
+        if type(data) is not dict or not fields <= set(data) <= {*fields, "site"}:
+            raise wire.WireError("an error report needs exactly type, mro, message, where, not_implemented (and site)")
         type_name, mro, message, where, not_impl = (
             data[k] for k in ("type", "mro", "message", "where", "not_implemented")
         )
@@ -101,12 +104,19 @@ class RemoteError(WorkerError):
             raise wire.WireError("an error report's mro must be a list of at most 64 strings")
         if where is not None and type(where) is not str:
             raise wire.WireError("an error report's where must be a string or null")
+        from ..diagnosis.crash_site import checked_site
+
+        try:
+            site = checked_site(data.get("site"))
+        except ValueError as exc:
+            raise wire.WireError(str(exc)) from None
         return cls(
             plain_text(type_name, 200),
             [plain_text(m, 300) for m in mro],
             plain_text(message, 4000),
             plain_text(where, 500) if where is not None else None,
             not_impl,
+            site,
         )
 
 

@@ -76,7 +76,7 @@ class RemoteSubject(Subject):
             if exc.not_implemented:
                 raise NotImplementedInImpl(name, exc.message) from None
             short = tuple(m.rsplit(".", 1)[-1] for m in exc.mro) or (exc.type,)
-            raise ImplementationError(name, short, exc.message, exc.where or "") from None
+            raise ImplementationError(name, short, exc.message, exc.where or "", site=exc.site) from None
         except WorkerTimeout:
             raise ImplementationError(
                 name,

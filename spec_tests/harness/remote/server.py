@@ -121,7 +121,23 @@ def error_data(exc: BaseException, root: str | None, message: str | None = None)
         "message": plain_text(message, MESSAGE_CAP),
         "where": _where(exc, root),
         "not_implemented": issubclass(kind, NotImplementedError),
+        "site": _site(exc, root),
     }
+
+
+def _site(exc: BaseException, root: str | None) -> dict | None:
+    """What the raising line in the submission's own files held (``crash_site.read_site``), for the judge's
+    diagnosis; None where it cannot be read."""
+    if root is None:
+        return None
+    try:
+        from spec_tests.harness.diagnosis.crash_site import checked_site, read_site
+
+        parent = os.path.dirname(root)
+        site = read_site(exc, inside=lambda path: _inside(path, root), shown=lambda path: os.path.relpath(path, parent))
+        return checked_site(site)  # plain text only: a lone surrogate or an escape cannot go on the wire
+    except Exception:  # noqa: BLE001 - reading the submission's frames must not take the worker down
+        return None
 
 
 class Server:

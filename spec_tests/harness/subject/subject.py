@@ -59,10 +59,19 @@ class ImplementationError(Exception):
     """
 
     def __init__(
-        self, name: str, type_names: tuple[str, ...], message: str, where: str = "", original=None, *, process=False
+        self,
+        name: str,
+        type_names: tuple[str, ...],
+        message: str,
+        where: str = "",
+        original=None,
+        *,
+        process=False,
+        site: dict | None = None,
     ):
         self.name, self.type_names, self.message, self.where = name, tuple(type_names), message, where
         self.original = original
+        self.site = site  # what the raising line held, as a worker reads it (``crash_site.read_site``)
         self.process = process  # the process running the code timed out, crashed or was given up on, not a raise
         text = f"{type_names[0]}: {message}" if message else type_names[0]
         super().__init__(text + (f"\n  raised at {where}" if where else "") + f" (reached through {name})")
