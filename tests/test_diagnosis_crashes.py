@@ -1715,3 +1715,73 @@ def test_a_device_string_or_none_is_tried_as_a_torch_device():
     assert "causal_mask raises for device='cpu' (a string) and works for device=torch.device('cpu')" in lines[0], lines
     lines, _ = probe("causal_mask", causal_mask_reading_device_type, (4, 6), {})
     assert "raises for device left out (None) and works for device=torch.device('cpu')" in lines[0], lines
+
+
+def test_a_head_size_written_into_the_code_is_named_with_the_sizes_that_run():
+    """A model whose code views each head to 64 channels raises for every other head size: fresh models of the same
+    heads at the sizes code writes in most often are tried, each must run with twice the heads too, and the model
+    built fresh at its own size must raise; the sizes that run and those that raise are said together, and one size
+    alone points at that size written into the code (held-out batch 29's default of 64). A least size (every size
+    from 32 up runs) is said as a least size; a crash on these weights' values names no size."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    ledger = Ledger(subject)
+    config = dict(models.CONFIGS["llama_gqa"])
+    model = subject.build(config, models.random_state_dict(config, seed=1))
+    ledger.record("build", (config, None), {}, model)
+    ids = torch.randint(0, config["vocab_size"], (2, 5))
+
+    def forward_viewing_heads_of(sizes):
+        def forward(m, ids):
+            c = m.config
+            if c.d_model // c.n_heads not in sizes:
+                raise RuntimeError(f"shape '[2, 5, -1, 64]' is invalid for input of size {2 * 5 * c.d_model}")
+            return subject.forward(m, ids)
+
+        return forward
+
+    head = config["d_model"] // config["n_heads"]
+    lines, codes = probe("forward", forward_viewing_heads_of({64}), (model, ids), {}, ledger=ledger)
+    said = f"forward raises for a head size of {head} and works for a head size of 64 ("
+    assert any(said in ln and "look for a size of 64 written into the code" in ln for ln in lines), lines
+    assert codes[:1] == ["crash_head_size"], codes
+    lines, codes = probe("forward", forward_viewing_heads_of({32, 64, 128}), (model, ids), {}, ledger=ledger)
+    assert any("works for head sizes 32, 64, 128 (" in ln and "at least 32" in ln for ln in lines), lines
+
+    first = model.tok_embeddings.weight.detach().clone()
+
+    def forward_raising_on_these_weights(m, ids):
+        if m.tok_embeddings.weight.shape == first.shape and torch.equal(m.tok_embeddings.weight.detach(), first):
+            raise RuntimeError("nan")
+        return subject.forward(m, ids)
+
+    lines, codes = probe("forward", forward_raising_on_these_weights, (model, ids), {}, ledger=ledger)
+    assert "crash_head_size" not in codes and not any("head size" in ln for ln in lines), lines
+
+
+def rope_rotating_four_channels(x, positions, theta=10000.0):
+    pairs = x.reshape(*x.shape[:-1], 2, 2)  # the bug: the rotation is written for a head size of 4
+    return torch.cat([-pairs[..., 1, :], pairs[..., 0, :]], dim=-1).reshape(x.shape)
+
+
+def test_a_feature_size_written_into_a_component_is_named():
+    """``rope`` written for 4 channels raises for every other head size: where nothing specific runs, the last axis is
+    tried at the sizes code writes in most often, and the one that runs is said with those that raise."""
+    lines, codes = _probed("rope", rope_rotating_four_channels, (randn(2, 3, 5, 8), torch.arange(5)))
+    said = "rope raises for a last-axis size of 8 and works for a last-axis size of 4 (16, 32, 64, 128 raise too)"
+    assert any(said in ln for ln in lines) and "boundary" in codes, lines
+
+
+def test_a_tensor_on_the_meta_device_at_the_raising_line_is_described_without_its_values():
+    """A crash at a line holding a meta tensor (a fresh model built under ``torch.device("meta")``): the note says
+    its shape, and reading it raises nothing (a meta tensor has no values)."""
+
+    def init_on_meta(x, weight):
+        scale = torch.ones((), device="meta")
+        return x * weight * scale
+
+    lines, codes = _probed("rmsnorm", init_on_meta, (randn(2, 3, 4), randn(4)))
+    assert any("scale = [] float32 on meta" in line for line in lines), lines

@@ -121,6 +121,8 @@ def _described(value) -> str | None:
     """A value as a line shows it: a tensor's shape and dtype, a number, a short string, a sequence's length."""
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
+        if value.device.type == "meta":  # no values to read
+            return f"{list(value.shape)} {dtype} on meta"
         return f"{value.item()!r} (0-d {dtype})" if value.ndim == 0 else f"{list(value.shape)} {dtype}"
     if value is None or isinstance(value, bool | int | float):
         return repr(value)
@@ -351,5 +353,5 @@ def _code(line: str) -> str:
 
 def _is_zero(value) -> bool:
     if isinstance(value, torch.Tensor):
-        return value.numel() == 1 and value.item() == 0
+        return value.numel() == 1 and value.device.type != "meta" and value.item() == 0
     return isinstance(value, int | float) and not isinstance(value, bool) and value == 0

@@ -138,6 +138,9 @@ class Probe:
     # "handles one new token only": no claim where a shorter chunk of several tokens (``chunk`` >= 2) runs as well
     single_token: bool = False
     chunk: int = 0  # the new tokens of a [B, T] id input cut shorter
+    # ``(kind, value)``: one of several values of one property tried alike (a head size); every value is tried, and
+    # those that run are said together with those that raise (``_grouped``)
+    group: tuple = ()
 
     def arguments(self) -> tuple[tuple, dict]:
         return self.make() if self.make is not None else (_clone(self.args), _clone(self.kwargs))
@@ -1137,6 +1140,32 @@ def _positions_past_the_length_probes(name, args, kwargs) -> list[Probe]:
     return [Probe(failing, working, *_with(args, kwargs, where, within), note, "boundary", exclusive=True)]
 
 
+FEATURE_SIZES = (64, 128, 32, 16, 8, 4)  # the feature (head) sizes code writes in most often first
+
+
+def _feature_size_probes(name, args, kwargs) -> list[Probe]:
+    """A fallback: the first float tensor argument's last (feature) axis at each other size of ``FEATURE_SIZES``,
+    on every float tensor whose last axis has that size alike (entries repeated, then cut): a head size written
+    into the code (a view to 64, a rotation of 4 channels) runs at that size alone, a least width from it up."""
+    x = _primary(args, kwargs)
+    if x is None or x.ndim < 2 or not x.is_floating_point():
+        return []
+    d = x.shape[-1]
+
+    def resized(t, size):
+        if not t.is_floating_point() or t.ndim == 0 or t.shape[-1] != d:
+            return t
+        return t.repeat_interleave(-(-size // d), dim=-1).narrow(-1, 0, size).contiguous()
+
+    probes = []
+    for s in FEATURE_SIZES:
+        if s != d:
+            variant = _map(args, kwargs, lambda t, s=s: resized(t, s))
+            probes.append(Probe(f"a last-axis size of {d}", f"a last-axis size of {s}", *variant, "", "boundary",
+                                group=("last-axis size", s)))  # fmt: skip
+    return probes
+
+
 def _axis_size_probes(name, args, kwargs) -> list[Probe]:
     """A fallback when no property above explains a crash: each size n of the first tensor argument's leading axes
     (its last, the feature size, stays) changed on every tensor axis of that size alike. First grown to the next
@@ -1417,7 +1446,8 @@ def _try(probes: list[Probe], run: Callable, tried: list[Probe], working: list[P
     that times out or takes the process down ends probing (``_ProcessLost``): in grading each one would cost a
     restart of the worker, and the restarts a submission gets are limited."""
     for p in probes:
-        if any(w.failing == p.failing and not w.weak for w in working):  # the nearest variant that runs said it
+        if not p.group and any(w.failing == p.failing and not w.weak for w in working):  # the nearest variant
+            # that runs said it
             continue
         outcome = _runs(run, _on_fresh_caches(p.arguments, p.args, p.kwargs, p.make, ledger))
         if outcome is None:  # the variant could not be built: it says nothing
@@ -1578,6 +1608,30 @@ def _few_rows(run: Callable, args: tuple, kwargs: dict, crash: BaseException | N
     return args, kwargs, []
 
 
+def _grouped(working: list[Probe], tried: list[Probe]) -> list[Probe]:
+    """``working`` with the probes of one group (several head sizes) said as one: the values that run, those tried
+    that raise, and what the pattern points at (one value alone: that value written into the code; every value from
+    some size up: a least size assumed)."""
+    kinds = dict.fromkeys(p.group[0] for p in working if p.group)
+    for kind in kinds:
+        runs = sorted(p.group[1] for p in working if p.group and p.group[0] == kind)
+        raises = sorted({p.group[1] for p in tried if p.group and p.group[0] == kind})
+        first = next(p for p in working if p.group and p.group[0] == kind)
+        said = ", ".join(map(str, runs))
+        working_text = f"{kind}s {said}" if len(runs) > 1 else f"a {kind} of {said}"
+        if raises:
+            working_text += f" ({', '.join(map(str, raises))} raise{'s' if len(raises) == 1 else ''} too)"
+        if len(runs) == 1 and raises:
+            note = f"; so look for a size of {runs[0]} written into the code (a view, slice or table of that width)"
+        elif raises and min(runs) > max(raises):
+            note = f"; so the code assumes a size of at least {min(runs)} (a fixed width, slice or table)"
+        else:
+            note = ""
+        merged = replace(first, working=working_text, note=note + first.note)
+        working = [p for p in working if not (p.group and p.group[0] == kind)] + [merged]
+    return working
+
+
 def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple[list[str], list[str]]:
     """``probe`` past the state checks: the variants, the fallbacks, and the lines they give."""
     tried, working, path = [], [], False
@@ -1589,6 +1643,7 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             fallback = (
                 _rows_alone_probes(name, args, kwargs)
                 + _multiple_probes(name, args, kwargs)
+                + _feature_size_probes(name, args, kwargs)
                 + _axis_size_probes(name, args, kwargs)
                 + _power_of_two_probes(name, args, kwargs)
                 + _int_size_probes(name, args, kwargs)
@@ -1596,6 +1651,7 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             _try(fallback[:MAX_TRIES], run, tried, working, ledger)
     except _ProcessLost:
         pass  # what ran before it still says what it says
+    working = _grouped(working, tried)
     if any(p.chunk >= 2 for p in working):  # a shorter chunk of several tokens runs: not "one new token only"
         several = "a shorter chunk of several tokens runs as well, so the cached path takes more than one new token"
         working = [replace(p, weak=True, clue=several) if p.single_token else p for p in working]

@@ -127,6 +127,16 @@ class Ledger:
             probes.append(probe_type(f"a model with {option}={config[option]!r}",
                                      f"the same model with {option}={default!r}", args, kwargs, note, "crash",
                                      make=make, controls=((control, False),)))  # fmt: skip
+        for size, failing, working, sized, wider in _head_sizes(config):
+            make = self._maker(model, sized, None, None, {**options, "seed": 0}, args, kwargs)
+            # the same model built fresh raises too (not these weights' values), and the working head size runs with
+            # twice the heads too (the head size, not the width d_model, is what it runs on)
+            controls = (
+                (self._maker(model, config, None, None, {**options, "seed": 0}, args, kwargs), False),
+                (self._maker(model, wider, None, None, {**options, "seed": 0}, args, kwargs), True),
+            )
+            probes.append(probe_type(failing, working, args, kwargs, " (fresh weights)", "crash_head_size",
+                                     make=make, controls=controls, group=("head size", size)))  # fmt: skip
         other = _other_family(config, getattr(self.subject, "families", ()))
         if other is not None:
             failing, working, new_config, same = other
@@ -417,6 +427,29 @@ def option_off(config: dict, option: str, default) -> dict:
 def without(suffixes: tuple[str, ...]) -> Callable:
     """A state-dict transform leaving out the weights whose names end with ``suffixes``."""
     return lambda state: {k: v for k, v in state.items() if not (suffixes and k.endswith(suffixes))}
+
+
+HEAD_SIZES = (64, 128, 32, 16, 8, 4)  # the sizes code writes in most often first
+
+
+def _head_sizes(config) -> list[tuple[int, str, str, dict, dict]]:
+    """``(size, failing, working, config, wider)`` per other head size of ``HEAD_SIZES``: the same heads at that
+    size (``d_model = n_heads * size``), and ``wider`` twice the heads (and kv heads) at that size. A config that
+    sets a head size of its own (``head_dim``) or a width not split evenly over its heads gets none."""
+    if not _ints(config, "d_model", "n_heads") or "head_dim" in config or config["d_model"] % config["n_heads"]:
+        return []
+    h, d = config["n_heads"], config["d_model"]
+    kv = config.get("n_kv_heads")
+    found = []
+    for size in HEAD_SIZES:
+        if size == d // h:
+            continue
+        sized = {**config, "d_model": h * size}
+        wider = {**sized, "n_heads": 2 * h, "d_model": 2 * h * size}
+        if type(kv) is int:
+            wider["n_kv_heads"] = 2 * kv
+        found.append((size, f"a head size of {d // h}", f"a head size of {size}", sized, wider))
+    return found
 
 
 def _other_family(config, families):
