@@ -155,7 +155,10 @@ def evaluate_teacher(
     divided by the windows times ``context_length``: a short window counted as full), ``"all_tokens"`` (divided by
     len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows ``context_length + 1`` apart:
     the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
-    divided by the tokens predicted), ``"unshifted"`` (each window's tokens scored as their own targets),
+    divided by the tokens predicted), ``"plus_windows"`` (divided by the predicted tokens plus the number of
+    windows: each window counted by its input's length or its mask's ones, one more than it predicts),
+    ``"edge_padded"`` (the last batch filled up to ``batch_size`` with copies of its last window, which are scored
+    and counted), ``"unshifted"`` (each window's tokens scored as their own targets),
     ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label),
     ``"pad_target"`` and ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its
     first padded target, or every one, scored as a prediction of token 0: a loss mask one too long, or none).
@@ -203,6 +206,12 @@ def evaluate_teacher(
         loss = float(torch.cat(nll).sum() / (len(spans) * context_length))
     elif reduction == "all_tokens":
         loss = float(torch.cat(nll).sum() / len(data))
+    elif reduction == "plus_windows":  # each window counted with one token more than it predicts
+        loss = float(torch.cat(nll).sum() / (len(data) - 1 + len(spans)))
+    elif reduction == "edge_padded":  # the last batch filled up to batch_size with copies of its last window, scored
+        copies = -len(spans) % batch_size
+        total = torch.cat(nll).sum() + copies * nll[-1].sum()
+        loss = float(total / (len(data) - 1 + copies * len(nll[-1])))
     elif reduction in ("chunks", "pad_target", "pad_targets"):
         loss = float(torch.cat(nll).mean())
     else:

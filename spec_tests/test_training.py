@@ -933,6 +933,20 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             teacher("all_tokens"),
         ),
         Variant(
+            "knob:loss_reduction",
+            "the total NLL is divided by the predicted tokens plus the number of windows: each window is counted "
+            "with one token more than it predicts (its input's length, or its mask's ones)",
+            "divide by the number of predicted tokens: a window of n + 1 tokens predicts n",
+            teacher("plus_windows"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the last batch is filled up to batch_size with copies of its last window, and the copies are scored and "
+            "counted, so that window weighs several times",
+            "score each window once: leave a short last batch short, or mask out whatever fills it up",
+            teacher("edge_padded"),
+        ),
+        Variant(
             "knob:data_windows",
             "the windows are context_length + 1 tokens apart (the data cut into chunks of inputs and targets), so "
             "the token after each chunk is never predicted",
@@ -1120,7 +1134,13 @@ def adamw_losses(
             return AdamWRule(groups, lr=lr, eps=1e-7, weight_decay=weight_decay, betas=betas, eps_hat=True)
         if rule is None:
             return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=betas)
+        if rule == "stepped_twice":  # the tied matrix listed twice: the correct update, applied to it twice
+            return AdamWRule(groups, lr=lr, weight_decay=weight_decay, betas=betas, rule=rule, twice=tied)
         return AdamWRule(groups, lr=lr, weight_decay=weight_decay, betas=betas, rule=rule)
+
+    tied = [leaves["tok_embeddings.weight"]] if "lm_head.weight" not in leaves else []
+    if rule == "stepped_twice" and not tied:
+        return None  # an untied model lists no matrix twice
 
     opt = optimizer()
     losses = []

@@ -33,19 +33,27 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
     b1, b2 = betas
-    for t in range(1, steps + 1):
+    counts = [0 for _ in params]
+    for _ in range(steps):
         for i, g in enumerate(grads_at(params)):
-            if slip == "coupled_decay":
-                g = g + wd * params[i]
-            m[i] = b1 * m[i] + (1 - b1) * g
-            v[i] = b2 * v[i] + (1 - b2) * g**2
-            mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))
-            vh = v[i] / (1 - b1**t) if slip == "v_hat_beta1" else vh
-            step = lr * mh / (torch.sqrt(vh + eps) if slip == "eps_inside_sqrt" else torch.sqrt(vh) + eps)
-            if slip == "no_sqrt_in_step_size":  # fairseq's fused step size, its square root left out
-                step = lr * (1 - b2**t) / (1 - b1**t) * m[i] / (torch.sqrt(v[i]) + eps)
-            decay = 0.0 if slip == "coupled_decay" else (wd if slip == "unscaled_decay" else lr * wd)
-            params[i] = params[i] * (1 - decay) - step
+            for _ in range(2 if slip == "stepped_twice" else 1):  # a parameter listed twice: two updates, one g
+                counts[i] += 1
+                t = counts[i]
+                if slip == "coupled_decay":
+                    g = g + wd * params[i]
+                m[i] = (1 - b1) * m[i] + b1 * g if slip == "moment_weights_swapped" else b1 * m[i] + (1 - b1) * g
+                v[i] = b2 * v[i] + (1 - b2) * g**2
+                mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))
+                vh = v[i] / (1 - b1**t) if slip == "v_hat_beta1" else vh
+                step = lr * mh / (torch.sqrt(vh + eps) if slip == "eps_inside_sqrt" else torch.sqrt(vh) + eps)
+                if slip == "no_sqrt_in_step_size":  # fairseq's fused step size, its square root left out
+                    step = lr * (1 - b2**t) / (1 - b1**t) * m[i] / (torch.sqrt(v[i]) + eps)
+                if slip == "trust_ratio":  # LAMB (tinygrad's LAMB(adam=False)): the step scaled per tensor
+                    update = mh / (torch.sqrt(vh) + eps) + wd * params[i]
+                    params[i] = params[i] - lr * (params[i].norm() / update.norm()) * update
+                    continue
+                decay = 0.0 if slip == "coupled_decay" else (wd if slip == "unscaled_decay" else lr * wd)
+                params[i] = params[i] * (1 - decay) - step
     return params
 
 

@@ -61,6 +61,18 @@ BUGS = (
         fix="scale by 1/sqrt(d_head), the size of the vectors in each dot product",
     ),
     Bug(
+        "attention_scale_written_for_64",
+        "attention_scale",
+        (SDPA, MHA),
+        "attention.py",
+        old='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") / math.sqrt(q.shape[-1])',
+        new='    scores = einsum(q, k, "... h tq d, ... h tk d -> ... h tq tk") * 0.125  # 1/sqrt(64)',
+        explanation="attention scores are multiplied by 0.125 = 1/sqrt(64), a head size of 64 written into the code, "
+        "whatever d_head is",
+        fix="scale by 1/sqrt(d_head), d_head the size of q's last axis",
+        code="knob:scale_constant",
+    ),
+    Bug(
         "sdpa_causal_when_no_mask",
         "causal_mask",
         (SDPA,),

@@ -8,6 +8,7 @@ from .entries import (
     CAPABILITY_OF,
     CATALOG_GROUPS,
     COMPONENT_OF,
+    CONSTANT_FIT,
     ENTRIES,
     ENTRY,
     FIXED_RANK,
@@ -55,6 +56,7 @@ _MODEL_PARTS = MODEL_PARTS  # the name the flat module had
 
 __all__ = [
     "ACTIVATION_FIT",
+    "CONSTANT_FIT",
     "ALL_CAPABILITIES",
     "ALL_FAMILIES",
     "ANY_LEADING",

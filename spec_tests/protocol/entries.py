@@ -78,6 +78,8 @@ class Entry:
     - ``activation_fit``: how its activation is measured alone and fitted when it fails
       (``harness/diagnosis/activation_fit.py``: ``"tanh_gelu"`` identity weights around the tanh GELU,
       ``"gated_silu"`` identity weights around SiLU's gate, ``"plain_silu"`` the function itself).
+    - ``constant_fit``: which constant of its computation is fitted to a failing output
+      (``harness/diagnosis/constant_fit.py``: ``"score_scale"`` the attention scores' scale).
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
@@ -103,6 +105,7 @@ class Entry:
     windowed: bool = False
     capability: str | None = None
     activation_fit: str | None = None
+    constant_fit: str | None = None
     amended_keywords: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -301,6 +304,7 @@ ENTRIES: tuple[Entry, ...] = (
         nan_rows_unspecified=True,
         none_means=("mask",),
         amended_keywords={"softcap": 25},
+        constant_fit="score_scale",
     ),
     Entry(
         "flash_attention",
@@ -314,6 +318,7 @@ ENTRIES: tuple[Entry, ...] = (
         any_leading_dims=True,
         core_rank=3,
         nan_rows_unspecified=True,
+        constant_fit="score_scale",
     ),
     Entry(
         "multihead_self_attention",
@@ -341,6 +346,7 @@ ENTRIES: tuple[Entry, ...] = (
         nan_rows_unspecified=True,
         none_means=("n_kv_heads", "positions"),
         amended_keywords={"q_norm": 24, "k_norm": 24, "norm_eps": 24, "softcap": 25, "window": 27},
+        constant_fit="score_scale",
     ),
     # ------------------------------------------------------------------ losses
     Entry(
@@ -506,6 +512,7 @@ NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
 SPEED_ONLY = {e.name: e.speed_only for e in ENTRIES if e.speed_only}
 WINDOWED = frozenset(e.name for e in ENTRIES if e.windowed)
 ACTIVATION_FIT = {e.name: e.activation_fit for e in ENTRIES if e.activation_fit}
+CONSTANT_FIT = {e.name: e.constant_fit for e in ENTRIES if e.constant_fit}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not
 # define them)

@@ -49,6 +49,21 @@ ADAMW_RULES = {
         "steps are sqrt((1 - beta1**t) / (1 - beta2**t)) times too large (10x at the first)",
         "v_hat = v / (1 - beta2**t)",
     ),
+    "moment_weights_swapped": (
+        "AdamW's first moment weighs the new gradient by beta1 and the old moment by 1 - beta1 (m.lerp_(g, beta1) "
+        "where lerp_(g, 1 - beta1) belongs): the first step is 9x too large with beta1 0.9 and the momentum keeps "
+        "almost no memory",
+        "m = beta1 * m + (1 - beta1) * g (m.lerp_(g, 1 - beta1))",
+    ),
+    "trust_ratio": (
+        "every tensor's AdamW step is scaled by ||w|| / ||step|| (LAMB's trust ratio), not taken as it is",
+        "p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p), with no per-tensor trust ratio",
+    ),
+    "stepped_twice": (
+        "the tied embedding/head matrix is stepped twice per step: it is listed twice in the optimizer (under both "
+        "names, named_parameters(remove_duplicate=False)), so its moments and step count advance twice",
+        "give the optimizer each parameter once: model.parameters(), or named_parameters() (which drops duplicates)",
+    ),
     "no_sqrt_in_step_size": (
         "AdamW's step size takes the second bias correction without its square root (lr * (1 - beta2**t) / (1 - "
         "beta1**t) instead of lr * sqrt(1 - beta2**t) / (1 - beta1**t)), so the early steps are far too small",
@@ -63,18 +78,31 @@ class AdamWRule(torch.optim.Optimizer):
     of the uncorrected second moment and the bias corrections folded into the step size."""
 
     def __init__(
-        self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, *, rule="adamw", eps_hat=False
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.01,
+        *,
+        rule="adamw",
+        eps_hat=False,
+        twice=(),
     ):
         if rule != "adamw" and rule not in ADAMW_RULES:
             raise ValueError(f"unknown AdamW rule {rule!r}; known: adamw, {', '.join(ADAMW_RULES)}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.rule, self.eps_hat = rule, eps_hat
+        # ``stepped_twice``: these parameters (every one where none is given) are stepped twice per step
+        self.twice = tuple(twice)
 
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
+            params = list(group["params"])
+            twice = params if self.rule == "stepped_twice" and not self.twice else self.twice
+            for p in params + [p for p in params if any(p is q for q in twice)]:
                 if p.grad is None:
                     continue
                 g = p.grad + wd * p if self.rule == "coupled_decay" else p.grad
@@ -83,13 +111,16 @@ class AdamWRule(torch.optim.Optimizer):
                     state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
                 state["t"] += 1
                 t, m, v = state["t"], state["m"], state["v"]
-                m.mul_(b1).add_(g, alpha=1 - b1)
+                if self.rule == "moment_weights_swapped":
+                    m.mul_(1 - b1).add_(g, alpha=b1)
+                else:
+                    m.mul_(b1).add_(g, alpha=1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 m_hat, v_hat = (m, v) if self.rule == "no_bias_correction" else (m / (1 - b1**t), v / (1 - b2**t))
                 v_hat = v / (1 - b1**t) if self.rule == "v_hat_beta1" else v_hat
                 if self.rule == "unscaled_decay":
                     p.mul_(1 - wd)
-                elif self.rule != "coupled_decay":
+                elif self.rule not in ("coupled_decay", "trust_ratio"):
                     p.mul_(1 - lr * wd)
                 if self.rule == "no_sqrt_in_step_size":  # the fused form: lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)
                     p.sub_(lr * (1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps))
@@ -98,6 +129,11 @@ class AdamWRule(torch.optim.Optimizer):
                     p.sub_(lr * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps))
                     continue
                 denom = (v_hat + eps).sqrt() if self.rule == "eps_inside_sqrt" else v_hat.sqrt() + eps
+                if self.rule == "trust_ratio":  # LAMB: the decay inside the step, the step scaled per tensor
+                    step = m_hat / denom + wd * p
+                    w_norm, s_norm = float(p.norm()), float(step.norm())
+                    p.sub_(lr * (w_norm / s_norm if w_norm > 0 and s_norm > 0 else 1.0) * step)
+                    continue
                 p.sub_(lr * m_hat / denom)
 
 
@@ -244,9 +280,44 @@ def count_variants(sizes: dict[str, int], want: int) -> list[Variant]:
                 continue  # the same count as one of the groups above: that group's line says it
         if n:
             variants.append(Variant("knob:parameter_groups", label, fix, lambda n=n: want - n))
+    variants += _block_count_variants(sizes, want, fix)
     if "lm_head.weight" not in sizes and "tok_embeddings.weight" in sizes:  # tied: the matrix must count once
         twice = "the tied embedding/head matrix is counted twice (state_dict() lists it under both names)"
         variants.append(Variant("knob:parameter_groups", twice, fix, lambda n=sizes["tok_embeddings.weight"]: want + n))
+    return variants
+
+
+_BLOCK_PARTS = (
+    ("attention", lambda rest: rest.startswith("attn.")),
+    ("MLP", lambda rest: rest.startswith("mlp.")),
+    ("norms", lambda rest: "norm." in rest),
+    ("", lambda rest: True),  # the whole block
+)
+
+
+def _block_count_variants(sizes: dict[str, int], want: int, fix: str) -> list[Variant]:
+    """Counts off by one block's part (its attention, its MLP, its norms, the whole block), left out or counted
+    twice: a block built without its attention (a layer the code skips), one block too few or too many. Every block
+    of a config has the same sizes, so the count says which part, not which block."""
+    layers = sorted({int(k.split(".")[1]) for k in sizes if k.startswith("layers.") and k.split(".")[1].isdigit()})
+    if len(layers) < 2:
+        return []
+    first = {k.split(".", 2)[2]: n for k, n in sizes.items() if k.startswith(f"layers.{layers[0]}.")}
+    variants = []
+    for part, test in _BLOCK_PARTS:
+        n = sum(size for rest, size in first.items() if test(rest))
+        if not n:
+            continue
+        names = ", ".join(sorted({rest.rsplit(".", 1)[0] for rest in first if test(rest)}))
+        what = f"one block's {part} ({names}: {n:,})" if part else f"one block ({n:,})"
+        variants.append(
+            Variant("knob:parameter_groups", f"the count is {what} short: a block built without it (a layer the code "
+                    "skips or leaves out), or its parameters not counted", fix, lambda n=n: want - n)
+        )  # fmt: skip
+        variants.append(
+            Variant("knob:parameter_groups", f"the count is {what} over: a block or part built or counted twice", fix,
+                    lambda n=n: want + n)
+        )  # fmt: skip
     return variants
 
 

@@ -97,6 +97,7 @@ KNOBS = {
     "head_layout": "heads are split or merged with a plain reshape/view where a transpose is needed",
     "rope_target": "RoPE rotates the wrong tensors (values too, or not both queries and keys)",
     "returned_loss": "train_step returns another loss than the one its step used (recomputed after the step)",
+    "top_p_direction": "the nucleus is cut on a sort the other way than its rule assumes: the least likely kept",
     "unsort": "filtered values put back on the wrong token ids (a sort's permutation applied again, not inverted)",
     "draw": "the draw does not pick each kept token with its probability (a race with wrong noise, a second softmax)",
     "generator": "a random draw ignores the given generator (it uses the global RNG) on some path",

@@ -1337,14 +1337,21 @@ def _top_k_filter(z, k):
 
 
 def _nucleus(probs, top_p, crossing="keep"):
-    """Bool mask of the nucleus of ``probs`` (rows on the last axis)."""
+    """Bool mask of the nucleus of ``probs`` (rows on the last axis). ``crossing``: ``"keep"`` (specified), ``"drop"``
+    the crossing token, ``"extra"`` one more; ``"ascending"``: the specified rule (keep while the mass before is below
+    top_p, the first kept) on an ascending sort; ``"hf_descending"``: Hugging Face's ascending-sort rule (remove where
+    the cumulative mass is <= 1 - top_p, the last kept) on a descending sort. Both keep the least likely tokens."""
     if top_p is None:
         return torch.ones_like(probs, dtype=torch.bool)
-    sp, order = torch.sort(probs, dim=-1, descending=True)
+    sp, order = torch.sort(probs, dim=-1, descending=crossing != "ascending")
     cum = sp.cumsum(-1)
     before = cum - sp
     tol = 16 * torch.finfo(F64).eps
-    if crossing == "keep":
+    if crossing == "hf_descending":
+        keep_sorted = ~(cum <= 1 - top_p + tol)
+        keep_sorted[..., -1] = True
+        return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    if crossing in ("keep", "ascending"):
         keep_sorted = before < top_p - tol
     elif crossing == "drop":
         keep_sorted = cum <= top_p + tol
@@ -1496,6 +1503,20 @@ def _sampling_probs(args, kwargs, style):
                 fix="keep the smallest set of most probable tokens whose mass reaches top_p (sorted ascending: remove "
                 "the tokens whose cumulative mass is <= 1 - top_p)",
                 compute=lambda: _sampling(lg, t, k, 1 - tp) if 0 < tp < 1 else None,
+            ),
+            *(
+                Variant(
+                    "knob:top_p_direction",
+                    "the nucleus keeps the least likely tokens: the probabilities are sorted in the other direction "
+                    "than the top-p rule assumes (ascending for 'keep while the mass before is below top_p', "
+                    "descending for 'remove where the cumulative mass is <= 1 - top_p'), so the cut starts at the "
+                    "wrong end",
+                    where="the sort of the top-p cut and the rule applied to it",
+                    fix="keep the smallest set of most probable tokens whose mass reaches top_p: sort descending and "
+                    "keep while the mass before is < top_p (or sort ascending and remove where cumsum <= 1 - top_p)",
+                    compute=s(crossing=crossing),
+                )
+                for crossing in ("ascending", "hf_descending")
             ),
             Variant(
                 "knob:top_p_boundary",
@@ -1758,7 +1779,8 @@ def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=None
     causes = []
     tol = f"atol {atol:.0e} + rtol {rtol:.0e}"
     for code, vs in by_code.items():
-        summary = vs[0].summary + ("; equally: " + "; ".join(v.summary for v in vs[1:]) if len(vs) > 1 else "")
+        said = list(dict.fromkeys(v.summary for v in vs))  # settings of one knob said alike are one line
+        summary = said[0] + ("; equally: " + "; ".join(said[1:]) if len(said) > 1 else "")
         evidence = (
             f"{name} as specified but with this knob changed reproduces actual within {tol} at every entry; "
             f"{len(matches)} of the {tried} knob settings that change the output on these inputs fit"
