@@ -11,7 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from . import models, observed, oracles
-from .harness.diagnosis.bookkeeping import AdamWRule, adamw_variants, in_bits, running_means, start_range, target_shift
+from .harness.diagnosis.bookkeeping import (
+    AdamWRule,
+    adamw_variants,
+    in_bits,
+    running_means,
+    start_range,
+    summed_over,
+    target_shift,
+)
 from .harness.diagnosis.variant import Variant
 from .harness.judging.tolerances import EXACT, Tolerance
 from .harness.plugin.markers import judges
@@ -218,12 +226,14 @@ def variant_steps(
     returned="before",
     micro=None,
     summed=False,
+    reduction="mean",
 ):
     """Two training steps of the reference's model with one knob changed (for diagnosis). ``zero_grad="late"``
     clears the gradients between backward() and step(); ``returned="after"`` returns the loss recomputed after
     the step; ``micro=m``: the batch taken in micro-batches of ``m`` rows, gradients accumulated, the loss the mean
     of their means (``clip="micro"``: each weighted by its tokens, and the accumulated gradients clipped after each
-    micro-batch's backward pass; ``summed``: the sum of their means, each micro-batch normalised by its own tokens)."""
+    micro-batch's backward pass; ``summed``: the sum of their means, each micro-batch normalised by its own tokens);
+    ``reduction="sum"``: the loss summed over the batch's target tokens, not averaged."""
     model = models.build(ref, cfg, sd)
     opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     params, losses = list(model.parameters()), []
@@ -253,7 +263,7 @@ def variant_steps(
             continue
         logits = ref.forward(model, x)
         lg, tg = {"y": (logits, y), "twice": (logits[:, :-1], y[:, 1:]), "x": (logits, x)}[targets]
-        loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1))
+        loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1), reduction=reduction)
         loss.backward()
         if max_grad_norm is not None and clip == "before":
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -346,6 +356,13 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
             "the gradients are cleared between backward() and step(), so the step has none to apply",
             "optimizer.zero_grad() before loss.backward(), never between backward() and step()",
             with_(zero_grad="late"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is summed over the batch's target tokens instead of averaged: B·T times the mean, its gradients "
+            "too",
+            "average the NLL over the target tokens: cross_entropy's default reduction='mean'",
+            with_(reduction="sum"),
         ),
         Variant(
             "knob:returned_loss",
@@ -726,6 +743,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
             *adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw)),
             in_bits(lambda: want),
             running_means(lambda: want),
+            summed_over(lambda: adamw_losses(spec.impl, config, sd, x, 2, loss_scale=x.numel()), x.numel()),
         ],
         rebase=(
             ("train_step",),
@@ -1104,6 +1122,7 @@ def adamw_losses(
     schedule=None,
     lr=1e-3,
     keras=False,
+    loss_scale=1.0,
 ):
     """The losses of ``steps`` AdamW(lr=1e-3) steps with clipping at 1.0 on the implementation's own model and
     gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here.
@@ -1112,9 +1131,10 @@ def adamw_losses(
     optimizer at every step (its moments and step count lost); ``matrices_only``, the weight decay on the weights of
     two or more dims alone (nanoGPT's parameter groups); ``schedule(t)``, the learning rate of step ``t`` (from 0) as
     a multiple of ``lr``. ``keras``: a correct AdamW in Keras' conventions (eps 1e-7 on the uncorrected second
-    moment, no decay on biases and norm gains), for the tolerance of the tests that pin the learning rate."""
+    moment, no decay on biases and norm gains), for the tolerance of the tests that pin the learning rate.
+    ``loss_scale``: the loss (and so its gradients) multiplied by it, as a loss summed over ``loss_scale`` tokens."""
     # the specified AdamW, on the model itself however its parameters are shared
-    if rule is None and not fresh and schedule is None and not keras:
+    if rule is None and not fresh and schedule is None and not keras and loss_scale == 1.0:
         model = models.build(m, cfg, sd)
         return m.correct_steps(model, "adamw", lr, 1e-8, x, x, 1.0, steps, weight_decay=weight_decay, betas=betas)
     matrices_only = matrices_only or keras
@@ -1149,9 +1169,9 @@ def adamw_losses(
         for group in opt.param_groups:
             group["lr"] = lr * (schedule(step) if schedule is not None else 1.0)
         facts = m.cross_entropy_grads(models.build(m, cfg, {k: v.detach() for k, v in leaves.items()}), x, x)
-        losses.append(float(facts["loss"]))
+        losses.append(float(facts["loss"]) * loss_scale)
         for name, p in leaves.items():
-            p.grad = facts["grads"][name]
+            p.grad = facts["grads"][name] * loss_scale
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -1207,6 +1227,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
             ),
             in_bits(lambda: want),
             running_means(lambda: want),
+            summed_over(lambda: adamw_losses(spec.impl, config, sd, x, 3, loss_scale=x.numel()), x.numel()),
         ],
         hint="likely cause (weak evidence): the first two losses agree and the third does not, so the second update "
         "differs: either the optimizer's state (its moments and step count) does not carry over from step to step (the "

@@ -24,7 +24,7 @@ def inputs():
 
 
 def lines_for(name, out, args, kwargs=None):
-    return fitted_constant(name, args, kwargs or {}, out, tolerance("attention"), "half")
+    return fitted_constant(name, None, args, kwargs or {}, out, tolerance("attention"), "half")
 
 
 def test_an_attention_scale_written_into_the_code_is_measured():
@@ -46,3 +46,42 @@ def test_the_specified_scale_or_another_mistake_gets_no_fitted_line():
     wrong = attention(*args, masked_value=-1.0)
     assert lines_for("scaled_dot_product_attention", wrong, args) == ([], [])
     assert lines_for("softmax", wrong, args) == ([], [])
+
+
+def rope_with(table):
+    """A RoPE (half style) whose per-pair angle at position p is ``table(p, i)``, written out apart from the suite."""
+
+    def rope(x, positions, theta=10000.0):
+        half = x.shape[-1] // 2
+        i = torch.arange(half, dtype=torch.float64)
+        angle = table(positions.to(torch.float64)[..., None], i, half, theta)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+    return rope
+
+
+def rope_lines(rope):
+    g = torch.Generator().manual_seed(1)
+    x, positions = torch.randn(2, 3, 7, 10, generator=g, dtype=torch.float64), torch.arange(4, 11)
+    return fitted_constant("rope", rope, (x, positions), {}, rope(x, positions), tolerance("positions"), "half")
+
+
+def test_rope_s_rotation_is_measured_and_said():
+    """A linspace grid of exponents (the speedrun's) and a table of (sin, cos) where (cos, sin) belongs (held-out
+    batches 32 and 33): each pair's unit vector turned at positions 0 to 2 gives the rotation, and it is said."""
+    linspace = rope_with(lambda p, i, half, theta: p * theta ** (-i / (half - 1)))
+    lines, codes = rope_lines(linspace)
+    assert "theta ** (-0.25 i) (a linspace(0, 1, d_head / 2) grid of exponents)" in lines[0], lines
+    assert codes == ["knob:rope_base"]
+    swapped = rope_with(lambda p, i, half, theta: math.pi / 2 - p * theta ** (-2 * i / (2 * half)))
+    lines, codes = rope_lines(swapped)
+    assert "the table holds sin where cos belongs" in lines[0] and codes == ["knob:rope_table"], lines
+
+
+def test_a_right_rope_or_one_that_is_no_rotation_gets_no_measured_line():
+    """The control: the specified rotation says nothing; a RoPE that scales its pairs (no rotation) says nothing."""
+    right = rope_with(lambda p, i, half, theta: p * theta ** (-2 * i / (2 * half)))
+    assert rope_lines(right) == ([], [])
+    assert rope_lines(lambda x, positions, theta=10000.0: 1.5 * right(x, positions, theta)) == ([], [])

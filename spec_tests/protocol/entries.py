@@ -79,7 +79,8 @@ class Entry:
       (``harness/diagnosis/activation_fit.py``: ``"tanh_gelu"`` identity weights around the tanh GELU,
       ``"gated_silu"`` identity weights around SiLU's gate, ``"plain_silu"`` the function itself).
     - ``constant_fit``: which constant of its computation is fitted to a failing output
-      (``harness/diagnosis/constant_fit.py``: ``"score_scale"`` the attention scores' scale).
+      (``harness/diagnosis/constant_fit.py``: ``"score_scale"`` the attention scores' scale, ``"rope_rotation"``
+      RoPE's rotation measured on unit vectors).
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
@@ -268,6 +269,7 @@ ENTRIES: tuple[Entry, ...] = (
         any_leading_dims=True,
         core_rank=2,
         amended_keywords={"scaling": 20},
+        constant_fit="rope_rotation",
     ),
     Entry(
         "sinusoidal_positions",

@@ -193,6 +193,18 @@ def running_means(losses) -> Variant:
     )
 
 
+def summed_over(losses, tokens: int) -> Variant:
+    """The per-step losses ``losses()`` of a loss summed over each batch's ``tokens`` target tokens instead of
+    averaged (its gradients ``tokens`` times larger too): ``reduction="sum"``, or a mean left out."""
+    return Variant(
+        "knob:loss_reduction",
+        f"the loss is summed over the batch's {tokens} target tokens instead of averaged: {tokens} times the mean, "
+        "its gradients too",
+        "average the NLL over the target tokens: cross_entropy's default reduction='mean'",
+        losses,
+    )
+
+
 # ----------------------------------------------------------------------------------------- windows
 
 

@@ -46,6 +46,7 @@ STRUCTURAL = {
 KNOBS = {
     "rope_base": "the RoPE exponent uses the wrong base or step (d_model for d_head, i for 2i)",
     "rope_theta": "RoPE uses another theta than the one given",
+    "rope_table": "the rotary table turns pairs at position 0 already (cos and sin exchanged, a phase added)",
     "rope_style": "RoPE pairs channels in the other style (interleaved vs half)",
     "rope_scaling": "RoPE scaling (linear, dynamic, llama3, yarn) applied wrongly, twice, or not at all",
     "qkv_bias": "the q, k, v projection biases are missing, misplaced (after RoPE, wrong head split) or on wo too",

@@ -10,7 +10,11 @@ is confident.
 Families, keyed by ``Entry.constant_fit`` (``spec_tests/protocol/entries.py``):
 
 - ``score_scale``: the factor the attention scores ``q k^T`` are multiplied by before the softmax
-  (``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``); specified ``1/sqrt(d_head)``.
+  (``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``); specified ``1/sqrt(d_head)``;
+- ``rope_rotation`` (``rope``): not fitted but measured, as ``activation_fit.py`` measures an activation: the
+  implementation turns each pair's unit vector at positions 0, 1 and 2, which gives each pair's angle at position 0
+  and its angle per position; where that is a rotation linear in the position, differs from the specified one and
+  reproduces the failing output, it is said (a table of sin where cos belongs, a linspace grid of exponents).
 """
 
 from __future__ import annotations
@@ -97,10 +101,13 @@ def _named(value: float) -> str:
     return f"{value:.4g} (1/{1 / value:.4g})"
 
 
-def fitted_constant(name: str, args64: tuple, kwargs: dict, actual, tol, rope_style: str) -> tuple[list, list]:
+def fitted_constant(name: str, run: Callable, args64: tuple, kwargs: dict, actual, tol, rope_style: str):
     """``(lines, codes)``: the constant the failing output of ``name(*args64, **kwargs)`` was computed with, where it
-    is not the specified one and the computation with it reproduces the output."""
+    is not the specified one and the computation with it reproduces the output (``run(*args)`` calls the
+    implementation's ``name``: RoPE's rotation is measured on it, ``rotation_lines``)."""
     family = CONSTANT_FIT.get(name)
+    if family == "rope_rotation":
+        return rotation_lines(run, args64, kwargs, actual, tol, rope_style)
     if family != "score_scale" or not isinstance(actual, torch.Tensor):
         return [], []
     try:
@@ -120,3 +127,104 @@ def fitted_constant(name: str, args64: tuple, kwargs: dict, actual, tol, rope_st
         f"specified computation with this one scale reproduces the failing output)"
     )
     return [line], ["knob:scale_constant"]
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE's rotation, measured on the implementation
+
+ROTATION = 1e-9  # how far from a rotation (a pair's norm kept, the angle linear in the position) a measure may be
+
+
+def _pairs(d: int, style: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The channels of each pair's first and second entries in ``style``."""
+    i = torch.arange(d // 2)
+    return (2 * i, 2 * i + 1) if style == "interleaved" else (i, i + d // 2)
+
+
+def _rotated(x, positions, phase, freqs, style):
+    """``x [..., T, d]`` with pair ``i`` at position ``p`` turned by ``phase[i] + p * freqs[i]``."""
+    first, second = _pairs(x.shape[-1], style)
+    angle = phase + positions.to(torch.float64)[..., None] * freqs
+    a, b = x[..., first], x[..., second]
+    out = torch.empty_like(x)
+    out[..., first] = a * torch.cos(angle) - b * torch.sin(angle)
+    out[..., second] = a * torch.sin(angle) + b * torch.cos(angle)
+    return out
+
+
+def measured_rotation(run: Callable, d: int, style: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(phase, freqs)``: the angle each pair of the implementation's ``rope`` is turned by at position 0 and the
+    angle it adds per position, measured from ``run(x, positions)`` on each pair's unit vector at positions 0, 1 and
+    2; None where it does not turn each pair of ``style`` as a rotation linear in the position."""
+    first, second = _pairs(d, style)
+    x = torch.zeros(3, d, dtype=torch.float64)
+    x[:, first] = 1.0
+    out = torch.as_tensor(run(x, torch.arange(3))).detach().double().cpu()
+    if out.shape != x.shape or not torch.isfinite(out).all():
+        return None
+    a, b = out[:, first], out[:, second]
+    if (a.square() + b.square() - 1).abs().max() > ROTATION:
+        return None
+    angle = torch.atan2(b, a)  # [3, d/2]
+    turn = lambda t: torch.remainder(t + math.pi, 2 * math.pi) - math.pi
+    freqs = turn(angle[1] - angle[0])
+    if (turn(angle[2] - angle[1] - freqs)).abs().max() > 1e-6:
+        return None
+    return angle[0], freqs
+
+
+def _said(values: torch.Tensor) -> str:
+    shown = ", ".join(f"{v:.4g}" for v in values[:4].tolist())
+    return f"[{shown}{', ...' if len(values) > 4 else ''}]"
+
+
+def _frequency_reading(freqs: torch.Tensor, theta: float, d: int) -> str:
+    """What the measured frequencies are, where a reader may recognise them."""
+    half = d // 2
+    i = torch.arange(half, dtype=torch.float64)
+    if (freqs <= 0).any() or theta <= 1:
+        return f"per-position angles {_said(freqs)}"
+    exponents = -torch.log(freqs) / math.log(theta)
+    slope = float(exponents[1] - exponents[0]) if half > 1 else 0.0
+    if half > 1 and (exponents - slope * i).abs().max() < 1e-6:
+        grid = " (a linspace(0, 1, d_head / 2) grid of exponents)" if abs(slope * (half - 1) - 1) < 1e-6 else ""
+        return f"theta ** (-{slope:.4g} i){grid}, where theta ** (-2i / d_head) = theta ** (-{2 / d:.4g} i)"
+    return f"per-position angles {_said(freqs)}"
+
+
+def rotation_lines(run: Callable, args64: tuple, kwargs: dict, actual, tol, style: str) -> tuple[list, list]:
+    """``(lines, codes)``: how the implementation's ``rope`` turns each pair (``measured_rotation``), where that differs
+    from the specified rotation and reproduces the failing output."""
+    try:
+        p = _bind("x, positions, theta=10000.0", args64, kwargs)
+        d, theta = p.x.shape[-1], float(p.theta)
+        found = measured_rotation(lambda x, pos: run(x, pos, *args64[2:]), d, style)
+    except Exception:  # noqa: BLE001 - a probe the implementation cannot run says nothing
+        return [], []
+    if found is None or not isinstance(actual, torch.Tensor):
+        return [], []
+    phase, freqs = found
+    specified = theta ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    if phase.abs().max() < 1e-6 and (freqs - specified).abs().max() < 1e-9 * max(1.0, float(specified.max())):
+        return [], []
+    explained = _rotated(p.x.double().cpu(), torch.as_tensor(p.positions).cpu(), phase, freqs, style)
+    if explained.shape != actual.shape or mismatch(actual.detach().double().cpu(), explained, tol) is not None:
+        return [], []
+    said = []
+    if phase.abs().max() >= 1e-6:
+        quarter = (phase - math.pi / 2).abs().max() < 1e-6 and (freqs + specified).abs().max() < 1e-9
+        said.append(
+            "at position 0 every pair is already turned by a quarter turn and the angle falls with the position "
+            "(pi/2 - p·f): the table holds sin where cos belongs and cos where sin"
+            if quarter
+            else f"at position 0 the pairs are already turned by {_said(phase)}"
+        )
+    if not said or (freqs - specified).abs().max() >= 1e-9 and not said[0].startswith("at position 0 every pair"):
+        said.append(f"the angle per position is {_frequency_reading(freqs, theta, d)}")
+    line = (
+        f"likely cause: rope turns each pair otherwise than specified: {'; '.join(said)}. Look at how the rotary "
+        f"table (the frequencies, and cos and sin) is built; fix: pair i at position p turns by p·theta ** (-2i / "
+        f"d_head), cos in the first entry's place (evidence: rope measured on unit vectors at positions 0 to 2, and "
+        f"that rotation reproduces the failing output)"
+    )
+    return [line], ["knob:rope_table" if phase.abs().max() >= 1e-6 else "knob:rope_base"]

@@ -309,7 +309,8 @@ class Spec:
                 if not found[0]:  # a constant of the computation, fitted to the output
                     from ..diagnosis.constant_fit import fitted_constant
 
-                    found = fitted_constant(call[0], args64, call[1], actual, tol, self.impl.rope_style)
+                    run_raw = lambda *a: compute(raw, *a)
+                    found = fitted_constant(call[0], run_raw, args64, call[1], actual, tol, self.impl.rope_style)
                     lines, codes = lines + found[0], codes + found[1]
             more, more_codes = run(
                 subject=subject,
