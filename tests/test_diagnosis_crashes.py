@@ -1785,3 +1785,41 @@ def test_a_tensor_on_the_meta_device_at_the_raising_line_is_described_without_it
 
     lines, codes = _probed("rmsnorm", init_on_meta, (randn(2, 3, 4), randn(4)))
     assert any("scale = [] float32 on meta" in line for line in lines), lines
+
+
+TRAINING = False  # a module flag the code below expects another call to set
+
+
+def step_asserting_a_flag(x, weight):
+    assert TRAINING, "set TRAINING before stepping"
+    return x * weight
+
+
+def update_needing_params(x, weight, params=None):
+    if params is None:
+        raise ValueError("this transformation needs the current parameters")
+    return x * weight
+
+
+def norm_checking_its_width(x, weight, width=7):
+    if x.shape[-1] != width:
+        raise ValueError("bad width")
+    return x * weight
+
+
+def test_an_assert_on_an_unset_flag_and_a_check_for_none_are_named():
+    """An ``assert`` on a module flag that holds False (held-out batch 33's ``Tensor.training``) and a ``raise`` under
+    the code's own ``if params is None`` (batch 34's optax-like update) raise for every input: the raising line and the
+    check guarding it are read, and the one value they test is named."""
+    lines, codes = _probed("rmsnorm", step_asserting_a_flag, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_flag"] and "`TRAINING` is False on this path" in lines[0], lines
+    lines, codes = _probed("rmsnorm", update_needing_params, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_none_value"] and "own check `if params is None`" in lines[0], lines
+    assert "`params` is None" in lines[0], lines
+
+
+def test_a_check_on_values_that_are_not_none_is_described_not_named():
+    """Control: a ``raise`` under a check of a shape names nothing; the note says the check and what it read."""
+    lines, codes = _probed("rmsnorm", norm_checking_its_width, (randn(2, 3, 4), randn(4)))
+    assert "crash_none_value" not in codes and not any("own check" in ln and "likely" in ln for ln in lines), lines
+    assert any("own check `if x.shape[-1] != width`" in ln and "width = 7" in ln for ln in lines), lines

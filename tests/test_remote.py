@@ -96,6 +96,7 @@ def test_a_site_record_out_of_shape_is_refused_and_its_text_made_plain():
         "types": ["ZeroDivisionError"],
         "message": "division by zero",
         "key": None,
+        "guard": None,
         "names": [{"name": "n\x1b[2J", "text": "0", "none": False, "zero": True, "empty": None}],
     }
     report = {"type": "ZeroDivisionError", "mro": [], "message": "m", "where": None, "not_implemented": False}

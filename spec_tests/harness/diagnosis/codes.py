@@ -29,6 +29,7 @@ STRUCTURAL = {
     "crash": "the call raises for an input the protocol allows, and runs with one property of it changed",
     "cache_fill": "the call raises through a cache that earlier calls filled, and runs through an empty one",
     "crash_head_size": "the call raises for the model's head size and runs for another (a size written into the code)",
+    "crash_flag": "the call stops at an assert on a flag or state that is unset on this path (a mode, an init step)",
     "crash_zero_divisor": "the call divides by a value that is 0 for an input the protocol allows",
     "outside_blocks": "every block silenced, the model still differs: the embeddings, positions, final norm or head",
     "layer_index": "the first block alone is right and a later one alone is not: something depends on the layer number",

@@ -85,11 +85,14 @@ def own_frame(exc: BaseException | None, *, libraries: bool = False) -> str:
 _NAME = re.compile(r"(?<![\w.'\"])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 _SKIP = set(keyword.kwlist) | set(dir(builtins)) | {"self", "cls", "torch", "F", "nn", "np", "math"}
 _MISSING = object()
+_TENSOR_FACTS = ("shape", "dtype", "device", "ndim")
 
 
 def _attribute(obj, name: str):
     """``obj.name`` without running a property or ``__getattr__`` of the implementation's (an ``nn.Module``'s
     parameters, buffers and submodules are read from its own dicts)."""
+    if isinstance(obj, torch.Tensor) and name in _TENSOR_FACTS:  # a tensor's own facts, read without its values
+        return getattr(obj, name)
     for store in ("_parameters", "_buffers", "_modules"):
         held = getattr(obj, "__dict__", {}).get(store)
         if isinstance(held, dict) and name in held:
@@ -103,7 +106,7 @@ def _attribute(obj, name: str):
 
 def _lookup(frame: FrameType, dotted: str):
     head, *rest = dotted.split(".")
-    value = frame.f_locals.get(head, _MISSING)
+    value = frame.f_locals.get(head, frame.f_globals.get(head, _MISSING))
     for part in rest:
         if value is _MISSING:
             break
@@ -144,6 +147,9 @@ def _names(line: str) -> list[str]:
     for match in _NAME.finditer(text):
         name = match.group(1)
         after = text[match.end() :].lstrip()
+        if after.startswith("(") and "." in name:  # a method call: the object it is called on is read
+            name = name.rsplit(".", 1)[0]
+            after = ""
         if name.split(".")[0] in _SKIP and "." not in name or after.startswith("(") or name in names:
             continue
         if after.startswith("=") and not after.startswith("=="):  # the name it assigns, not one it reads
@@ -197,12 +203,15 @@ def read_site(
     if not source:
         return None
     missing = exc.args[0] if isinstance(exc, KeyError) and exc.args else _MISSING
+    guard = _guard(real, lineno, source)
     names = []
-    for dotted in dict.fromkeys(p for n in _names(source) for p in _prefixes(n)):
+    read = [*_names(source), *(_names(guard) if guard else [])]
+    for dotted in dict.fromkeys(p for n in read for p in _prefixes(n)):
         value = _lookup(frame, dotted)
         if value is _MISSING:
             continue
         entry = {"name": dotted, "text": _described(value), "none": value is None, "zero": _is_zero(value)}
+        entry["false"] = value is False
         entry["empty"] = type(value).__name__ if isinstance(value, list | tuple) and not value else None
         if isinstance(value, dict):
             entry["keys"] = [repr(k)[:60] for k in list(value)[:SITE_KEYS]]
@@ -217,13 +226,31 @@ def read_site(
         "types": [c.__name__ for c in type(exc).__mro__ if c is not object][:16],
         "message": str(exc)[:300],
         "key": None if missing is _MISSING else repr(missing)[:60],
+        "guard": guard,
         "names": names,
     }
 
 
+def _guard(path: str, lineno: int, source: str) -> str | None:
+    """The condition of the ``if`` that guards a ``raise`` at ``lineno`` (the nearest line above it, indented less,
+    that opens an ``if`` or ``elif`` on one line), without its colon; None for any other line."""
+    if not source.startswith("raise"):
+        return None
+    indent = len(linecache.getline(path, lineno)) - len(linecache.getline(path, lineno).lstrip())
+    for above in range(lineno - 1, max(lineno - 12, 0), -1):
+        line = linecache.getline(path, above)
+        text = _code(line)
+        if not text:
+            continue
+        if len(line) - len(line.lstrip()) < indent:
+            match = re.match(r"(?:el)?if (.+):$", text)
+            return match.group(1)[:200] if match else None
+    return None
+
+
 _SITE_FIELDS = {"where": str, "function": str, "source": str, "message": str}
 _NAME_FIELDS = {"name": str, "none": bool, "zero": bool}
-_NAME_OPTIONAL = ("text", "empty", "keys", "lacks")
+_NAME_OPTIONAL = ("text", "empty", "keys", "lacks", "false")
 
 
 def checked_site(data) -> dict | None:
@@ -233,8 +260,8 @@ def checked_site(data) -> dict | None:
 
     if data is None:
         return None
-    if type(data) is not dict or set(data) != {*_SITE_FIELDS, "types", "key", "names"}:
-        raise ValueError("a site record needs exactly where, function, source, types, message, key, names")
+    if type(data) is not dict or set(data) != {*_SITE_FIELDS, "types", "key", "guard", "names"}:
+        raise ValueError("a site record needs exactly where, function, source, types, message, key, guard, names")
     for field, kind in _SITE_FIELDS.items():
         if type(data[field]) is not kind:
             raise ValueError(f"a site record's {field} must be a {kind.__name__}")
@@ -243,6 +270,8 @@ def checked_site(data) -> dict | None:
         raise ValueError("a site record's types must be a list of at most 16 strings")
     if key is not None and type(key) is not str:
         raise ValueError("a site record's key must be a string or null")
+    if data["guard"] is not None and type(data["guard"]) is not str:
+        raise ValueError("a site record's guard must be a string or null")
     if type(names) is not list or len(names) > SITE_NAMES * 4:
         raise ValueError(f"a site record's names must be a list of at most {SITE_NAMES * 4}")
     out = []
@@ -257,18 +286,20 @@ def checked_site(data) -> dict | None:
         keys = entry.get("keys")
         if keys is not None and (type(keys) is not list or len(keys) > SITE_KEYS or {type(k) for k in keys} - {str}):
             raise ValueError(f"a site record's keys must be a list of at most {SITE_KEYS} strings")
-        if "lacks" in entry and type(entry["lacks"]) is not bool:
-            raise ValueError("a site record's lacks must be a bool")
+        if any(f in entry and type(entry[f]) is not bool for f in ("lacks", "false")):
+            raise ValueError("a site record's lacks and false must be bools")
         clean = {f: entry[f] for f in _NAME_FIELDS}
         clean["name"] = plain_text(entry["name"], 120)
         clean.update({f: plain_text(entry[f], 120) for f in ("text", "empty") if entry.get(f) is not None})
         if keys is not None:
             clean["keys"], clean["lacks"] = [plain_text(k, 60) for k in keys], entry.get("lacks", False)
+        clean["false"] = entry.get("false", False)
         out.append(clean)
     return {
         **{f: plain_text(data[f], 300) for f in _SITE_FIELDS},
         "types": [plain_text(t, 100) for t in types],
         "key": None if key is None else plain_text(key, 60),
+        "guard": None if data["guard"] is None else plain_text(data["guard"], 200),
         "names": out,
     }
 
@@ -332,6 +363,34 @@ def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[st
                 f"weight or setting the code assumes is given); fix: handle None there, or give it the value None "
                 f"stands for (evidence: the operation on None raised)"
             ], ["crash_none_value"]
+    guard = site.get("guard")
+    if guard:
+        guarded = [n for n in _names(guard) if n in entries]
+        nones = [n for n in guarded if entries[n]["none"] and re.search(rf"\b{re.escape(n)} is None\b", guard)]
+        if len(nones) == 1:
+            return [
+                f"likely cause: {name} raises at its own check `if {guard}` ({where}): `{nones[0]}` is None for this "
+                f"call (an optional argument or setting the caller leaves out, or a path that never sets it); fix: "
+                f"pass it where it is needed, or give None a meaning there (evidence: the check that raised tests "
+                f"for None, and `{nones[0]}` holds None)"
+            ], ["crash_none_value"]
+        held = [f"{n} = {entries[n]['text']}" for n in guarded if entries[n].get("text") is not None][:MAX_VALUES]
+        if held:
+            return [
+                f"note: {name} raised at its own check `if {guard}` ({where} in {site['function']}), with "
+                f"{', '.join(held)}: see whether the check or its caller is wrong for this input"
+            ], []
+    if source.startswith("assert ") and "AssertionError" in types:
+        condition = source[len("assert ") :].split(",")[0].strip()
+        flag = condition.removeprefix("not ").strip()
+        if flag in entries and (entries[flag]["false"] or entries[flag]["none"]) == (flag == condition):
+            held = entries[flag]["text"]
+            return [
+                f"likely cause: {name} stops at `assert {condition}` ({where}): `{flag}` is {held} on this path (a "
+                f"flag or state the code expects an earlier call to set: a training mode, an init step); fix: set it "
+                f"on every path that reaches the assert, or drop the assert where the protocol allows the call "
+                f"(evidence: the asserted value)"
+            ], ["crash_flag"]
     values = [f"{n} = {entries[n]['text']}" for n in read if entries[n].get("text") is not None][:MAX_VALUES]
     if not values:
         return [], []
