@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from . import filters, models, observed, oracles
+from .draws import draw_causes
 from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
@@ -527,21 +528,35 @@ def test_generate_samples_from_sampling_probs(spec, kw):
         found=f"the output has shape {list(out.shape)}: {out.shape[-1]} tokens per row, {prompt.shape[1] + 1} expected",
     )
     outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]
+    within = bool(((freq - probs).abs() <= bound).all())
+    options = {"temperature": 1.0, **kw}
+    causes, codes = ((), ())
+    if outside or not within:  # which classic mistake's distribution the draws follow, if exactly one
+        logits = one[0, -1].detach()
+
+        def probs_with(o):
+            label = "draws:" + ",".join(f"{k}={v}" for k, v in sorted(o.items()))
+            return spec.expected(lambda m, x: m.sampling_probs(x, **o), logits, label=label).double().cpu()
+
+        causes, codes = draw_causes("generate", freq, N_DRAWS, options, probs_with)
     spec.require(
         not outside,
         behaviour=f"generate({kw}) draws only tokens sampling_probs keeps",
         found=f"drew filtered-out tokens {outside[:10]}",
-        causes=(  # weak: logits that differ from forward's draw outside the kept set too
+        causes=causes
+        or (  # weak: logits that differ from forward's draw outside the kept set too
             "likely cause (weak evidence): generate samples from the raw (or only temperature-scaled) logits instead "
             "of sampling_probs, or from logits other than forward's for the prompt. Fix: draw from the filtered "
             "distribution of the model's last logits",
         ),
-        codes=("~knob:sampling_order",),
+        codes=codes or ("~knob:sampling_order",),
     )
     worst = int(torch.argmax((freq - probs).abs() - bound))
     spec.require(
-        bool(((freq - probs).abs() <= bound).all()),
+        within,
         behaviour=f"generate({kw}) draws its first token with sampling_probs' probabilities",
         found=f"token {worst}: frequency {freq[worst]:.4f}, probability {probs[worst]:.4f} "
         f"(allowed ±{bound[worst]:.4f})",
+        causes=causes,
+        codes=codes,
     )

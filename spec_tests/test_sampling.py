@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import filters
+from .draws import draw_causes
 from .harness.judging.compare import mismatch
 from .harness.judging.spec import inplace_consequence
 from .harness.judging.tolerances import tolerance
@@ -542,12 +543,14 @@ def ids_shape_causes(got, want) -> tuple[str, ...]:
     return ()
 
 
-def unfiltered_draw_causes(counts, logits, kw, probs=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def unfiltered_draw_causes(counts, logits, kw, probs=None, probs_with=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Why filtered-out tokens were drawn, named only where the draw frequencies pin it: they follow the unfiltered
     distribution (softmax of logits / temperature, or of the raw logits), or (given ``probs``, the protocol's
-    distribution) they are the draws' ranks in the sorted order, 0 the most probable, instead of their ids. Drawing
-    outside the kept set has other causes too (a filter keeping one token too many, a nucleus cut at the wrong
-    place), which the sampling_probs tests name: then the difference is described, weakly."""
+    distribution) they are the draws' ranks in the sorted order, 0 the most probable, instead of their ids, or (given
+    ``probs_with(options)``, the reference's sampling_probs of the logits with other options) the one classic
+    mistake's distribution of ``draws.draw_causes`` (one filter skipped, a second softmax). Drawing outside the kept
+    set has other causes too (a filter keeping one token too many, a nucleus cut at the wrong place), which the
+    sampling_probs tests name: then the difference is described, weakly."""
     if probs is not None:
         ranked = probs.double().cpu().sort(descending=True).values
         if _within(counts, ranked):
@@ -556,6 +559,10 @@ def unfiltered_draw_causes(counts, logits, kw, probs=None) -> tuple[tuple[str, .
                 "instead of its token id: the draws of ids 0, 1, 2, ... follow the sorted probabilities. Fix: map "
                 "the drawn position back through the sort's indices (sorted_indices.gather(-1, drawn))",
             ), ("knob:unsort",)
+    if probs_with is not None:
+        found = draw_causes("sample", counts, N_DRAWS, kw, probs_with)
+        if found[0]:
+            return found
     t = kw.get("temperature", 1.0)
     for label, p in (("temperature-scaled", (logits.double() / t).softmax(-1)), ("raw", logits.double().softmax(-1))):
         if _within(counts, p.cpu()):
@@ -617,7 +624,12 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     counts = torch.bincount(draws.flatten().cpu(), minlength=S.V).double() / N_DRAWS
     outside = [t for t in torch.nonzero(counts > 0).flatten().tolist() if probs[t] == 0]
     follows_own_sampling_probs(spec, logits, kw, counts, probs)
-    causes, codes = unfiltered_draw_causes(counts, logits, kw, probs) if outside else ((), ())
+
+    def probs_with(options):
+        label = "draws:" + ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+        return spec.expected(lambda m, lg: m.sampling_probs(lg, **options), logits, label=label).double().cpu()
+
+    causes, codes = unfiltered_draw_causes(counts, logits, kw, probs, probs_with) if outside else ((), ())
     spec.require(
         not outside,
         behaviour=f"sample({kw}) draws only tokens sampling_probs keeps",

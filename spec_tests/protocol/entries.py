@@ -432,6 +432,7 @@ ENTRIES: tuple[Entry, ...] = (
         reference_only=frozenset({"positions"}),  # amendment 23
         catalog_groups=("model",),
         amended_keywords={"attention_mask": 23},
+        none_means=("cache",),  # no cache: the whole sequence at once
     ),
     Entry(
         "new_cache",
