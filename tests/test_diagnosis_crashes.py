@@ -1823,3 +1823,50 @@ def test_a_check_on_values_that_are_not_none_is_described_not_named():
     lines, codes = _probed("rmsnorm", norm_checking_its_width, (randn(2, 3, 4), randn(4)))
     assert "crash_none_value" not in codes and not any("own check" in ln and "likely" in ln for ln in lines), lines
     assert any("own check `if x.shape[-1] != width`" in ln and "width = 7" in ln for ln in lines), lines
+
+
+class _BlockWithAMask(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4, bias=False)
+        self.register_buffer("bias", torch.ones(3, 3).tril())  # GPT-2's causal mask, persistent by default
+
+
+def build_loading_strictly(x, weight):
+    block = _BlockWithAMask().double()
+    block.load_state_dict({"proj.weight": weight.expand(4, 4)}, strict=True)
+    return block.proj(x)
+
+
+def norm_seeding_on_the_default_device(x, weight):
+    key = torch.zeros((), dtype=torch.long, device="meta")  # made where the caller's default device is meta
+    torch.Generator().manual_seed(int(key))
+    return x * weight
+
+
+def test_messages_that_state_their_cause_are_read_at_the_line():
+    """A strict load missing a persistent buffer (held-out batch 35's GPT-2 ``attn.bias``) and a value read from a meta
+    tensor (batch 34's key made on the default device) raise for every input; the message and the raising line name
+    the cause."""
+    lines, codes = _probed("rmsnorm", build_loading_strictly, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_state_dict_keys"] and "(bias)" in lines[0] and "persistent=False" in lines[0], lines
+    lines, codes = _probed("rmsnorm", norm_seeding_on_the_default_device, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_meta_value"] and "`key`, a tensor on the meta device" in lines[0], lines
+
+
+def _pinned(t):
+    raise RuntimeError("Cannot access accelerator device when none is available.")  # torch's, without a GPU
+
+
+def batch_pinning_its_memory(x, weight):
+    buf = _pinned(x)
+    return buf * weight
+
+
+def test_a_call_needing_a_gpu_on_a_machine_without_one_is_named():
+    """Pinned memory (held-out batch 32's ``get_batch``) raises torch's "no accelerator" error on a CPU machine: said as
+    a call that needs a GPU; a control raising another RuntimeError is not."""
+    lines, codes = _probed("rmsnorm", batch_pinning_its_memory, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash_needs_gpu"] and "needs a GPU" in lines[0], lines
+    lines, codes = _probed("rmsnorm", project_to_a_stale_width, (randn(2, 3, 4), randn(4)))
+    assert "crash_needs_gpu" not in codes, lines

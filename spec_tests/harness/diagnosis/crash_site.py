@@ -231,6 +231,51 @@ def read_site(
     }
 
 
+_NO_GPU = ("Cannot access accelerator device", "Torch not compiled with CUDA", "Found no NVIDIA driver",
+           "no CUDA GPUs are available", "CUDA driver initialization failed")  # fmt: skip
+_BUFFER_NAMES = re.compile(r"(attn\.bias|masked_bias|mask|inv_freq|rotary|cos_cached|sin_cached|freqs)")
+
+
+def _message_reading(name: str, site: dict, entries: dict, read: list[str]) -> tuple[list[str], list[str]]:
+    """Causes the exception's message states itself, where the raising line agrees: a call that needs a GPU on a
+    machine without one; a strict ``load_state_dict`` missing keys (buffers registered persistent, or weights the
+    loading does not fill); a value read from a tensor on the meta device."""
+    message, where, source = site["message"], site["where"], site["source"]
+    if any(text in message for text in _NO_GPU):
+        return [
+            f"likely cause: {name} runs something that needs a GPU (`{source}` at {where}), and this machine has "
+            f"none: the protocol's calls run where their inputs and device argument say (the CPU here); fix: pin "
+            f"memory, move or allocate on CUDA only when the device asked for is CUDA (evidence: the message)"
+        ], ["crash_needs_gpu"]
+    missing = re.search(r"Missing key\(s\) in state_dict: (.+?)\.(?:\s|$)", message)
+    if missing and "load_state_dict" in source:
+        keys = re.findall(r'"([^"]+)"', missing.group(1))
+        buffers = bool(keys) and all(_BUFFER_NAMES.search(k) for k in keys)
+        what = (
+            "buffers the model registers as persistent (a causal mask, a rotary table), which the canonical weights "
+            "do not carry; fix: register them with persistent=False, or load with strict=False and check that every "
+            "weight was filled"
+            if buffers
+            else "entries the loading does not fill from the canonical weights; fix: convert every canonical weight "
+            "to the model's name for it, and keep buffers out of the state dict (persistent=False)"
+        )
+        shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+        return [
+            f"likely cause: {name} loads the weights strictly (`{source}` at {where}) and the model expects keys the "
+            f"weights lack ({shown}): {what} (evidence: the message lists the missing keys)"
+        ], ["crash_state_dict_keys"]
+    if "meta tensors" in message or "on meta" in message:
+        meta = [n for n in read if n in entries and "on meta" in (entries[n].get("text") or "")]
+        if len(meta) == 1:
+            return [
+                f"likely cause: {name} reads the value of `{meta[0]}`, a tensor on the meta device (`{source}` at "
+                f"{where}): a tensor made on the default device (meta, under torch.device('meta')) where a real value "
+                f"is needed; fix: make such tensors on the CPU explicitly (a seed, a count), or keep values in Python "
+                f"numbers (evidence: the message, and `{meta[0]}` is on meta)"
+            ], ["crash_meta_value"]
+    return [], []
+
+
 def _guard(path: str, lineno: int, source: str) -> str | None:
     """The condition of the ``if`` that guards a ``raise`` at ``lineno`` (the nearest line above it, indented less,
     that opens an ``if`` or ``elif`` on one line), without its colon; None for any other line."""
@@ -363,6 +408,9 @@ def site_lines(name: str, exc: BaseException | None) -> tuple[list[str], list[st
                 f"weight or setting the code assumes is given); fix: handle None there, or give it the value None "
                 f"stands for (evidence: the operation on None raised)"
             ], ["crash_none_value"]
+    found = _message_reading(name, site, entries, read)
+    if found[0]:
+        return found
     guard = site.get("guard")
     if guard:
         guarded = [n for n in _names(guard) if n in entries]
