@@ -173,6 +173,20 @@ def test_logits_match_reference_with_softcaps(spec):
     )
 
 
+@judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("logit_softcap")
+def test_whole_number_softcaps_are_those_floats(spec):
+    """Soft-caps given as Python ints (2 and 3) are the floats of the same value: the logits equal the reference's
+    (protocol: amendment 25, "a finite number > 0"; amendment 35)."""
+    config = softcap_config(spec.impl, attn_logit_softcap=2, final_logit_softcap=3)
+    sd = models.random_state_dict(config, seed=258, device=spec.device)
+    ids = spec.inputs.token_ids(2, 7, vocab=config["vocab_size"], seed=259)
+    models.check_option_logits(
+        spec, config, sd, ids, behaviour="logits of a llama model with attn_logit_softcap=2, final_logit_softcap=3 "
+        "(ints) for ids [2, 7]"
+    )  # fmt: skip
+
+
 @judges("new_cache", uses=("build_model", "forward"))
 @pytest.mark.bug_class("logit_softcap")
 def test_cache_equals_no_cache_with_softcaps(spec):

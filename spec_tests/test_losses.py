@@ -54,6 +54,17 @@ def test_cross_entropy_ignores_ignore_index(spec):
         label="custom",
         behaviour="cross_entropy honours a custom ignore_index",
     )
+    negative = targets.clone()
+    negative[negative == -100] = -1
+    spec.call(
+        "cross_entropy",
+        logits,
+        negative,
+        ignore_index=-1,
+        kind="loss",
+        label="minus-one",
+        behaviour="cross_entropy honours ignore_index=-1 (a negative ignored id other than the default)",
+    )
     padded = spec.inputs.token_ids(S.B, S.T, seed=39)
     padded[0, 9:], padded[1, 4:] = -100, -100  # the rows keep 9, 4 and all 13 targets
     spec.call(

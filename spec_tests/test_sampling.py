@@ -330,6 +330,21 @@ def tiny_top_p_cause(probs, at_top) -> dict:
     return {"causes": (f"note: tokens kept per row {kept}; only the argmax should be, at probability 1",)}
 
 
+@judges("sampling_probs")
+@pytest.mark.bug_class("validation")
+def test_a_whole_number_temperature_is_that_float(spec):
+    """A temperature given as a Python int (2) is the float of the same value: sampling_probs(logits, temperature=2)
+    equals the reference's (protocol: sampling_probs; amendment 35: a number where the protocol writes a float)."""
+    logits = batch_logits(spec, 37)
+    spec.call(
+        "sampling_probs",
+        logits,
+        temperature=2,
+        kind="pointwise",
+        behaviour="sampling_probs(logits, temperature=2), an int, is sampling_probs at temperature 2.0",
+    )
+
+
 @judges("sampling_probs", "sample")
 def test_temperature_zero_is_argmax(spec):
     """temperature 0 gives a one-hot distribution at the argmax, and sample returns the argmax (protocol:

@@ -1870,3 +1870,17 @@ def test_a_call_needing_a_gpu_on_a_machine_without_one_is_named():
     assert codes == ["crash_needs_gpu"] and "needs a GPU" in lines[0], lines
     lines, codes = _probed("rmsnorm", project_to_a_stale_width, (randn(2, 3, 4), randn(4)))
     assert "crash_needs_gpu" not in codes, lines
+
+
+def probs_refusing_int_temperatures(logits, temperature=1.0, top_k=None, top_p=None):
+    if not isinstance(temperature, float) or temperature <= 0:  # the bug: a float required (HF's old check)
+        raise ValueError(f"temperature has to be a strictly positive float, got {temperature}")
+    return torch.softmax(logits / temperature, -1)
+
+
+def test_an_int_where_the_protocol_writes_a_float_is_tried_as_that_float():
+    """``temperature=2`` refused by an ``isinstance(t, float)`` check (held-out batch 35): the same value as a float
+    runs, and that is the trigger (amendment 35)."""
+    lines, codes = probe("sampling_probs", probs_refusing_int_temperatures, (randn(3, 10),), {"temperature": 2})
+    said = "sampling_probs raises for temperature=2 (an int) and works for temperature=2.0"
+    assert any(said in ln for ln in lines) and codes[:1] == ["crash"], lines

@@ -373,6 +373,31 @@ def _device_probes(name, args, kwargs) -> list[Probe]:
     return []
 
 
+# where the protocol writes a float, an int of the same value is that float (amendment 35)
+FLOAT_ARGUMENTS = ("temperature", "top_p", "lr", "theta", "max_grad_norm", "softcap", "norm_eps")
+FLOAT_CONFIG_KEYS = ("attn_logit_softcap", "final_logit_softcap", "rope_theta", "norm_eps")
+
+
+def _int_as_float_probes(name, args, kwargs) -> list[Probe]:
+    """An int given where the protocol writes a float (``temperature=2``, a config's ``final_logit_softcap=30``)
+    given as that float: code that checks ``isinstance(x, float)`` refuses a number the protocol allows."""
+    keys = argument_keys(name, args, kwargs)
+    probes = []
+    for key, where, value in zip(keys, [*range(len(args)), *kwargs], [*args, *kwargs.values()], strict=True):
+        if key in FLOAT_ARGUMENTS and type(value) is int:
+            probes.append(Probe(f"{key}={value} (an int)", f"{key}={float(value)}", *_with(args, kwargs, where,
+                                float(value)), "; an int is the float of the same value (amendment 35)"))  # fmt: skip
+        if isinstance(value, dict):
+            ints = [k for k in FLOAT_CONFIG_KEYS if type(value.get(k)) is int]
+            if ints:
+                floats = {**value, **{k: float(value[k]) for k in ints}}
+                shown = ", ".join(f"{k}={value[k]}" for k in ints)
+                probes.append(Probe(f"a config with {shown} (ints)", "the same values as floats",
+                                    *_with(args, kwargs, where, floats),
+                                    "; an int is the float of the same value (amendment 35)"))  # fmt: skip
+    return probes
+
+
 def _flag_probes(name, args, kwargs) -> list[Probe]:
     """A boolean argument given explicitly (``flash_attention``'s ``causal=False``), other than the speed-only ones,
     given its other value: the path of that value raises. A path, not a property: said only where nothing nearer is."""
@@ -1381,6 +1406,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _given_none_probes(name, args, kwargs)
         + _speed_only_probes(name, args, kwargs)
         + _flag_probes(name, args, kwargs)
+        + _int_as_float_probes(name, args, kwargs)
         + (boundary if cached else [])
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
