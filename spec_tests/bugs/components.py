@@ -202,4 +202,30 @@ BUGS = (
         fix="log_softmax(x) = x - max - log(sum(exp(x - max)))",
         corner=True,
     ),
+    Bug(
+        "rope_exponents_linspace",
+        "rope_frequency",
+        ("rope", "multihead_self_attention", *MODEL),
+        "positions.py",
+        old="    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head",
+        new="    exponents = torch.linspace(0, 1, d_head // 2, dtype=torch.float64)  # the speedrun's grid",
+        explanation="RoPE's exponents run over a linspace(0, 1, d_head/2) grid, so pair i turns at "
+        "theta**(-i/(d_head/2 - 1)) and the last pair at 1/theta, instead of theta**(-2i/d_head)",
+        fix="exponents 2i/d_head for i < d_head/2: torch.arange(0, d_head, 2) / d_head",
+        corner=True,
+        code="knob:rope_base",
+    ),
+    Bug(
+        "rope_table_sin_for_cos",
+        "rope",
+        ("rope", "multihead_self_attention", *MODEL),
+        "positions.py",
+        old="        cos, sin = angles.cos().to(compute), angles.sin().to(compute)",
+        new="        sin, cos = angles.cos().to(compute), angles.sin().to(compute)  # the table stacked (sin, cos)",
+        explanation="RoPE's table holds sin where cos belongs and cos where sin, so every pair is turned by a "
+        "quarter turn minus the specified angle",
+        fix="cos, sin = angles.cos(), angles.sin(): cos multiplies the pair's own entries",
+        corner=True,
+        code="knob:rope_table",
+    ),
 )

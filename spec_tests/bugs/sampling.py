@@ -118,4 +118,33 @@ BUGS = (
         corner=True,
         code="knob:unsort",
     ),
+    Bug(
+        "top_p_sorted_ascending",
+        "top_p",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    sorted_probs, order = probs.sort(dim=-1, descending=True)",
+        new="    sorted_probs, order = probs.sort(dim=-1)",
+        explanation="top-p accumulates the probabilities sorted ascending, so the nucleus keeps the least likely "
+        "tokens whose mass reaches top_p",
+        fix="sort descending: the nucleus is the smallest set of the most probable tokens",
+        code="knob:top_p_direction",
+    ),
+    Bug(
+        "sample_softmax_of_probabilities",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="""    ids = torch.multinomial(
+        flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, 1, generator=generator
+    )""",
+        new="""    ids = torch.multinomial(  # a categorical that takes logits, given the probabilities
+        torch.softmax(flat.double(), dim=-1), 1, generator=generator
+    )""",
+        explanation="sample draws from softmax of sampling_probs' probabilities, as a categorical that takes "
+        "logits given probabilities does: filtered tokens (probability 0) are drawn too",
+        fix="draw from the probabilities themselves: torch.multinomial(probs)",
+        corner=True,
+        code="knob:draw",
+    ),
 )

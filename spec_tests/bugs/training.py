@@ -320,4 +320,107 @@ BUGS = (
         fix="torch.manual_seed(seed) before the loop (inside fork_rng, to leave the caller's RNG as it was)",
         corner=True,
     ),
+    Bug(
+        "train_adamw_first_moment_weights_swapped",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="""    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
+        def __init__(self, params, lr):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    s = self.state[p]
+                    if not s:
+                        s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    s["t"] += 1
+                    s["m"].lerp_(p.grad, 0.9)  # the bug: lerp_(g, beta1) for lerp_(g, 1 - beta1)
+                    s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                    m_hat, v_hat = s["m"] / (1 - 0.9 ** s["t"]), s["v"] / (1 - 0.999 ** s["t"])
+                    p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))
+
+    optimizer = _AdamW(model.parameters(), lr=lr)""",
+        explanation="train's AdamW updates its first moment with the lerp weight swapped (m.lerp_(g, beta1)): the new "
+        "gradient weighs 0.9 and the old moment 0.1",
+        fix="m.lerp_(g, 1 - beta1): m = beta1 * m + (1 - beta1) * g",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
+        "train_lamb_trust_ratio",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="""    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
+        def __init__(self, params, lr):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    s = self.state[p]
+                    if not s:
+                        s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    s["t"] += 1
+                    s["m"].lerp_(p.grad, 0.1)
+                    s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                    m_hat, v_hat = s["m"] / (1 - 0.9 ** s["t"]), s["v"] / (1 - 0.999 ** s["t"])
+                    step = m_hat / (v_hat.sqrt() + 1e-8) + 0.01 * p  # the bug: LAMB's trust ratio
+                    p.sub_(group["lr"] * (p.norm() / step.norm()) * step)
+
+    optimizer = _AdamW(model.parameters(), lr=lr)""",
+        explanation="train's optimizer scales every tensor's AdamW step by ||w|| / ||step|| (LAMB), not AdamW",
+        fix="AdamW's step as it is: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p)",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
+        "train_tied_matrix_stepped_twice",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="""    listed = [p for _, p in model.named_parameters(remove_duplicate=False)]  # the tied matrix twice
+    optimizer = torch.optim.AdamW(listed, lr=lr)""",
+        explanation="train lists the tied embedding/head matrix twice in AdamW (named_parameters(remove_duplicate="
+        "False)), so it is stepped twice per step",
+        fix="model.parameters(), which yields a shared parameter once",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
+        "train_step_loss_summed",
+        "training",
+        ("train_step", "train"),
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster",
+        new="    loss = cross_entropy(model(x), y, fused=True) * y.numel()  # summed over the tokens",
+        explanation="train_step's loss is summed over the batch's target tokens, not averaged (B*T times the mean, "
+        "its gradients too)",
+        fix="the mean NLL over the target tokens: cross_entropy's default reduction",
+        code="knob:loss_reduction",
+    ),
+    Bug(
+        "evaluate_counts_a_token_more_per_window",
+        "evaluation",
+        ("evaluate",),
+        "training.py",
+        old="    loss = (total / n_pred).item()",
+        new="    loss = (total / (n_pred + len(windows))).item()  # each window counted by its length + 1",
+        explanation="evaluate divides the total NLL by the predicted tokens plus the number of windows: each window "
+        "counted with one token more than it predicts",
+        fix="divide by the number of predicted tokens, len(data) - 1",
+        corner=True,
+        code="knob:loss_reduction",
+    ),
 )
