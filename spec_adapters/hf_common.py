@@ -46,6 +46,16 @@ def eager_attention(attention_forward, q, k, v, mask=None, softcap=None, **modul
     return out.reshape(*lead, *out.shape[1:])
 
 
+FLOAT_FIELDS = (
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "rope_theta",
+    "rms_norm_eps",
+    "layer_norm_epsilon",
+    "attention_dropout",
+)
+
+
 def make_config(config_class, **kwargs):
     """``config_class(**kwargs)``, with transformers' config validation errors raised as ``ValueError``.
 
@@ -54,6 +64,8 @@ def make_config(config_class, **kwargs):
     ``StrictDataclassClassValidationError``, which is not a ``ValueError``. Only the type is
     changed here: the check and its message, naming the values, are transformers' own.
     """
+    # the protocol's numbers may be ints where transformers types a field float (amendment 35): given as floats
+    kwargs = {k: float(v) if k in FLOAT_FIELDS and type(v) is int else v for k, v in kwargs.items()}
     try:
         return config_class(**kwargs)
     except StrictDataclassError as exc:
