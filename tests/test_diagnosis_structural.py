@@ -138,6 +138,19 @@ def test_scale_not_claimed_for_other_mistakes(wrong):
     assert_not_confident(diagnose(HEADS, wrong, axes="b h t d"), "scale")
 
 
+def test_a_constant_added_to_the_logits_is_an_offset():
+    """Logits capped as 2c·sigmoid(2x/c) = c + c·tanh(x/c) (held-out batch 32's speedrun form): the expected ones plus
+    c everywhere; a constant per row (a bias of each row) is said per row; noise and a shift are no offset."""
+    cap = 1.5
+    expected = cap * torch.tanh(LOGITS / cap)
+    cause = assert_names(diagnose(expected, 2 * cap * torch.sigmoid(2 * LOGITS / cap), axes="b t v"), "offset")
+    assert "plus 1.5 everywhere" in cause.summary
+    rows = LOGITS + torch.arange(LOGITS.shape[1], dtype=LOGITS.dtype)[None, :, None]
+    assert "its own constant" in assert_names(diagnose(LOGITS, rows, axes="b t v"), "offset", 0.9).summary
+    assert_not_confident(diagnose(HEADS, noise_like(HEADS, 9), axes="b h t d"), "offset")
+    assert_not_confident(diagnose(HEADS, HEADS.roll(1, dims=2), axes="b h t d"), "offset")
+
+
 # --- shift ------------------------------------------------------------------------------------
 
 

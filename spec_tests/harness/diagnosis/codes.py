@@ -12,6 +12,7 @@ from __future__ import annotations
 STRUCTURAL = {
     "layout": "the output is a transpose or permutation of the expected one along named axes",
     "scale": "the output is the expected one times a constant or per-row factor",
+    "offset": "the output is the expected one plus a constant (everywhere, or per row: unseen by a softmax)",
     "shift": "the output is the expected one shifted by one (or a few) positions along an axis",
     "noop": "the output equals one of the inputs: the operation was not applied",
     "mask": "wrong only on or above the diagonal, or only in masked positions",

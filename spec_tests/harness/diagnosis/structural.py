@@ -139,7 +139,7 @@ def structural_causes(expected, actual, *, axes=None, inputs: Mapping | None = N
     case = _Case(e, a, names, groups, named, atol, rtol, care, bad, input_arrays, is_bool, masked)
 
     if not is_bool:
-        detectors = [_nonfinite_causes, _sign_causes, _scale_causes]
+        detectors = [_nonfinite_causes, _sign_causes, _scale_causes, _offset_causes]
     else:  # a 2-D bool tensor is read as a [t_q, t_k] mask, whose inversion the mask detector names
         detectors = [_bool_inversion] if e.ndim != 2 else []
     if e.size <= LARGE:  # the rearrangement searches cost O(size) per candidate
@@ -452,6 +452,37 @@ def _sign_causes(c: _Case) -> list[Cause]:
             "flip the sign where the result is formed",
             "actual == -expected within tolerance everywhere",
             EXACT,
+        )
+    ]
+
+
+def _offset_causes(c: _Case) -> list[Cause]:
+    """The output is the expected one plus one constant (everywhere, or per row along the last axis): something added
+    that a softmax over that axis would not see (a cap written as 2c·sigmoid(2x/c) = c + c·tanh(x/c), a bias added
+    to every logit)."""
+    use = c.care & np.isfinite(c.e) & np.isfinite(c.a)
+    if not use.all() or c.e.ndim < 1 or c.e.shape[-1] < 3:
+        return []
+    diff = c.a - c.e
+    whole = float(diff.mean())
+    if abs(whole) > c.atol and c.fits(c.e + whole):
+        where, summary = "everywhere", f"the output is the expected one plus {whole:.6g} everywhere"
+    else:
+        rows = diff.mean(axis=-1, keepdims=True)
+        if not (np.abs(rows) > c.atol).any() or not c.fits(c.e + rows) or c.e.size == c.e.shape[-1]:
+            return []
+        where = "per row"
+        summary = (f"each row (along the last axis) is the expected row plus its own constant (from "
+                   f"{float(rows.min()):.6g} to {float(rows.max()):.6g})")  # fmt: skip
+    return [
+        Cause(
+            "offset",
+            f"{summary}: a constant added {where}, which a softmax over the last axis does not see (a shifted cap "
+            "such as 2c·sigmoid(2x/c) = c + c·tanh(x/c), a bias added to every entry)",
+            "what is added to the output last (a cap's form, a bias, a normalisation's mean)",
+            "compute the specified expression: nothing added after it",
+            f"actual - expected is constant {where} within tolerance",
+            EXACT if where == "everywhere" else EXACT_SHARED,
         )
     ]
 
