@@ -79,7 +79,8 @@ class Entry:
       (``harness/diagnosis/activation_fit.py``: ``"tanh_gelu"`` identity weights around the tanh GELU,
       ``"gated_silu"`` identity weights around SiLU's gate, ``"plain_silu"`` the function itself).
     - ``constant_fit``: which constant of its computation is fitted to a failing output
-      (``harness/diagnosis/constant_fit.py``: ``"score_scale"`` the attention scores' scale, ``"rope_rotation"``
+      (``harness/diagnosis/constant_fit.py``: ``"sdpa_scale"``, ``"flash_scale"``, ``"mha_scale"`` the
+      attention scores' scale in each, ``"rope_rotation"``
       RoPE's rotation measured on unit vectors).
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
@@ -306,7 +307,7 @@ ENTRIES: tuple[Entry, ...] = (
         nan_rows_unspecified=True,
         none_means=("mask",),
         amended_keywords={"softcap": 25},
-        constant_fit="score_scale",
+        constant_fit="sdpa_scale",
     ),
     Entry(
         "flash_attention",
@@ -320,7 +321,7 @@ ENTRIES: tuple[Entry, ...] = (
         any_leading_dims=True,
         core_rank=3,
         nan_rows_unspecified=True,
-        constant_fit="score_scale",
+        constant_fit="flash_scale",
     ),
     Entry(
         "multihead_self_attention",
@@ -348,7 +349,7 @@ ENTRIES: tuple[Entry, ...] = (
         nan_rows_unspecified=True,
         none_means=("n_kv_heads", "positions"),
         amended_keywords={"q_norm": 24, "k_norm": 24, "norm_eps": 24, "softcap": 25, "window": 27},
-        constant_fit="score_scale",
+        constant_fit="mha_scale",
     ),
     # ------------------------------------------------------------------ losses
     Entry(

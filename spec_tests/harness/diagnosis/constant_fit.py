@@ -9,8 +9,9 @@ is confident.
 
 Families, keyed by ``Entry.constant_fit`` (``spec_tests/protocol/entries.py``):
 
-- ``score_scale``: the factor the attention scores ``q k^T`` are multiplied by before the softmax
-  (``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``); specified ``1/sqrt(d_head)``;
+- ``sdpa_scale``, ``flash_scale``, ``mha_scale``: the factor the attention scores ``q k^T`` are multiplied by
+  before the softmax (in ``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``);
+  specified ``1/sqrt(d_head)``;
 - ``rope_rotation`` (``rope``): not fitted but measured, as ``activation_fit.py`` measures an activation: the
   implementation turns each pair's unit vector at positions 0, 1 and 2, which gives each pair's angle at position 0
   and its angle per position; where that is a rotation linear in the position, differs from the specified one and
@@ -59,11 +60,7 @@ def _mha_scaled(args, kwargs, style) -> tuple[Callable, int] | None:
     return run, p.wq.shape[0] // h
 
 
-SCORE_SCALE = {
-    "scaled_dot_product_attention": _sdpa,
-    "flash_attention": _flash,
-    "multihead_self_attention": _mha_scaled,
-}
+SCORE_SCALE = {"sdpa_scale": _sdpa, "flash_scale": _flash, "mha_scale": _mha_scaled}  # by Entry.constant_fit
 
 
 def _error(out, actual) -> float:
@@ -108,10 +105,10 @@ def fitted_constant(name: str, run: Callable, args64: tuple, kwargs: dict, actua
     family = CONSTANT_FIT.get(name)
     if family == "rope_rotation":
         return rotation_lines(run, args64, kwargs, actual, tol, rope_style)
-    if family != "score_scale" or not isinstance(actual, torch.Tensor):
+    if family not in SCORE_SCALE or not isinstance(actual, torch.Tensor):
         return [], []
     try:
-        run, d_head = SCORE_SCALE[name](args64, kwargs, rope_style)
+        run, d_head = SCORE_SCALE[family](args64, kwargs, rope_style)
         target = actual.detach().double()
         best = math.exp(_search(lambda log_s: _error(run(math.exp(log_s)), target)))
         explained = run(best)
