@@ -78,6 +78,9 @@ def test_rope_s_rotation_is_measured_and_said():
     swapped = rope_with(lambda p, i, half, theta: math.pi / 2 - p * theta ** (-2 * i / (2 * half)))
     lines, codes = rope_lines(swapped)
     assert "the table holds sin where cos belongs" in lines[0] and codes == ["knob:rope_table"], lines
+    backwards = rope_with(lambda p, i, half, theta: -p * theta ** (-2 * i / (2 * half)))
+    lines, codes = rope_lines(backwards)
+    assert "turns every pair the other way" in lines[0] and codes == ["sign"], lines
 
 
 def test_a_right_rope_or_one_that_is_no_rotation_gets_no_measured_line():

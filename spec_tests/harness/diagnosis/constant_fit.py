@@ -208,6 +208,13 @@ def rotation_lines(run: Callable, args64: tuple, kwargs: dict, actual, tol, styl
     if explained.shape != actual.shape or mismatch(actual.detach().double().cpu(), explained, tol) is not None:
         return [], []
     said = []
+    if phase.abs().max() < 1e-6 and (freqs + specified).abs().max() < 1e-9 * max(1.0, float(specified.max())):
+        return [
+            "likely cause: rope turns every pair the other way: by minus the specified angle (the sin terms' signs "
+            "swapped). Look at the signs in the rotation; fix: (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) "
+            "(evidence: rope measured on unit vectors at positions 0 to 2, and that rotation reproduces the failing "
+            "output)"
+        ], ["sign"]
     if phase.abs().max() >= 1e-6:
         quarter = (phase - math.pi / 2).abs().max() < 1e-6 and (freqs + specified).abs().max() < 1e-9
         said.append(
