@@ -1647,10 +1647,10 @@ def _grouped(working: list[Probe], tried: list[Probe]) -> list[Probe]:
         working_text = f"{kind}s {said}" if len(runs) > 1 else f"a {kind} of {said}"
         if raises:
             working_text += f" ({', '.join(map(str, raises))} raise{'s' if len(raises) == 1 else ''} too)"
-        if len(runs) == 1 and raises:
+        if raises and min(runs) > max(raises):
+            note = f"; so the code assumes a size of at least {min(runs)}, of those tried (a fixed width or table)"
+        elif len(runs) == 1 and raises and max(raises) > runs[0]:
             note = f"; so look for a size of {runs[0]} written into the code (a view, slice or table of that width)"
-        elif raises and min(runs) > max(raises):
-            note = f"; so the code assumes a size of at least {min(runs)} (a fixed width, slice or table)"
         else:
             note = ""
         merged = replace(first, working=working_text, note=note + first.note)
@@ -1669,12 +1669,14 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             fallback = (
                 _rows_alone_probes(name, args, kwargs)
                 + _multiple_probes(name, args, kwargs)
-                + _feature_size_probes(name, args, kwargs)
                 + _axis_size_probes(name, args, kwargs)
                 + _power_of_two_probes(name, args, kwargs)
                 + _int_size_probes(name, args, kwargs)
-            )
-            _try(fallback[:MAX_TRIES], run, tried, working, ledger)
+            )[:MAX_TRIES]
+            # sizes tried as a group, each one said with the others: a component's last axis, a model's head size
+            fallback += _feature_size_probes(name, args, kwargs)
+            fallback += ledger.sized_probes(name, args, kwargs, Probe) if ledger is not None else []
+            _try(fallback, run, tried, working, ledger)
     except _ProcessLost:
         pass  # what ran before it still says what it says
     working = _grouped(working, tried)

@@ -127,6 +127,25 @@ class Ledger:
             probes.append(probe_type(f"a model with {option}={config[option]!r}",
                                      f"the same model with {option}={default!r}", args, kwargs, note, "crash",
                                      make=make, controls=((control, False),)))  # fmt: skip
+        other = _other_family(config, getattr(self.subject, "families", ()))
+        if other is not None:
+            failing, working, new_config, same = other
+            fresh = {**options, "seed": 0}
+            make = self._maker(model, new_config, None, None, fresh, args, kwargs)
+            # the same family built fresh raises too: the family, not these weights' values (nor a head count)
+            controls = tuple((self._maker(model, c, None, None, fresh, args, kwargs), False) for c in same)
+            probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
+        return fill + probes
+
+    def sized_probes(self, name: str, args: tuple, kwargs: dict, probe_type) -> list:
+        """A fallback where nothing specific runs: the one model among the call's arguments built fresh at each other
+        head size of ``HEAD_SIZES`` (``_head_sizes``), the sizes that run said together (``crashes._grouped``)."""
+        found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
+        if len(found) != 1:
+            return []
+        (model,) = found.values()
+        _, config, _, options = self.models[id(model)]
+        probes = []
         for size, failing, working, sized, wider in _head_sizes(config):
             make = self._maker(model, sized, None, None, {**options, "seed": 0}, args, kwargs)
             # the same model built fresh raises too (not these weights' values), and the working head size runs with
@@ -137,15 +156,7 @@ class Ledger:
             )
             probes.append(probe_type(failing, working, args, kwargs, " (fresh weights)", "crash_head_size",
                                      make=make, controls=controls, group=("head size", size)))  # fmt: skip
-        other = _other_family(config, getattr(self.subject, "families", ()))
-        if other is not None:
-            failing, working, new_config, same = other
-            fresh = {**options, "seed": 0}
-            make = self._maker(model, new_config, None, None, fresh, args, kwargs)
-            # the same family built fresh raises too: the family, not these weights' values (nor a head count)
-            controls = tuple((self._maker(model, c, None, None, fresh, args, kwargs), False) for c in same)
-            probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
-        return fill + probes
+        return probes
 
     def rebuilt(self, args: tuple, kwargs: dict) -> Callable | None:
         """The call's arguments with the one model among them built again from its current weights (an optimizer
@@ -430,6 +441,7 @@ def without(suffixes: tuple[str, ...]) -> Callable:
 
 
 HEAD_SIZES = (64, 128, 32, 16, 8, 4)  # the sizes code writes in most often first
+MAX_WIDTH = 512  # a variant (twice the heads, for its control) no wider: each is run whole, a train call too
 
 
 def _head_sizes(config) -> list[tuple[int, str, str, dict, dict]]:
@@ -442,7 +454,7 @@ def _head_sizes(config) -> list[tuple[int, str, str, dict, dict]]:
     kv = config.get("n_kv_heads")
     found = []
     for size in HEAD_SIZES:
-        if size == d // h:
+        if size == d // h or 2 * h * size > MAX_WIDTH:
             continue
         sized = {**config, "d_model": h * size}
         wider = {**sized, "n_heads": 2 * h, "d_model": 2 * h * size}
