@@ -1749,7 +1749,8 @@ def test_a_head_size_written_into_the_code_is_named_with_the_sizes_that_run():
     assert any(said in ln and "look for a size of 64 written into the code" in ln for ln in lines), lines
     assert codes[:1] == ["crash_head_size"], codes
     lines, codes = probe("forward", forward_viewing_heads_of({32, 64, 128}), (model, ids), {}, ledger=ledger)
-    assert any("works for head sizes 32, 64, 128 (" in ln and "at least 32, of those tried" in ln for ln in lines), lines
+    said = "works for head sizes 32, 64, 128 ("
+    assert any(said in ln and "at least 32, of those tried" in ln for ln in lines), lines
 
     first = model.tok_embeddings.weight.detach().clone()
 
