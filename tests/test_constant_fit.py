@@ -84,7 +84,10 @@ def test_rope_s_rotation_is_measured_and_said():
 
 
 def test_a_right_rope_or_one_that_is_no_rotation_gets_no_measured_line():
-    """The control: the specified rotation says nothing; a RoPE that scales its pairs (no rotation) says nothing."""
+    """The control: the specified rotation says nothing, also with float32 frequencies (held-out batch 26: the
+    precision tests say that); a RoPE that scales its pairs (no rotation) says nothing."""
     right = rope_with(lambda p, i, half, theta: p * theta ** (-2 * i / (2 * half)))
     assert rope_lines(right) == ([], [])
+    rounded = rope_with(lambda p, i, half, theta: p * (theta ** (-2 * i / (2 * half))).float().double())
+    assert rope_lines(rounded) == ([], [])
     assert rope_lines(lambda x, positions, theta=10000.0: 1.5 * right(x, positions, theta)) == ([], [])

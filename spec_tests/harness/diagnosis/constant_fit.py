@@ -90,11 +90,13 @@ def _search(error: Callable[[float], float]) -> float:
     return (a + b) / 2
 
 
-def _named(value: float) -> str:
-    """``value`` as a reader may recognise it: ``1/sqrt(n)`` or ``1/n`` for a whole ``n``, else its digits."""
+def _named(value: float, sizes: dict[str, int]) -> str:
+    """``value`` as a reader may recognise it: ``1/sqrt(n)`` or ``1/n`` for a whole ``n`` (with the call's size of
+    that value, ``sizes``: ``d_model``, ``d_head``), else its digits."""
     for form, n in (("1/sqrt({})", 1 / value**2), ("1/{}", 1 / value), ("sqrt({})", value**2), ("{}", value)):
         if n >= 1 and abs(n - round(n)) <= 1e-6 * n:
-            return f"{value:.4g} = {form.format(round(n))}"
+            known = [k for k, v in sizes.items() if v == round(n)]
+            return f"{value:.4g} = {form.format(round(n))}" + (f" = {form.format(known[0])}" if known else "")
     return f"{value:.4g} (1/{1 / value:.4g})"
 
 
@@ -115,10 +117,13 @@ def fitted_constant(name: str, run: Callable, args64: tuple, kwargs: dict, actua
     except Exception:  # noqa: BLE001 - inputs the fit cannot bind or run say nothing
         return [], []
     specified = 1 / math.sqrt(d_head)
+    sizes = {"d_head": d_head}
+    if CONSTANT_FIT.get(name) == "mha_scale":
+        sizes["d_model"] = int(args64[0].shape[-1])
     if abs(best - specified) <= SAME * specified or mismatch(target, explained, tol) is not None:
         return [], []
     line = (
-        f"likely cause: {name} multiplies the scores q·kᵀ by {_named(best)} instead of 1/sqrt(d_head) = "
+        f"likely cause: {name} multiplies the scores q·kᵀ by {_named(best, sizes)} instead of 1/sqrt(d_head) = "
         f"1/sqrt({d_head}) = {specified:.4g} (a constant written into the code, or the root of another size). Look at "
         f"the score scaling of {name}; fix: scale by 1/sqrt(d_head), d_head the size of q's last axis (evidence: the "
         f"specified computation with this one scale reproduces the failing output)"
@@ -129,6 +134,7 @@ def fitted_constant(name: str, run: Callable, args64: tuple, kwargs: dict, actua
 # ---------------------------------------------------------------------------------------------
 # RoPE's rotation, measured on the implementation
 
+MATERIAL = 1e-4  # a rotation differing by less (an angle, a frequency relative to its own) is the specified one
 ROTATION = 1e-9  # how far from a rotation (a pair's norm kept, the angle linear in the position) a measure may be
 
 
@@ -202,28 +208,34 @@ def rotation_lines(run: Callable, args64: tuple, kwargs: dict, actual, tol, styl
         return [], []
     phase, freqs = found
     specified = theta ** (-torch.arange(d // 2, dtype=torch.float64) * 2 / d)
-    if phase.abs().max() < 1e-6 and (freqs - specified).abs().max() < 1e-9 * max(1.0, float(specified.max())):
-        return [], []
+    if phase.abs().max() < MATERIAL and ((freqs - specified).abs() <= MATERIAL * specified).all():
+        return [], []  # the specified rotation, up to rounding (float32 tables): the precision tests say that
     explained = _rotated(p.x.double().cpu(), torch.as_tensor(p.positions).cpu(), phase, freqs, style)
     if explained.shape != actual.shape or mismatch(actual.detach().double().cpu(), explained, tol) is not None:
         return [], []
     said = []
-    if phase.abs().max() < 1e-6 and (freqs + specified).abs().max() < 1e-9 * max(1.0, float(specified.max())):
+    if phase.abs().max() < MATERIAL and ((freqs + specified).abs() <= MATERIAL * specified).all():
         return [
             "likely cause: rope turns every pair the other way: by minus the specified angle (the sin terms' signs "
             "swapped). Look at the signs in the rotation; fix: (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) "
             "(evidence: rope measured on unit vectors at positions 0 to 2, and that rotation reproduces the failing "
             "output)"
         ], ["sign"]
-    if phase.abs().max() >= 1e-6:
-        quarter = (phase - math.pi / 2).abs().max() < 1e-6 and (freqs + specified).abs().max() < 1e-9
+    if phase.abs().max() >= MATERIAL:
+        quarter = (phase - math.pi / 2).abs().max() < MATERIAL and (
+            (freqs + specified).abs() <= MATERIAL * specified
+        ).all()
         said.append(
             "at position 0 every pair is already turned by a quarter turn and the angle falls with the position "
             "(pi/2 - p·f): the table holds sin where cos belongs and cos where sin"
             if quarter
             else f"at position 0 the pairs are already turned by {_said(phase)}"
         )
-    if not said or (freqs - specified).abs().max() >= 1e-9 and not said[0].startswith("at position 0 every pair"):
+    if (
+        not said
+        or ((freqs - specified).abs() > MATERIAL * specified).any()
+        and not said[0].startswith("at position 0 every pair")
+    ):
         said.append(f"the angle per position is {_frequency_reading(freqs, theta, d)}")
     line = (
         f"likely cause: rope turns each pair otherwise than specified: {'; '.join(said)}. Look at how the rotary "
@@ -231,4 +243,4 @@ def rotation_lines(run: Callable, args64: tuple, kwargs: dict, actual, tol, styl
         f"d_head), cos in the first entry's place (evidence: rope measured on unit vectors at positions 0 to 2, and "
         f"that rotation reproduces the failing output)"
     )
-    return [line], ["knob:rope_table" if phase.abs().max() >= 1e-6 else "knob:rope_base"]
+    return [line], ["knob:rope_table" if phase.abs().max() >= MATERIAL else "knob:rope_base"]
