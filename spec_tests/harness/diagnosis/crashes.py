@@ -1595,12 +1595,21 @@ def probe(
     if state:
         return state + shrunk, ["crash_state"]
     lines, codes = _probe(name, run, args, kwargs, ledger)
+    causes = [line for line in lines if line.startswith("likely cause")]
+    path_only = bool(causes) and all(_PATH.search(line) for line in causes)
     if not codes:  # no variant runs: what the raising line read
         site, codes = site_lines(name, getattr(crash, "original", None) or crash)
         if codes:  # it pins the cause, and what was tried says nothing more
             lines = [line for line in lines if not line.startswith(NOTHING_RAN)]
         lines = site + lines if codes else lines + site
+    elif path_only:  # only a path runs (cache=None, a flag's other value): the raising line may say more
+        site, site_codes = site_lines(name, getattr(crash, "original", None) or crash)
+        if site_codes:
+            lines, codes = site + lines, site_codes + codes
     return (lines + shrunk if lines else lines), codes
+
+
+_PATH = re.compile(r"; so the \S.* path|; so the path that uses")
 
 
 MANY_ROWS, FEW_ROWS = 64, 8
