@@ -17,6 +17,29 @@ EVALUATE_LOOP = """    total = torch.zeros((), dtype=torch.float64)
                 total += token_nll(model(x), y).sum().double().cpu()
     loss = (total / n_pred).item()"""
 
+# train's AdamW written by hand, for the bugs in its update: {moment} and {update} are each bug's own lines
+_ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
+        def __init__(self, params, lr):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    s = self.state[p]
+                    if not s:
+                        s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    s["t"] += 1
+                    {moment}
+                    s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                    m_hat, v_hat = s["m"] / (1 - 0.9 ** s["t"]), s["v"] / (1 - 0.999 ** s["t"])
+                    {update}
+
+    optimizer = _AdamW(model.parameters(), lr=lr)"""
+
+
 BUGS = (
     Bug(
         "get_batch_unshifted_targets",
@@ -326,26 +349,10 @@ BUGS = (
         TRAINING,
         "training.py",
         old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
-        new="""    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
-        def __init__(self, params, lr):
-            super().__init__(params, dict(lr=lr))
-
-        @torch.no_grad()
-        def step(self):
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    s = self.state[p]
-                    if not s:
-                        s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                    s["t"] += 1
-                    s["m"].lerp_(p.grad, 0.9)  # the bug: lerp_(g, beta1) for lerp_(g, 1 - beta1)
-                    s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
-                    m_hat, v_hat = s["m"] / (1 - 0.9 ** s["t"]), s["v"] / (1 - 0.999 ** s["t"])
-                    p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))
-
-    optimizer = _AdamW(model.parameters(), lr=lr)""",
+        new=_ADAMW_WRITTEN_OUT.format(
+            moment='s["m"].lerp_(p.grad, 0.9)  # the bug: lerp_(g, beta1) for lerp_(g, 1 - beta1)',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
+        ),
         explanation="train's AdamW updates its first moment with the lerp weight swapped (m.lerp_(g, beta1)): the new "
         "gradient weighs 0.9 and the old moment 0.1",
         fix="m.lerp_(g, 1 - beta1): m = beta1 * m + (1 - beta1) * g",
@@ -358,27 +365,12 @@ BUGS = (
         TRAINING,
         "training.py",
         old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
-        new="""    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
-        def __init__(self, params, lr):
-            super().__init__(params, dict(lr=lr))
-
-        @torch.no_grad()
-        def step(self):
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    s = self.state[p]
-                    if not s:
-                        s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                    s["t"] += 1
-                    s["m"].lerp_(p.grad, 0.1)
-                    s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
-                    m_hat, v_hat = s["m"] / (1 - 0.9 ** s["t"]), s["v"] / (1 - 0.999 ** s["t"])
-                    step = m_hat / (v_hat.sqrt() + 1e-8) + 0.01 * p  # the bug: LAMB's trust ratio
-                    p.sub_(group["lr"] * (p.norm() / step.norm()) * step)
-
-    optimizer = _AdamW(model.parameters(), lr=lr)""",
+        new=_ADAMW_WRITTEN_OUT.format(
+            moment='s["m"].lerp_(p.grad, 0.1)',
+            update="step = m_hat / (v_hat.sqrt() + 1e-8) + 0.01 * p  # the bug: LAMB's trust ratio\n"
+            + " " * 20
+            + 'p.sub_(group["lr"] * (p.norm() / step.norm()) * step)',
+        ),
         explanation="train's optimizer scales every tensor's AdamW step by ||w|| / ||step|| (LAMB), not AdamW",
         fix="AdamW's step as it is: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p)",
         corner=True,
