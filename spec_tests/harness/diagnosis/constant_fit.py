@@ -118,7 +118,7 @@ def fitted_constant(name: str, run: Callable, args64: tuple, kwargs: dict, actua
         return [], []
     specified = 1 / math.sqrt(d_head)
     sizes = {"d_head": d_head}
-    if CONSTANT_FIT.get(name) == "mha_scale":
+    if family == "mha_scale":
         sizes["d_model"] = int(args64[0].shape[-1])
     if abs(best - specified) <= SAME * specified or mismatch(target, explained, tol) is not None:
         return [], []
@@ -213,7 +213,6 @@ def rotation_lines(run: Callable, args64: tuple, kwargs: dict, actual, tol, styl
     explained = _rotated(p.x.double().cpu(), torch.as_tensor(p.positions).cpu(), phase, freqs, style)
     if explained.shape != actual.shape or mismatch(actual.detach().double().cpu(), explained, tol) is not None:
         return [], []
-    said = []
     if phase.abs().max() < MATERIAL and ((freqs + specified).abs() <= MATERIAL * specified).all():
         return [
             "likely cause: rope turns every pair the other way: by minus the specified angle (the sin terms' signs "
@@ -221,6 +220,7 @@ def rotation_lines(run: Callable, args64: tuple, kwargs: dict, actual, tol, styl
             "(evidence: rope measured on unit vectors at positions 0 to 2, and that rotation reproduces the failing "
             "output)"
         ], ["sign"]
+    said = []
     if phase.abs().max() >= MATERIAL:
         quarter = (phase - math.pi / 2).abs().max() < MATERIAL and (
             (freqs + specified).abs() <= MATERIAL * specified

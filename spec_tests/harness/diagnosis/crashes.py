@@ -94,7 +94,7 @@ from ...protocol import (
     config_defaults,
 )
 from .crash_site import own_frame, site_lines
-from .model_variants import Ledger, NotBuilt, heads_repeated, option_off, options_set, without
+from .model_variants import HEAD_SIZES, Ledger, NotBuilt, heads_repeated, option_off, options_set, without
 
 NOTHING_RAN = "note: the crash does not depend on what was probed"
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
@@ -1165,11 +1165,8 @@ def _positions_past_the_length_probes(name, args, kwargs) -> list[Probe]:
     return [Probe(failing, working, *_with(args, kwargs, where, within), note, "boundary", exclusive=True)]
 
 
-FEATURE_SIZES = (64, 128, 32, 16, 8, 4)  # the feature (head) sizes code writes in most often first
-
-
 def _feature_size_probes(name, args, kwargs) -> list[Probe]:
-    """A fallback: the first float tensor argument's last (feature) axis at each other size of ``FEATURE_SIZES``,
+    """A fallback: the first float tensor argument's last (feature) axis at each other size of ``HEAD_SIZES``,
     on every float tensor whose last axis has that size alike (entries repeated, then cut): a head size written
     into the code (a view to 64, a rotation of 4 channels) runs at that size alone, a least width from it up."""
     x = _primary(args, kwargs)
@@ -1183,7 +1180,7 @@ def _feature_size_probes(name, args, kwargs) -> list[Probe]:
         return t.repeat_interleave(-(-size // d), dim=-1).narrow(-1, 0, size).contiguous()
 
     probes = []
-    for s in FEATURE_SIZES:
+    for s in HEAD_SIZES:
         if s != d:
             variant = _map(args, kwargs, lambda t, s=s: resized(t, s))
             probes.append(Probe(f"a last-axis size of {d}", f"a last-axis size of {s}", *variant, "", "boundary",
@@ -1594,9 +1591,7 @@ def probe(
     state = _state_lines(name, args, kwargs, fresh) or _model_state_lines(name, run, args, kwargs, ledger)
     if state:
         return state + shrunk, ["crash_state"]
-    lines, codes = _probe(name, run, args, kwargs, ledger)
-    causes = [line for line in lines if line.startswith("likely cause")]
-    path_only = bool(causes) and all(_PATH.search(line) for line in causes)
+    lines, codes, path_only = _probe(name, run, args, kwargs, ledger)
     if not codes:  # no variant runs: what the raising line read
         site, codes = site_lines(name, getattr(crash, "original", None) or crash)
         if codes:  # it pins the cause, and what was tried says nothing more
@@ -1607,9 +1602,6 @@ def probe(
         if site_codes:
             lines, codes = site + lines, site_codes + codes
     return (lines + shrunk if lines else lines), codes
-
-
-_PATH = re.compile(r"; so the \S.* path|; so the path that uses")
 
 
 MANY_ROWS, FEW_ROWS = 64, 8
@@ -1667,8 +1659,9 @@ def _grouped(working: list[Probe], tried: list[Probe]) -> list[Probe]:
     return working
 
 
-def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple[list[str], list[str]]:
-    """``probe`` past the state checks: the variants, the fallbacks, and the lines they give."""
+def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple[list[str], list[str], bool]:
+    """``probe`` past the state checks: the variants, the fallbacks, the lines they give and their codes, and whether
+    every cause said is only a path (``Probe.fallback``: cache=None, a flag's other value)."""
     tried, working, path = [], [], False
     try:
         _try(probes_for(name, args, kwargs, ledger), run, tried, working, ledger)
@@ -1715,13 +1708,13 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             f"same call with only this changed runs)"
             for p in causes
         ]
-        return lines + clues, list(dict.fromkeys(p.code for p in causes))
+        return lines + clues, list(dict.fromkeys(p.code for p in causes)), all(p.fallback for p in causes)
     if clues:
-        return clues, []
+        return clues, [], False
     if tried:
         names = "; ".join(f"{p.working} instead of {p.failing}" for p in tried)
-        return [f"{NOTHING_RAN}: {name} raises as well with {names}"], []
-    return [], []
+        return [f"{NOTHING_RAN}: {name} raises as well with {names}"], [], False
+    return [], [], False
 
 
 # ---------------------------------------------------------------------------------------------

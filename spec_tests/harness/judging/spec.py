@@ -304,12 +304,12 @@ class Spec:
                 from ..diagnosis.activation_fit import fitted_activation
 
                 raw = getattr(self.impl, "_subject", self.impl)
-                found = fitted_activation(call[0], lambda *a: compute(raw, *a), args64, call[1], actual, tol)
+                run_raw = lambda *a: compute(raw, *a)  # the implementation's own call, measured
+                found = fitted_activation(call[0], run_raw, args64, call[1], actual, tol)
                 lines, codes = lines + found[0], codes + found[1]
                 if not found[0]:  # a constant of the computation, fitted to the output
                     from ..diagnosis.constant_fit import fitted_constant
 
-                    run_raw = lambda *a: compute(raw, *a)
                     found = fitted_constant(call[0], run_raw, args64, call[1], actual, tol, self.impl.rope_style)
                     lines, codes = lines + found[0], codes + found[1]
             more, more_codes = run(
