@@ -9,8 +9,7 @@ which ``test_model.py`` compares with the reference: a wrong model costs in the 
 import pytest
 import torch
 
-from . import filters, models, observed, oracles
-from .draws import draw_causes
+from . import draws, filters, models, observed, oracles
 from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import tolerance
 from .harness.plugin.markers import judges
@@ -471,10 +470,7 @@ def test_generate_samples_from_sampling_probs(spec, kw):
         return out, torch.bincount(out[:, -1].cpu(), minlength=config["vocab_size"]).double() / N_DRAWS
 
     def follows(freq, probs=probs) -> bool:
-        bound = 5.5 * (probs * (1 - probs) / N_DRAWS).sqrt() + 4e-3
-        return (
-            freq is not None and bool(((freq - probs).abs() <= bound).all()) and not bool((freq[probs == 0] > 0).any())
-        )
+        return freq is not None and draws.follows(freq, probs, N_DRAWS, slack=4e-3)
 
     out, freq = first_tokens(True)
     failing = spec.failing(("sampling_probs",))
@@ -538,7 +534,7 @@ def test_generate_samples_from_sampling_probs(spec, kw):
             label = "draws:" + ",".join(f"{k}={v}" for k, v in sorted(o.items()))
             return spec.expected(lambda m, x: m.sampling_probs(x, **o), logits, label=label).double().cpu()
 
-        causes, codes = draw_causes("generate", freq, N_DRAWS, options, probs_with)
+        causes, codes = draws.draw_causes("generate", freq, N_DRAWS, options, probs_with)
     spec.require(
         not outside,
         behaviour=f"generate({kw}) draws only tokens sampling_probs keeps",

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from . import filters
-from .draws import draw_causes
+from .draws import draw_causes, follows
 from .harness.judging.compare import mismatch
 from .harness.judging.spec import inplace_consequence
 from .harness.judging.tolerances import tolerance
@@ -595,9 +595,8 @@ def unfiltered_draw_causes(counts, logits, kw, probs=None, probs_with=None) -> t
 
 
 def _within(counts: torch.Tensor, p: torch.Tensor) -> bool:
-    """Draw frequencies ``counts`` follow ``p``: nothing drawn where p is 0, each within 5.5 standard errors."""
-    bound = 5.5 * (p * (1 - p) / N_DRAWS).sqrt() + 1e-3
-    return not bool(((counts > 0) & (p == 0)).any()) and bool(((counts - p).abs() <= bound).all())
+    """Draw frequencies ``counts`` of ``N_DRAWS`` draws follow ``p`` (``draws.follows``)."""
+    return follows(counts, p, N_DRAWS)
 
 
 def follows_own_sampling_probs(spec, logits, kw, counts, probs) -> None:
