@@ -162,8 +162,9 @@ class Grade:
         return counts
 
 
-def check_text(check: dict) -> str:
-    """One failed check as text, from its data (``CheckResult`` fields), defensively."""
+def check_text(check: dict, *, details_only: bool = False) -> str:
+    """One failed check as text, from its data (``CheckResult`` fields), defensively; ``details_only``: its note,
+    causes and advice alone (a crash's, whose exception the verdict's message already says)."""
 
     def s(key) -> str:
         value = check.get(key)
@@ -173,8 +174,11 @@ def check_text(check: dict) -> str:
         value = check.get(key)
         return [clean(v, 1500) for v in value if isinstance(v, str)][:10] if isinstance(value, list) else []
 
+    details = [f"  {x}" for x in (s("note"), *many("causes"), *many("advice")) if x]
+    if details_only:
+        return "\n".join(details)
     head = f"[{s('subject')}] {s('behaviour')}" if s("subject") else s("behaviour")
-    lines = [head] + [f"  {x}" for x in (s("found"), s("note"), *many("causes"), *many("advice")) if x]
+    lines = [head] + ([f"  {s('found')}"] if s("found") else []) + details
     return "\n".join(line for line in lines if line.strip())
 
 
@@ -182,8 +186,8 @@ def message_of(verdict: Verdict) -> str:
     if verdict.status == Status.FAILED and verdict.failed_checks:
         return clean("\n".join(check_text(c) for c in verdict.failed_checks), MESSAGE_CAP)
     if verdict.status == Status.ERROR and verdict.failed_checks:  # a crash: what probing its inputs found
-        causes = [line for c in verdict.failed_checks for line in check_text(c).split("\n")[2:]]
-        return clean("\n".join([verdict.message, *dict.fromkeys(causes)]), MESSAGE_CAP)
+        details = [line for c in verdict.failed_checks for line in check_text(c, details_only=True).split("\n") if line]
+        return clean("\n".join([verdict.message, *dict.fromkeys(details)]), MESSAGE_CAP)
     return clean(verdict.message, MESSAGE_CAP)
 
 
