@@ -215,6 +215,27 @@ def test_restarting_is_not_charged_to_the_deadline(worker):
     assert out.tolist() == [0.5, 0.5] and time.monotonic() - started > 0.3
 
 
+def test_a_tests_limit_does_not_count_the_workers_restart(worker, monkeypatch):
+    """A restart after a crash (the previous test's, or this one's) moves the test's deadline on by the time it took,
+    so that the test's later calls (and the probes of its crash) keep their whole limit on a slow machine."""
+    from spec_tests.harness.remote.remote_subject import RemoteSubject
+
+    subject = RemoteSubject(worker, test_timeout=2.0)
+    subject.begin_test()
+    with pytest.raises(ImplementationError, match="segmentation fault"):
+        subject.rmsnorm(1, 2)
+    real_start = worker._start
+
+    def slow_start():
+        time.sleep(2.5)  # longer than the test's whole limit
+        return real_start()
+
+    monkeypatch.setattr(worker, "_start", slow_start)
+    assert subject.softmax(torch.zeros(2)).tolist() == [0.5, 0.5]
+    assert subject.deadline - time.monotonic() > 1.0  # without the restart's 2.5 s it would have passed
+    assert subject.softmax(torch.zeros(2)).tolist() == [0.5, 0.5]
+
+
 @pytest.mark.parametrize(
     "name, args, signal_name, reason",
     [

@@ -290,6 +290,7 @@ class Worker:
         self.restart_import_s = 0.0  # the submission's imports in restarts so far (charged to the budget)
         self.harness_start_s = 0.0  # the last start's own part: bwrap, Python, torch, the harness
         self.import_s = 0.0  # the last start's import of the submission
+        self.starting_s = 0.0  # every (re)start's time so far: a test's limit does not count it (RemoteSubject)
         self._gave_up: WorkerGaveUp | None = None
         self._cgroup: cgroup_mod.Group | None = None
         self._last_info: dict | None = None
@@ -354,6 +355,13 @@ class Worker:
             raise self._gave_up
         if self.alive and self.info is not None:
             return self.info
+        began = time.monotonic()
+        try:
+            return self._start()
+        finally:
+            self.starting_s += time.monotonic() - began
+
+    def _start(self) -> dict:
         self._stop()
         if self.generation >= 1 and self.restarts >= self.max_restarts:
             self._give_up(

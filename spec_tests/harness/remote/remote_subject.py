@@ -27,7 +27,9 @@ class _Declared:
 
 
 class RemoteSubject(Subject):
-    """The submission behind a worker; every call carries the current test's deadline."""
+    """The submission behind a worker; every call carries the current test's deadline: ``test_timeout`` from the
+    test's start, moved on by the time the worker took to (re)start since (a restart after the previous test's crash
+    is not the test's time, and a slower machine must not leave a test's later calls, or its probes, less of it)."""
 
     def __init__(self, worker: Worker, *, capabilities=None, test_timeout: float = 60.0):
         self.worker, self.test_timeout = worker, test_timeout
@@ -35,7 +37,7 @@ class RemoteSubject(Subject):
         self.label = worker.label
         self.rope_style, self.families, declared = declared_attributes(_Declared(worker.attributes), self.label)
         self.capabilities = effective_capabilities(capabilities) if capabilities is not None else declared
-        self.deadline = time.monotonic() + test_timeout
+        self._began, self._starting_s = time.monotonic(), worker.starting_s
         self.calls = set()
 
     def __repr__(self) -> str:
@@ -44,9 +46,13 @@ class RemoteSubject(Subject):
     def provides(self, name: str) -> bool:
         return self.worker.provides(name)
 
+    @property
+    def deadline(self) -> float:
+        return self._began + self.test_timeout + (self.worker.starting_s - self._starting_s)
+
     def begin_test(self) -> None:
         super().begin_test()
-        self.deadline = time.monotonic() + self.test_timeout
+        self._began, self._starting_s = time.monotonic(), self.worker.starting_s
         try:
             self.worker.reset(deadline=self.deadline)
         except (WorkerTimeout, WorkerCrashed):
