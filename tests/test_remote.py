@@ -236,6 +236,20 @@ def test_a_tests_limit_does_not_count_the_workers_restart(worker, monkeypatch):
     assert subject.softmax(torch.zeros(2)).tolist() == [0.5, 0.5]
 
 
+def test_explaining_a_failure_has_its_own_limit(worker):
+    """Probes and diagnoses run under ``diagnosing()``: the whole limit afresh, however much the test used; the test's
+    own limit goes on afterwards where it was."""
+    from spec_tests.harness.remote.remote_subject import RemoteSubject
+
+    subject = RemoteSubject(worker, test_timeout=1.0)
+    subject.begin_test()
+    time.sleep(0.8)
+    with subject.diagnosing():
+        time.sleep(0.5)  # past the test's own limit
+        assert subject.softmax(torch.zeros(2)).tolist() == [0.5, 0.5]
+    assert 0.05 < subject.deadline - time.monotonic() < 0.25  # the 0.2 s the test had left
+
+
 @pytest.mark.parametrize(
     "name, args, signal_name, reason",
     [

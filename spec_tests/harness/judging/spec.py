@@ -450,7 +450,11 @@ class Spec:
             # would cost the worker a restart
             # an upstream name charged with the same crash at the same place has it: the verdict leaves it to it
             known = exc.process or self.charged_upstream(name, exc, self.subjects)
-            lines, codes = ([], []) if known else probe(name, run, args, kwargs, self.impl.ledger, fresh, exc)
+            if known:
+                lines, codes = [], []
+            else:
+                with self.impl._subject.diagnosing():
+                    lines, codes = probe(name, run, args, kwargs, self.impl.ledger, fresh, exc)
             where = own_frame(exc.original)
             subject = exc.name if exc.name in PROTOCOL_NAMES else (self.subjects[0] if self.subjects else "")
             result = self._result(subject, "the call runs on inputs the protocol allows", kind="require")

@@ -579,9 +579,10 @@ def pytest_runtest_call(item):
 
         saved = list(run.results)
         expected = item.get_closest_marker("xfail") is not None
-        raised = rootcause.judge_failure(
-            run, exc, state.impl, state.reference, state.registry, rerun, expected=expected
-        )
+        with state.impl.diagnosing():
+            raised = rootcause.judge_failure(
+                run, exc, state.impl, state.reference, state.registry, rerun, expected=expected
+            )
         run.results[:] = saved if raised is exc else [*saved, *(raised.result and [raised.result] or [])]
         run.failure = raised
         if raised is exc:

@@ -10,6 +10,7 @@ and this subject has no ``substituted``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from ...protocol import effective_capabilities
@@ -49,6 +50,18 @@ class RemoteSubject(Subject):
     @property
     def deadline(self) -> float:
         return self._began + self.test_timeout + (self.worker.starting_s - self._starting_s)
+
+    @contextlib.contextmanager
+    def diagnosing(self):
+        """The whole ``test_timeout`` afresh while explaining a failure; the test's own limit then goes on where it
+        was (a probe that times out ends probing: ``diagnosis/crashes.py``)."""
+        began, starting, now, started = self._began, self._starting_s, time.monotonic(), self.worker.starting_s
+        self._began, self._starting_s = now, started
+        try:
+            yield
+        finally:
+            self._began = began + (time.monotonic() - now)
+            self._starting_s = starting + (self.worker.starting_s - started)
 
     def begin_test(self) -> None:
         super().begin_test()

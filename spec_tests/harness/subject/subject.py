@@ -181,6 +181,12 @@ class Subject:
     def begin_test(self) -> None:
         self.calls: set[str] = set()
 
+    def diagnosing(self) -> contextlib.AbstractContextManager:
+        """Calls made to explain a failure (a crash's probes, a diagnosis, a composed rerun) run inside this: a subject
+        with a time limit per test gives them their own (``RemoteSubject``), so what they find never depends on how
+        much of the test's limit the failing test left on this machine."""
+        return contextlib.nullcontext()
+
 
 def declared_attributes(obj, label: str) -> tuple[str, tuple[str, ...], frozenset[str]]:
     """``ROPE_STYLE``, ``FAMILIES`` and ``CAPABILITIES`` of an implementation, validated."""
