@@ -68,6 +68,8 @@ def check_chunks(spec, config, chunks, *, seed):
                 "tokens at once otherwise (test_model.py reports it). Fix forward first.",
             )
     hint, hint_code = chunk_hint(cached, full, chunks)
+    if mismatch(cached, full, tol) is not None:
+        hint, hint_code = cache_reading(spec, config, sd, ids[:, : chunks[0]]) or (hint, hint_code)
     alone = Variant(
         "knob:cache_contents",
         "the cache is not used: each chunk is computed as if it were the whole sequence",
@@ -249,6 +251,20 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": swapped}),
             )
         )
+    for narrow in (torch.bfloat16, torch.float16):
+
+        def rounded(q, k, v, *args, narrow=narrow, **kwargs):  # what attention reads back from a narrower cache
+            return attention(q, k.to(narrow).to(k.dtype), v.to(narrow).to(v.dtype), *args, **kwargs)
+
+        found.append(
+            Variant(
+                "knob:cache_contents",
+                f"the cache stores its keys and values in {str(narrow).removeprefix('torch.')} whatever the model's "
+                "dtype: every cached key and value is rounded to it (the uncached forward is exact)",
+                "allocate the cache's buffers in the model's dtype (new_cache: dtype=the model's parameters' dtype)",
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": rounded}),
+            )
+        )
     if rope is not None and config["family"] != "gpt2":
         found.append(
             Variant(
@@ -260,6 +276,81 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
             )
         )
     return found
+
+
+def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
+    """``(cause, code)`` read from the implementation's own cache after one prefill of ``ids`` (the failing run's
+    first chunk), against the reference's cache after the same prefill: every entry zero (the writes are lost); each
+    layer holding other layers' keys and values (its positions, in blocks of the prefill's length, each another layer's:
+    the layers' entries in another order, or one written into another's); keys and values in each other's place; else,
+    where the layers hold other numbers of positions, a note saying how many. None where it holds what it should, or
+    cannot be read (cache_kv is optional; its own tests judge its layout)."""
+    ref = getattr(spec.expectations, "reference", None)
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    if ref is None or not impl.provides("cache_kv"):
+        return None
+
+    def contents(m):
+        model = models.build(m, config, sd)
+        cache = m.new_cache(model, ids.shape[0])
+        m.forward(model, ids, cache)
+        return [tuple(t.double() for t in m.cache_kv(cache, layer)) for layer in range(config["n_layers"])]
+
+    try:
+        own = contents(impl)
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return None
+    want = contents(ref)
+    n, tol = ids.shape[1], tolerance("model", device=spec.device)
+    prefill = f"after a prefill of {n} token{'s' if n > 1 else ''}"
+    if any(len(o) != 2 or any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in o) for o in own):
+        return None
+    if any(t.shape[:2] != want[0][0].shape[:2] or t.shape[3] != want[0][0].shape[3] for o in own for t in o):
+        return None  # another layout: test_cache_layout_rotated_keys_plain_values says so
+
+    def same(a, b) -> bool:
+        return a.shape == b.shape and mismatch(a.to(b.device), b, tol) is None
+
+    def blocks(o):  # the layer's positions in blocks of n, each matched to the reference layer that holds it
+        k, v = o
+        if k.shape[2] != v.shape[2] or k.shape[2] % n or not k.shape[2]:
+            return None
+        return [
+            next((j for j, w in enumerate(want) if same(kb, w[0]) and same(vb, w[1])), None)
+            for kb, vb in zip(k.split(n, dim=2), v.split(n, dim=2))
+        ]
+
+    fix = "Fix: write each layer's new keys and values into that layer's own cache entry, and keep the result"
+    held = [blocks(o) for o in own]
+    if held == [[i] for i in range(len(own))]:
+        return None
+    if all(not t.any() for o in own for t in o):
+        return (
+            f"likely cause: {prefill} every key and value your cache holds is 0 (cache_kv): the writes to the cache "
+            "are lost, e.g. an out-of-place update whose result is dropped (index_copy, slice_scatter or torch.cat "
+            f"not assigned back), and attention reads the zeros. {fix}"
+        ), "knob:cache_contents"
+    if all(h is not None and None not in h for h in held):
+        whose = [" then ".join(f"layer {j}'s" for j in h) for h in held]
+        said = "; ".join(f"layer {i} holds {w}" for i, (w, h) in enumerate(zip(whose, held)) if h != [i])
+        reversed_order = held == [[j] for j in range(len(own))][::-1]
+        how = "stored in reverse order" if reversed_order else "mixed up (a layer's keys written into another's entry)"
+        return (
+            f"likely cause: {prefill} cache_kv(cache, i) holds other layers' keys and values ({said}): the layers' "
+            f"cache entries are {how}, so each layer attends another layer's keys and values. {fix}"
+        ), "knob:cache_contents"
+    if all(same(o[0], w[1]) and same(o[1], w[0]) for o, w in zip(own, want)):
+        return (
+            f"likely cause: {prefill} your cache holds the values where the keys belong and the keys where the "
+            "values belong (cache_kv). Fix: store and read back (keys, values) in one order"
+        ), "knob:cache_contents"
+    sizes = [o[0].shape[2] for o in own]
+    if any(s != n for s in sizes):
+        return (
+            f"note: {prefill} cache_kv holds {', '.join(map(str, sizes))} positions in layers 0 to {len(own) - 1} "
+            f"({n} in each expected): each layer's entry should hold exactly the positions written to it"
+        ), ""
+    return None
 
 
 def chunk_hint(cached, full, chunks) -> tuple[str | None, str]:

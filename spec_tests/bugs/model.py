@@ -195,6 +195,20 @@ BUGS = (
         fix="new tokens sit at positions cache.length, cache.length + 1 and onwards",
     ),
     Bug(
+        "cache_stored_in_bfloat16",
+        "kv_cache",
+        (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache.py",
+        old="""        self.key_buffers[layer][..., start:end, :] = k
+        self.value_buffers[layer][..., start:end, :] = v""",
+        new="""        self.key_buffers[layer][..., start:end, :] = k.bfloat16()
+        self.value_buffers[layer][..., start:end, :] = v.bfloat16()""",
+        explanation="keys and values are rounded to bfloat16 as they are written to the cache (a half-precision "
+        "cache in a float32 or float64 model): every cached forward differs from the uncached one",
+        fix="keep the cache in the model's dtype",
+        code="knob:cache_contents",
+    ),
+    Bug(
         "cache_keys_before_rope",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),

@@ -832,6 +832,28 @@ SEEDED: tuple[SeededBug, ...] = (
         mistake="the sinusoidal table uses 10000**(i/d) instead of 10000**(2i/d)",
         accepted=("knob:rope_base",),
     ),
+    SeededBug(
+        name="cache_write_out_of_place",
+        base=FUNCTIONAL,
+        file="model.py",
+        old="""        self.keys[layer, :, :, start:stop] = k
+        self.values[layer, :, :, start:stop] = v""",
+        new="""        self.keys[layer].index_copy(2, torch.arange(start, stop, device=k.device), k)
+        self.values[layer].index_copy(2, torch.arange(start, stop, device=v.device), v)""",
+        mistake="the cache is written with the out-of-place index_copy and its result dropped: attention reads zeros",
+        accepted=("knob:cache_contents",),
+    ),
+    SeededBug(
+        name="cache_layers_stored_reversed",
+        base=STUDENT,
+        file="model.py",
+        old="""            cache.k[layer] = k.detach()
+            cache.v[layer] = v.detach()""",
+        new="""            cache.k[-1 - layer] = k.detach()
+            cache.v[-1 - layer] = v.detach()""",
+        mistake="each layer's keys and values are stored in the mirrored layer's entry (the layers' order reversed)",
+        accepted=("knob:cache_contents",),
+    ),
 )
 
 
