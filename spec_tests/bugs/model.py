@@ -122,6 +122,18 @@ BUGS = (
         fix="assign the same parameter: lm_head.weight = tok_embeddings.weight",
     ),
     Bug(
+        "tied_head_detached",
+        "tied_weights",
+        (*MODEL, *TRAINING),
+        "model.py",
+        old="        return linear(self.final_norm(x), self.lm_head.weight)",
+        new="        return linear(self.final_norm(x), self.lm_head.weight.detach())",
+        explanation="the LM head uses its weight detached: the same values, but no gradient from the head reaches it "
+        "(a tied matrix learns from its lookup alone, an untied head not at all)",
+        fix="use the weight as it is: linear(x, lm_head.weight)",
+        code="knob:tying",
+    ),
+    Bug(
         "untied_gpt2_head_loaded_from_embedding",
         "tied_weights",
         MODEL,
