@@ -49,6 +49,30 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "top_k_kth_smallest",
+        "top_k",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    kth = logits.topk(k, dim=-1).values[..., -1:]",
+        new="    kth = logits.kthvalue(k, dim=-1, keepdim=True).values",
+        explanation="top-k's threshold is the k-th smallest logit (kthvalue counts from the smallest), so it keeps "
+        "V - k + 1 tokens: every token for top_k=1",
+        fix="threshold at the k-th largest logit: logits.topk(k).values[..., -1:]",
+        code="knob:top_k",
+    ),
+    Bug(
+        "top_p_cumsum_over_dim_0",
+        "top_p",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs\n",
+        new="    mass_before = sorted_probs.cumsum(dim=0) - sorted_probs\n",
+        explanation="the nucleus's cumulative mass is summed over dim 0: the vocabulary for 1-D logits, the batch "
+        "axis for batched ones, so each row's nucleus depends on the rows before it",
+        fix="cumsum over the vocabulary, the last axis (dim=-1)",
+        code="batch_mixing",
+    ),
+    Bug(
         "top_p_drops_crossing_token",
         "top_p",
         (*SAMPLING, *GENERATION),

@@ -735,15 +735,22 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
             compute=a(scale=math.sqrt(d)),
         ),
     ]
-    tk = k.shape[-2]
-    if tk != d:  # the size of the other axis of k: k.size(-2) where k.size(-1) belongs
+    tk, tq = k.shape[-2], q.shape[-2]
+    # the size of another axis where d_head belongs: k's key axis, q's query axis (where the two are the same size
+    # here, either one: the line says both)
+    lengths = {tk: "the number of keys" if tq != tk else "the number of keys, which is also the number of queries here"}
+    if tq != tk:
+        lengths[tq] = "the number of queries"
+    for size, said in lengths.items():
+        if size == d:
+            continue
         out.append(
             Variant(
                 "knob:scale_constant",
-                f"the scores are divided by sqrt(T_k) = sqrt({tk}), the number of keys, instead of sqrt(d_head)",
+                f"the scores are divided by sqrt({size}), {said}, instead of sqrt(d_head)",
                 where=scale_where,
-                fix=f"{fix_scale} (the size of k's last axis, not of its key axis)",
-                compute=a(scale=1.0 / math.sqrt(tk)),
+                fix=f"{fix_scale} (the size of q's and k's last axis, not of a sequence axis)",
+                compute=a(scale=1.0 / math.sqrt(size)),
             )
         )
     out += [
@@ -1012,7 +1019,8 @@ def _mha_family(args, kwargs, style):
             [
                 Variant(
                     "knob:scale_constant",
-                    f"the scores are divided by sqrt(T) = sqrt({t}), the number of keys, instead of sqrt(d_head)",
+                    f"the scores are divided by sqrt(T) = sqrt({t}), the sequence's length (its number of queries "
+                    "and of keys), instead of sqrt(d_head)",
                     where=scale_where,
                     fix="divide by sqrt(d_head) (the size of k's last axis, not of its key axis)",
                     compute=m(scale=1.0 / math.sqrt(t)),
@@ -1580,6 +1588,18 @@ def _sampling_probs(args, kwargs, style):
                 compute=s(k_delta=-1),
             ),
         ]
+        v = lg.shape[-1]
+        if 0 < int(k) < v:  # k = 1 keeps every token, as top-k skipped: both fit there, and the line says both
+            out.append(
+                Variant(
+                    "knob:top_k",
+                    f"top-k's threshold is the k-th smallest logit, not the k-th largest (kthvalue(k) or "
+                    f"topk(k, largest=False)): it keeps V - k + 1 = {v - int(k) + 1} tokens, not k",
+                    where="the top-k cut",
+                    fix="threshold at the k-th largest logit: logits.topk(k).values[..., -1:] (or kthvalue(V - k + 1))",
+                    compute=lambda: _sampling(lg, t, v - int(k) + 1, tp),
+                )
+            )
     return s(), out
 
 
