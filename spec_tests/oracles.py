@@ -160,6 +160,9 @@ def evaluate_teacher(
     ``"edge_padded"`` (the last batch filled up to ``batch_size`` with copies of its last window, which are scored
     and counted), ``"unshifted"`` (each window's tokens scored as their own targets),
     ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label),
+    ``"windows_count"`` and ``"batches_count"`` (the total NLL divided by the number of windows, or of batches),
+    ``"tail_right_aligned"`` (the short last window made full length, ending at the last token, every target of it
+    scored: the tokens it shares with the window before count twice),
     ``"pad_target"`` and ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its
     first padded target, or every one, scored as a prediction of token 0: a loss mask one too long, or none).
     """
@@ -212,6 +215,20 @@ def evaluate_teacher(
         copies = -len(spans) % batch_size
         total = torch.cat(nll).sum() + copies * nll[-1].sum()
         loss = float(total / (len(data) - 1 + copies * len(nll[-1])))
+    elif reduction == "windows_count":  # the total divided by the number of windows (len() of a [windows, T] batch)
+        loss = float(torch.cat(nll).sum() / len(spans))
+    elif reduction == "batches_count":  # the total divided by the number of batches
+        loss = float(torch.cat(nll).sum() / math.ceil(len(spans) / batch_size))
+    elif reduction == "tail_right_aligned" and len(spans) > 1 and spans[-1][1] < context_length:
+        # the short last window made full length, ending at the last token: it overlaps the one before, and every
+        # one of its targets is scored, so the overlapped tokens count twice
+        end = len(data) - 1
+        x = data[end - context_length : end][None].long().to(device)
+        y = data[end - context_length + 1 : end + 1].long()
+        logits = impl.forward(model, x)[0].detach().double().cpu()
+        tail = -torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0]
+        scored = torch.cat([*nll[:-1], tail])
+        loss = float(scored.mean())
     elif reduction in ("chunks", "pad_target", "pad_targets"):
         loss = float(torch.cat(nll).mean())
     else:

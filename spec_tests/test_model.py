@@ -45,6 +45,59 @@ def test_canonical_state_dict_roundtrip(spec, config):
     spec.close({k: got[k] for k in sd}, sd, tol=EXACT, behaviour="weights come back exactly as they were loaded")
 
 
+FRESH = {  # (config, features it needs): every family tied and untied, and GQA in both
+    "llama_gqa_tied": (lambda: models.LLAMA_GQA, ("gqa", "tied_head")),
+    "llama_untied": (lambda: models.LLAMA_MHA, ("untied_head",)),
+    "gpt2_tied": (lambda: models.GPT2, ("tied_head",)),
+    "gpt2_untied": (lambda: dict(models.GPT2, tie_embeddings=False), ("untied_head",)),
+    "gpt2_gqa": (lambda: dict(models.GPT2, n_kv_heads=2), ("gqa",)),
+}
+
+
+@judges("build_model", uses=("forward", "canonical_state_dict"))
+@pytest.mark.bug_class("init", "tied_weights")
+@pytest.mark.parametrize("which", list(FRESH))
+def test_a_fresh_model_runs_and_gives_canonical_weights(spec, which):
+    """build_model(config) without a state_dict initialises a model (protocol: build_model, None -> initialise) that
+    forward runs on [B, T] ids, giving [B, T, V] logits, whose canonical_state_dict holds exactly the canonical names
+    and shapes, and which a model built from those weights reproduces (protocol: canonical_state_dict). The other
+    tests build from given weights; a weight made in another shape at initialisation (a head allocated [in, out], a
+    fused bias sized for MHA under GQA) shows only here. Every family, tied and untied, and GQA in both."""
+    base, need = FRESH[which]
+    config = models.supported(spec.impl, base(), need=need)
+    ids = ids_for(spec, config, seed=15)
+    model = spec.impl.build(config, None, seed=0)
+    logits = spec.impl.forward(model, ids)
+    want = (*ids.shape, config["vocab_size"])
+    spec.require(
+        tuple(logits.shape) == want,
+        behaviour=f"forward on a fresh model gives logits [B, T, V] = {list(want)}",
+        found=f"logits {list(logits.shape)}",
+        codes=("shape",),
+    )
+    sd = spec.impl.canonical_state_dict(model)
+    shapes = {k: tuple(v.shape) for k, v in models.random_state_dict(config, seed=16, device=spec.device).items()}
+    spec.require(
+        sorted(sd) == sorted(shapes),
+        behaviour="a fresh model's canonical_state_dict uses exactly the canonical names",
+        found=f"missing {sorted(set(shapes) - set(sd))}, unexpected {sorted(set(sd) - set(shapes))}",
+    )
+    wrong = {k: (tuple(sd[k].shape), s) for k, s in shapes.items() if tuple(sd[k].shape) != s}
+    spec.require(
+        not wrong,
+        behaviour="a fresh model's canonical weights have the canonical shapes",
+        found=", ".join(f"{k} {list(got)} (expected {list(s)})" for k, (got, s) in wrong.items()),
+        codes=("shape",),
+    )
+    spec.close(
+        spec.impl.forward(models.build(spec.impl, config, sd), ids),
+        logits,
+        kind="model",
+        axes="b t v",
+        behaviour="a model built from a fresh model's canonical weights computes its logits",
+    )
+
+
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("layout", "attention_scale", "norm_placement", "rope", "gqa", "swiglu")
 def test_logits_match_reference(spec, config, dtype):

@@ -459,6 +459,54 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     )
 
 
+# Protocol v2's config options at values that change the computation (amendments 22 to 27); a model with every one
+# its implementation declares is trained in test_train_step_with_the_declared_options.
+OPTION_VALUES = {
+    "qkv_bias": True,
+    "qk_norm": True,
+    "attn_logit_softcap": 1.2,
+    "final_logit_softcap": 1.5,
+    "norm_offset": True,
+    "embed_scale": True,
+    "geglu": True,
+    "post_norms": True,
+    "sliding_window": 5,
+}
+
+
+@judges("train_step", uses=("build_model", "canonical_state_dict"))
+@pytest.mark.bug_class("training")
+def test_train_step_with_the_declared_options(spec, family):
+    """train_step's losses and weights over two AdamW steps equal the reference's on a model with every protocol-v2
+    option the implementation declares (soft-caps, q/k norms, q/k/v biases, norm offsets, the embedding scale, GEGLU,
+    post-norms, a sliding window; protocol: train_step, amendments 22 to 27): each option's backward pass is its
+    forward's gradient, and none of them stops a step (an in-place op on a tensor autograd saved raises only here).
+    The other training tests use v1 models."""
+    from .protocol import V2_CONFIG_DEFAULTS
+
+    options = {
+        key: value
+        for key, value in OPTION_VALUES.items()
+        if V2_CONFIG_DEFAULTS[key][0] in spec.impl.capabilities and (family == "llama" or V2_CONFIG_DEFAULTS[key][2])
+    }
+    if not options:
+        pytest.skip(f"the implementation declares no protocol-v2 option of the {family} family")
+    config = models.family_config(spec.impl, family, **options)
+    sd = models.random_state_dict(config, seed=63, device=spec.device)
+    ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=64)
+    check_two_steps(
+        spec,
+        config,
+        sd,
+        ids[:, :-1],
+        ids[:, 1:],
+        "adamw",
+        1.0,
+        behaviour=f"two train_steps with adamw (max_grad_norm=1.0) on a model with {sorted(options)}: returned losses "
+        "and new weights",
+    )
+
+
 def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behaviour: str, variants=()) -> None:
     """``spec.check`` of two train_steps on ``(x, y)`` against the reference's, rebased on the implementation's own
     model where its forward, loading or export fails (``steps_on_own_model``)."""
@@ -882,6 +930,23 @@ EVAL_TOKENS = 61  # 60 predictions: 5 windows of 11 + one of 5
 CONFIRM = (47, 6, 3)
 
 
+def divisor_note(got: dict, want: dict, n_tokens: int) -> str | None:
+    """Where evaluate's loss is the model's total NLL divided by a whole number other than the predicted tokens, a
+    note saying which number (measured: the total over the loss); None otherwise. A note: shown where no variant of
+    the test fits."""
+    predicted, loss = n_tokens - 1, got.get("loss") if isinstance(got, dict) else None
+    if not isinstance(loss, float) or not math.isfinite(loss) or loss <= 0:
+        return None
+    divisor = want["loss"] * predicted / loss
+    whole = round(divisor)
+    if whole < 1 or whole == predicted or abs(divisor - whole) > 1e-6 * divisor:
+        return None
+    return (
+        f"note: your loss times {whole} is the model's total NLL over the {predicted} predicted tokens: evaluate "
+        f"divides the total by {whole}, not by {predicted} (see what that count counts)"
+    )
+
+
 @judges("evaluate", uses=("build_model", "forward"))
 @pytest.mark.bug_class("evaluation")
 @pytest.mark.parametrize(
@@ -991,6 +1056,24 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "score each window once: leave a short last batch short, or mask out whatever fills it up",
             teacher("edge_padded"),
         ),
+        *(
+            Variant(
+                "knob:loss_reduction",
+                f"the total NLL is divided by the number of {what} (len() of a batch counts its rows), not by the "
+                "predicted tokens",
+                "divide by the number of predicted tokens (len(data) - 1: every target of every window, y.numel())",
+                teacher(reduction),
+            )
+            for reduction, what in (("windows_count", "windows"), ("batches_count", "batches"))
+        ),
+        Variant(
+            "knob:data_windows",
+            "the short last window is made full length, ending at the last token: it overlaps the window before, and "
+            "the tokens they share are scored twice",
+            "keep the last window short (the tokens after the last full window, each predicted once), or score only "
+            "its new targets",
+            teacher("tail_right_aligned"),
+        ),
         Variant(
             "knob:data_windows",
             "the windows are context_length + 1 tokens apart (the data cut into chunks of inputs and targets), so "
@@ -1048,7 +1131,9 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     # what else is in the batch, or on the padding after a short window, makes any batching differ from the teacher's
     why = "fails its own tests, so the model's loss on a window may depend on how evaluate batches and pads the windows"
     with spec.unless_failing(("forward", "build_model"), behaviour, why):
-        spec.close(got, want, kind="model", variants=variants, behaviour=behaviour)
+        spec.close(
+            got, want, kind="model", variants=variants, behaviour=behaviour, hint=divisor_note(got, want, n_tokens)
+        )
     spec.require(
         math.isclose(got["perplexity"], math.exp(got["loss"]), rel_tol=1e-12),
         behaviour="perplexity = exp(loss)",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .bug import Bug
-from .model_components import CACHE, EVALUATION, FORWARD, GENERATION
+from .model_components import CACHE, EVALUATION, FORWARD, GENERATION, TRAINING
 
 FIX = "cap * tanh(x / cap): on the attention scores after the 1/sqrt(d) scaling, before the mask, and on the logits"
 ATTENTION = ("scaled_dot_product_attention", "multihead_self_attention", *FORWARD, *CACHE, *GENERATION)
@@ -15,6 +15,18 @@ _CAP = (
 _MASK = '    if mask is not None:\n        scores = scores.masked_fill(~mask.to(torch.bool), float("-inf"))\n'
 
 BUGS = (
+    Bug(
+        "final_softcap_in_place",
+        "training",
+        TRAINING,
+        "model.py",
+        old="            return cap * torch.tanh(linear(self.final_norm(x), self.lm_head.weight) / cap)",
+        new="            return torch.tanh(linear(self.final_norm(x), self.lm_head.weight) / cap).mul_(cap)",
+        explanation="the final soft-cap multiplies tanh's output in place: the same logits, but autograd saved that "
+        "output for tanh's gradient, so every backward pass through a capped model raises",
+        fix="cap * tanh(logits / cap) out of place",
+        code="crash",
+    ),
     Bug(
         "softcap_after_mask",
         "logit_softcap",

@@ -134,6 +134,24 @@ BUGS = (
         code="knob:tying",
     ),
     Bug(
+        "fresh_head_allocated_in_out",
+        "init",
+        (*MODEL, *INIT),
+        "model.py",
+        old="""        else:
+            p.normal_(0.0, 0.02)
+    for module in model.modules():""",
+        new="""        elif name == "lm_head.weight":  # allocated [in, out], as a matmul x @ w would want it
+            p.data = p.new_empty(p.shape[::-1]).normal_(0.0, 0.02)
+        else:
+            p.normal_(0.0, 0.02)
+    for module in model.modules():""",
+        explanation="a freshly initialised untied head is allocated [d_model, V] ([in, out]) instead of nn.Linear's "
+        "[V, d_model]: a model built without a state_dict cannot run forward (one built from weights can)",
+        fix="initialise the head in place in its own shape: lm_head.weight.normal_(0.0, 0.02)",
+        code="shape",
+    ),
+    Bug(
         "untied_gpt2_head_loaded_from_embedding",
         "tied_weights",
         MODEL,
