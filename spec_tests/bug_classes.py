@@ -21,7 +21,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "causality": ("no causal mask: the model sees the future", (ATTENTION, MODEL, CACHE)),
     "causal_mask": ("causal mask aligned top-left instead of bottom-right", (ATTENTION, CACHE, MODEL)),
     "attention_scale": ("scores not scaled by 1/sqrt(d_head)", (ATTENTION,)),
-    "stability": ("exp of a large number: no max subtraction", (PRIMITIVES, LOSSES, ATTENTION)),
+    "stability": ("exp of a large number: no max subtraction", (PRIMITIVES, LOSSES, ATTENTION, SAMPLING)),
     "flash": ("online softmax bookkeeping", (ATTENTION,)),
     "gqa": ("grouped-query head sharing", (ATTENTION, MODEL, CACHE)),
     "rope": ("rotary embedding rotation or positions", (POSITIONS, ATTENTION, MODEL)),

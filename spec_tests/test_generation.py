@@ -60,14 +60,38 @@ def check_tokens(spec, actual, expected, *, behaviour: str, causes=(), codes=(),
             )
     if len(diff):
         b, t = diff[0].tolist()
+        stop = stop_token(actual.cpu(), expected.cpu())
         spec.require(
             False,
             behaviour=behaviour,
-            causes=causes,
-            codes=codes,
+            causes=causes or stop[:1],
+            codes=codes or stop[1:],
             found=f"first difference at sequence {b}, position {t}: expected token {int(expected[b, t])}, "
             f"got {int(actual[b, t])} ({len(diff)} tokens differ)",
         )
+
+
+def stop_token(actual: torch.Tensor, expected: torch.Tensor) -> tuple[str, ...]:
+    """``(cause, code)`` where every row that differs does so only by repeating, from its first difference to its
+    end, the token it generated (right) just before: generation stopped at that token and padded the row with it (an
+    end-of-sequence rule the protocol does not have); ``()`` otherwise."""
+    rows = sorted({int(b) for b in torch.nonzero(actual != expected)[:, 0]})
+    stops = set()
+    for b in rows:
+        t = int(torch.nonzero(actual[b] != expected[b])[0])
+        if t == 0 or actual.shape[-1] - t < 2 or not bool((actual[b, t - 1 :] == actual[b, t - 1]).all()):
+            return ()  # a stop shows as a run: the right token, then at least two copies of it where others belong
+        stops.add(int(actual[b, t - 1]))
+    if not rows or len(stops) != 1:
+        return ()
+    (token,) = stops
+    return (
+        f"likely cause: each row that differs repeats token {token} from the point it generated it (as the model's "
+        f"logits give it) to the end: generation stops at token {token} and pads with it (an end-of-sequence rule, "
+        f"eos_token_id = {token}, on by default). The protocol generates max_new_tokens tokens from the model's "
+        "logits, with no stop token. Fix: no stopping (or only when asked for, off by default)",
+        "knob:step_count",
+    )
 
 
 def greedy_tokens(spec, behaviour, model, prompt, n, *, teacher=None, **kw):

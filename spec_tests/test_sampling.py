@@ -57,6 +57,30 @@ def test_sampling_probs_match_reference(spec, kw):
 
 
 @judges("sampling_probs", "sample")
+@pytest.mark.bug_class("stability")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_logits_past_the_range_of_exp(spec, dtype):
+    """sampling_probs of logits whose scaled values lie far past exp's range (up to ~10^4 after a temperature of 0.3;
+    exp overflows past 88.7 in float32 and 709.8 in float64) is the specified finite distribution, and sample draws
+    valid ids from them (protocol: sampling_probs, sample; course notes: subtract the max before exp). Large logits
+    are ordinary: a confident model, a low temperature."""
+    logits = (batch_logits(spec, 33) * 600).to(dtype)
+    spec.call(
+        "sampling_probs",
+        logits,
+        temperature=0.3,
+        axes="b v",
+        behaviour=f"sampling_probs(logits [4, V] up to ~{float(logits.abs().max()):.0f}, temperature 0.3) in {dtype}",
+    )
+    ids = spec.impl.sample(logits, temperature=0.3, generator=spec.inputs.generator(3))
+    spec.require(
+        tuple(ids.shape) == (logits.shape[0],) and bool(((ids >= 0) & (ids < S.V)).all()),
+        behaviour="sample draws one valid id per row from such logits",
+        found=f"ids {ids.tolist()}",
+    )
+
+
+@judges("sampling_probs", "sample")
 @pytest.mark.parametrize("shape", [(S.V,), (2, 3, S.V)], ids=["[V]", "[B,T,V]"])
 def test_sampling_probs_any_leading_shape(spec, shape):
     """sampling_probs and sample work on logits [..., V] of any leading shape, filtering each row on its own, with the

@@ -639,7 +639,19 @@ def test_tiny_model_overfits_tiny_corpus(spec):
     config = models.family_config(spec.impl, spec.impl.families[0], vocab_size=10, dropout=0.0)
     model = spec.impl.build(config, None, dtype="float32", device=spec.device, seed=0, training=True)
     losses = spec.impl.train(model, CORPUS, steps=80, batch_size=8, context_length=16, lr=3e-3, seed=0)
-    spec.require(len(losses) == 80, behaviour="train returns one loss per step", found=f"{len(losses)} losses")
+    spec.require(
+        len(losses) == 80,
+        behaviour="train returns one loss per step",
+        found=f"{len(losses)} losses for steps=80",
+        causes=(
+            f"likely cause: train runs {'one step more' if len(losses) == 81 else 'one step fewer'} than steps (an "
+            "off-by-one in its loop: range(steps + 1), a <= where < belongs, or a step 0 beside steps 1..N; or the "
+            "last step left out). Fix: exactly steps optimisation steps, one loss each",
+        )
+        if len(losses) in (79, 81)
+        else (),
+        codes=("knob:step_count",) if len(losses) in (79, 81) else (),
+    )
     # Uniform guessing costs ln(10) = 2.30; the corpus is a fixed cycle, so after the first
     # 16-token period every next token is determined and the loss can approach 0.
     final = sum(losses[-5:]) / 5

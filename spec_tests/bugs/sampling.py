@@ -49,6 +49,30 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "sampling_softmax_without_max",
+        "stability",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    return softmax(scaled, dim=-1)\n",
+        new="    weights = scaled.exp()  # -inf logits give 0\n"
+        "    return weights / weights.sum(dim=-1, keepdim=True)\n",
+        explanation="sampling_probs normalises exp(logits / temperature) without subtracting each row's max: large "
+        "logits or a low temperature overflow to inf, and the distribution to NaN",
+        fix="subtract each row's max before exp (torch.softmax does)",
+        code="knob:max_subtraction",
+    ),
+    Bug(
+        "top_k_fills_zero",
+        "top_k",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old='    return logits.masked_fill(logits < kth, float("-inf"))',
+        new="    return logits.masked_fill(logits < kth, 0.0)",
+        explanation="top-k sets the logits it removes to 0, not -inf: they keep exp(0) weight in the softmax",
+        fix='masked_fill(logits < kth, float("-inf"))',
+        code="knob:top_k",
+    ),
+    Bug(
         "top_k_kth_smallest",
         "top_k",
         (*SAMPLING, *GENERATION),

@@ -280,6 +280,18 @@ BUGS = (
         code="knob:lr_schedule",
     ),
     Bug(
+        "train_one_step_more",
+        "training",
+        TRAINING,
+        "training.py",
+        old="        for _ in range(steps):",
+        new="        for _ in range(steps + 1):",
+        explanation="train runs steps + 1 optimisation steps (the loop counts from 0 to steps inclusive) and returns "
+        "a loss for each",
+        fix="for _ in range(steps): exactly steps steps",
+        code="knob:step_count",
+    ),
+    Bug(
         "train_returns_running_means",
         "training",
         TRAINING,

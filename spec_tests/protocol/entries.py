@@ -82,6 +82,9 @@ class Entry:
       (``harness/diagnosis/constant_fit.py``: ``"sdpa_scale"``, ``"flash_scale"``, ``"mha_scale"`` the
       attention scores' scale in each, ``"rope_rotation"``
       RoPE's rotation measured on unit vectors).
+    - ``shift_invariant``: its output is unchanged when a constant is added to each row of its first input (the
+      logits, along the last axis: a softmax's): an overflow there is measured by subtracting each row's max
+      (``harness/diagnosis/shifted.py``).
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
     """
@@ -108,6 +111,7 @@ class Entry:
     capability: str | None = None
     activation_fit: str | None = None
     constant_fit: str | None = None
+    shift_invariant: bool = False
     amended_keywords: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -182,6 +186,7 @@ ENTRIES: tuple[Entry, ...] = (
         precision_sample=lambda i, S, device: ((i.randn(S.B, S.T, S.V, seed=97, scale=3.0),), {"dim": -1}),
         knob_family="_softmax",
         any_leading_dims=True,
+        shift_invariant=True,
     ),
     Entry(
         "silu",
@@ -365,6 +370,7 @@ ENTRIES: tuple[Entry, ...] = (
         reference_only=_FUSED,
         knob_family="_cross_entropy",
         any_leading_dims=True,  # amendment 3: logits [..., V] with targets [...]
+        shift_invariant=True,
     ),
     Entry(
         "lm_loss",
@@ -377,6 +383,7 @@ ENTRIES: tuple[Entry, ...] = (
             {},
         ),
         knob_family="_lm_loss",
+        shift_invariant=True,
     ),
     Entry(
         "moe_load_balancing_loss",  # protocol v2 (moe, amendment 28): Mixtral's auxiliary loss for one layer
@@ -401,6 +408,7 @@ ENTRIES: tuple[Entry, ...] = (
         knob_family="_sampling_probs",
         any_leading_dims=True,  # logits [..., V]
         none_means=("top_k", "top_p"),
+        shift_invariant=True,
     ),
     Entry(
         "sample",
@@ -518,6 +526,7 @@ WINDOWED = frozenset(e.name for e in ENTRIES if e.windowed)
 ACTIVATION_FIT = {e.name: e.activation_fit for e in ENTRIES if e.activation_fit}
 CONSTANT_FIT = {e.name: e.constant_fit for e in ENTRIES if e.constant_fit}
 NAN_UNSPECIFIED = frozenset(e.name for e in ENTRIES if e.nan_rows_unspecified)
+SHIFT_INVARIANT = frozenset(e.name for e in ENTRIES if e.shift_invariant)
 # protocol v2: the names a capability brings, each with its capability (an implementation without it need not
 # define them)
 CAPABILITY_OF = {e.name: e.capability for e in ENTRIES if e.capability}

@@ -116,6 +116,7 @@ KNOBS = {
     "adamw_rule": "AdamW's update rule is wrong (no bias correction, decay coupled or unscaled, eps inside the sqrt)",
     "data_windows": "data is cut into the wrong windows (non-overlapping chunks, windows context_length + 1 apart)",
     "loss_units": "the loss is reported in another unit (bits: the NLL divided by ln 2) than the natural log's nats",
+    "step_count": "a loop runs one step more or fewer than it is asked for (steps, max_new_tokens)",
 }
 
 PREFIX_KNOB = "knob:"

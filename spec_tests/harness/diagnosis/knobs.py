@@ -1382,6 +1382,7 @@ def _sampling(
     k_delta=0,
     renorm=True,
     keep_least=False,
+    fill=-math.inf,
 ):
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(F64)
@@ -1409,6 +1410,8 @@ def _sampling(
         probs_all = torch.softmax(zk, -1)
         least = probs_all.masked_fill(~torch.isfinite(zk), math.inf).argmin(-1, keepdim=True)
         keep = keep.scatter(-1, least, True)
+    if fill != -math.inf:  # the filtered logits set to a finite value: they keep weight in the softmax
+        return torch.softmax(torch.where(torch.isfinite(zk) & keep, z, torch.full_like(z, fill)), -1)
     probs = torch.softmax(zk, -1) * keep
     return probs / probs.sum(-1, keepdim=True) if renorm else probs
 
@@ -1456,6 +1459,17 @@ def _sampling_probs(args, kwargs, style):
             compute=s(renorm=False),
         ),
     ]
+    if (k is not None and k < lg.shape[-1]) or (tp is not None and tp < 1):
+        out.append(
+            Variant(
+                "knob:sampling_order",
+                "the filtered logits are set to 0 instead of -inf (masked_fill(..., 0)): every removed token keeps "
+                "exp(0) weight in the softmax",
+                where="the top-k / top-p filters' fill value",
+                fix='masked_fill(removed, float("-inf")): a removed token gets probability 0',
+                compute=s(fill=0.0),
+            )
+        )
     skipped = [
         ("top-p", "top_p < 1", "top_k", lambda: _sampling(lg, t, k, None), tp is not None and tp < 1),
         ("top-k", "top_k is given", "top_p", lambda: _sampling(lg, t, None, tp), k is not None and k < lg.shape[-1]),

@@ -276,14 +276,16 @@ class Spec:
             from ..diagnosis import diagnose as run
             from ..diagnosis.variant import fitting_variants, variant_lines
 
-            if call is not None:  # each row alone right and the rows together not: every fit to this output is a
-                # coincidence of the batch (diagnosis/rows.py), so that is all the diagnosis says
+            if call is not None:  # each row alone right and the rows together not (diagnosis/rows.py), or the logits
+                # shifted by their max right (shifted.py): every fit to this output is a coincidence, so that is all
                 from ..diagnosis.rows import rows_alone
+                from ..diagnosis.shifted import shifted
 
                 raw = getattr(self.impl, "_subject", self.impl)
-                found = rows_alone(call[0], lambda *a: compute(raw, *a), args64, call[1], actual, expected, tol)
-                if found[0]:
-                    return found
+                for reading in (rows_alone, shifted):
+                    found = reading(call[0], lambda *a: compute(raw, *a), args64, call[1], actual, expected, tol)
+                    if found[0]:
+                        return found
             tried = list(variants)
             memo = f"{self.impl.label}::{self.test_id.split('[')[0]}"
             if model_knobs and reference is not None:
