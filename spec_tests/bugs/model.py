@@ -344,7 +344,7 @@ BUGS = (
         "generation.py",
         old="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)\n",
         new="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)\n"
-        "            next_id = torch.where(ids[:, -1] == logits.shape[-1] - 1, ids[:, -1], next_id)  # end of sequence\n",
+        "            next_id = torch.where(ids[:, -1] == logits.shape[-1] - 1, ids[:, -1], next_id)  # an eos\n",
         explanation="generate treats the last id of the vocabulary as an end-of-sequence token: once a row generates "
         "it, every later token of that row is that id",
         fix="generate max_new_tokens tokens from the model's logits, with no stop token",
