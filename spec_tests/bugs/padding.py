@@ -9,6 +9,18 @@ PADDED = GENERATION + FORWARD + CACHE
 
 BUGS = (
     Bug(
+        "padding_mask_kept_integer",
+        "padding",
+        PADDED,
+        "padding.py",
+        old="    real = mask.to(torch.bool)\n",
+        new="    real = mask\n",
+        explanation="the padding mask keeps the caller's dtype: an integer 0/1 mask reaches masked_fill and the "
+        "bitwise ~, which need bool (a bool mask runs)",
+        fix="real = attention_mask.to(torch.bool): the protocol takes a mask of any integer or bool dtype",
+        code="crash",
+    ),
+    Bug(
         "positions_from_padded_start",
         "padding",
         PADDED,

@@ -10,6 +10,18 @@ FIX = "in a sliding layer query i attends the keys j with i - W < j <= i (W keys
 
 BUGS = (
     Bug(
+        "window_mask_python_and",
+        "sliding_window",
+        ("causal_mask", MHA, *FORWARD, *CACHE, *GENERATION),
+        "attention.py",
+        old="        return (k_pos <= q_pos) & (q_pos - k_pos < window)",
+        new="        return (k_pos <= q_pos) and (q_pos - k_pos < window)",
+        explanation="the causal and window conditions are combined with Python's and, which takes the truth value "
+        "of a tensor of several values: every windowed mask raises",
+        fix="combine the two boolean tensors elementwise: (k_pos <= q_pos) & (q_pos - k_pos < window)",
+        code="crash",
+    ),
+    Bug(
         "sliding_window_off_by_one",
         "sliding_window",
         ("causal_mask", MHA, *FORWARD, *CACHE, *GENERATION),

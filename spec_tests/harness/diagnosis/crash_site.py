@@ -264,6 +264,15 @@ def _message_reading(name: str, site: dict, entries: dict, read: list[str]) -> t
             f"likely cause: {name} loads the weights strictly (`{source}` at {where}) and the model expects keys the "
             f"weights lack ({shown}): {what} (evidence: the message lists the missing keys)"
         ], ["crash_state_dict_keys"]
+    ambiguous = "Boolean value of Tensor with more than one value is ambiguous" in message
+    truth = re.search(r"\b(and|or|not)\b|^(?:el)?if\b|^while\b|\bif\b.+\belse\b", source)
+    if ambiguous and truth:
+        return [
+            f"likely cause: {name} takes the truth value of a tensor of several values in Python (`{source}` at "
+            f"{where}): Python's and / or / not, an if or a while on a tensor need one True or False; fix: combine "
+            "tensors elementwise (&, |, ~, torch.logical_and) and branch with torch.where, or reduce first (.any(), "
+            ".all()) where one answer is meant (evidence: the message, at a line that takes a truth value)"
+        ], ["crash"]
     if "meta tensors" in message or "on meta" in message:
         meta = [n for n in read if n in entries and "on meta" in (entries[n].get("text") or "")]
         if len(meta) == 1:

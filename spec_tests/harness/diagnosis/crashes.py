@@ -549,14 +549,19 @@ def _integer_dtype_probes(args, kwargs) -> list[Probe]:
 
 
 def _bool_mask_probes(name, args, kwargs) -> list[Probe]:
-    """A bool ``attention_mask`` given as the same 0/1 values in int64: the protocol takes any integer or bool dtype
-    (amendment 23), and arithmetic such as a subtraction raises on bool tensors."""
+    """A bool ``attention_mask`` given as the same 0/1 values in int64, and an integer one as bool: the protocol takes
+    any integer or bool dtype (amendment 23); arithmetic such as a subtraction raises on bool tensors, and a
+    ``masked_fill`` or ``~`` needs a bool one."""
     mask = kwargs.get("attention_mask")
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+    if not isinstance(mask, torch.Tensor) or mask.is_floating_point():
         return []
     note = "; the protocol takes a mask of any integer or bool dtype (amendment 23)"
-    as_int = {**kwargs, "attention_mask": mask.long()}
-    return [Probe("a bool attention_mask", "the same 0/1 values as int64", args, as_int, note)]
+    if mask.dtype == torch.bool:
+        as_int = {**kwargs, "attention_mask": mask.long()}
+        return [Probe("a bool attention_mask", "the same 0/1 values as int64", args, as_int, note)]
+    kind = str(mask.dtype).removeprefix("torch.")
+    as_bool = {**kwargs, "attention_mask": mask.bool()}
+    return [Probe(f"an {kind} attention_mask", "the same 0/1 values as bool", args, as_bool, note)]
 
 
 def _numpy_probes(args, kwargs) -> list[Probe]:
@@ -1404,6 +1409,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _speed_only_probes(name, args, kwargs)
         + _flag_probes(name, args, kwargs)
         + _int_as_float_probes(name, args, kwargs)
+        + _bool_mask_probes(name, args, kwargs)
         + (boundary if cached else [])
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
@@ -1437,7 +1443,6 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _numpy_probes(args, kwargs)
         + _tensor_data_probes(name, args, kwargs)
         + _integer_dtype_probes(args, kwargs)
-        + _bool_mask_probes(name, args, kwargs)
     )
     return found[:MAX_TRIES]
 
