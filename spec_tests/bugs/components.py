@@ -88,6 +88,18 @@ BUGS = (
         fix="use exponents 2i/d_head for i < d_head/2, i.e. torch.arange(0, d_head, 2) / d_head",
     ),
     Bug(
+        "rope_frequencies_inverted",
+        "rope_frequency",
+        ("rope", "multihead_self_attention", *MODEL),
+        "positions.py",
+        old="    return theta ** (-exponents)",
+        new="    return theta**exponents",
+        explanation="RoPE's frequencies are theta ** (+2i / d_head): the reciprocal of the inverse frequencies (the "
+        "1 / dropped), so every pair but the first turns far too fast",
+        fix="inverse frequencies theta ** (-2i / d_head)",
+        code="knob:rope_base",
+    ),
+    Bug(
         "rope_rotation_reversed",
         "rope",
         ("rope", "multihead_self_attention", *MODEL),

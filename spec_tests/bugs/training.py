@@ -17,7 +17,9 @@ EVALUATE_LOOP = """    total = torch.zeros((), dtype=torch.float64)
                 total += token_nll(model(x), y).sum().double().cpu()
     loss = (total / n_pred).item()"""
 
-# train's AdamW written by hand, for the bugs in its update: {moment} and {update} are each bug's own lines
+# train's AdamW written by hand, for the bugs in its update: {moment} and {update} are each bug's own lines, {state}
+# its state's creation (FRESH_STATE where the bug is elsewhere)
+FRESH_STATE = 's.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))'
 _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
         def __init__(self, params, lr):
             super().__init__(params, dict(lr=lr))
@@ -30,7 +32,7 @@ _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW writte
                         continue
                     s = self.state[p]
                     if not s:
-                        s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                        {state}
                     s["t"] += 1
                     {moment}
                     s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
@@ -362,6 +364,7 @@ BUGS = (
         "training.py",
         old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
         new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
             moment='s["m"].lerp_(p.grad, 0.9)  # the bug: lerp_(g, beta1) for lerp_(g, 1 - beta1)',
             update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
         ),
@@ -372,12 +375,30 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_moments_shared",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state='s.update(t=0, m=torch.zeros_like(p)); s["v"] = s["m"]  # the bug: one tensor for both moments',
+            moment='s["m"].lerp_(p.grad, 0.1)',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
+        ),
+        explanation="train's AdamW keeps its two moments in one tensor (v is m): both updates act on it, v goes "
+        "negative and the step turns NaN",
+        fix="a zero tensor of its own for each moment of each parameter",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_lamb_trust_ratio",
         "training",
         TRAINING,
         "training.py",
         old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
         new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
             moment='s["m"].lerp_(p.grad, 0.1)',
             update="step = m_hat / (v_hat.sqrt() + 1e-8) + 0.01 * p  # the bug: LAMB's trust ratio\n"
             + " " * 20

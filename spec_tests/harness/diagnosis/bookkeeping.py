@@ -64,6 +64,12 @@ ADAMW_RULES = {
         "names, named_parameters(remove_duplicate=False)), so its moments and step count advance twice",
         "give the optimizer each parameter once: model.parameters(), or named_parameters() (which drops duplicates)",
     ),
+    "shared_moments": (
+        "AdamW's first and second moments are one tensor (v made as a shallow copy of m, v = m.copy() of a list, or "
+        "one zeros tensor given to both): each step's two updates act on it, so v is no average of squared "
+        "gradients, goes negative, and its square root is NaN",
+        "give each parameter its own two zero tensors: m = [zeros_like(p) for p], v = [zeros_like(p) for p]",
+    ),
     "no_sqrt_in_step_size": (
         "AdamW's step size takes the second bias correction without its square root (lr * (1 - beta2**t) / (1 - "
         "beta1**t) instead of lr * sqrt(1 - beta2**t) / (1 - beta1**t)), so the early steps are far too small",
@@ -108,7 +114,8 @@ class AdamWRule(torch.optim.Optimizer):
                 g = p.grad + wd * p if self.rule == "coupled_decay" else p.grad
                 state = self.state[p]
                 if not state:
-                    state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    m0 = torch.zeros_like(p)
+                    state.update(t=0, m=m0, v=m0 if self.rule == "shared_moments" else torch.zeros_like(p))
                 state["t"] += 1
                 t, m, v = state["t"], state["m"], state["v"]
                 if self.rule == "moment_weights_swapped":

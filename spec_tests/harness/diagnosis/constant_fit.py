@@ -185,6 +185,13 @@ def _frequency_reading(freqs: torch.Tensor, theta: float, d: int) -> str:
     """What the measured frequencies are, where a reader may recognise them."""
     half = d // 2
     i = torch.arange(half, dtype=torch.float64)
+    turn = lambda t: torch.remainder(t + math.pi, 2 * math.pi) - math.pi  # measured angles are taken in (-pi, pi]
+    if half > 1 and theta > 1 and (turn(theta ** (2 * i / d) - freqs)).abs().max() < 1e-6:
+        return (
+            "theta ** (+2i / d_head) (the angles shown modulo 2 pi: pair 1 turns by "
+            f"{theta ** (2 / d):.4g} radians per position): the reciprocal of the specified theta ** (-2i / d_head), "
+            "the 1 / of the inverse frequencies dropped, or p * f where p / f belongs"
+        )
     if (freqs <= 0).any() or theta <= 1:
         return f"per-position angles {_said(freqs)}"
     exponents = -torch.log(freqs) / math.log(theta)
