@@ -19,7 +19,7 @@ EVALUATE_LOOP = """    total = torch.zeros((), dtype=torch.float64)
 
 # train's AdamW written by hand, for the bugs in its update: {moment} and {update} are each bug's own lines, {state}
 # its state's creation (FRESH_STATE where the bug is elsewhere)
-FRESH_STATE = 's.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))'
+FRESH_STATE = "s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))"
 _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW written out (decay 0.01, betas 0.9 and 0.999)
         def __init__(self, params, lr):
             super().__init__(params, dict(lr=lr))
