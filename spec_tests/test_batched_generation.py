@@ -7,6 +7,7 @@ the uncached one), whatever the padding and whatever token ids fill it.
 """
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.component("generation")
 
 T = 9
 PADS = (0, 2, 5)  # one unpadded row, so a mistake that shows only with padding is told from a wrong model
+PADS_AGAIN = (2, 2, 5)  # confirms a variant: the first row padded, no row with real tokens where it has padding
 NEW = 5
 
 
@@ -82,32 +84,65 @@ def padded_rows_hint(actual, expected, pads, t=T) -> tuple[str | None, str]:
     ), "~knob:position_offset"
 
 
-def reference_variants(spec, cfg, sd, ids, mask, pads, pick):
-    """The specified batch with one knob turned, computed by the reference: ``pick(ref, model, **kw)``."""
+def reference_variants(spec, cfg, sd, ids, mask, pads, pick, again=None):
+    """The specified batch with one knob turned, computed by the reference: ``pick(ref, model, ids, **kw)``.
+
+    ``again = (ids2, mask2, pads2, actual2)``: a second batch padded otherwise and ``actual2()``, the implementation's
+    real parts on it; a variant is then said only where it gives those too (with an unpadded first row, padding keys
+    left unmasked and every row masked as the first coincide: the second batch's first row is padded)."""
     ref = reference_subject(spec.impl.rope_style)
     model = models.build(ref, cfg, sd)
-    start = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape)
-    return [
-        Variant(
-            "knob:position_offset",
-            "positions are counted from the padded start (column index), not from each row's first real token",
-            "positions = cumsum(attention_mask) - 1 per row (HF: position_ids from the mask)",
-            lambda: real_parts(pick(ref, model, attention_mask=mask, positions=start), pads),
-        ),
-        Variant(
-            "knob:position_offset",
-            "positions count each row's real tokens from 1 (cumsum(attention_mask) without the - 1)",
-            "positions = cumsum(attention_mask) - 1 per row: a row's first real token is at position 0",
-            lambda: real_parts(pick(ref, model, attention_mask=mask, positions=mask.cumsum(-1)), pads),
-        ),
-        Variant(
-            "mask",
-            "padding keys are not masked: real tokens attend the padding (or the mask is applied to the queries, "
-            "rows of the scores, instead of the keys)",
-            "mask every key whose attention_mask is 0, for every query (the mask is over keys: columns)",
-            lambda: real_parts(pick(ref, model, positions=padded_positions(mask)), pads),
-        ),
-    ]
+
+    def knobs(ids, mask, pads):
+        start = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape)
+        return [
+            Variant(
+                "knob:position_offset",
+                "positions are counted from the padded start (column index), not from each row's first real token",
+                "positions = cumsum(attention_mask) - 1 per row (HF: position_ids from the mask)",
+                lambda: real_parts(pick(ref, model, ids, attention_mask=mask, positions=start), pads),
+            ),
+            Variant(
+                "knob:position_offset",
+                "positions count each row's real tokens from 1 (cumsum(attention_mask) without the - 1)",
+                "positions = cumsum(attention_mask) - 1 per row: a row's first real token is at position 0",
+                lambda: real_parts(pick(ref, model, ids, attention_mask=mask, positions=mask.cumsum(-1)), pads),
+            ),
+            Variant(
+                "mask",
+                "padding keys are not masked: real tokens attend the padding (or the mask is applied to the queries, "
+                "rows of the scores, instead of the keys)",
+                "mask every key whose attention_mask is 0, for every query (the mask is over keys: columns)",
+                lambda: real_parts(pick(ref, model, ids, positions=padded_positions(mask)), pads),
+            ),
+            Variant(
+                "batch_mixing",
+                "every row is masked with the first row's attention_mask (a mask built from row 0, or broadcast from "
+                "a batch of one), while positions follow each row's own",
+                "mask each row's keys by its own attention_mask row: [B, T] -> [B, 1, 1, T]",
+                lambda: real_parts(
+                    pick(ref, model, ids, attention_mask=mask[:1].expand_as(mask), positions=padded_positions(mask)),
+                    pads,
+                ),
+            ),
+        ]
+
+    found = knobs(ids, mask, pads)
+    if again is None:
+        return found
+    ids2, mask2, pads2, actual2 = again
+    tol = tolerance("model", device=spec.device)
+
+    def confirmed(first, second):
+        def compute():
+            out = first.compute()
+            if mismatch(actual2(), second.compute(), tol) is not None:
+                raise ValueError("it does not give the second batch")  # fitting_variants skips it
+            return out
+
+        return replace(first, compute=compute)
+
+    return [confirmed(a, b) for a, b in zip(found, knobs(ids2, mask2, pads2), strict=True)]
 
 
 @judges("forward", uses=("build_model",))
@@ -123,6 +158,9 @@ def test_padded_forward_rows_equal_each_row_alone(spec, config):
     alone = [spec.impl.forward(model, ids[b : b + 1, p:])[0] for b, p in enumerate(PADS)]
     actual, expected = real_parts(batched, PADS), torch.cat(alone, dim=0)
     hint, hint_code = padded_rows_hint(actual, expected, PADS)
+    ids2, mask2 = left_padded(spec, config, PADS_AGAIN, seed=252)
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    actual2 = functools.cache(lambda: real_parts(raw.forward(model, ids2, attention_mask=mask2), PADS_AGAIN))
     spec.close(
         actual,
         expected,
@@ -132,7 +170,14 @@ def test_padded_forward_rows_equal_each_row_alone(spec, config):
         kind="model",
         axes="t v",
         variants=reference_variants(
-            spec, config, sd, ids, mask, PADS, lambda m, model, **kw: m.forward(model, ids, **kw)
+            spec,
+            config,
+            sd,
+            ids,
+            mask,
+            PADS,
+            lambda m, model, ids, **kw: m.forward(model, ids, **kw),
+            again=(ids2, mask2, PADS_AGAIN, actual2),
         ),
         behaviour=f"forward(attention_mask) with left padding {PADS}: each row's real-token logits equal the row alone",
     )
@@ -171,7 +216,7 @@ def test_padded_cache_holds_each_row_alone(spec, config):
         kind="model",
         axes="t h d",
         variants=reference_variants(
-            spec, config, sd, ids, mask, PADS, lambda m, model, **kw: time_first(cached(m, model, ids, **kw))
+            spec, config, sd, ids, mask, PADS, lambda m, model, ids, **kw: time_first(cached(m, model, ids, **kw))
         ),
         behaviour=f"cache_kv after a prefill with left padding {PADS}: keys and values of each row's real tokens "
         "(layers 0 and last) equal those of the row alone",
