@@ -127,6 +127,16 @@ class Ledger:
             probes.append(probe_type(f"a model with {option}={config[option]!r}",
                                      f"the same model with {option}={default!r}", args, kwargs, note, "crash",
                                      make=make, controls=((control, False),)))  # fmt: skip
+        if state is None:  # a fresh model: built again from canonical weights (the reference's initialisation)
+            loaded = self._loaded_maker(model, config, options, args, kwargs)
+            if loaded is not None:
+                note = (
+                    "; so look at how build_model initialises a model when no state_dict is given (a weight made in "
+                    "another shape or dtype, or one left unset)"
+                )
+                probes.append(probe_type("a freshly initialised model (build_model without a state_dict)",
+                                         "the same config built from canonical weights", args, kwargs, note, "crash",
+                                         make=loaded))  # fmt: skip
         other = _other_family(config, getattr(self.subject, "families", ()))
         if other is not None:
             failing, working, new_config, same = other
@@ -136,6 +146,19 @@ class Ledger:
             controls = tuple((self._maker(model, c, None, None, fresh, args, kwargs), False) for c in same)
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
         return fill + probes
+
+    def _loaded_maker(self, model, config, options, args, kwargs) -> Callable | None:
+        """A maker of the call's arguments with ``model`` (freshly initialised) replaced by the same config built from
+        the reference's canonical weights for it, made with the same build options; None where the reference cannot
+        build the config."""
+        from ..subject.subject import reference_subject
+
+        try:
+            ref = reference_subject("interleaved")
+            weights = ref.canonical_state_dict(ref.build(config, None, **{**options, "seed": 0}))
+        except Exception:  # noqa: BLE001 - a config the reference rejects: nothing to load
+            return None
+        return self._maker(model, config, weights, dict, options, args, kwargs)
 
     def sized_probes(self, name: str, args: tuple, kwargs: dict, probe_type) -> list:
         """A fallback where nothing specific runs: the one model among the call's arguments built fresh at each other
