@@ -340,6 +340,23 @@ def test_summary_traces_consequences_through_names_that_failed_only_as_consequen
     assert not any("forward" in line for line in causes)
 
 
+def test_a_root_failing_only_beside_another_name_hands_its_consequences_to_it():
+    """A test of sampling_probs and sample charged to sampling_probs: generate's consequences of "sample" are traced to
+    sampling_probs (held-out batch 39 listed "sample: 2 other failure(s)" with no failure of its own)."""
+    from spec_tests.harness.judging.results import TestVerdict
+    from spec_tests.harness.plugin.terminal import summary_lines
+
+    verdicts = [
+        TestVerdict("t_probs", "sampling", ["sampling_probs"], "failed", [], "wrong"),
+        TestVerdict("t_shape", "sampling", ["sampling_probs", "sample"], "failed", [], "wrong"),
+        TestVerdict("t_gen", "generation", ["generate"], "consequence", ["sample"], "consequence of failing sample"),
+    ]
+    lines = summary_lines("x", verdicts, {"sampling_probs": ["t_probs", "t_shape"]})
+    causes = lines[lines.index("root causes, fix these first:") + 1 :]
+    assert causes[0] == "  sampling_probs: 2 failing test(s) of its own; 1 other failure(s) trace back to it", lines
+    assert not any(line.startswith("  sample:") for line in causes), lines
+
+
 def test_tests_downstream_of_an_expected_failure_are_judged_as_usual(pytester, suite):
     """An expected failure is a declared divergence, not a failing function: a test downstream of it
     that fails is a failure to declare too, never a consequence that fails the run unannounced."""

@@ -118,9 +118,19 @@ def summary_lines(label: str, verdicts: list, registry_failing: dict | None = No
                 maybe.setdefault(name, set()).update(v.maybe_roots)
             else:
                 confident.add(name)
+    # a root named only as one subject of a failing test charged to another subject (sample beside sampling_probs in
+    # a test of both) hands its consequences to the names that test is charged to: it fails nothing of its own
+    handed: dict[str, list[str]] = {}
+    for v in verdicts:
+        names = charged.get(v.test) or []
+        if settled[v.test].status in REAL_FAILURES and names:
+            for s in v.subjects:
+                if s not in names:
+                    handed.setdefault(s, []).extend(n for n in names if n not in handed.get(s, []))
     for v in verdicts:
         for root in settled[v.test].roots:
-            consequences.setdefault(root, []).append(v.test)
+            for name in handed.get(root, [root]) if root not in own_failures else [root]:
+                consequences.setdefault(name, []).append(v.test)
     roots = [n for n in own_failures if n in confident or not (maybe.get(n, set()) & set(own_failures))]
     roots += [n for n in consequences if n not in roots]
     if roots:
