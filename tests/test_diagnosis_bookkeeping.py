@@ -42,7 +42,11 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
                 if slip == "coupled_decay":
                     g = g + wd * params[i]
                 m[i] = (1 - b1) * m[i] + b1 * g if slip == "moment_weights_swapped" else b1 * m[i] + (1 - b1) * g
+                if slip == "shared_moments":  # one tensor for both moments: v's update starts from the new m
+                    v[i] = m[i]
                 v[i] = b2 * v[i] + (1 - b2) * g**2
+                if slip == "shared_moments":
+                    m[i] = v[i]
                 mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))
                 vh = v[i] / (1 - b1**t) if slip == "v_hat_beta1" else vh
                 step = lr * mh / (torch.sqrt(vh + eps) if slip == "eps_inside_sqrt" else torch.sqrt(vh) + eps)
