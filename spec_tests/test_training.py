@@ -1294,8 +1294,9 @@ def adamw_losses(
             group["lr"] = lr * (schedule(step) if schedule is not None else 1.0)
         facts = m.cross_entropy_grads(models.build(m, cfg, {k: v.detach() for k, v in leaves.items()}), x, x)
         losses.append(float(facts["loss"]) * loss_scale)
-        for name, p in leaves.items():
-            p.grad = facts["grads"][name] * loss_scale
+        for name, p in leaves.items():  # a weight the model does not use gets no gradient (None): no step for it
+            grad = facts["grads"][name]
+            p.grad = None if grad is None else grad * loss_scale
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
