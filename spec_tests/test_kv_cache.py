@@ -69,7 +69,11 @@ def check_chunks(spec, config, chunks, *, seed):
             )
     hint, hint_code = chunk_hint(cached, full, chunks)
     if mismatch(cached, full, tol) is not None:
-        hint, hint_code = cache_reading(spec, config, sd, ids[:, : chunks[0]]) or (hint, hint_code)
+        hint, hint_code = (
+            cache_reading(spec, config, sd, ids[:, : chunks[0]])
+            or rows_apart(spec, model, ids, chunks, full, tol)
+            or (hint, hint_code)
+        )
     alone = Variant(
         "knob:cache_contents",
         "the cache is not used: each chunk is computed as if it were the whole sequence",
@@ -276,6 +280,26 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
             )
         )
     return found
+
+
+def rows_apart(spec, model, ids, chunks, full, tol) -> tuple[str, str] | None:
+    """``(cause, code)`` where the cached path gives each row of the batch alone (a cache made for one row) its
+    uncached logits and the rows together not: through the cache a row sees the others'. None otherwise."""
+    if ids.shape[0] < 2:
+        return None
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    try:
+        alone = torch.cat([cached_logits(impl, model, ids[b : b + 1], chunks) for b in range(ids.shape[0])])
+    except Exception:  # noqa: BLE001 - a cache of one row that raises says nothing here
+        return None
+    if alone.shape != full.shape or mismatch(alone, full, tol) is not None:
+        return None
+    return (
+        f"likely cause: through the cache each row alone (a cache made for one row) gives its uncached logits, and "
+        f"the {ids.shape[0]} rows together do not: on the cached path a row sees the other rows' keys and values (a "
+        "mask or cache that keeps one sequence for the whole batch, rows attending every row's cached keys). Fix: "
+        "keep each row's cache apart and mask each query to its own row's keys"
+    ), "batch_mixing"
 
 
 def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:

@@ -225,6 +225,20 @@ BUGS = (
         fix="new tokens sit at positions cache.length, cache.length + 1 and onwards",
     ),
     Bug(
+        "cache_holds_row_0_for_every_row",
+        "kv_cache",
+        (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache.py",
+        old="""        self.key_buffers[layer][..., start:end, :] = k
+        self.value_buffers[layer][..., start:end, :] = v""",
+        new="""        self.key_buffers[layer][..., start:end, :] = k[:1]  # one sequence's cache for the whole batch
+        self.value_buffers[layer][..., start:end, :] = v[:1]""",
+        explanation="the cache writes the first row's keys and values for every row of the batch: a batch of one is "
+        "right, and in a larger batch every row attends row 0's cached keys and values",
+        fix="write each row's own keys and values: buffer[..., start:end, :] = k",
+        code="batch_mixing",
+    ),
+    Bug(
         "cache_stored_in_bfloat16",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),

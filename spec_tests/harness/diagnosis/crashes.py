@@ -548,6 +548,17 @@ def _integer_dtype_probes(args, kwargs) -> list[Probe]:
     return [Probe(f"integer data of dtype {', '.join(kinds)}", "the same values as int64", new_args, new_kwargs)]
 
 
+def _int32_probes(name, args, kwargs) -> list[Probe]:
+    """int64 integer tensors (ids, positions: the protocol's integer dtype) given as the same values in int32: code
+    written for a 32-bit index type (ggml's I32 positions, an int32 table) raises on torch's default int64."""
+    wide = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dtype == torch.int64]
+    if not wide or any(v.numel() and int(v.abs().max()) >= 2**31 for v in wide):
+        return []
+    narrowed = _map(args, kwargs, lambda t: t.int() if any(t is w for w in wide) else t)
+    note = "; the protocol's ids and positions are int64 (torch's default integer dtype)"
+    return [Probe("int64 integer tensors", "the same values as int32", *narrowed, note)]
+
+
 def _bool_mask_probes(name, args, kwargs) -> list[Probe]:
     """A bool ``attention_mask`` given as the same 0/1 values in int64, and an integer one as bool: the protocol takes
     any integer or bool dtype (amendment 23); arithmetic such as a subtraction raises on bool tensors, and a
@@ -1018,6 +1029,28 @@ def _zero_id_probes(name, args, kwargs) -> list[Probe]:
     return []
 
 
+def _top_id_probes(name, args, kwargs) -> list[Probe]:
+    """A ``[B, T]`` id input given with every copy of its largest id M replaced by M - 1, said only where M - 2 in its
+    place runs too: a vocabulary check off by one at the top (``>= vocab_size - 1`` where ``> vocab_size - 1``
+    belongs) rejects the last id, where M is vocab_size - 1."""
+    keys, values = argument_keys(name, args, kwargs), [*args, *kwargs.values()]
+    for key, value in zip(keys, values, strict=True):
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.dtype == torch.bool:
+            continue
+        if value.ndim != 2 or value.numel() < 2 or int(value.max()) < 3:
+            continue
+        top = int(value.max())
+        lower = _map(args, kwargs, lambda t, v=value, m=top: t.masked_fill(t == m, m - 1) if t is v else t)
+        lower2 = _map(args, kwargs, lambda t, v=value, m=top: t.masked_fill(t == m, m - 2) if t is v else t)
+        note = (
+            "; ids are in [0, vocab_size): where this is vocab_size - 1, look for a check or a table one short at the "
+            "top (>= where > belongs, an embedding of vocab_size - 1 rows)"
+        )
+        return [Probe(f"{key} holding id {top} (its largest)", f"every {top} replaced by {top - 1}", *lower, note,
+                      controls=((*lower2, True),))]  # fmt: skip
+    return []
+
+
 def _odd_batch_probes(args, kwargs) -> list[Probe]:
     """A ``[B, T]`` id input with an odd number of rows B given one more row (a copy of its first), every tensor
     sharing its B rows alike: a batch of one squeezed away (B = 1), a batch split in two equal halves, or pairs of
@@ -1410,6 +1443,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _flag_probes(name, args, kwargs)
         + _int_as_float_probes(name, args, kwargs)
         + _bool_mask_probes(name, args, kwargs)
+        + _int32_probes(name, args, kwargs)
         + (boundary if cached else [])
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
@@ -1428,6 +1462,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _odd_batch_probes(args, kwargs)
         + _negative_id_probes(name, args, kwargs)
         + _zero_id_probes(name, args, kwargs)
+        + _top_id_probes(name, args, kwargs)
         + _count_probes(name, args, kwargs)
         + _window_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
