@@ -160,6 +160,7 @@ def evaluate_teacher(
     ``"edge_padded"`` (the last batch filled up to ``batch_size`` with copies of its last window, which are scored
     and counted), ``"unshifted"`` (each window's tokens scored as their own targets),
     ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label),
+    ``"second_half"`` (each window's predictions from context_length // 2 on, as llama.cpp's perplexity scores),
     ``"windows_count"`` and ``"batches_count"`` (the total NLL divided by the number of windows, or of batches),
     ``"tail_right_aligned"`` (the short last window made full length, ending at the last token, every target of it
     scored: the tokens it shares with the window before count twice),
@@ -229,6 +230,10 @@ def evaluate_teacher(
         tail = -torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0]
         scored = torch.cat([*nll[:-1], tail])
         loss = float(scored.mean())
+    elif reduction == "second_half":  # llama.cpp's perplexity: in each window only the predictions from C // 2 on
+        scored = [n[context_length // 2 :] for n in nll]
+        kept = torch.cat(scored)
+        loss = float(kept.mean()) if kept.numel() else math.nan
     elif reduction in ("chunks", "pad_target", "pad_targets"):
         loss = float(torch.cat(nll).mean())
     else:

@@ -1080,6 +1080,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         ),
         Variant(
             "knob:data_windows",
+            "only the second half of each window is scored (predictions from context_length // 2 on, as llama.cpp's "
+            "perplexity does: the first tokens have little context)",
+            "score every prediction of every window: the protocol's loss is over all len(data) - 1 predicted tokens",
+            teacher("second_half"),
+        ),
+        Variant(
+            "knob:data_windows",
             "the short last window is made full length, ending at the last token: it overlaps the window before, and "
             "the tokens they share are scored twice",
             "keep the last window short (the tokens after the last full window, each predicted once), or score only "

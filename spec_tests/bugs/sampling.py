@@ -73,6 +73,31 @@ BUGS = (
         code="knob:top_k",
     ),
     Bug(
+        "top_k_defaults_to_40",
+        "top_k",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="""    if top_k is not None:
+        scaled = top_k_filter(scaled, top_k)""",
+        new="""    scaled = top_k_filter(scaled, 40 if top_k is None else top_k)  # llama.cpp's default""",
+        explanation="a top-k of 40 is applied where top_k is None (llama.cpp's default): with more than 40 tokens "
+        "only the 40 most probable keep probability",
+        fix="top_k=None keeps every token: filter only when top_k is given",
+        code="knob:top_k",
+    ),
+    Bug(
+        "top_k_keeps_first_ids",
+        "top_k",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old='    return logits.masked_fill(logits < kth, float("-inf"))',
+        new='    return logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= k, float("-inf"))',
+        explanation="top-k keeps the first k ids of the vocabulary (as if the logits were sorted), not the k largest "
+        "logits",
+        fix='kth = logits.topk(k).values[..., -1:]; masked_fill(logits < kth, float("-inf"))',
+        code="knob:top_k",
+    ),
+    Bug(
         "top_k_kth_smallest",
         "top_k",
         (*SAMPLING, *GENERATION),

@@ -1459,6 +1459,19 @@ def _sampling_probs(args, kwargs, style):
             compute=s(renorm=False),
         ),
     ]
+    if k is None:  # a library's default top-k applied where none is given (llama.cpp's 40, transformers' 50)
+        out += [
+            Variant(
+                "knob:top_k",
+                f"a top-k of {default} is applied where top_k is None (a library default, as llama.cpp's 40 or "
+                "transformers' 50): only the most probable tokens keep probability",
+                where="the default of top_k",
+                fix="top_k=None keeps every token: apply top-k only when it is given",
+                compute=lambda default=default: _sampling(lg, t, default, tp),
+            )
+            for default in (40, 50)
+            if default < lg.shape[-1]
+        ]
     if (k is not None and k < lg.shape[-1]) or (tp is not None and tp < 1):
         out.append(
             Variant(
