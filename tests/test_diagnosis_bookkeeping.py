@@ -38,7 +38,7 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
         for i, g in enumerate(grads_at(params)):
             for _ in range(2 if slip == "stepped_twice" else 1):  # a parameter listed twice: two updates, one g
                 counts[i] += 1
-                t = counts[i]
+                t = 1 if slip == "step_count_stuck" else counts[i]  # the count computed, never stored
                 if slip == "coupled_decay":
                     g = g + wd * params[i]
                 m[i] = (1 - b1) * m[i] + b1 * g if slip == "moment_weights_swapped" else b1 * m[i] + (1 - b1) * g

@@ -392,6 +392,24 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_step_count_stuck",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
+            moment='s["m"].lerp_(p.grad, 0.1)',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * (s["m"] / 0.1) / ((s["v"] / 0.001).sqrt() '
+            "+ 1e-8))  # the bug: step 1's bias corrections at every step",
+        ),
+        explanation="train's AdamW corrects every step's moments as the first step's (its step count never "
+        "advances): from the second step on the first moment is scaled by 10",
+        fix="bias corrections 1 - beta ** t with the step count t stored and advanced every step",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_lamb_trust_ratio",
         "training",
         TRAINING,

@@ -64,6 +64,12 @@ ADAMW_RULES = {
         "names, named_parameters(remove_duplicate=False)), so its moments and step count advance twice",
         "give the optimizer each parameter once: model.parameters(), or named_parameters() (which drops duplicates)",
     ),
+    "step_count_stuck": (
+        "AdamW's step count never advances (computed for the bias corrections and not stored): every step is "
+        "corrected as the first, so from the second step on the first moment is scaled by 1 / (1 - beta1) = 10 "
+        "instead of 1 / (1 - beta1**t)",
+        "store the incremented step count in the optimizer's state: state['step'] += 1, then correct with it",
+    ),
     "shared_moments": (
         "AdamW's first and second moments are one tensor (v made as a shallow copy of m, v = m.copy() of a list, or "
         "one zeros tensor given to both): each step's two updates act on it, so v is no average of squared "
@@ -116,7 +122,7 @@ class AdamWRule(torch.optim.Optimizer):
                 if not state:
                     m0 = torch.zeros_like(p)
                     state.update(t=0, m=m0, v=m0 if self.rule == "shared_moments" else torch.zeros_like(p))
-                state["t"] += 1
+                state["t"] += 0 if self.rule == "step_count_stuck" and state["t"] else 1
                 t, m, v = state["t"], state["m"], state["v"]
                 if self.rule == "moment_weights_swapped":
                     m.mul_(1 - b1).add_(g, alpha=b1)

@@ -1308,6 +1308,10 @@ def _window_probes(name, args, kwargs) -> list[Probe]:
         failing = f"data of {n} tokens (no full window: context_length={ctx} takes {ctx + 1})"
         probes.append(Probe(failing, f"{ctx + 1} tokens (every token kept, repeated)", *longer(ctx + 1), "",
                             "boundary", controls=((*longer(2 * ctx + 1), True),)))  # fmt: skip
+        # the nearest that runs is said: where one window raises too, two (a minimum of two contexts of data)
+        probes.append(Probe(failing, f"{2 * ctx + 1} tokens (two full windows; every token kept, repeated)",
+                            *longer(2 * ctx + 1), "; the protocol's evaluate takes any data of 2 tokens or more",
+                            "boundary", controls=((*longer(4 * ctx + 1), True),)))  # fmt: skip
     batch, windows = values.get("batch_size", DEFAULT_BATCH_SIZE), -(-(n - 1) // ctx) if n >= 2 else 0
     if type(batch) is not int or batch < 2 or windows < 1:
         return probes
