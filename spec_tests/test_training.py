@@ -478,10 +478,10 @@ OPTION_VALUES = {
 @pytest.mark.bug_class("training")
 def test_train_step_with_the_declared_options(spec, family):
     """train_step's losses and weights over two AdamW steps equal the reference's on a model with every protocol-v2
-    option the implementation declares (soft-caps, q/k norms, q/k/v biases, norm offsets, the embedding scale, GEGLU,
-    post-norms, a sliding window; protocol: train_step, amendments 22 to 27): each option's backward pass is its
-    forward's gradient, and none of them stops a step (an in-place op on a tensor autograd saved raises only here).
-    The other training tests use v1 models."""
+    option the implementation declares: soft-caps, q/k norms, q/k/v biases, norm offsets, the embedding scale, GEGLU,
+    post-norms, a sliding window (protocol: train_step). Each option's backward pass is its forward's gradient, and
+    none of them stops a step (an in-place op on a tensor autograd saved raises only here). The other training tests
+    use v1 models."""
     from .protocol import V2_CONFIG_DEFAULTS
 
     options = {
