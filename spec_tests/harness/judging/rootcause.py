@@ -99,6 +99,9 @@ class FailureRegistry:
     # that ran before a name it rests on failed is judged again once the run has ended (plugin/rejudging.py)
     clock: int = 0
     first_failed: dict[str, int] = field(default_factory=dict)
+    # when each name last met a crash it had not raised before (a new signature): a crash charged before another
+    # test of a name it rests on raised the same crash is judged again too (plugin/rejudging.py)
+    new_crash: dict[str, int] = field(default_factory=dict)
     # while a test is judged again after the run, it changes nothing here (its first verdict was recorded)
     frozen: bool = False
 
@@ -130,13 +133,20 @@ class FailureRegistry:
         """Those of ``names`` first seen failing in a way that can explain a math check after ``moment``."""
         return dependency_order(n for n in names if self.first_failed.get(n, -1) > moment)
 
+    def crashed_since(self, names, moment: int) -> list[str]:
+        """Those of ``names`` that raised a crash new to them after ``moment``."""
+        return dependency_order(n for n in names if self.new_crash.get(n, -1) > moment)
+
     def record_crash(self, names, exc: BaseException) -> None:
         if self.frozen:
             return
         signature = crash_signature(exc)
         if signature is not None:
             known = self.crashes.setdefault(signature, [])
-            known += [n for n in names if n not in known]
+            for n in names:
+                if n not in known:
+                    known.append(n)
+                    self.new_crash[n] = self.clock
 
     def explaining(self, names, kinds=EXPLAINING_KINDS) -> list[str]:
         """Those of ``names`` with a failure that can explain a check at math tolerance (of ``kinds``)."""

@@ -25,14 +25,17 @@ from .ordering import rests_on
 
 
 def candidates(items, registry) -> list:
-    """The items whose charged failure ran before a name they rest on was first seen failing."""
+    """The items whose charged failure ran before a name they rest on was first seen failing, or, for a crash, before
+    a name they rest on raised a crash new to it (the same crash, reached by that name's own test later)."""
     out = []
     for item in items:
         run = getattr(item, "_spec_run", None)
         verdict = getattr(run, "verdict", None)
         if verdict is None or verdict.status not in (*REAL_FAILURES, *CRASHES) or item.get_closest_marker("xfail"):
             continue
-        if registry.failed_since(rests_on(run.subjects, run.uses), run.started):
+        upstream = rests_on(run.subjects, run.uses)
+        crashed = verdict.status in CRASHES and registry.crashed_since(upstream, run.started)
+        if registry.failed_since(upstream, run.started) or crashed:
             out.append(item)
     return out
 
