@@ -14,6 +14,7 @@ from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import BIT_IDENTICAL, EXACT, Tolerance, tolerance
 from .harness.plugin.markers import judges
+from .harness.subject.subject import ImplementationError
 from .models import CONFIGS
 from .protocol import config_defaults
 from .strategies import seeds
@@ -68,7 +69,23 @@ def test_a_fresh_model_runs_and_gives_canonical_weights(spec, which):
     config = models.supported(spec.impl, base(), need=need)
     ids = ids_for(spec, config, seed=15)
     model = spec.impl.build(config, None, seed=0)
-    logits = spec.impl.forward(model, ids)
+    try:
+        logits = spec.impl.forward(model, ids)
+    except ImplementationError as exc:  # build_model's where forward runs on the same config built from weights
+        loaded = models.build(spec.impl, config, models.random_state_dict(config, seed=16, device=spec.device))
+        spec.impl.forward(loaded, ids)  # raises too: forward's own crash, charged to it
+        spec.require(
+            False,
+            behaviour="forward runs on a fresh model as on the same config built from canonical weights",
+            found=f"forward raises on the fresh model ({exc.type_name}: {exc.message.splitlines()[0]}) and runs on "
+            "the model built from weights",
+            causes=(
+                "likely cause: build_model's initialisation (no state_dict) makes a model forward cannot run: a weight "
+                "made in another shape or dtype than loading gives it, or one left unset. Fix: initialise each weight "
+                "in the shape and dtype the loaded model has",
+            ),
+            codes=("crash",),
+        )
     want = (*ids.shape, config["vocab_size"])
     spec.require(
         tuple(logits.shape) == want,
