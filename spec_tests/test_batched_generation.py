@@ -385,9 +385,11 @@ def test_padding_token_ids_do_not_matter(spec, config):
             want,
             kind="model",
             axes="t v",
-            hint="likely cause: the padding tokens reach the real ones (padding keys not masked, or the mask read "
-            "from a pad token id instead of attention_mask). Fix: mask every key whose attention_mask is 0",
-            hint_code="mask",
+            hint="likely cause (weak evidence): the padding tokens reach the real ones (most often padding keys not "
+            "masked, or the mask read from a pad token id instead of attention_mask; or another row's mask used: "
+            "test_padded_forward_rows_equal_each_row_alone tells these apart). Fix: mask every key whose "
+            "attention_mask is 0 in its own row",
+            hint_code="~mask",
             structural=False,
             behaviour=f"real-token logits with the padding filled by id {fill} equal those with random padding ids",
         )
