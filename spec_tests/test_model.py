@@ -107,13 +107,17 @@ def test_a_fresh_model_runs_and_gives_canonical_weights(spec, which):
         found=", ".join(f"{k} {list(got)} (expected {list(s)})" for k, (got, s) in wrong.items()),
         codes=("shape",),
     )
-    spec.close(
-        spec.impl.forward(models.build(spec.impl, config, sd), ids),
-        logits,
-        kind="model",
-        axes="b t v",
-        behaviour="a model built from a fresh model's canonical weights computes its logits",
-    )
+    rebuilt = "a model built from a fresh model's canonical weights computes its logits"
+    # the weights given back and loaded again: where canonical_state_dict or loading fails its own tests (a weight
+    # permuted at load, or given back under another name), the difference is theirs
+    with spec.unless_failing(("canonical_state_dict",), rebuilt, "fails its own round trip of loaded weights"):
+        spec.close(
+            spec.impl.forward(models.build(spec.impl, config, sd), ids),
+            logits,
+            kind="model",
+            axes="b t v",
+            behaviour=rebuilt,
+        )
 
 
 @judges("forward", uses=("build_model",))
