@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import torch
+
 from ..judging.compare import mismatch
 from ..judging.tolerances import Tolerance
 
@@ -43,10 +45,26 @@ class Variant:
 SEPARATION = 4.0
 
 
+def _nan_only(actual, expected, tol: Tolerance) -> bool:
+    """Whether ``actual`` holds NaN or inf and equals ``expected`` wherever it is finite: a variant that fits it then
+    fits by its non-finite entries alone, which many mistakes share (any step that turns the weights NaN)."""
+    try:
+        a = torch.as_tensor(actual, dtype=torch.float64).flatten()
+        e = torch.as_tensor(expected, dtype=torch.float64).flatten().to(a.device)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    finite = torch.isfinite(a)
+    if a.shape != e.shape or bool(finite.all()) or not bool(finite.any()):
+        return False
+    return mismatch(a[finite], e[finite], tol) is None
+
+
 def fitting_variants(variants, actual, tol: Tolerance, *args, expected=None) -> list:
     """The variants whose output matches ``actual``. With ``expected``, a variant whose own output lies within
-    ``SEPARATION`` tolerances of it is marked weak (``Variant.weak``)."""
+    ``SEPARATION`` tolerances of it is marked weak (``Variant.weak``), and so is every fit where ``actual`` differs
+    from ``expected`` only by its NaN or inf entries (``_nan_only``)."""
     found = []
+    nan_only = expected is not None and _nan_only(actual, expected, tol)
     for v in variants:
         try:
             out = v.compute(*args)
@@ -55,7 +73,7 @@ def fitting_variants(variants, actual, tol: Tolerance, *args, expected=None) -> 
         if mismatch(actual, out, tol) is None:
             apart = None if expected is None else mismatch(out, expected, tol)
             close = apart is not None and apart.ratio is not None and apart.ratio < SEPARATION
-            found.append(replace(v, weak=True) if close else v)
+            found.append(replace(v, weak=True) if close or nan_only else v)
     return found
 
 
