@@ -155,6 +155,11 @@ def _rotated(x, positions, phase, freqs, style):
     return out
 
 
+def _turn(angle: torch.Tensor) -> torch.Tensor:
+    """``angle`` taken into (-pi, pi], as a measured angle is."""
+    return torch.remainder(angle + math.pi, 2 * math.pi) - math.pi
+
+
 def measured_rotation(run: Callable, d: int, style: str) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(phase, freqs)``: the angle each pair of the implementation's ``rope`` is turned by at position 0 and the
     angle it adds per position, measured from ``run(x, positions)`` on each pair's unit vector at positions 0, 1 and
@@ -169,9 +174,8 @@ def measured_rotation(run: Callable, d: int, style: str) -> tuple[torch.Tensor, 
     if (a.square() + b.square() - 1).abs().max() > ROTATION:
         return None
     angle = torch.atan2(b, a)  # [3, d/2]
-    turn = lambda t: torch.remainder(t + math.pi, 2 * math.pi) - math.pi
-    freqs = turn(angle[1] - angle[0])
-    if (turn(angle[2] - angle[1] - freqs)).abs().max() > 1e-6:
+    freqs = _turn(angle[1] - angle[0])
+    if (_turn(angle[2] - angle[1] - freqs)).abs().max() > 1e-6:
         return None
     return angle[0], freqs
 
@@ -185,8 +189,7 @@ def _frequency_reading(freqs: torch.Tensor, theta: float, d: int) -> str:
     """What the measured frequencies are, where a reader may recognise them."""
     half = d // 2
     i = torch.arange(half, dtype=torch.float64)
-    turn = lambda t: torch.remainder(t + math.pi, 2 * math.pi) - math.pi  # measured angles are taken in (-pi, pi]
-    if half > 1 and theta > 1 and (turn(theta ** (2 * i / d) - freqs)).abs().max() < 1e-6:
+    if half > 1 and theta > 1 and (_turn(theta ** (2 * i / d) - freqs)).abs().max() < 1e-6:  # angles mod 2 pi
         return (
             "theta ** (+2i / d_head) (the angles shown modulo 2 pi: pair 1 turns by "
             f"{theta ** (2 / d):.4g} radians per position): the reciprocal of the specified theta ** (-2i / d_head), "
