@@ -49,6 +49,14 @@ class Case:
         return causes
 
 
+def alibi_bias(n_heads: int, t: int) -> torch.Tensor:
+    """ALiBi's additive bias [n_heads, t, t] for a power-of-two head count: -2^(-8 h / n) * (i - j)."""
+    assert n_heads & (n_heads - 1) == 0
+    slopes = torch.tensor([2.0 ** (-8.0 * h / n_heads) for h in range(1, n_heads + 1)], dtype=torch.float64)
+    distance = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).to(torch.float64)
+    return -slopes[:, None, None] * distance
+
+
 def rms(x, w, eps=1e-5, dim=-1, unbiased=False, weight=True):
     n = x.shape[dim]
     ms = x.pow(2).sum(dim, keepdim=True) / (n - 1 if unbiased else n)
@@ -335,6 +343,7 @@ def cases():
                     "knob:scale_constant",
                 ),  # fmt: skip
                 "mask_ignored": (lambda: sdpa(q, k, v), "knob:mask_missing"),
+                "alibi_added": (lambda: sdpa(q, k, v, alibi_bias(H, T).masked_fill(~m, -math.inf)), "knob:score_bias"),
                 "mask_inverted": (lambda: sdpa(q, k, v, ~m), "knob:mask_polarity"),
                 "gqa_tiled": (lambda: sdpa(q, k.repeat(1, 4, 1, 1), v.repeat(1, 4, 1, 1), m), "knob:gqa_mapping"),
                 "masked_scores_zero": (

@@ -51,6 +51,24 @@ BUGS = (
         fix="scores = q @ k.transpose(-2, -1) / sqrt(d_head)",
     ),
     Bug(
+        "attention_alibi_switched_on",
+        "attention_scale",
+        (SDPA, MHA),
+        "attention.py",
+        old="    if softcap is not None:  # protocol v2 (logit_softcap, amendment 25): after the scaling, "
+        "before the mask",
+        new="    h = q.shape[-3]\n"
+        "    slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=q.dtype, device=q.device) / h)\n"
+        "    i, j = torch.arange(t_q, device=q.device), torch.arange(t_k, device=q.device)\n"
+        "    scores = scores - slopes[:, None, None] * (i[:, None] + (t_k - t_q) - j)\n"
+        "    if softcap is not None:  # protocol v2 (logit_softcap, amendment 25): after the scaling, "
+        "before the mask",
+        explanation="ALiBi's distance penalty (-slope_h * (i - j)) is added to the scores of a family that has none "
+        "(an alibi flag left on from a shared config)",
+        fix="add nothing but the mask to the scaled scores",
+        code="knob:score_bias",
+    ),
+    Bug(
         "attention_scale_sqrt_d_model",
         "attention_scale",
         (SDPA, MHA),

@@ -116,6 +116,7 @@ KNOBS = {
     "adamw_rule": "AdamW's update rule is wrong (no bias correction, decay coupled or unscaled, eps inside the sqrt)",
     "data_windows": "data is cut into the wrong windows (non-overlapping chunks, windows context_length + 1 apart)",
     "loss_units": "the loss is reported in another unit (bits: the NLL divided by ln 2) than the natural log's nats",
+    "score_bias": "the attention scores get a bias the family does not have (ALiBi's per-head distance penalty)",
     "step_count": "a loop runs one step more or fewer than it is asked for (steps, max_new_tokens)",
 }
 

@@ -684,10 +684,24 @@ def _repeat_kv(args, kwargs, style):
     return (lambda: _repeat(p.x, int(p.n_rep))), out
 
 
-def _attend(q, k, v, mask, *, scale=None, tiled=False, dim=-1, mask_mode="apply"):
+def _alibi_slopes(n_heads: int, geometric: bool = False) -> torch.Tensor:
+    """ALiBi's head slopes (Press et al.): 2^(-8 h / n) for h = 1..n, and for n not a power of two the slopes of
+    the power of two below it followed by every other slope of the one above (the paper's code); ``geometric``:
+    2^(-8 h / n) for every n (what simpler code writes)."""
+    below = n_heads if geometric else 2 ** math.floor(math.log2(n_heads))
+    slopes = [2 ** (-8 * (h + 1) / below) for h in range(below)]
+    slopes += [2 ** (-8 * (h + 1) / (2 * below)) for h in range(0, 2 * below, 2)][: n_heads - below]
+    return torch.tensor(slopes, dtype=F64)
+
+
+def _attend(q, k, v, mask, *, scale=None, tiled=False, dim=-1, mask_mode="apply", alibi=None):
     rep = q.shape[-3] // k.shape[-3]
     k, v = _repeat(k, rep, tiled), _repeat(v, rep, tiled)
     s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if alibi:  # a distance penalty per head: -slope_h * (i - j), the query at position i + t_k - t_q
+        tq, tk = s.shape[-2], s.shape[-1]
+        distance = (torch.arange(tq)[:, None] + (tk - tq) - torch.arange(tk)[None, :]).to(F64)
+        s = s - _alibi_slopes(s.shape[-3], alibi == "geometric")[:, None, None].to(s) * distance.to(s)
     if mask is not None:
         mask = mask.to(torch.bool)
         if mask_mode == "apply":
@@ -761,6 +775,19 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
             fix="softmax over the last axis (keys)",
             compute=a(dim=-2),
         ),
+    ]
+    power_of_two = h & (h - 1) == 0
+    out += [
+        Variant(
+            "knob:score_bias",
+            "the scores get ALiBi's distance penalty (-slope_h * (i - j) per head"
+            + ("" if power_of_two else f", slopes 2^(-8 h / {h})" if style == "geometric" else ", the paper's slopes")
+            + "), which this family does not have",
+            where="what is added to the scores before the softmax (an ALiBi bias switched on, or left from a config)",
+            fix="add nothing to the scaled scores but the mask (positions come from RoPE or the learned embeddings)",
+            compute=a(alibi=style),
+        )
+        for style in (("paper",) if power_of_two else ("paper", "geometric"))
     ]
     if k.shape[-3] not in (1, q.shape[-3]):
         out.append(
