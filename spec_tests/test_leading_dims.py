@@ -52,15 +52,20 @@ def reshaped(args: tuple, kwargs: dict, how: str) -> tuple[tuple, dict]:
     return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
 
 
-def strided(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+def strided(args: tuple, kwargs: dict, core: int) -> tuple[tuple, dict]:
     """The inputs with the first tensor, and every tensor that shares its leading dims, as a non-contiguous view of
-    the same values (stored with its first two axes swapped, then swapped back)."""
+    the same values (stored with its first two axes swapped, then swapped back). An input with one leading dim
+    gets a second one first (two copies, the second with its rows rolled), so that its leading dims cannot be
+    flattened by a view either (``logits.view(-1, V)`` on ``[2, B, V]``)."""
     x = next(a for a in args if isinstance(a, torch.Tensor))
+    second = x.ndim - core == 1
 
     def change(v):
-        if isinstance(v, torch.Tensor) and v.ndim >= 2 and _sharing(x, v, 1):
-            return v.transpose(0, 1).contiguous().transpose(0, 1)
-        return v
+        if not (isinstance(v, torch.Tensor) and _sharing(x, v, 1)):
+            return v
+        if second:
+            v = torch.stack([v, v.roll(1, dims=0)])
+        return v.transpose(0, 1).contiguous().transpose(0, 1) if v.ndim >= 2 else v
 
     return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
 
@@ -101,7 +106,7 @@ def test_any_leading_dims(spec, name, how):
     if how == "none":
         args, kwargs = without_leading_dims(args, kwargs, ENTRY[name].core_rank)
     elif how == "strided":
-        args, kwargs = strided(args, kwargs)
+        args, kwargs = strided(args, kwargs, ENTRY[name].core_rank)
     else:
         args, kwargs = reshaped(args, kwargs, how)
     shape = list(next(a for a in args if isinstance(a, torch.Tensor)).shape)

@@ -7,6 +7,17 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
+        "sampling_probs_flattens_with_view",
+        "leading_dims",
+        SAMPLING,
+        "sampling.py",
+        old="    scaled = logits / temperature\n",
+        new="    scaled = logits.view(-1, logits.shape[-1]).view(logits.shape) / temperature\n",
+        explanation="the logits' leading dims are flattened with .view, which raises on a non-contiguous input whose "
+        "leading dims cannot be merged without a copy (a transposed or sliced batch of logits)",
+        fix="flatten with reshape (or not at all: the filters work on [..., V])",
+    ),
+    Bug(
         "sample_ignores_transforms",
         "sampling_order",
         (*SAMPLING, *GENERATION),
