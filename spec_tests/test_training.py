@@ -546,6 +546,48 @@ def test_train_step_takes_a_batch_of_one(spec, family):
     )
 
 
+def steps_on_batches(m, cfg, sd, batches, own: bool = False):
+    """Losses and weights after one SGD train_step on each ``(x, y)`` of ``batches`` in turn, on one model with one
+    optimizer; ``own``: the correct steps on the implementation's own model (``model_ops.correct_steps``, SGD keeps
+    no state between them)."""
+    model = models.build(m, cfg, sd)
+    lr = OPTIMIZERS["sgd"]["lr"]
+    if own:
+        losses = [float(loss) for x, y in batches for loss in m.correct_steps(model, "sgd", lr, 1e-8, x, y, None, 1)]
+    else:
+        opt = m.make_optimizer(model, "sgd", lr=lr)
+        losses = [float(m.train_step(model, opt, x, y)) for x, y in batches]
+    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+
+
+@judges("train_step", uses=("build_model", "canonical_state_dict"))
+@pytest.mark.bug_class("training")
+def test_train_step_takes_batches_of_changing_shape(spec, family):
+    """train_step on one model with one optimizer, on a [3, 8] batch and then a [2, 11] one: each call steps on the
+    batch it is given, whatever the shape of the ones before (protocol: train_step, x and y [B, T] for any B and
+    T <= context_length; a buffer kept on the model from an earlier call must not fix the shape of later ones)."""
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=77, device=spec.device)
+    first = spec.inputs.token_ids(3, 9, vocab=config["vocab_size"], seed=78)
+    second = spec.inputs.token_ids(2, 12, vocab=config["vocab_size"], seed=79)
+    x1, y1, x2, y2 = first[:, :-1], first[:, 1:], second[:, :-1], second[:, 1:]
+    spec.check(
+        lambda m, sd, x1, y1, x2, y2: steps_on_batches(m, config, sd, [(x1, y1), (x2, y2)]),
+        sd,
+        x1,
+        y1,
+        x2,
+        y2,
+        kind="training",
+        behaviour=f"SGD train_steps on one model: a {list(x1.shape)} batch, then a {list(x2.shape)} batch: losses and "
+        "new weights",
+        rebase=(
+            ("forward", "build_model", "canonical_state_dict"),
+            lambda: steps_on_batches(spec.impl, config, sd, [(x1, y1), (x2, y2)], own=True),
+        ),
+    )
+
+
 @judges("train_step", uses=("build_model", "canonical_state_dict", "forward"))
 @pytest.mark.bug_class("training")
 def test_train_step_ignores_gradients_already_present(spec, family):

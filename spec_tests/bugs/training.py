@@ -44,6 +44,20 @@ _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW writte
 
 BUGS = (
     Bug(
+        "train_step_targets_buffer_kept",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster\n",
+        new='    if not hasattr(model, "_targets"):  # preallocated once, as llm.c keeps its activations\n'
+        "        model._targets = torch.empty_like(y)\n"
+        "    model._targets.copy_(y)\n"
+        "    loss = cross_entropy(model(x), model._targets, fused=True)\n",
+        explanation="a targets buffer kept on the model is allocated at the first train_step's shape, so a later batch "
+        "of another shape cannot be copied into it",
+        fix="allocate per call (or reallocate when the batch's shape changes)",
+    ),
+    Bug(
         "get_batch_unshifted_targets",
         "unshifted_labels",
         TRAINING,
