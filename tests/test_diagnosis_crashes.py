@@ -96,7 +96,8 @@ def batcher_rejecting_exact_length(data, batch_size, context_length):
 
 def test_size_boundary_is_named():
     lines, _ = probe("get_batch", batcher_rejecting_exact_length, (torch.arange(9), 2, 8), {})
-    assert any("a 1-D input of exactly 9 entries and works for 10 entries" in line for line in lines), lines
+    want = "a 1-D input of exactly 9 entries (9 - 1 = 1 x context_length: its predictions fill 1 whole window) and "
+    assert any(want + "works for 10 entries" in line for line in lines), lines
 
 
 def float32_only(x):
@@ -144,7 +145,7 @@ def test_a_crash_in_the_suite_names_its_trigger(tmp_path, pytester):
     proc = run_suite(f"--impl={folder}", "-k", "norm_statistics or exactly_enough", cwd=tmp_path, pytester=pytester)
     out = proc.stdout
     assert "rmsnorm raises for 2-D input and works for 3-D" in out, out[-3000:]
-    assert "get_batch raises for a 1-D input of exactly 9 entries and works for 10 entries" in out, out[-3000:]
+    assert "get_batch raises for a 1-D input of exactly 9 entries (9 - 1 = 1 x context_length" in out, out[-3000:]
 
 
 def nll_of_batched_logits(logits, targets):

@@ -440,7 +440,21 @@ def _zero_float_probes(name, args, kwargs) -> list[Probe]:
     ]
 
 
-def _boundary_probes(args, kwargs) -> list[Probe]:
+def _filled(name, args, kwargs, n: int) -> str:
+    """How a stream of ``n`` entries meets a ``context_length`` argument: its ``n - 1`` predictions (or its ``n``
+    entries) an exact number of windows, or ``""``."""
+    for label, _, value in _labelled_ints(name, args, kwargs):
+        if label != "context_length" or value < 1:
+            continue
+        if (n - 1) % value == 0:
+            k = (n - 1) // value
+            return f" ({n} - 1 = {k} x context_length: its predictions fill {k} whole window{'s' * (k != 1)})"
+        if n % value == 0:
+            return f" ({n} = {n // value} x context_length)"
+    return ""
+
+
+def _boundary_probes(name, args, kwargs) -> list[Probe]:
     """A 1-D token stream one token longer; a [B, 1] id input with two tokens; a [B, T] one shorter, half as long
     and one token long (a size past a limit, such as the context length, is often further than one token; a
     cached step of one token is the common case)."""
@@ -455,7 +469,7 @@ def _boundary_probes(args, kwargs) -> list[Probe]:
             control = (*args[:i], torch.cat([a, a[:2]]), *args[i + 1 :])
             probes.append(
                 Probe(
-                    f"a 1-D input of exactly {a.numel()} entries",
+                    f"a 1-D input of exactly {a.numel()} entries{_filled(name, args, kwargs, a.numel())}",
                     f"{a.numel() + 1} entries",
                     new,
                     kwargs,
@@ -1438,7 +1452,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
     # through a cache the call's length comes before the model's variants (a block count one off at a length); else
     # after the ranks, where it was (a model's own variants first)
     cached = ledger is not None and any(id(v) in ledger.caches for v in (*args, *kwargs.values()))
-    boundary = _boundary_probes(args, kwargs)
+    boundary = _boundary_probes(name, args, kwargs)
     found = (
         _layout_probes(name, args, kwargs)
         + _none_probes(name, args, kwargs)
