@@ -507,9 +507,17 @@ def test_train_step_with_the_declared_options(spec, family):
     )
 
 
+def one_sgd_step(m, cfg, sd, x, y):
+    """The loss and the weights after one SGD train_step from ``sd`` (a reading: which weights' step differs)."""
+    model = models.build(m, cfg, sd)
+    loss = float(m.train_step(model, m.make_optimizer(model, "sgd", **OPTIMIZERS["sgd"]), x, y))
+    return {"loss": loss, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+
+
 def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behaviour: str, variants=()) -> None:
     """``spec.check`` of two train_steps on ``(x, y)`` against the reference's, rebased on the implementation's own
-    model where its forward, loading or export fails (``steps_on_own_model``)."""
+    model where its forward, loading or export fails (``steps_on_own_model``); where no variant fits, one SGD step
+    says which weights' step differs (``diagnosis/steps.py``)."""
     spec.check(
         lambda m, sd, x, y: two_steps(m, config, sd, x, y, optimizer, max_grad_norm),
         sd,
@@ -522,6 +530,10 @@ def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behavio
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
         ),
         variants=variants,
+        step=(
+            f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}) from the same weights",
+            lambda m, sd, x, y: one_sgd_step(m, config, sd, x, y),
+        ),
     )
 
 
@@ -1447,4 +1459,8 @@ def test_train_step_reaches_the_first_and_last_token_ids(spec, family):
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
         ),
         variants=step_variants(config, "sgd", None),
+        step=(
+            f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}) on these ids from the same weights",
+            lambda m, sd, x, y: one_sgd_step(m, config, sd, x, y),
+        ),
     )

@@ -44,6 +44,20 @@ _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW writte
 
 BUGS = (
     Bug(
+        "train_step_freezes_vectors",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    model.train()\n    optimizer.zero_grad(set_to_none=True)\n",
+        new="    model.train()\n"
+        "    for p in model.parameters():  # a fine-tuning recipe's freeze left in: only matrices train\n"
+        "        p.requires_grad_(p.dim() > 1)\n"
+        "    optimizer.zero_grad(set_to_none=True)\n",
+        explanation="train_step freezes every 1-D parameter (norm gains, biases): their gradients are never computed, "
+        "so they never move",
+        fix="leave requires_grad as the model has it: every parameter trains",
+    ),
+    Bug(
         "train_step_targets_buffer_kept",
         "training",
         TRAINING,

@@ -45,6 +45,8 @@ STRUCTURAL = {
     "crash_none_value": "the call reaches an operation on a value that is None for an input the protocol allows",
     "cache_empty": "the call raises through a fresh, empty cache and runs once one token was forwarded into it",
     "crash_state": "the call raises only after earlier calls: a freshly loaded copy of the code runs it (state kept)",
+    "partial_update": "one step moves some weights where the specified step does and others elsewhere: those weights' "
+    "gradients (their backward pass) or their update",
     "ignored_weight": "the output does not depend on a weight the specified model uses: it is loaded but not used",
 }
 

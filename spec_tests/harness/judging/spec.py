@@ -202,6 +202,7 @@ class Spec:
         variants=(),
         model_knobs: bool = False,
         weights_used: bool = False,
+        step=None,
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
 
@@ -224,6 +225,9 @@ class Spec:
         (``diagnosis/model_knobs.py``), for computations that run a model.
         ``weights_used``: where no variant fits, change each canonical weight alone (``diagnosis/sensitivity.py``)
         and name those the implementation ignores (with ``model_knobs`` too).
+        ``step = (what, one)``: where no variant fits, ``one(subject, *args)`` (``{"loss", "weights"}`` after one
+        optimisation step) on the implementation and the reference names the weights whose step alone differs
+        (``diagnosis/steps.py``).
         """
         pristine = clone_tensors(args)
         try:
@@ -310,6 +314,14 @@ class Spec:
 
                     found = depth_lines(compute, self.impl, reference, pristine, args64, tol)
                     lines, codes = lines + found[0], codes + found[1]
+            if step is not None and reference is not None and not fitting:  # which weights' step differs
+                from ..diagnosis.steps import step_lines
+
+                raw = getattr(self.impl, "_subject", self.impl)
+                found = step_lines(
+                    step[0], lambda: step[1](raw, *clone_tensors(pristine)), lambda: step[1](reference, *args64), tol
+                )
+                lines, codes = lines + found[0], codes + found[1]
             if call is not None and not fitting:  # an activation's constants, measured on the implementation
                 from ..diagnosis.activation_fit import fitted_activation
 
