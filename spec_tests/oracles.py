@@ -151,7 +151,8 @@ def evaluate_teacher(
     own, as code that cannot stack windows of two lengths does), ``"mixed_batch_means"`` (the same, batches taken
     in order with the short last window in the last one), ``"drop_last"`` (the short last window
     left out), ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as
-    code that counts a short window's padding as predicted tokens does), ``"full_windows"`` (the total NLL
+    code that counts a short window's padding as predicted tokens does), ``"padded_numerator"`` (those weights in
+    the total, but divided by the tokens predicted), ``"full_windows"`` (the total NLL
     divided by the windows times ``context_length``: a short window counted as full), ``"all_tokens"`` (divided by
     len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows ``context_length + 1`` apart:
     the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
@@ -206,6 +207,10 @@ def evaluate_teacher(
         weights = [len(b) * context_length for b in batches]
         means = [float(torch.cat(b).mean()) for b in batches]
         loss = sum(m * w for m, w in zip(means, weights)) / sum(weights)
+    elif reduction == "padded_numerator":  # each batch's mean weighted by its windows x context, over the predictions
+        batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
+        total = sum(float(torch.cat(b).mean()) * len(b) * context_length for b in batches)
+        loss = total / (len(data) - 1)
     elif reduction == "full_windows":  # every window counted as context_length predictions
         loss = float(torch.cat(nll).sum() / (len(spans) * context_length))
     elif reduction == "all_tokens":

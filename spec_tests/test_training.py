@@ -1092,6 +1092,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         ),
         Variant(
             "knob:loss_reduction",
+            "each batch's mean is weighted by its windows times context_length in the total, which is then divided by "
+            "the tokens predicted: a short last window's total counts as if it were full",
+            "sum the NLL of every predicted token (a batch's mean times its predicted tokens), divide by their number",
+            teacher("padded_numerator"),
+        ),
+        Variant(
+            "knob:loss_reduction",
             "the total NLL is divided by the windows times context_length: a short last window counts as full",
             "divide by the number of predicted tokens (len(data) - 1)",
             teacher("full_windows"),
