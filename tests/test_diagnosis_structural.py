@@ -505,3 +505,27 @@ def test_a_reshape_where_a_transpose_belongs_is_named():
     assert "reshape where a transpose belongs" in cause.summary
     square = torch.randn(6, 6, dtype=torch.float64)
     assert not any("reshape where" in c.summary for c in diagnose(square, square * 1.5))
+
+
+def test_nested_sequences_describe_their_first_differing_tensor():
+    """A cache's layers of (keys, values): the first tensor that differs is described under its path (a preallocated
+    buffer handed back whole: its time axis longer, the written part right)."""
+    from spec_tests.harness.diagnosis import diagnose
+    from spec_tests.harness.judging.tolerances import tolerance
+
+    g = torch.Generator().manual_seed(3)
+    want = [tuple(torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64) for _ in "kv") for _ in range(2)]
+    got = [tuple(torch.cat([t, torch.zeros(2, 2, 7, 4, dtype=t.dtype)], dim=2) for t in layer) for layer in want]
+    lines, codes = diagnose(
+        subject="cache_kv",
+        call=None,
+        args64=(),
+        actual=got,
+        expected=want,
+        tol=tolerance("model"),
+        axes=None,
+        rope_style="half",
+        known_bugs=lambda: [],
+    )
+    assert codes[:1] == ["shape"], lines
+    assert lines[0].startswith("likely cause: [0][0]: axis dim 2 has 12 entries instead of 5: the output adds 7"), lines

@@ -49,23 +49,30 @@ def _tensor_inputs(args, kwargs) -> dict:
 
 
 def _leaves(tree, keys: tuple = ()):
-    """``(path, keys, tensor)`` for every tensor of a nested mapping; ``path`` reads ``['a']['b']``."""
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
+    """``(path, keys, tensor)`` for every tensor of nested mappings and sequences; ``path`` reads ``['a'][0]``."""
+    items = tree.items() if isinstance(tree, Mapping) else enumerate(tree)
+    for key, value in items:
+        if isinstance(value, Mapping | list | tuple):
             yield from _leaves(value, (*keys, key))
         elif isinstance(value, torch.Tensor):
             yield "".join(f"[{k!r}]" for k in (*keys, key)), (*keys, key), value
 
 
 def _at(tree, keys: tuple):
-    """The value under ``keys`` of a nested mapping, or None where it has none."""
+    """The value under ``keys`` of nested mappings and sequences, or None where it has none."""
     for key in keys:
-        tree = tree.get(key) if isinstance(tree, Mapping) else None
+        if isinstance(tree, Mapping):
+            tree = tree.get(key)
+        elif isinstance(tree, list | tuple) and isinstance(key, int) and key < len(tree):
+            tree = tree[key]
+        else:
+            return None
     return tree
 
 
 def _first_differing_leaf(expected, actual, tol):
-    """``(path, expected, actual)`` of the first tensor of a mapping (nested) that differs at ``tol``, or None."""
+    """``(path, expected, actual)`` of the first tensor of nested mappings or sequences that differs at ``tol``, or
+    None."""
     from ..judging.compare import mismatch
 
     for path, keys, e in _leaves(expected):
@@ -204,6 +211,11 @@ def diagnose(
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)
     if structural and isinstance(expected, list | tuple):
         causes += item_order_causes(expected, actual, atol=tol.atol, rtol=tol.rtol)
+        leaf = None if causes else _first_differing_leaf(expected, actual, tol)
+        if leaf is not None:  # nested tensors (a cache's layers of keys and values): the first that differs
+            path, e, a = leaf
+            found = structural_causes(e, a, axes=None, inputs={}, atol=tol.atol, rtol=tol.rtol)
+            causes += [replace(c, summary=f"{path}: {c.summary}") for c in found]
     if structural and isinstance(expected, Mapping):  # a state dict: the first entry that differs, described
         leaf = _first_differing_leaf(expected, actual, tol)
         if leaf is not None:
