@@ -864,6 +864,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", 1e-3, 1.0),
         ),
+        readings=[unclipped(spec, config, sd, data, x, 2)],
     )
 
 
@@ -1315,6 +1316,7 @@ def adamw_losses(
     lr=1e-3,
     keras=False,
     loss_scale=1.0,
+    clip=1.0,
 ):
     """The losses of ``steps`` AdamW(lr=1e-3) steps with clipping at 1.0 on the implementation's own model and
     gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here.
@@ -1324,11 +1326,12 @@ def adamw_losses(
     two or more dims alone (nanoGPT's parameter groups); ``schedule(t)``, the learning rate of step ``t`` (from 0) as
     a multiple of ``lr``. ``keras``: a correct AdamW in Keras' conventions (eps 1e-7 on the uncorrected second
     moment, no decay on biases and norm gains), for the tolerance of the tests that pin the learning rate.
-    ``loss_scale``: the loss (and so its gradients) multiplied by it, as a loss summed over ``loss_scale`` tokens."""
+    ``loss_scale``: the loss (and so its gradients) multiplied by it, as a loss summed over ``loss_scale`` tokens.
+    ``clip``: the max_grad_norm (``None``: no clipping)."""
     # the specified AdamW, on the model itself however its parameters are shared
     if rule is None and not fresh and schedule is None and not keras and loss_scale == 1.0:
         model = models.build(m, cfg, sd)
-        return m.correct_steps(model, "adamw", lr, 1e-8, x, x, 1.0, steps, weight_decay=weight_decay, betas=betas)
+        return m.correct_steps(model, "adamw", lr, 1e-8, x, x, clip, steps, weight_decay=weight_decay, betas=betas)
     matrices_only = matrices_only or keras
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
     params = list(leaves.values())
@@ -1365,10 +1368,25 @@ def adamw_losses(
         for name, p in leaves.items():  # a weight the model does not use gets no gradient (None): no step for it
             grad = facts["grads"][name]
             p.grad = None if grad is None else grad * loss_scale
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
     return losses
+
+
+def unclipped(spec, config, sd, data, x, steps: int):
+    """A reading for train's failing losses: train run again with max_grad_norm=1e9 (no clipping) against AdamW's
+    losses without clipping (``diagnosis/steps.unclipped_lines``)."""
+    from spec_tests.harness.diagnosis.steps import unclipped_lines
+
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+
+    def run():
+        model = models.build(raw, config, sd, training=True)
+        return raw.train(model, data, steps=steps, batch_size=x.shape[0], context_length=x.shape[1], max_grad_norm=1e9)
+
+    return lambda tol: unclipped_lines(run, lambda: adamw_losses(spec.impl, config, sd, x, steps, clip=None), tol, 1.0)
 
 
 @judges("train", uses=("build_model", "forward", "canonical_state_dict"))
@@ -1433,6 +1451,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 3, "adamw", 1e-3, 1.0),
         ),
+        readings=[unclipped(spec, config, sd, torch.full((40,), 7), x, 3)],
     )
 
 

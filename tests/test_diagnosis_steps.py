@@ -48,3 +48,43 @@ def test_nothing_where_the_step_raises():
         raise RuntimeError("train_step failed")
 
     assert step_lines("x", broken, run(2.5, weights()), TOL) == ([], [])
+
+
+def test_clipping_is_named_where_losses_agree_without_it():
+    from spec_tests.harness.diagnosis.steps import unclipped_lines
+
+    lines, codes = unclipped_lines(lambda: [2.5, 2.4], lambda: [2.5, 2.4], TOL, 1.0)
+    assert codes == ["knob:clipping"] and "max_grad_norm=1.0" in lines[0], lines
+    assert unclipped_lines(lambda: [2.5, 2.3], lambda: [2.5, 2.4], TOL, 1.0) == ([], [])  # wrong without it too
+
+
+def test_clipping_says_nothing_where_the_rerun_raises():
+    from spec_tests.harness.diagnosis.steps import unclipped_lines
+
+    def refuses():
+        raise TypeError("train() got an unexpected keyword argument 'max_grad_norm'")
+
+    assert unclipped_lines(refuses, lambda: [2.5], TOL, 1.0) == ([], [])
+
+
+def test_a_gradient_wrong_from_a_point_on_the_way_back_is_said_as_that_point():
+    """Every tensor before layers.1.attn's keys and values differs, everything after them is right: the step is
+    said as right near the output and first wrong at those keys and values."""
+    order = ["tok_embeddings.weight"] + [
+        f"layers.{i}.{n}.weight" for i in range(2) for n in ("attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo")
+    ]
+    order += ["final_norm.weight", "lm_head.weight"]
+    want = {k: torch.ones(2) for k in order}
+    got = dict(want)
+    for k in order[: order.index("layers.1.attn.wv.weight") + 1]:
+        if k != "layers.1.attn.wq.weight":
+            got[k] = torch.full((2,), 2.0)
+    lines, codes = step_lines("after one SGD step", run(2.5, got), run(2.5, want), TOL)
+    assert codes == ["partial_update"], lines
+    assert (
+        "right for the 3 tensors nearest the output (lm_head.weight, final_norm.weight, layers.1.attn.wo.weight)"
+        in (lines[0])
+    ), lines
+    assert (
+        "first differs at layers.1.attn.wk.weight, layers.1.attn.wv.weight, and 7 of the 7 tensors before" in (lines[0])
+    ), lines

@@ -29,6 +29,18 @@ def _grouped(keys: list[str], every: list[str]) -> str:
     return ", ".join(out[:8]) + (f" and {len(out) - 8} more" if len(out) > 8 else "")
 
 
+def _unit(order: list[str], i: int) -> list[str]:
+    """The run of keys around ``order[i]`` that share its module (``layers.1.attn`` for ``layers.1.attn.wk.weight``):
+    the projections one sublayer applies side by side."""
+    module = lambda k: k.rsplit(".", 2)[0]
+    lo, hi = i, i
+    while lo > 0 and module(order[lo - 1]) == module(order[i]):
+        lo -= 1
+    while hi + 1 < len(order) and module(order[hi + 1]) == module(order[i]):
+        hi += 1
+    return order[lo : hi + 1]
+
+
 def step_lines(what: str, run_impl: Callable, run_ref: Callable, tol) -> tuple[list[str], list[str]]:
     """``run_*()``: ``{"loss": float, "weights": {canonical name: tensor}}`` after one step from the same weights.
     A line naming the weights the implementation's step moves elsewhere, where the loss agrees and some weights'
@@ -42,17 +54,65 @@ def step_lines(what: str, run_impl: Callable, run_ref: Callable, tol) -> tuple[l
     mine, theirs = got.get("weights") or {}, want["weights"]
     if set(mine) != set(theirs):
         return [], []
-    wrong = [k for k in theirs if mismatch(mine[k], theirs[k], tol) is not None]
-    if not wrong or len(wrong) == len(theirs):
+    order = list(theirs)  # the reference's canonical order: the forward's, embeddings first, the head last
+    wrong = [k for k in order if mismatch(mine[k], theirs[k], tol) is not None]
+    if not wrong or len(wrong) == len(order):
         return [], []
-    right = len(theirs) - len(wrong)
+    last = order.index(wrong[-1])
+    unit = _unit(order, last)
+    frontier = [k for k in unit if k in wrong]
+    before = order[: order.index(unit[0])]
+    wrong_before = [k for k in before if k in wrong]
+    if before and len(wrong_before) * 2 >= len(before):  # a gradient wrong from some point on the way back
+        after = order[last + 1 :]
+        shown = ", ".join(after[-4:][::-1]) + (f" and {len(after) - 4} more" if len(after) > 4 else "")
+        summary = (
+            f"{what}, the loss agrees and the step is right for the {len(after)} tensor{'s' * (len(after) != 1)} "
+            f"nearest the output ({shown}); on the way back it first differs at {', '.join(frontier)}, and "
+            f"{len(wrong_before)} of the {len(before)} tensors before them differ too"
+        )
+        where = (
+            f"the backward pass between {after[0]} and {frontier[-1]}: the input gradient of what lies between them "
+            f"(a norm, a residual add, attention's key/value path) or the gradients of {', '.join(frontier)}"
+        )
+    else:
+        summary = (
+            f"{what}, the loss agrees and {_grouped(wrong, order)} ({len(wrong)} of {len(order)} tensors) land "
+            f"elsewhere than the specified step puts them; the other {len(order) - len(wrong)} are right"
+        )
+        where = (
+            "the gradients of those weights (the backward pass through them, hand-written or hooked) or their update"
+        )
     cause = Cause(
         "partial_update",
-        f"{what}, the loss agrees and {_grouped(wrong, list(theirs))} ({len(wrong)} of {len(theirs)} tensors) land "
-        f"elsewhere than the specified step puts them; the other {right} are right",
-        where="the gradients of those weights (the backward pass through them, hand-written or hooked) or their update",
+        summary,
+        where=where,
         fix="each weight's step is -lr times the gradient of the loss with respect to it",
         evidence="one step from the same weights on the implementation and the specification",
+        confidence=LOCAL,
+    )
+    return [cause.line()], [cause.code]
+
+
+def unclipped_lines(run_unclipped: Callable, want_unclipped: Callable, tol, clip: float) -> tuple[list[str], list[str]]:
+    """``run_unclipped()``: the implementation's losses run again with a ``max_grad_norm`` too large to clip;
+    ``want_unclipped()``: the specified losses without clipping. Where they agree (and the run at ``clip`` did not),
+    the clipping is what differs."""
+    try:
+        got, want = [float(v) for v in run_unclipped()], want_unclipped()
+    except Exception:  # noqa: BLE001 - a reading that cannot run says nothing
+        return [], []
+    if mismatch(got, want, tol) is not None:
+        return [], []
+    cause = Cause(
+        "knob:clipping",
+        f"the losses are the specified ones where max_grad_norm is too large to clip (1e9) and differ at "
+        f"max_grad_norm={clip}: the clipping is wrong (its scale, the norm it measures, what it scales: gradients, "
+        "moments, the update; or where in the step it is applied)",
+        where="the gradient clipping of the training step",
+        fix="scale the gradients by min(1, max_grad_norm / their global norm) between backward and the optimizer's "
+        "step, and nothing else",
+        evidence=f"the same call with max_grad_norm=1e9 instead of {clip} gives the specified losses",
         confidence=LOCAL,
     )
     return [cause.line()], [cause.code]

@@ -589,12 +589,16 @@ class Spec:
         hint_code: str | None = None,
         structural: bool = True,
         rebase=None,
+        readings=(),
     ):
         """Compare two values the test computed (a relation); ``kind`` picks a math tolerance.
 
         ``variants``: ``Variant``s whose ``compute()`` gives the related value with one knob changed.
         ``structural=False``: no structural detectors (the test's ``hint`` reads the evidence better).
         ``rebase``: as for ``check`` (``expected`` is what a correct implementation gives).
+        ``readings``: callables ``(tol) -> (lines, codes)``, each a further call of the implementation that localises
+        the difference (``diagnosis/steps.py``), tried in turn where no variant fits; the first that says something is
+        said.
         """
         if tol is None and kind and tolerance_measurement.enabled():
             tolerance_measurement.record(kind, self.test_id, actual, expected)
@@ -619,7 +623,12 @@ class Spec:
 
             fitting = fitting_variants(variants, actual, tol, expected=expected)
             lines, codes = variant_lines(fitting)
-            if tentative and not fitting:
+            for reading in readings if not fitting else ():
+                found = reading(tol)
+                if found[0]:
+                    lines, codes = lines + found[0], codes + found[1]
+                    break
+            if tentative and not fitting and not lines:
                 lines, codes = [hint, *lines], ([hint_code] if hint_code else []) + codes
             more, more_codes = run(
                 subject=subject,
