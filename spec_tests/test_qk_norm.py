@@ -32,6 +32,7 @@ MISTAKES = {
     "values_too": "the values are normalised too (with k_norm)",
     "keys_plain": "the keys are not normalised (only the queries)",
     "q_weight_for_keys": "the keys are normalised with q_norm's weight instead of k_norm's",
+    "unit_offset": "the q and k norms' gains are 1 + weight (a Gemma-style norm offset) instead of the weight itself",
 }
 
 
@@ -54,7 +55,7 @@ def mistaken_attention(ref, knob: str):
         if knob == "over_d_model":  # one statistic over every head's channels at each token; the gain tiled
             flat = ref.rmsnorm(rearrange(t, "b h t d -> b t (h d)"), repeat(w, "d -> (h d)", h=heads), eps)
             return rearrange(flat, "b t (h d) -> b h t d", h=heads)
-        return ref.rmsnorm(t, w, eps)
+        return ref.rmsnorm(t, 1 + w if knob == "unit_offset" else w, eps)
 
     def attention(x, wq, wk, wv, wo, n_heads, n_kv_heads=None, theta=None, positions=None, *, q_norm, k_norm,
                   norm_eps=1e-5, bq=None, bk=None, bv=None, bo=None, **_):  # fmt: skip

@@ -19,6 +19,19 @@ ROPE_QK = (
 
 BUGS = (
     Bug(
+        "qk_norm_unit_offset",
+        "qk_norm",
+        ATTENTION,
+        "attention.py",
+        old=Q_NORM + "    if k_norm is not None:\n" + K_NORM,
+        new="        q = rmsnorm(q, 1 + q_norm, norm_eps)  # the block norms' Gemma-style offset, copied\n"
+        "    if k_norm is not None:\n"
+        "        k = rmsnorm(k, 1 + k_norm, norm_eps)\n",
+        explanation="the q and k norms' gains are 1 + weight, the Gemma-style offset of the block norms, where "
+        "Qwen3's q/k norms use the weight itself",
+        fix=FIX,
+    ),
+    Bug(
         "qk_norm_over_d_model",
         "qk_norm",
         ATTENTION,
