@@ -68,12 +68,15 @@ def check_chunks(spec, config, chunks, *, seed):
                 "tokens at once otherwise (test_model.py reports it). Fix forward first.",
             )
     hint, hint_code = chunk_hint(cached, full, chunks)
+    read = None  # the cache itself read: a cause there is direct evidence, a variant of the logits fitting is not
     if mismatch(cached, full, tol) is not None:
-        hint, hint_code = (
+        two = ids[:, : chunks[0]], ids[:, chunks[0] : chunks[0] + chunks[1]] if len(chunks) > 1 else None
+        read = (
             cache_reading(spec, config, sd, ids[:, : chunks[0]])
+            or (cache_length_reading(spec, config, sd, *two) if two[1] is not None else None)
             or rows_apart(spec, model, ids, chunks, full, tol)
-            or (hint, hint_code)
         )
+        hint, hint_code = read or (hint, hint_code)
     alone = Variant(
         "knob:cache_contents",
         "the cache is not used: each chunk is computed as if it were the whole sequence",
@@ -85,7 +88,7 @@ def check_chunks(spec, config, chunks, *, seed):
         full,
         kind="model",
         axes="b t v",
-        variants=[alone, *position_variants(spec, config, sd, ids, chunks, cached)],
+        variants=[] if read and read[1] else [alone, *position_variants(spec, config, sd, ids, chunks, cached)],
         hint=hint,
         hint_code=hint_code,
         structural=hint is None,  # a chunk boundary is where the hint looks; "wrong from t = k" adds nothing
@@ -374,6 +377,55 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
             f"note: {prefill} cache_kv holds {', '.join(map(str, sizes))} positions in layers 0 to {len(own) - 1} "
             f"({n} in each expected): each layer's entry should hold exactly the positions written to it"
         ), ""
+    return None
+
+
+def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | None:
+    """``(cause, code)`` from how many positions the implementation's cache holds after two calls (``first``, then
+    ``second``), where the reference's holds both: exactly the second call's length (the cached length set to the
+    new chunk's length instead of advanced by it) or the first's (not advanced by the second call). None otherwise,
+    where cache_kv cannot be read, or with a sliding window (whose layers may keep fewer positions: amendment 27)."""
+    ref = getattr(spec.expectations, "reference", None)
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    if ref is None or not impl.provides("cache_kv") or config.get("sliding_window"):
+        return None
+
+    def lengths(m):
+        model = models.build(m, config, sd)
+        cache = m.new_cache(model, first.shape[0])
+        m.forward(model, first, cache)
+        m.forward(model, second, cache)
+        return {m.cache_kv(cache, layer)[0].shape[2] for layer in range(config["n_layers"])}
+
+    try:
+        own = lengths(impl)
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return None
+    n1, n2 = first.shape[1], second.shape[1]
+    if lengths(ref) != {n1 + n2} or len(own) != 1 or own == {n1 + n2}:
+        return None
+    held = own.pop()
+    said = (
+        f"after a prefill of {n1} token{'s' * (n1 != 1)} and a call with {n2} more, cache_kv holds {held} "
+        f"position{'s' * (held != 1)} ({n1 + n2} written)"
+    )
+    if held == n2 == n1:
+        return (
+            f"likely cause: {said}: the cached length is not advanced by the second call (or is set to each call's "
+            "length), so later calls write over earlier positions and take positions from the wrong offset. Fix: "
+            "cached length += the new tokens' count at every call"
+        ), "knob:position_offset"
+    if held == n2:
+        return (
+            f"likely cause: {said}: the cached length is set to the new call's length instead of advanced by it, so "
+            "later calls write over earlier positions and take positions from the wrong offset. Fix: cached length "
+            "+= the new tokens' count"
+        ), "knob:position_offset"
+    if held == n1:
+        return (
+            f"likely cause: {said}: the cached length is not advanced by the second call, so its keys and values are "
+            "not attended (or are overwritten by the next). Fix: cached length += the new tokens' count at every call"
+        ), "knob:position_offset"
     return None
 
 

@@ -215,6 +215,17 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ the KV cache
     Bug(
+        "cache_length_set_not_advanced",
+        "cache_positions",
+        (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache.py",
+        old="        self.lengths[layer] = end\n",
+        new="        self.lengths[layer] = k.shape[-2]\n",
+        explanation="the cached length is set to the new call's length instead of advanced by it: later calls read "
+        "and write the wrong positions",
+        fix="length += the new tokens' count (end = start + T_new)",
+    ),
+    Bug(
         "cache_positions_restart",
         "cache_positions",
         (*CACHE, *GENERATION, *FORWARD),
