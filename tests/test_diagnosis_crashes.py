@@ -1899,3 +1899,20 @@ def test_an_int_where_the_protocol_writes_a_float_is_tried_as_that_float():
     lines, codes = probe("sampling_probs", probs_refusing_int_temperatures, (randn(3, 10),), {"temperature": 2})
     said = "sampling_probs raises for temperature=2 (an int) and works for temperature=2.0"
     assert any(said in ln for ln in lines) and codes[:1] == ["crash"], lines
+
+
+def loss_flattening_its_targets_with_view(logits, ids):
+    targets = ids[:, 1:]  # a slice: not contiguous
+    flat = targets.view(-1)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), flat)
+
+
+def test_a_view_of_a_non_contiguous_tensor_is_named_at_the_line():
+    """``ids[:, 1:].view(-1)`` (held-out batch 43's cross-entropy kernel) raises torch's "view size is not compatible"
+    for a batch of more than one row: said as .view on a tensor whose memory is not contiguous."""
+    ids = torch.randint(0, 7, (3, 5))
+    lines, codes = _probed("lm_loss", loss_flattening_its_targets_with_view, (randn(3, 5, 7), ids))
+    assert (
+        codes[:1] == ["crash"]
+        and "calls .view on `targets` ([3, 4] int64), whose memory is not contiguous" in (lines[0])
+    ), lines

@@ -273,6 +273,16 @@ def _message_reading(name: str, site: dict, entries: dict, read: list[str]) -> t
             "tensors elementwise (&, |, ~, torch.logical_and) and branch with torch.where, or reduce first (.any(), "
             ".all()) where one answer is meant (evidence: the message, at a line that takes a truth value)"
         ], ["crash"]
+    view = re.search(r"([A-Za-z_][\w.]*(?:\[[^\]]*\])?)\.view\(", source)
+    if view and "view size is not compatible with input tensor's size and stride" in message:
+        text = entries.get(view.group(1), {}).get("text")
+        held = f" ({text})" if text else ""
+        return [
+            f"likely cause: {name} calls .view on `{view.group(1)}`{held}, whose memory is not contiguous (`{source}` "
+            f"at {where}): a slice or transpose, such as ids[:, 1:], cannot be flattened by a view; inputs and "
+            "intermediates of any memory layout are allowed (amendment 30); fix: reshape instead of view (or "
+            ".contiguous() first) (evidence: the message, at a line that calls .view)"
+        ], ["crash"]
     if "meta tensors" in message or "on meta" in message:
         meta = [n for n in read if n in entries and "on meta" in (entries[n].get("text") or "")]
         if len(meta) == 1:

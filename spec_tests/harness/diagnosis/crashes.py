@@ -1655,12 +1655,17 @@ def probe(
         if codes:  # it pins the cause, and what was tried says nothing more
             lines = [line for line in lines if not line.startswith(NOTHING_RAN)]
         lines = site + lines if codes else lines + site
-    elif path_only:  # only a path runs (cache=None, a flag's other value): the raising line may say more
+    elif path_only or any(text in str(crash) for text in SELF_EXPLAINING):  # only a path runs (cache=None, a flag's
+        # other value), or the message says what the line did wrong: the raising line may say more than any probe
         site, site_codes = site_lines(name, getattr(crash, "original", None) or crash)
         if site_codes:
             lines, codes = site + lines, site_codes + codes
     return (lines + shrunk if lines else lines), codes
 
+
+# messages that say the raising line's own mistake whatever the input: a view of a non-contiguous tensor (a smaller
+# input runs only because a view of it happens to be possible)
+SELF_EXPLAINING = ("view size is not compatible with input tensor's size and stride",)
 
 MANY_ROWS, FEW_ROWS = 64, 8
 
