@@ -1916,3 +1916,22 @@ def test_a_view_of_a_non_contiguous_tensor_is_named_at_the_line():
         codes[:1] == ["crash"]
         and "calls .view on `targets` ([3, 4] int64), whose memory is not contiguous" in (lines[0])
     ), lines
+
+
+def generation_growing_its_mask_as_float(model, ids, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                         generator=None, use_cache=True, *, attention_mask=None):  # fmt: skip
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        if mask.is_floating_point():
+            raise TypeError("attention_mask must be bool or integer")
+        ids = torch.cat([ids, ids[:, -1:]], dim=1)
+        mask = torch.cat([mask, torch.ones(ids.shape[0], 1)], dim=1)  # the bug: float ones turn the mask float
+    return ids
+
+
+def test_a_crash_at_the_second_step_of_a_loop_is_named():
+    """generate whose first step leaves a float mask for the second (held-out batch 41's mask grown with float ones):
+    it runs for max_new_tokens=1 and raises for 2 and more, said as the second step raising."""
+    lines, codes = _probed("generate", generation_growing_its_mask_as_float, (None, torch.zeros(2, 3).long(), 5))
+    assert codes == ["crash"], lines
+    assert "raises for max_new_tokens=5 (and 2) and works for max_new_tokens=1; so the first step runs" in lines[0]

@@ -355,6 +355,30 @@ def _speed_only_probes(name, args, kwargs) -> list[Probe]:
     return probes
 
 
+LOOP_COUNTS = ("max_new_tokens", "steps")  # how many times a call's loop runs (generate, train)
+
+
+def _one_step_probes(name, args, kwargs) -> list[Probe]:
+    """A loop count of two or more (``max_new_tokens``, ``steps``) given as 1, where 2 raises as well (control): the
+    first step runs and the second raises, so what one step leaves for the next is the trigger. A path, not a
+    property: said only where nothing nearer is."""
+    probes = []
+    for label, where, value in _labelled_ints(name, args, kwargs):
+        if label in LOOP_COUNTS and value >= 2:
+            probes.append(
+                Probe(
+                    f"{label}={value}" + (" (and 2)" if value > 2 else ""),
+                    f"{label}=1",
+                    *_with(args, kwargs, where, 1),
+                    "; so the first step runs and the second raises: what a step leaves for the next one (a mask, "
+                    "cache or positions grown, converted or advanced wrong) breaks it",
+                    controls=((*_with(args, kwargs, where, 2), False),) if value > 2 else (),
+                    fallback=True,
+                )
+            )
+    return probes
+
+
 def _device_probes(name, args, kwargs) -> list[Probe]:
     """A ``device`` given as a string ("cpu", as torch's own functions take it) or left None, given as the
     ``torch.device`` it names: code that reads ``device.type`` takes only the latter."""
@@ -1462,6 +1486,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _int_as_float_probes(name, args, kwargs)
         + _bool_mask_probes(name, args, kwargs)
         + _int32_probes(name, args, kwargs)
+        + _one_step_probes(name, args, kwargs)
         + (boundary if cached else [])
         + _gqa_probes(args, kwargs)
         + (ledger.probes(name, args, kwargs, Probe) if ledger is not None else [])
