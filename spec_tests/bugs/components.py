@@ -66,6 +66,17 @@ BUGS = (
         fix="use the biased variance mean((x - mean)**2), e.g. x.var(dim=-1, unbiased=False)",
     ),
     Bug(
+        "layernorm_mean_over_padded_blocks",
+        "layernorm",
+        ("layernorm", *MODEL),
+        "norms.py",
+        old="    centred = xf - mean_last(xf)",
+        new="    centred = xf - xf.sum(-1, keepdim=True) / (-(-xf.shape[-1] // 64) * 64)  # blocks of 64 counted full",
+        explanation="layernorm's mean divides the row's sum by a whole number of 64-wide blocks (a block loop's "
+        "partial last block counted as full)",
+        fix="divide by the number of entries: mean over the last axis",
+    ),
+    Bug(
         "norm_statistics_in_input_dtype",
         "precision",
         ("rmsnorm", "layernorm"),

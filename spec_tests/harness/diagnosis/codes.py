@@ -67,6 +67,7 @@ KNOBS = {
     "position_offset": "positions start at the wrong offset (do not continue, restart at 0, off by one)",
     "eps_placement": "eps sits outside the square root, or is missing",
     "eps_value": "eps has the wrong value (the argument is ignored)",
+    "norm_count": "a norm's statistics are divided by another count than its entries (a block loop's padding counted)",
     "variance_bias": "the variance is the unbiased (n-1) one instead of the biased one",
     "mean_subtraction": "the mean is subtracted where it should not be, or not where it should",
     "norm_weight": "the norm weight is missing, applied twice, or the wrong one is used",
