@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 from hypothesis import given
 
 from . import models
@@ -242,6 +243,35 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": tiled}),
             )
         )
+
+        def grid_transposed(q, k, v, *args, **kwargs):  # the query heads grouped as [group, n_kv], not [n_kv, group]
+            rep = q.shape[-3] // k.shape[-3]
+            q = rearrange(q, "... (g kv) t d -> ... (kv g) t d", kv=k.shape[-3], g=rep)
+            return attention(q, k, v, *args, **kwargs)
+
+        if 1 in chunks[1:] and max(chunks) > 1:  # a decode kernel of its own for one new token
+            for how, mistake in (
+                ("query head h reads kv head h % n_kv_heads (tiled), not h // (n_heads / n_kv_heads)", tiled),
+                (
+                    "the query heads are grouped as [group, n_kv_heads] instead of [n_kv_heads, group] (a reshape of "
+                    "the head axis the other way round), so each output head holds another head's query",
+                    grid_transposed,
+                ),
+            ):
+
+                def decoding(q, k, v, *args, mistake=mistake, **kwargs):
+                    return (mistake if q.shape[-2] == 1 else attention)(q, k, v, *args, **kwargs)
+
+                found.append(
+                    Variant(
+                        "knob:gqa_mapping",
+                        f"one new token at a time through the cache (the decode path), {how}; several new tokens "
+                        "are right",
+                        "in the decode path too, query head h reads kv head h // (n_heads / n_kv_heads) "
+                        "(repeat_interleave), its output in head h's place",
+                        chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": decoding}),
+                    )
+                )
     for read, said in (
         ("k", "the keys are written in place of the values too (values read back are the keys)"),
         ("v", "the values are written in place of the keys too (keys read back are the values)"),

@@ -301,4 +301,16 @@ BUGS = (
         fix="is_causal=True only when Tq == Tk; with a cache use a bottom-right mask (j <= i + Tk - Tq)",
         corner=True,
     ),
+    Bug(
+        "decode_heads_grouped_the_other_way",
+        "gqa",
+        MODEL,
+        "attention.py",
+        old='            grouped = rearrange(q, "... (h_kv rep) 1 d -> ... h_kv rep d", rep=n_rep)',
+        new='            grouped = rearrange(q, "... (rep h_kv) 1 d -> ... h_kv rep d", rep=n_rep)',
+        explanation="the decode path (one new token, GQA) groups the query heads as [rep, n_kv_heads] instead of "
+        "[n_kv_heads, rep]: each output head holds another head's query",
+        fix="group the query heads as (h_kv rep): query head h belongs to kv head h // rep",
+        corner=True,
+    ),
 )
