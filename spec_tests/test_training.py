@@ -630,6 +630,10 @@ def test_train_step_ignores_gradients_already_present(spec, family):
             ("forward", "build_model", "canonical_state_dict"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
         ),
+        step=(  # without the stale gradients: a step wrong there is no stale gradient's
+            f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}) from the same weights, without gradients present",
+            lambda m, sd, x, y, stale: one_sgd_step(m, config, sd, x, y),
+        ),
     )
 
 

@@ -88,3 +88,12 @@ def test_a_gradient_wrong_from_a_point_on_the_way_back_is_said_as_that_point():
     assert (
         "first differs at layers.1.attn.wk.weight, layers.1.attn.wv.weight, and 7 of the 7 tensors before" in (lines[0])
     ), lines
+
+
+def test_weights_wrong_up_to_the_output_are_listed():
+    """Where the tensor nearest the output differs too, there is no right part near the output to say: the wrong
+    ones are listed."""
+    want = {k: torch.ones(2) for k in ("tok_embeddings.weight", "layers.0.attn.wq.weight", "final_norm.weight")}
+    got = {**want, "tok_embeddings.weight": torch.zeros(2), "final_norm.weight": torch.zeros(2)}
+    lines, codes = step_lines("after one SGD step", run(2.5, got), run(2.5, want), TOL)
+    assert codes == ["partial_update"] and "tok_embeddings.weight, final_norm.weight (2 of 3 tensors)" in lines[0]

@@ -63,8 +63,8 @@ def step_lines(what: str, run_impl: Callable, run_ref: Callable, tol) -> tuple[l
     frontier = [k for k in unit if k in wrong]
     before = order[: order.index(unit[0])]
     wrong_before = [k for k in before if k in wrong]
-    if before and len(wrong_before) * 2 >= len(before):  # a gradient wrong from some point on the way back
-        after = order[last + 1 :]
+    after = order[last + 1 :]
+    if before and after and len(wrong_before) * 2 >= len(before):  # a gradient wrong from some point on the way back
         shown = ", ".join(after[-4:][::-1]) + (f" and {len(after) - 4} more" if len(after) > 4 else "")
         summary = (
             f"{what}, the loss agrees and the step is right for the {len(after)} tensor{'s' * (len(after) != 1)} "

@@ -321,6 +321,8 @@ class Spec:
                 found = step_lines(
                     step[0], lambda: step[1](raw, *clone_tensors(pristine)), lambda: step[1](reference, *args64), tol
                 )
+                if found[0] and weak and lines[:1] == [hint]:  # the step read on the implementation says more
+                    lines, codes = lines[1:], codes[1:] if hint_code else codes
                 lines, codes = lines + found[0], codes + found[1]
             if call is not None and not fitting:  # an activation's constants, measured on the implementation
                 from ..diagnosis.activation_fit import fitted_activation
