@@ -33,6 +33,17 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "softmax_max_over_last_axis",
+        "softmax_dim",
+        ("softmax",),
+        "primitives.py",
+        old="    shifted = x - x.amax(dim=dim, keepdim=True)",
+        new="    shifted = x - x.amax(dim=-1, keepdim=True)",
+        explanation="the stabilising max is taken over the last axis whatever dim is: along dim it varies, so it no "
+        "longer cancels",
+        fix="subtract x.amax(dim=dim, keepdim=True), over the axis the sum runs over",
+    ),
+    Bug(
         "softmax_no_max_subtraction",
         "stability",
         ("softmax",),

@@ -225,6 +225,25 @@ def _softmax(args, kwargs, style):
         for d in range(x.dim())
         if d != dim
     ]
+    for d in range(x.dim()):
+        if d == dim:
+            continue
+        # the stabilising max taken over another axis: it varies along dim, so it is no longer cancelled
+
+        def other_max(d=d):
+            e = torch.exp(x - x.amax(d, keepdim=True))
+            return e / e.sum(dim, keepdim=True)
+
+        out.append(
+            Variant(
+                "knob:reduction_dim",
+                f"the max subtracted before exp is taken over axis {d} instead of axis {dim} (the sum over axis "
+                f"{dim}): it varies along axis {dim}, so it no longer cancels",
+                where="the dim of the softmax's stabilising max",
+                fix=f"subtract x.max(dim={p.dim}, keepdim=True): the max over the axis the sum runs over",
+                compute=other_max,
+            )
+        )
     for dtype, label in ((F64, "float64"), (torch.float32, "float32")):
         out.append(
             Variant(
