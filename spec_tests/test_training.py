@@ -20,6 +20,7 @@ from .harness.diagnosis.bookkeeping import (
     summed_over,
     target_shift,
 )
+from .harness.diagnosis.steps import fitted_lr_lines, unclipped_lines
 from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import EXACT, Tolerance, tolerance
@@ -868,7 +869,12 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", 1e-3, 1.0),
         ),
-        readings=[unclipped(spec, config, sd, data, x, 2)],
+        readings=[
+            unclipped(spec, config, sd, data, x, 2),
+            lambda tol: fitted_lr_lines(
+                losses, lambda rate: adamw_losses(spec.impl, config, sd, x, 2, lr=rate), 1e-3, tol
+            ),
+        ],
     )
 
 
@@ -908,6 +914,7 @@ def test_train_uses_the_given_lr(spec, family):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", lr, 1.0),
         ),
+        readings=[lambda tol: fitted_lr_lines(losses, correct, lr, tol)],
     )
 
 
@@ -1382,8 +1389,6 @@ def adamw_losses(
 def unclipped(spec, config, sd, data, x, steps: int):
     """A reading for train's failing losses: train run again with max_grad_norm=1e9 (no clipping) against AdamW's
     losses without clipping (``diagnosis/steps.unclipped_lines``)."""
-    from spec_tests.harness.diagnosis.steps import unclipped_lines
-
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
 
     def run():
@@ -1455,7 +1460,12 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 3, "adamw", 1e-3, 1.0),
         ),
-        readings=[unclipped(spec, config, sd, torch.full((40,), 7), x, 3)],
+        readings=[
+            unclipped(spec, config, sd, torch.full((40,), 7), x, 3),
+            lambda tol: fitted_lr_lines(
+                losses, lambda rate: adamw_losses(spec.impl, config, sd, x, 3, lr=rate), 1e-3, tol
+            ),
+        ],
     )
 
 

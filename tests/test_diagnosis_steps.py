@@ -97,3 +97,15 @@ def test_weights_wrong_up_to_the_output_are_listed():
     got = {**want, "tok_embeddings.weight": torch.zeros(2), "final_norm.weight": torch.zeros(2)}
     lines, codes = step_lines("after one SGD step", run(2.5, got), run(2.5, want), TOL)
     assert codes == ["partial_update"] and "tok_embeddings.weight, final_norm.weight (2 of 3 tensors)" in lines[0]
+
+
+def test_the_learning_rate_the_steps_took_is_fitted():
+    """Losses that fall as the rate grows: the rate that gives the implementation's losses is named."""
+    from spec_tests.harness.diagnosis.steps import fitted_lr_lines
+
+    correct = lambda rate: [3.0, 3.0 - 50 * rate, 3.0 - 90 * rate]
+    lines, codes = fitted_lr_lines(correct(6e-4), correct, 4e-3, TOL)
+    assert codes == ["knob:learning_rate"] and "learning rate 0.0006, not 0.004" in lines[0], lines
+    assert fitted_lr_lines(correct(4e-3), correct, 4e-3, TOL) == ([], [])  # the given rate itself
+    assert fitted_lr_lines([3.0, 2.9, 2.0], correct, 4e-3, TOL) == ([], [])  # no one rate gives every loss
+    assert fitted_lr_lines([3.5, 2.9], correct, 4e-3, TOL) == ([], [])  # the first loss differs already

@@ -44,6 +44,16 @@ _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW writte
 
 BUGS = (
     Bug(
+        "train_lr_module_constant",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)\n",
+        new="    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4)  # max_lr of the GPT-3 small schedule\n",
+        explanation="train's AdamW takes a module-level learning rate (6e-4) instead of its lr argument",
+        fix="AdamW(model.parameters(), lr=lr)",
+    ),
+    Bug(
         "train_step_freezes_vectors",
         "training",
         TRAINING,

@@ -9,6 +9,7 @@ others are right. Said only where some, not all, differ: a loss or learning-rate
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -113,6 +114,38 @@ def unclipped_lines(run_unclipped: Callable, want_unclipped: Callable, tol, clip
         fix="scale the gradients by min(1, max_grad_norm / their global norm) between backward and the optimizer's "
         "step, and nothing else",
         evidence=f"the same call with max_grad_norm=1e9 instead of {clip} gives the specified losses",
+        confidence=LOCAL,
+    )
+    return [cause.line()], [cause.code]
+
+
+def fitted_lr_lines(losses, correct: Callable, given: float, tol) -> tuple[list[str], list[str]]:
+    """``correct(rate)``: the specified losses of the same steps at learning rate ``rate``. Where the implementation's
+    ``losses`` agree in their first and a rate in [1e-7, 10] gives them all (found by bisection on the second loss,
+    which falls as the rate grows), the learning rate the steps took is named."""
+    try:
+        got = [float(v) for v in losses]
+        if len(got) < 2 or mismatch(got[:1], correct(given)[:1], tol) is not None:
+            return [], []
+        lo, hi = math.log(1e-7), math.log(10.0)
+        second = lambda log_rate: float(correct(math.exp(log_rate))[1])
+        if not second(hi) <= got[1] <= second(lo):
+            return [], []
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if second(mid) > got[1] else (lo, mid)
+        rate = math.exp((lo + hi) / 2)
+        if mismatch(got, [float(v) for v in correct(rate)], tol) is not None or abs(rate / given - 1) < 0.01:
+            return [], []
+    except Exception:  # noqa: BLE001 - a reading that cannot run says nothing
+        return [], []
+    cause = Cause(
+        "knob:learning_rate",
+        f"the steps are those of learning rate {rate:.3g}, not {given:g}, the lr train was called with (or defaults "
+        "to): a default or a module-level constant used instead of the argument, or a schedule's value",
+        where="the learning rate the optimizer inside train is made with, and what sets it at each step",
+        fix="use the lr argument, unchanged, at every step",
+        evidence=f"the specified steps at lr {rate:.3g} (fitted on the second loss) give every loss",
         confidence=LOCAL,
     )
     return [cause.line()], [cause.code]
