@@ -179,7 +179,36 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 lambda k, c: torch.full((chunks[k],), c + chunks[k] - 1),
             )
         )
+    sizes = {}  # the cache tensors' other axes, whose size a slip reads as the cached length (k.shape[1])
+    for size, label in (
+        (ids.shape[0], "the batch size"),
+        (models.n_kv(config), "n_kv_heads"),
+        (config["n_heads"], "n_heads"),
+        (models.d_head(config), "d_head"),
+    ):
+        if size not in chunks[:1]:
+            sizes.setdefault(size, []).append(label)
+    for size, labels in sizes.items():
+        axis = " and ".join(labels)
+        rules.append(
+            (
+                f"a cached call's positions start at {size} ({axis}, another axis of the cache's [B, H, T, d] "
+                "tensors read as its length: k.shape[1] for k.shape[2]), not at the cache length",
+                lambda k, n, size=size: 0 if k == 0 else size,
+            )
+        )
     found = [Variant("knob:position_offset", summary, fix, chunks_at(rule)) for summary, rule in rules]
+    for size, labels in sizes.items():
+        found.append(
+            Variant(
+                "knob:position_offset",
+                f"a cached call's positions and its mask's rows start at {size} ({' and '.join(labels)}, another axis "
+                "of the cache's [B, H, T, d] tensors read as its length: k.shape[1] for k.shape[2]), not at the cache "
+                "length",
+                fix,
+                chunks_at(lambda k, n, size=size: 0 if k == 0 else size, lambda k, n, size=size: 0 if k == 0 else size),
+            )
+        )
     found.append(
         Variant(
             "knob:position_offset",
