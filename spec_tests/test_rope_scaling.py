@@ -1,10 +1,13 @@
 """RoPE scaling for long context (protocol v2, capability ``rope_scaling``): Hugging Face's ``rope_scaling`` dicts
 ``linear``, ``dynamic``, ``llama3`` and ``yarn``, in ``rope(..., scaling=)`` and in the model's config."""
 
+import math
+
 import pytest
 import torch
 
 from . import models
+from .harness.diagnosis.constant_fit import measured_rotation
 from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
@@ -100,6 +103,41 @@ def variants(kind: str, call, faster=None) -> list[Variant]:
     ]
 
 
+def band_reading(spec, sc: dict, kind: str):
+    """A reading for a failing scaled rope: each pair's angle per position, measured on the implementation and on the
+    reference with the same ``rope_scaling`` (``constant_fit.measured_rotation``); where some pairs turn as specified
+    and others not, the others are named with their wavelengths (llama3 treats three bands of wavelengths apart)."""
+
+    def read(tol) -> tuple[list[str], list[str]]:
+        ref = getattr(spec.expectations, "reference", None)
+        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+        if ref is None:
+            return [], []
+        style = spec.impl.rope_style
+        try:
+            mine = measured_rotation(lambda x, p: raw.rope(x, p, scaling=sc), S.D_HEAD, style)
+            theirs = measured_rotation(lambda x, p: ref.rope(x, p, scaling=sc), S.D_HEAD, style)
+        except Exception:  # noqa: BLE001 - a reading the implementation cannot run says nothing
+            return [], []
+        if mine is None or theirs is None or (mine[0] - theirs[0]).abs().max() > 1e-9:
+            return [], []
+        wrong = ((mine[1] - theirs[1]).abs() > 1e-6 * theirs[1].abs()).nonzero().flatten().tolist()
+        if not wrong or len(wrong) == len(theirs[1]):
+            return [], []
+        said = ", ".join(
+            f"pair {i} (wavelength {2 * math.pi * 10000.0 ** (2 * i / S.D_HEAD):.4g} unscaled) turns by "
+            f"{float(mine[1][i]):.4g} per position, not {float(theirs[1][i]):.4g}"
+            for i in wrong
+        )
+        return [
+            f"likely cause: with rope_scaling {kind}, {said}; the other {len(theirs[1]) - len(wrong)} pairs "
+            f"turn as specified. Look at how the scaling treats those wavelengths; fix: {FIX[kind]} "
+            "(evidence: rope measured on unit vectors at positions 0 to 2, with and without your code)"
+        ], ["knob:rope_scaling"]
+
+    return read
+
+
 def unit_pairs(spec, d: int) -> torch.Tensor:
     """``[d/2, 1, d]``: row i is the unit vector on pair i's first channel, in the declared style."""
     x = torch.zeros(d // 2, 1, d, dtype=torch.float64, device=spec.device)
@@ -135,6 +173,7 @@ def test_rope_scaling_matches_reference(spec, kind):
         kind="positions",
         axes="b h t d",
         variants=variants(kind, lambda ref, s, x: ref.rope(x, pos, scaling=s), lambda ref, m, x: ref.rope(x, pos * m)),
+        readings=[band_reading(spec, sc, kind)],
         behaviour=f"rope with rope_scaling {sc} at positions {sorted(pos.tolist())}",
     )
 
@@ -155,6 +194,7 @@ def test_rope_scaling_takes_the_legacy_type_key(spec, kind):
         subject="rope",
         kind="positions",
         axes="b h t d",
+        readings=[band_reading(spec, legacy, kind)],
         behaviour=f"rope with the legacy rope_scaling {legacy} (type for rope_type)",
     )
 

@@ -7,6 +7,16 @@ from .model_components import FORWARD
 
 BUGS = (
     Bug(
+        "llama3_blend_weights_swapped",
+        "rope_scaling",
+        ("rope", *FORWARD),
+        "rope_scaling.py",
+        old="        interpolated = (1 - smooth) * base / factor + smooth * base",
+        new="        interpolated = smooth * base / factor + (1 - smooth) * base",
+        explanation="llama3's medium band blends the scaled and the plain frequency with the two weights swapped",
+        fix="interpolated = (1 - smooth) * base / factor + smooth * base",
+    ),
+    Bug(
         "llama3_wavelength_bounds_swapped",
         "rope_scaling",
         ("rope", *FORWARD),

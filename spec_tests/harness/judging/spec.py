@@ -203,6 +203,7 @@ class Spec:
         model_knobs: bool = False,
         weights_used: bool = False,
         step=None,
+        readings=(),
     ):
         """Assert ``compute(impl, *args)`` equals ``compute(reference, *float64 args)``; returns the actual value.
 
@@ -228,6 +229,8 @@ class Spec:
         ``step = (what, one)``: where no variant fits, ``one(subject, *args)`` (``{"loss", "weights"}`` after one
         optimisation step) on the implementation and the reference names the weights whose step alone differs
         (``diagnosis/steps.py``).
+        ``readings``: callables ``(tol) -> (lines, codes)`` measuring the implementation further, tried in turn where
+        no variant fits (as ``close``'s).
         """
         pristine = clone_tensors(args)
         try:
@@ -314,6 +317,11 @@ class Spec:
 
                     found = depth_lines(compute, self.impl, reference, pristine, args64, tol)
                     lines, codes = lines + found[0], codes + found[1]
+            for reading in readings if not fitting else ():
+                found = reading(tol)
+                if found[0]:
+                    lines, codes = lines + found[0], codes + found[1]
+                    break
             if step is not None and reference is not None and not fitting:  # which weights' step differs
                 from ..diagnosis.steps import step_lines
 
