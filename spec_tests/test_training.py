@@ -577,8 +577,8 @@ def steps_on_batches(m, cfg, sd, batches, own: bool = False):
 @pytest.mark.bug_class("training")
 def test_train_step_takes_batches_of_changing_shape(spec, family):
     """train_step on one model with one optimizer, on a [3, 8] batch and then a [2, 11] one: each call steps on the
-    batch it is given, whatever the shape of the ones before (protocol: train_step, x and y [B, T] for any B and
-    T <= context_length; a buffer kept on the model from an earlier call must not fix the shape of later ones)."""
+    batch it is given, whatever the shape of the ones before, so a buffer kept on the model from an earlier call must
+    not fix the shape of later ones (protocol: train_step)."""
     config = models.family_config(spec.impl, family)
     sd = models.random_state_dict(config, seed=77, device=spec.device)
     first = spec.inputs.token_ids(3, 9, vocab=config["vocab_size"], seed=78)
