@@ -449,21 +449,28 @@ def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | N
     if ref is None or not impl.provides("cache_kv") or config.get("sliding_window"):
         return None
 
-    def lengths(m):
+    def shapes(m):  # each layer's keys' and values' shapes after the two calls
         model = models.build(m, config, sd)
         cache = m.new_cache(model, first.shape[0])
         m.forward(model, first, cache)
         m.forward(model, second, cache)
-        return {m.cache_kv(cache, layer)[0].shape[2] for layer in range(config["n_layers"])}
+        return {tuple(tuple(t.shape) for t in m.cache_kv(cache, layer)) for layer in range(config["n_layers"])}
 
     try:
-        own = lengths(impl)
+        own = shapes(impl)
     except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
         return None
     n1, n2 = first.shape[1], second.shape[1]
-    if lengths(ref) != {n1 + n2} or len(own) != 1 or own == {n1 + n2}:
+    (want,) = shapes(ref)
+    if len(own) != 1:
         return None
-    held = own.pop()
+    (held_shapes,) = own
+    # the same layout but for the time axis: its length is what differs (a cache grown along another axis is not)
+    if len(held_shapes) != 2 or any(len(h) != 4 or h[:2] + h[3:] != w[:2] + w[3:] for h, w in zip(held_shapes, want)):
+        return None
+    held = held_shapes[0][2]
+    if held_shapes[1][2] != held or held == n1 + n2:
+        return None
     said = (
         f"after a prefill of {n1} token{'s' * (n1 != 1)} and a call with {n2} more, cache_kv holds {held} "
         f"position{'s' * (held != 1)} ({n1 + n2} written)"
