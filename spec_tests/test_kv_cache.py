@@ -75,12 +75,12 @@ def check_chunks(spec, config, chunks, *, seed):
     hint, hint_code = chunk_hint(cached, full, chunks)
     read = None  # the cache itself read: a cause there is direct evidence, a variant of the logits fitting is not
     if mismatch(cached, full, tol) is not None:
-        two = ids[:, : chunks[0]], ids[:, chunks[0] : chunks[0] + chunks[1]] if len(chunks) > 1 else None
+        first, second = ids[:, : chunks[0]], ids[:, chunks[0] : sum(chunks[:2])]
         read = (
-            cache_reading(spec, config, sd, ids[:, : chunks[0]])
+            cache_reading(spec, config, sd, first)
             or (
-                cache_length_reading(spec, config, sd, *two)
-                if two[1] is not None and held_otherwise(spec, kept[0], ids.shape[1])
+                cache_length_reading(spec, config, sd, first, second)
+                if len(chunks) > 1 and held_otherwise(spec, kept[0], ids.shape[1])
                 else None
             )
             or rows_apart(spec, model, ids, chunks, full, tol)

@@ -3,6 +3,7 @@ token-weighted evaluation."""
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -174,6 +175,11 @@ OPTIMIZERS = {
 }  # AdamW's eps keeps tiny gradients' rounding small
 
 
+def weights_of(m, model) -> dict:
+    """A copy of ``model``'s weights under their canonical names."""
+    return {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}
+
+
 def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm, stale=None):
     """Losses and weights after two train_steps from ``sd`` with one fresh optimizer.
 
@@ -187,7 +193,7 @@ def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm, stale=None):
     opt = m.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     clip = {} if max_grad_norm is None else {"max_grad_norm": max_grad_norm}
     losses = [float(m.train_step(model, opt, x, y, **clip)) for _ in range(2)]
-    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+    return {"losses": losses, "weights": weights_of(m, model)}
 
 
 def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm, clip_each=False):
@@ -199,7 +205,7 @@ def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm, clip_each=Fal
     kw = OPTIMIZERS[optimizer]
     kind = "sgd" if optimizer == "sgd" else "adamw"
     losses = m.correct_steps(model, kind, kw["lr"], kw.get("eps", 1e-8), x, y, max_grad_norm, 2, clip_each=clip_each)
-    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+    return {"losses": losses, "weights": weights_of(m, model)}
 
 
 def losses_with_own_train_step(m, cfg, sd, batches, kind: str, lr: float, max_grad_norm=None) -> list[float]:
@@ -512,7 +518,16 @@ def one_sgd_step(m, cfg, sd, x, y):
     """The loss and the weights after one SGD train_step from ``sd`` (a reading: which weights' step differs)."""
     model = models.build(m, cfg, sd)
     loss = float(m.train_step(model, m.make_optimizer(model, "sgd", **OPTIMIZERS["sgd"]), x, y))
-    return {"loss": loss, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+    return {"loss": loss, "weights": weights_of(m, model)}
+
+
+def sgd_step_reading(cfg, taken: str = " from the same weights") -> tuple[str, Callable]:
+    """``Spec.check``'s ``step``: one SGD step (``one_sgd_step``) on the check's ``sd, x, y`` (any further argument
+    left out), said as taken as ``taken`` says."""
+    return (
+        f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}){taken}",
+        lambda m, sd, x, y, *_: one_sgd_step(m, cfg, sd, x, y),
+    )
 
 
 def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behaviour: str, variants=()) -> None:
@@ -531,10 +546,7 @@ def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behavio
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
         ),
         variants=variants,
-        step=(
-            f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}) from the same weights",
-            lambda m, sd, x, y: one_sgd_step(m, config, sd, x, y),
-        ),
+        step=sgd_step_reading(config),
     )
 
 
@@ -570,7 +582,7 @@ def steps_on_batches(m, cfg, sd, batches, own: bool = False):
     else:
         opt = m.make_optimizer(model, "sgd", lr=lr)
         losses = [float(m.train_step(model, opt, x, y)) for x, y in batches]
-    return {"losses": losses, "weights": {k: v.detach().clone() for k, v in m.canonical_state_dict(model).items()}}
+    return {"losses": losses, "weights": weights_of(m, model)}
 
 
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
@@ -631,10 +643,8 @@ def test_train_step_ignores_gradients_already_present(spec, family):
             ("forward", "build_model", "canonical_state_dict"),
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
         ),
-        step=(  # without the stale gradients: a step wrong there is no stale gradient's
-            f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}) from the same weights, without gradients present",
-            lambda m, sd, x, y, stale: one_sgd_step(m, config, sd, x, y),
-        ),
+        # without the stale gradients: a step wrong there is no stale gradient's
+        step=sgd_step_reading(config, " from the same weights, without gradients present"),
     )
 
 
@@ -869,12 +879,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", 1e-3, 1.0),
         ),
-        readings=[
-            unclipped(spec, config, sd, data, x, 2),
-            lambda tol: fitted_lr_lines(
-                losses, lambda rate: adamw_losses(spec.impl, config, sd, x, 2, lr=rate), 1e-3, tol
-            ),
-        ],
+        readings=train_readings(spec, config, sd, data, x, losses, 2),
     )
 
 
@@ -914,7 +919,7 @@ def test_train_uses_the_given_lr(spec, family):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 2, "adamw", lr, 1.0),
         ),
-        readings=[lambda tol: fitted_lr_lines(losses, correct, lr, tol)],
+        readings=train_readings(spec, config, sd, data, x, losses, 2, lr),
     )
 
 
@@ -1386,16 +1391,27 @@ def adamw_losses(
     return losses
 
 
-def unclipped(spec, config, sd, data, x, steps: int):
-    """A reading for train's failing losses: train run again with max_grad_norm=1e9 (no clipping) against AdamW's
-    losses without clipping (``diagnosis/steps.unclipped_lines``)."""
+def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e-3) -> list[Callable]:
+    """Readings for train's failing losses on data of one repeated token (every batch ``x``) at learning rate ``lr``:
+    train run again with max_grad_norm=1e9 against AdamW's losses without clipping (``steps.unclipped_lines``), then
+    the learning rate its steps took (``steps.fitted_lr_lines``), on train run again for three steps where the test
+    took fewer (one rate fitted to two losses gives both)."""
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    fit_steps = max(steps, 3)
 
-    def run():
+    def run(n, **kw):
         model = models.build(raw, config, sd, training=True)
-        return raw.train(model, data, steps=steps, batch_size=x.shape[0], context_length=x.shape[1], max_grad_norm=1e9)
+        return raw.train(model, data, steps=n, batch_size=x.shape[0], context_length=x.shape[1], lr=lr, **kw)
 
-    return lambda tol: unclipped_lines(run, lambda: adamw_losses(spec.impl, config, sd, x, steps, clip=None), tol, 1.0)
+    def fitted(tol):
+        got = losses if steps >= 3 else run(fit_steps)
+        return fitted_lr_lines(got, lambda rate: adamw_losses(spec.impl, config, sd, x, fit_steps, lr=rate), lr, tol)
+
+    def unclipped(tol):
+        want = lambda: adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=None)
+        return unclipped_lines(lambda: run(steps, max_grad_norm=1e9), want, tol, 1.0)
+
+    return [unclipped, fitted]
 
 
 @judges("train", uses=("build_model", "forward", "canonical_state_dict"))
@@ -1460,12 +1476,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
             ("train_step",),
             lambda: losses_with_own_train_step(spec.impl, config, sd, [(x, x)] * 3, "adamw", 1e-3, 1.0),
         ),
-        readings=[
-            unclipped(spec, config, sd, torch.full((40,), 7), x, 3),
-            lambda tol: fitted_lr_lines(
-                losses, lambda rate: adamw_losses(spec.impl, config, sd, x, 3, lr=rate), 1e-3, tol
-            ),
-        ],
+        readings=train_readings(spec, config, sd, torch.full((40,), 7), x, losses, 3),
     )
 
 
@@ -1499,8 +1510,5 @@ def test_train_step_reaches_the_first_and_last_token_ids(spec, family):
             lambda: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None),
         ),
         variants=step_variants(config, "sgd", None),
-        step=(
-            f"after one SGD step (lr {OPTIMIZERS['sgd']['lr']}) on these ids from the same weights",
-            lambda m, sd, x, y: one_sgd_step(m, config, sd, x, y),
-        ),
+        step=sgd_step_reading(config, " on these ids from the same weights"),
     )

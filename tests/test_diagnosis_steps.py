@@ -108,4 +108,5 @@ def test_the_learning_rate_the_steps_took_is_fitted():
     assert codes == ["knob:learning_rate"] and "learning rate 0.0006, not 0.004" in lines[0], lines
     assert fitted_lr_lines(correct(4e-3), correct, 4e-3, TOL) == ([], [])  # the given rate itself
     assert fitted_lr_lines([3.0, 2.9, 2.0], correct, 4e-3, TOL) == ([], [])  # no one rate gives every loss
-    assert fitted_lr_lines([3.5, 2.9], correct, 4e-3, TOL) == ([], [])  # the first loss differs already
+    assert fitted_lr_lines([3.5, 2.9, 2.5], correct, 4e-3, TOL) == ([], [])  # the first loss differs already
+    assert fitted_lr_lines(correct(6e-4)[:2], correct, 4e-3, TOL) == ([], [])  # two losses: any rate fits the second

@@ -122,10 +122,11 @@ def unclipped_lines(run_unclipped: Callable, want_unclipped: Callable, tol, clip
 def fitted_lr_lines(losses, correct: Callable, given: float, tol) -> tuple[list[str], list[str]]:
     """``correct(rate)``: the specified losses of the same steps at learning rate ``rate``. Where the implementation's
     ``losses`` agree in their first and a rate in [1e-7, 10] gives them all (found by bisection on the second loss,
-    which falls as the rate grows), the learning rate the steps took is named."""
+    which falls as the rate grows), the learning rate the steps took is named. At least three losses: one rate fitted
+    to the second gives any two, so only a third that it gives too is evidence."""
     try:
         got = [float(v) for v in losses]
-        if len(got) < 2 or mismatch(got[:1], correct(given)[:1], tol) is not None:
+        if len(got) < 3 or mismatch(got[:1], correct(given)[:1], tol) is not None:
             return [], []
         lo, hi = math.log(1e-7), math.log(10.0)
         second = lambda log_rate: float(correct(math.exp(log_rate))[1])

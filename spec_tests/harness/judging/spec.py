@@ -55,6 +55,15 @@ def _tentative(hint: str | None) -> bool:
     return bool(hint) and hint.startswith(("likely cause (weak", "note:"))
 
 
+def first_reading(readings, tol) -> tuple[list[str], list[str]]:
+    """The lines and codes of the first of ``readings`` (callables ``(tol) -> (lines, codes)``) that says something."""
+    for reading in readings:
+        found = reading(tol)
+        if found[0]:
+            return found
+    return [], []
+
+
 class SpecFailure(AssertionError):
     """A behaviour the implementation does not meet; the message is the whole report.
 
@@ -317,11 +326,9 @@ class Spec:
 
                     found = depth_lines(compute, self.impl, reference, pristine, args64, tol)
                     lines, codes = lines + found[0], codes + found[1]
-            for reading in readings if not fitting else ():
-                found = reading(tol)
-                if found[0]:
-                    lines, codes = lines + found[0], codes + found[1]
-                    break
+            if not fitting:
+                found = first_reading(readings, tol)
+                lines, codes = lines + found[0], codes + found[1]
             if step is not None and reference is not None and not fitting:  # which weights' step differs
                 from ..diagnosis.steps import step_lines
 
@@ -633,11 +640,9 @@ class Spec:
 
             fitting = fitting_variants(variants, actual, tol, expected=expected)
             lines, codes = variant_lines(fitting)
-            for reading in readings if not fitting else ():
-                found = reading(tol)
-                if found[0]:
-                    lines, codes = lines + found[0], codes + found[1]
-                    break
+            if not fitting:
+                found = first_reading(readings, tol)
+                lines, codes = lines + found[0], codes + found[1]
             if tentative and not fitting and not lines:
                 lines, codes = [hint, *lines], ([hint_code] if hint_code else []) + codes
             more, more_codes = run(
