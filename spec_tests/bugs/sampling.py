@@ -203,6 +203,18 @@ BUGS = (
         code="knob:unsort",
     ),
     Bug(
+        "top_p_mask_put_back_with_gather",
+        "top_p",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    drop = drop_sorted.scatter(-1, order, drop_sorted)",
+        new="    drop = drop_sorted.gather(-1, order)  # back to vocabulary order",
+        explanation="top-p makes its drop mask in sorted order and puts it back with the sort's permutation again "
+        "(gather) instead of its inverse (scatter), so the mask drops other tokens than those outside the nucleus",
+        fix="drop_sorted.scatter(-1, order, drop_sorted)",
+        code="knob:unsort",
+    ),
+    Bug(
         "top_p_sorted_ascending",
         "top_p",
         (*SAMPLING, *GENERATION),

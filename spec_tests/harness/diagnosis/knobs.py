@@ -1429,6 +1429,7 @@ def _sampling(
     renorm=True,
     keep_least=False,
     fill=-math.inf,
+    mask_gathered=None,
 ):
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(F64)
@@ -1456,6 +1457,8 @@ def _sampling(
         probs_all = torch.softmax(zk, -1)
         least = probs_all.masked_fill(~torch.isfinite(zk), math.inf).argmin(-1, keepdim=True)
         keep = keep.scatter(-1, least, True)
+    if mask_gathered is not None:  # the keep mask, made in sorted order, put back with the permutation, not its inverse
+        keep = _gathered_twice(keep, logits, mask_gathered)
     if fill != -math.inf:  # the filtered logits set to a finite value: they keep weight in the softmax
         return torch.softmax(torch.where(torch.isfinite(zk) & keep, z, torch.full_like(z, fill)), -1)
     probs = torch.softmax(zk, -1) * keep
@@ -1463,8 +1466,9 @@ def _sampling(
 
 
 def _gathered_twice(probs: torch.Tensor, logits: torch.Tensor, descending: bool) -> torch.Tensor:
-    """``probs`` (already in vocabulary order) taken into the logits' sorted order and then "unsorted" with the same
-    permutation again: what code that restores the order with ``gather`` instead of ``scatter`` returns."""
+    """``probs`` (or a keep mask; already in vocabulary order) taken into the logits' sorted order and then "unsorted"
+    with the same permutation again: what code that restores the order with ``gather`` instead of ``scatter``
+    returns."""
     idx = logits.argsort(dim=-1, descending=descending, stable=True)
     return probs.gather(-1, idx).gather(-1, idx)
 
@@ -1641,6 +1645,19 @@ def _sampling_probs(args, kwargs, style):
                 where="putting the filtered values back in vocabulary order",
                 fix="scatter the sorted values back to the sort's indices: out.scatter(-1, sorted_idx, sorted_values)",
                 compute=lambda descending=descending: _gathered_twice(_sampling(lg, t, k, tp), lg, descending),
+            )
+            for order, descending in (("descending", True), ("ascending", False))
+        ]
+    if tp is not None and tp < 1 and t > 0:
+        out += [
+            Variant(
+                "knob:unsort",
+                f"the top-p keep mask lands on the wrong token ids: made in {order} sorted order, it is put back by "
+                "applying the sort's permutation again (gather) instead of its inverse (scatter), so other tokens "
+                "than the nucleus are kept",
+                where="putting the top-p mask back in vocabulary order",
+                fix="scatter the sorted mask back to the sort's indices: mask.scatter(-1, sorted_idx, sorted_mask)",
+                compute=lambda descending=descending: _sampling(lg, t, k, tp, mask_gathered=descending),
             )
             for order, descending in (("descending", True), ("ascending", False))
         ]
