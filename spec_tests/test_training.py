@@ -1480,6 +1480,92 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
     )
 
 
+def unclipped_grad_norms(m, cfg, sd, x, steps: int, lr: float) -> list[float]:
+    """The global gradient norm of each of ``steps`` unclipped AdamW steps on the one batch ``(x, x)``."""
+    model = models.build(m, cfg, sd, training=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    norms = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        logits = m.forward(model, x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1)).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)))
+        opt.step()
+    return norms
+
+
+@judges("train", uses=("build_model", "forward", "canonical_state_dict"))
+@pytest.mark.bug_class("training")
+def test_train_clips_at_the_given_max_grad_norm(spec):
+    """train clips the global gradient norm at its max_grad_norm (protocol: train; train_step): on data of one
+    repeated token every batch is the same, and with max_grad_norm the median of the unclipped steps' gradient norms,
+    clipping binds on the early steps and not the late ones. What clipping changes in train's losses (its losses
+    minus those of train with max_grad_norm=1e9) equals what it changes in AdamW's.
+
+    Where clipping binds at every step (the default 1.0 here), AdamW's update, invariant to the gradient's scale,
+    hides the threshold; this test is where it shows, at lr 3e-3 (at 1e-3 the gpt2 model's gradient norms fall too
+    slowly over eight steps for the threshold to matter much). The tolerance is what AdamW's unspecified
+    hyperparameters may move that change, measured here on the same model (weight decay 0.1 with beta2 0.95 instead
+    of 0.999), x1.5, plus 2e-4 for weight decay 0 and eps 1e-8 to 1e-6 (measured on the reference: at most 9.1e-5
+    over six models). One family, the implementation's first: train's loop is the same for both.
+    """
+    steps, lr = 8, 3e-3
+    config = models.family_config(spec.impl, spec.impl.families[0])
+    sd = models.random_state_dict(config, seed=73, device=spec.device)
+    data = torch.full((40,), 7)
+    x = torch.full((4, 10), 7, device=spec.device)
+    norms = spec.expected(lambda m, sd, x: unclipped_grad_norms(m, config, sd, x, steps, lr), sd, x, label="norms")
+    clip = float(sorted(norms)[len(norms) // 2])
+
+    def trained(max_grad_norm):
+        model = models.build(spec.impl, config, sd, training=True)
+        kw = dict(steps=steps, batch_size=4, context_length=10, lr=lr, max_grad_norm=max_grad_norm)
+        return [float(v) for v in spec.impl.train(model, data, **kw)]
+
+    def change(clipped, unclipped):
+        return [a - b for a, b in zip(clipped, unclipped, strict=True)]
+
+    free = trained(1e9)
+    got = change(trained(clip), free)
+    unclipped = adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=None)
+    want = change(adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=clip), unclipped)
+    corner = {"weight_decay": 0.1, "betas": (0.9, 0.95)}
+    unclipped_corner = adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=None, **corner)
+    spread = max(
+        abs(a - b)
+        for a, b in zip(
+            change(adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=clip, **corner), unclipped_corner), want
+        )
+    )
+    tol = Tolerance(1.5 * spread + 2e-4, 0.0, "AdamW's weight decay (0 to 0.1), beta2 (0.95 to 0.999), eps", "clipping")
+    if mismatch(free, unclipped, tol) is None:  # max_grad_norm=1e9 runs unclipped: which of the two it is
+        inert = (
+            "train never clips: max_grad_norm changes nothing (and max_grad_norm=1e9 gives AdamW's unclipped losses)"
+        )
+    else:
+        inert = (
+            "max_grad_norm changes nothing: train clips at a norm of its own (one that binds at every step, such as "
+            "1.0), since max_grad_norm=1e9 does not give AdamW's unclipped losses either"
+        )
+    spec.close(
+        got,
+        want,
+        tol=tol,
+        behaviour=f"train(model, 40 copies of one token, steps={steps}, batch_size=4, context_length=10, lr={lr}, "
+        f"max_grad_norm={clip:.4g}) minus the same with max_grad_norm=1e9: what clipping at {clip:.4g} changes in "
+        "each loss",
+        variants=[
+            Variant(
+                "knob:clipping",
+                inert,
+                "clip_grad_norm_(model.parameters(), max_grad_norm) with train's own max_grad_norm, between backward "
+                "and the optimizer's step",
+                lambda: [0.0] * steps,
+            ),
+        ],
+    )
+
+
 def with_vocabulary_edges(ids, vocab: int):
     """``ids [B, T]`` (B >= 2, T >= 3) with token 0 and token vocab - 1 in both ``ids[:, :-1]`` and ``ids[:, 1:]``."""
     ids = ids.clone()

@@ -54,6 +54,16 @@ BUGS = (
         fix="AdamW(model.parameters(), lr=lr)",
     ),
     Bug(
+        "train_clips_at_a_fixed_norm",
+        "training",
+        TRAINING,
+        "training.py",
+        old="            losses.append(train_step(model, optimizer, x, y, max_grad_norm))",
+        new="            losses.append(train_step(model, optimizer, x, y, 1.0))  # the GPT-3 recipe's clipping",
+        explanation="train clips the gradient norm at 1.0 whatever max_grad_norm it is given",
+        fix="train_step(model, optimizer, x, y, max_grad_norm)",
+    ),
+    Bug(
         "train_step_freezes_vectors",
         "training",
         TRAINING,
