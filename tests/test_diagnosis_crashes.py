@@ -3,6 +3,7 @@ the property whose change makes it run is named; nothing is claimed when no vari
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import torch
@@ -1935,3 +1936,44 @@ def test_a_crash_at_the_second_step_of_a_loop_is_named():
     lines, codes = _probed("generate", generation_growing_its_mask_as_float, (None, torch.zeros(2, 3).long(), 5))
     assert codes == ["crash"], lines
     assert "raises for max_new_tokens=5 (and 2) and works for max_new_tokens=1; so the first step runs" in lines[0]
+
+
+def test_not_implemented_is_a_stub_raise_and_not_torch_refusing_an_input(tmp_path):
+    """A ``NotImplementedError`` raised by a ``raise`` statement of the implementation is "not implemented"; one raised
+    by a torch op on the input's dtype ("lt_cpu" not implemented for 'UInt16') is a crash on that input."""
+    from spec_tests.harness.diagnosis.crash_site import raised_as_not_implemented
+
+    (tmp_path / "uint_ops.py").write_text(
+        "def below(x):\n    return x < 3\n\n\ndef stub(x):\n    raise NotImplementedError(\n        'todo'\n    )\n"
+    )
+    spec = importlib.util.spec_from_file_location("uint_ops", tmp_path / "uint_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    raised = []
+    for call in (lambda: module.below(torch.tensor([1, 2], dtype=torch.uint16)), lambda: module.stub(1)):
+        try:
+            call()
+        except NotImplementedError as exc:
+            raised.append(raised_as_not_implemented(exc))
+    assert raised == [False, True]
+
+
+def test_a_torch_not_implemented_is_reported_as_a_crash(tmp_path, pytester):
+    """End to end: a copy of the reference whose get_batch compares uint16 tokens (torch has no '<' for them) fails
+    as a crash that says where it raised, not as "not implemented"."""
+
+    def edit(folder):
+        training = folder / "training.py"
+        training.write_text(
+            training.read_text().replace(
+                "    tokens = as_token_tensor(data)\n",
+                "    tokens = as_token_tensor(data)\n    assert not bool((tokens.to(torch.uint16) < 0).any())\n",
+                1,
+            )
+        )
+
+    folder = implementation(tmp_path, edit=edit)
+    proc = run_suite(f"--impl={folder}", "-k", "test_get_batch", cwd=tmp_path, pytester=pytester)
+    out = proc.stdout
+    assert "not implemented for 'UInt16'" in out, out[-3000:]
+    assert "not implemented:" not in out.lower() and "NotImplementedError" in out, out[-3000:]

@@ -62,6 +62,29 @@ def _own_frames(exc: BaseException, *, libraries: bool) -> list[tuple[str, int, 
     return frames
 
 
+def raised_as_not_implemented(exc: BaseException) -> bool:
+    """Whether a ``NotImplementedError`` says "not implemented": raised by a ``raise`` statement of code outside torch
+    and the standard library (a stub, or a library declining a feature), not by a compiled torch op (``"index_select"
+    not implemented for 'UInt16'``) nor by torch's Python code refusing the input, which are crashes on that input."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return True
+    code = tb.tb_frame.f_code
+    if code.co_filename.startswith("<"):
+        return True
+    real = os.path.realpath(code.co_filename)
+    torch_or_stdlib = tuple(r for r in _foreign_roots(installed=False) if not r.startswith(_SUITE))
+    if any(real.startswith(r) for r in torch_or_stdlib):
+        return False
+    line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+    return line == "" or line.startswith("raise")
+
+
+_SUITE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
+
+
 def _shown(real: str) -> str:
     shown = os.path.relpath(real)
     return real if shown.startswith("..") else shown

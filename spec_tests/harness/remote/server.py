@@ -120,9 +120,19 @@ def error_data(exc: BaseException, root: str | None, message: str | None = None)
         "mro": mro,
         "message": plain_text(message, MESSAGE_CAP),
         "where": _where(exc, root),
-        "not_implemented": issubclass(kind, NotImplementedError),
+        "not_implemented": issubclass(kind, NotImplementedError) and _not_implemented(exc),
         "site": _site(exc, root),
     }
+
+
+def _not_implemented(exc: BaseException) -> bool:
+    """A stub's ``raise NotImplementedError``, not torch refusing the input (``raised_as_not_implemented``)."""
+    try:
+        from spec_tests.harness.diagnosis.crash_site import raised_as_not_implemented
+
+        return raised_as_not_implemented(exc)
+    except Exception:  # noqa: BLE001 - the exception is the submission's: read defensively
+        return True
 
 
 def _site(exc: BaseException, root: str | None) -> dict | None:

@@ -33,6 +33,7 @@ from ...protocol import (
     STYLE_KEYWORD,
     effective_capabilities,
 )
+from ..diagnosis.crash_site import raised_as_not_implemented
 from ..text import plain_text
 from . import model_ops
 from .loading import fresh_copy
@@ -297,6 +298,8 @@ class LocalSubject(Subject):
             except (NotImplementedInImpl, ImplementationError):
                 raise
             except NotImplementedError as exc:
+                if not raised_as_not_implemented(exc):  # torch refusing this input: a crash like any other
+                    raise self.describe(exc, name) from exc
                 raise NotImplementedInImpl(name, plain_text(exc, 2000)) from None
             except Exception as exc:  # whatever the implementation raised is reported, not re-raised raw
                 raise self.describe(exc, name) from exc
