@@ -361,11 +361,19 @@ def rows_apart(spec, model, ids, chunks, full, tol) -> tuple[str, str] | None:
     ), "batch_mixing"
 
 
+ONE_PER_CALL = (
+    "the cache grows by one position per call instead of by the call's number of tokens (its length advanced by 1, "
+    "or only each call's first position written), so a multi-token call leaves it short and the next call writes over "
+    "its positions. Fix: write every new token's keys and values, and advance the cached length by their count"
+)
+
+
 def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
     """``(cause, code)`` read from the implementation's own cache after one prefill of ``ids`` (the failing run's
     first chunk), against the reference's cache after the same prefill: every entry zero (the writes are lost); each
     layer holding other layers' keys and values (its positions, in blocks of the prefill's length, each another layer's:
-    the layers' entries in another order, or one written into another's); keys and values in each other's place; else,
+    the layers' entries in another order, or one written into another's); keys and values in each other's place; the
+    first position alone (the cache grown by one per call); else,
     where the layers hold other numbers of positions, a note saying how many. None where it holds what it should, or
     cannot be read (cache_kv is optional; its own tests judge its layout)."""
     ref = getattr(spec.expectations, "reference", None)
@@ -428,6 +436,13 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
             "values belong (cache_kv). Fix: store and read back (keys, values) in one order"
         ), "knob:cache_contents"
     sizes = [o[0].shape[2] for o in own]
+    if n > 1 and all(o[0].shape[2] == o[1].shape[2] == 1 for o in own):
+        first = all(same(o[0], w[0][:, :, :1]) and same(o[1], w[1][:, :, :1]) for o, w in zip(own, want))
+        if first:
+            return (
+                f"likely cause: {prefill} cache_kv holds 1 position in every layer, the first token's keys and values: "
+                f"{ONE_PER_CALL}"
+            ), "knob:position_offset"
     if any(s != n for s in sizes):
         return (
             f"note: {prefill} cache_kv holds {', '.join(map(str, sizes))} positions in layers 0 to {len(own) - 1} "
@@ -449,7 +464,8 @@ def held_otherwise(spec, cache, n: int) -> bool:
 def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | None:
     """``(cause, code)`` from how many positions the implementation's cache holds after two calls (``first``, then
     ``second``), where the reference's holds both: exactly the second call's length (the cached length set to the
-    new chunk's length instead of advanced by it) or the first's (not advanced by the second call). None otherwise,
+    new chunk's length instead of advanced by it), the first's (not advanced by the second call), or two (advanced by
+    one per call, not by the call's tokens). None otherwise, where the count fits two of these,
     where cache_kv cannot be read, or with a sliding window (whose layers may keep fewer positions: amendment 27)."""
     ref = getattr(spec.expectations, "reference", None)
     impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
@@ -488,6 +504,10 @@ def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | N
             "length), so later calls write over earlier positions and take positions from the wrong offset. Fix: "
             "cached length += the new tokens' count at every call"
         ), "knob:position_offset"
+    if held == 2 and n2 != 2 and n1 != 2:
+        return f"likely cause: {said}: {ONE_PER_CALL}", "knob:position_offset"
+    if held == 2 and 2 in (n1, n2) and n1 != n2:
+        return None  # one per call, or one call's length: the count cannot tell which
     if held == n2:
         return (
             f"likely cause: {said}: the cached length is set to the new call's length instead of advanced by it, so "
@@ -751,7 +771,13 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
                 )
                 for which, at in (("last", -1), ("first", 0))
             ],
+            readings=[lambda tol: as_reading(cache_reading(spec, config, sd, ids))],
         )
+
+
+def as_reading(read: tuple[str, str] | None) -> tuple[list[str], list[str]]:
+    """A ``(cause, code)`` of ``cache_reading`` as a reading's ``(lines, codes)``."""
+    return ([read[0]], [read[1]] if read[1] else []) if read else ([], [])
 
 
 @judges("cache_kv", uses=("build_model", "new_cache"))

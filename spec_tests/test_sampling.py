@@ -330,18 +330,29 @@ def test_at_least_one_token_kept(spec, seed, top_p, float32):
     probs = spec.impl.sampling_probs(logits, top_p=top_p)
     top = logits.argmax(dim=-1)
     at_top = probs.gather(-1, top[:, None]).flatten()
+    ok = bool((at_top == 1).all())
+    alone = None if ok else [spec.impl.sampling_probs(row[None], top_p=top_p)[0] for row in logits]
     spec.require(
-        bool((at_top == 1).all()),
+        ok,
         behaviour=f"top_p={top_p:.2g} keeps exactly the argmax",
         found=f"probabilities at argmax {at_top.tolist()}",
-        **tiny_top_p_cause(probs, at_top),
+        **tiny_top_p_cause(probs, at_top, alone, top),
     )
 
 
-def tiny_top_p_cause(probs, at_top) -> dict:
-    """What a tiny top_p's wrong output shows: every token dropped (NaN), the top token dropped (0 at the argmax),
-    or the argmax kept alone at its own probability (not renormalised); else only what differs."""
+def tiny_top_p_cause(probs, at_top, alone=None, top=None) -> dict:
+    """What a tiny top_p's wrong output shows: rows that keep their argmax alone and not together (``alone``: each
+    row's output computed by itself), every token dropped (NaN), the top token dropped (0 at the argmax), or the
+    argmax kept alone at its own probability (not renormalised); else only what differs."""
     keep_top = "Fix: never drop the most probable token (keep it whatever the cumulative mass)"
+    if alone is not None and all(bool(row[int(t)] == 1) for row, t in zip(alone, top, strict=True)):
+        why = (
+            "each row given alone keeps exactly its argmax, and the rows given together do not: a row's filter "
+            "depends on the other rows (indices gathered, flattened or scattered across the batch, or a sort or "
+            "cumulative sum over another axis than the last)"
+        )
+        fix = "filter every row on its own: sort, cumsum, mask and scatter along the last axis only"
+        return {"causes": (f"likely cause: {why}. Fix: {fix}",), "codes": ("batch_mixing",)}
     if bool(probs.isnan().any()):
         why = "every token is dropped (all -inf, then NaN): the top token must always stay"
         return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("nan_rows",)}
