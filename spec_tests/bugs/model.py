@@ -231,7 +231,7 @@ BUGS = (
         (*CACHE, *GENERATION, *FORWARD),
         "kv_cache.py",
         old="        self.lengths[layer] = end\n",
-        new="        self.lengths[layer] = start + 1  # one position per call: written for decoding one token at a time\n",
+        new="        self.lengths[layer] = start + 1  # one position per call: written for decoding\n",
         explanation="the cached length is advanced by one per call instead of by the call's number of tokens: a "
         "multi-token call leaves it short and the next call writes over its positions",
         fix="length += the new tokens' count (end = start + T_new)",
