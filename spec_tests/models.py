@@ -299,7 +299,26 @@ def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, va
         variants=variants,
         weights_used=True,
         behaviour=behaviour,
+        readings=[lambda tol: undetermined_reading(spec, config, sd, ids, tol)],
     )
+
+
+def undetermined_reading(spec, config: dict, sd: dict, ids, tol) -> tuple[list[str], list[str]]:
+    """Where the implementation's model of ``config`` built from ``sd`` gives other logits under another global seed,
+    a line saying so: a parameter the config creates is left at its random initialisation (test_model.py's
+    determinism test judges only the plain configurations)."""
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    try:
+        if determined(impl, config, sd, ids, tol):
+            return [], []
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return [], []
+    return [
+        "likely cause: the model built twice from these same weights, under two global seeds, gives different "
+        "logits: a parameter this configuration creates is left at its random initialisation instead of loaded (a "
+        "weight or bias that no canonical name fills, such as a bias the option adds where the protocol has none). "
+        "Fix: create only the parameters the configuration's canonical names hold, and load every one of them"
+    ], ["undetermined"]
 
 
 def logits(m, cfg: dict, state_dict: dict, ids):

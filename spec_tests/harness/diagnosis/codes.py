@@ -48,6 +48,7 @@ STRUCTURAL = {
     "partial_update": "one step moves some weights where the specified step does and others elsewhere: those weights' "
     "gradients (their backward pass) or their update",
     "ignored_weight": "the output does not depend on a weight the specified model uses: it is loaded but not used",
+    "undetermined": "the model's output depends on the seed it was built under: a parameter left at its random init",
 }
 
 KNOBS = {
