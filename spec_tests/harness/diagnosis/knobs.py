@@ -930,10 +930,15 @@ def _mha(
     rope_values=False,
     rope_q_only=False,
     rope_flat=None,
+    time_major=(),
     **attend,
 ):
     b, t, _ = x.shape
     dh = wq.shape[0] // h
+
+    def project(w, role):  # time_major: the projection made [T, B, D] and read back as [B, T, D] by a plain view
+        y = x @ w.T
+        return y.transpose(0, 1).reshape(b, t, -1) if role in time_major else y
 
     def split(y, heads):
         if split_view:
@@ -949,7 +954,7 @@ def _mha(
         k = split(_rope(x @ wk.T, pos, theta, style, denom=denom), hkv)
         o = _attend(q, k, split(x @ wv.T, hkv), attend.pop("mask", _causal(t, t)), **attend)
         return o.transpose(1, 2).reshape(b, t, h * dh) @ wo.T
-    q, k, v = split(x @ wq.T, h), split(x @ wk.T, hkv), split(x @ wv.T, hkv)
+    q, k, v = split(project(wq, "q"), h), split(project(wk, "k"), hkv), split(project(wv, "v"), hkv)
     if theta is not None:
         pos = positions if positions is not None else torch.arange(t)
         q = _rope(q, pos, theta, style)
@@ -1039,6 +1044,24 @@ def _mha_family(args, kwargs, style):
                 compute=m(channel_major=which),
             )
             for what, which in (("merged", "merge"), ("split", "split"), ("split and merged", "both"))
+        ),
+        *(
+            Variant(
+                "knob:head_layout",
+                f"the {what} held sequence-first ([T, B, ...]) are read as batch-first ([B, T, ...]) by a view or "
+                "reshape without a transpose, so each row attends tokens of other rows",
+                where="the layout change between sequence-first and batch-first tensors in attention",
+                fix="x.transpose(0, 1) (then .contiguous() or .reshape) where [T, B, ...] becomes [B, T, ...]",
+                compute=m(time_major=roles),
+            )
+            for what, roles in (
+                ("keys", ("k",)),
+                ("values", ("v",)),
+                ("queries", ("q",)),
+                ("keys and values", ("k", "v")),
+                ("queries, keys and values", ("q", "k", "v")),
+            )
+            if p.x.shape[0] > 1
         ),
         Variant(
             "knob:scale_constant",
