@@ -331,6 +331,17 @@ def _shape_causes(e, a, atol, rtol, axes) -> list[Cause]:
                 sa = np.take(a, range(start_a, start_a + n_common), axis=k)
                 se = np.take(e, range(start_e, start_e + n_common), axis=k)
                 if fits(se, sa, atol, rtol, ~np.isnan(se)):
+                    extra = np.take(a, range(n_common, as_[k]), axis=k) if d > 0 and start_a == 0 else None
+                    if extra is not None and extra.size and not extra.any() and d > 1:
+                        return cause(
+                            "shape",
+                            f"axis {name(k)} has {as_[k]} entries instead of {es[k]}: the {es[k]} expected ones, then "
+                            f"{d} zeros: a preallocated buffer handed back whole instead of the part written to it",
+                            f"return the filled part only (buffer[..., :filled] along {name(k)})",
+                            f"{shape_text}; the first {n_common} entries along {name(k)} match expected, the {d} after "
+                            "them are all 0",
+                            EXACT,
+                        )
                     return cause(
                         "shape",
                         f"axis {name(k)} has {as_[k]} entries instead of {es[k]}: the output {part} {abs(d)} "
