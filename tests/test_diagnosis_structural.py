@@ -528,5 +528,5 @@ def test_nested_sequences_describe_their_first_differing_tensor():
         known_bugs=lambda: [],
     )
     assert codes[:1] == ["shape"], lines
-    assert lines[0].startswith("likely cause: [0][0]: axis dim 2 has 12 entries instead of 5: the 5 expected ones, then 7 "
-                               "zeros: a preallocated buffer handed back whole"), lines  # fmt: skip
+    said = "likely cause: [0][0]: axis dim 2 has 12 entries instead of 5: the 5 expected ones, then 7 zeros: a "
+    assert lines[0].startswith(said + "preallocated buffer handed back whole"), lines
