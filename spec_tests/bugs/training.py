@@ -458,6 +458,24 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_moments_not_kept",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
+            moment="s.update(m=torch.zeros_like(p), v=torch.zeros_like(p))  # the bug: moments anew, the count kept\n"
+            '                    s["m"].lerp_(p.grad, 0.1)',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
+        ),
+        explanation="train's AdamW starts every step's moments from zero while its step count advances: no memory "
+        "of earlier gradients, and bias corrections of a later step applied to a first step's moments",
+        fix="keep each parameter's moments in the optimizer's state from step to step",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_lamb_trust_ratio",
         "training",
         TRAINING,

@@ -76,6 +76,12 @@ ADAMW_RULES = {
         "gradients, goes negative, and its square root is NaN",
         "give each parameter its own two zero tensors: m = [zeros_like(p) for p], v = [zeros_like(p) for p]",
     ),
+    "moments_not_stored": (
+        "AdamW's moments are not written back to its state (a functional update that returns the old moments, or "
+        "updates a copy), while its step count advances: every step's moments start from zero, so each update is the "
+        "gradient's sign times a factor of the step count, with no memory of earlier gradients",
+        "store the updated moments in the optimizer's state (m.mul_(beta1).add_(...) in place, or state['m'] = m)",
+    ),
     "no_sqrt_in_step_size": (
         "AdamW's step size takes the second bias correction without its square root (lr * (1 - beta2**t) / (1 - "
         "beta1**t) instead of lr * sqrt(1 - beta2**t) / (1 - beta1**t)), so the early steps are far too small",
@@ -124,6 +130,8 @@ class AdamWRule(torch.optim.Optimizer):
                     state.update(t=0, m=m0, v=m0 if self.rule == "shared_moments" else torch.zeros_like(p))
                 state["t"] += 0 if self.rule == "step_count_stuck" and state["t"] else 1
                 t, m, v = state["t"], state["m"], state["v"]
+                if self.rule == "moments_not_stored":
+                    m.zero_(), v.zero_()
                 if self.rule == "moment_weights_swapped":
                     m.mul_(1 - b1).add_(g, alpha=b1)
                 else:
