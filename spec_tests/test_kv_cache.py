@@ -764,9 +764,12 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
             variants=[
                 Variant(
                     "knob:cache_contents",
-                    f"every layer's cache holds the {which} layer's keys and values: the layers share one buffer (a "
-                    "list made by repetition, [buffer] * n_layers), so each write lands where every layer reads",
-                    "give each layer its own key and value buffers: [make() for _ in range(n_layers)]",
+                    f"cache_kv(cache, i) gives the {which} layer's keys and values for every layer i: the layers share "
+                    "one buffer (a list made by repetition, [buffer] * n_layers), so each write lands where every "
+                    "layer reads, or every layer is read back from the same place (an index or offset that ignores "
+                    "the layer)",
+                    "give each layer its own key and value buffers ([make() for _ in range(n_layers)]), and read "
+                    "layer i's entry from layer i's place",
                     lambda ref, sd, ids, at=at: [contents(ref, sd, ids)[at]] * config["n_layers"],
                 )
                 for which, at in (("last", -1), ("first", 0))
