@@ -41,6 +41,8 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
                 t = 1 if slip == "step_count_stuck" else counts[i]  # the count computed, never stored
                 if slip == "coupled_decay":
                     g = g + wd * params[i]
+                if slip == "moments_not_stored":  # the updated moments never stored: every step's start from zero
+                    m[i], v[i] = torch.zeros_like(g), torch.zeros_like(g)
                 m[i] = (1 - b1) * m[i] + b1 * g if slip == "moment_weights_swapped" else b1 * m[i] + (1 - b1) * g
                 if slip == "shared_moments":  # one tensor for both moments: v's update starts from the new m
                     v[i] = m[i]
