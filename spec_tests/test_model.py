@@ -135,7 +135,57 @@ def test_logits_match_reference(spec, config, dtype):
         f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
         variants=model_variants(config),
         model_knobs=True,
+        readings=[lambda tol: kv_head_reading(spec, config, sd, ids_for(spec, config, seed=3), tol)],
     )
+
+
+def kv_heads_read(m, config, sd, ids, tol) -> list[list[int]]:
+    """For each query head of layer 0, the key/value heads it reads in the model: with every other query head's
+    columns of wo zeroed, the kv heads whose key and value rows, scaled, change the logits."""
+    dh, n_kv = models.d_head(config), models.n_kv(config)
+    wo, wk, wv = (sd[f"layers.0.attn.{w}.weight"] for w in ("wo", "wk", "wv"))
+    read = []
+    for q in range(config["n_heads"]):
+        alone = dict(sd)
+        alone["layers.0.attn.wo.weight"] = torch.zeros_like(wo).index_copy(
+            1, torch.arange(q * dh, (q + 1) * dh, device=wo.device), wo[:, q * dh : (q + 1) * dh]
+        )
+        base = models.logits(m, config, alone, ids)
+        heads = []
+        for j in range(n_kv):
+            moved = dict(alone)
+            for name, w in (("wk", wk), ("wv", wv)):
+                w = w.clone()
+                w[j * dh : (j + 1) * dh] *= 3.0
+                moved[f"layers.0.attn.{name}.weight"] = w
+            if mismatch(models.logits(m, config, moved, ids), base, tol) is not None:
+                heads.append(j)
+        read.append(heads)
+    return read
+
+
+def kv_head_reading(spec, config, sd, ids, tol) -> tuple[list[str], list[str]]:
+    """Which key/value head each query head reads in the implementation's model, against the reference's, where
+    they differ and each query head reads one (GQA's grouping in the model, however the code routes it)."""
+    ref = getattr(spec.expectations, "reference", None)
+    if ref is None or config.get("family") != "llama" or models.n_kv(config) == config["n_heads"]:
+        return [], []
+    try:
+        own = kv_heads_read(unprobed(spec), config, sd, ids, tol)
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return [], []
+    want = kv_heads_read(ref, config, sd, ids, tol)
+    if own == want or any(len(heads) != 1 for heads in own):
+        return [], []
+    got = [heads[0] for heads in own]
+    tiled = got == [q % models.n_kv(config) for q in range(config["n_heads"])]
+    how = "tiled, h % n_kv_heads, " if tiled else ""
+    return [
+        f"likely cause: in the model's attention, query heads 0 to {len(got) - 1} read key/value heads {got} "
+        f"({how}measured on the model: each query head alone, each kv head's weights moved) where "
+        f"{[heads[0] for heads in want]} belongs (h // n_rep): the grouping of query heads onto key/value heads is "
+        "wrong. Fix: query head h reads kv head h // (n_heads // n_kv_heads)"
+    ], ["knob:gqa_mapping"]
 
 
 @judges("forward", uses=("build_model",))
