@@ -498,16 +498,16 @@ def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | N
         f"after a prefill of {n1} token{'s' * (n1 != 1)} and a call with {n2} more, cache_kv holds {held} "
         f"position{'s' * (held != 1)} ({n1 + n2} written)"
     )
+    if held == 2 and 2 in (n1, n2):
+        return None  # one position per call, or one call's length: the count cannot tell which
+    if held == 2:
+        return f"likely cause: {said}: {ONE_PER_CALL}", "knob:position_offset"
     if held == n2 == n1:
         return (
             f"likely cause: {said}: the cached length is not advanced by the second call (or is set to each call's "
             "length), so later calls write over earlier positions and take positions from the wrong offset. Fix: "
             "cached length += the new tokens' count at every call"
         ), "knob:position_offset"
-    if held == 2 and n2 != 2 and n1 != 2:
-        return f"likely cause: {said}: {ONE_PER_CALL}", "knob:position_offset"
-    if held == 2 and 2 in (n1, n2) and n1 != n2:
-        return None  # one per call, or one call's length: the count cannot tell which
     if held == n2:
         return (
             f"likely cause: {said}: the cached length is set to the new call's length instead of advanced by it, so "

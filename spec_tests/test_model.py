@@ -126,16 +126,17 @@ def test_logits_match_reference(spec, config, dtype):
     """Logits of a pre-norm decoder with the given canonical weights equal the reference's (course notes: decoder-only
     forward pass, add positions x = tok + pos; symptoms table: deep stack diverges, use pre-LN)."""
     sd = models.random_state_dict(config, seed=2, dtype=dtype, device=spec.device)
+    ids = ids_for(spec, config, seed=3)
     check_logits(
         spec,
         config,
         sd,
-        ids_for(spec, config, seed=3),
+        ids,
         behaviour=f"logits of the {config['family']} model (n_heads {config['n_heads']}, n_kv_heads "
         f"{models.n_kv(config)}, tied {config['tie_embeddings']}) for ids [3, 11]",
         variants=model_variants(config),
         model_knobs=True,
-        readings=[lambda tol: kv_head_reading(spec, config, sd, ids_for(spec, config, seed=3), tol)],
+        readings=[lambda tol: kv_head_reading(spec, config, sd, ids, tol)],
     )
 
 

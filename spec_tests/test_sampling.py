@@ -348,7 +348,12 @@ def tiny_top_p_cause(probs, at_top, alone=None, top=None) -> dict:
     """What a tiny top_p's wrong output shows: rows that keep their argmax alone and not together (``alone``: each
     row's output computed by itself), every token dropped (NaN), the top token dropped (0 at the argmax), or the
     argmax kept alone at its own probability (not renormalised); else only what differs."""
-    keep_top = "Fix: never drop the most probable token (keep it whatever the cumulative mass)"
+    keep_top = "never drop the most probable token (keep it whatever the cumulative mass)"
+
+    def likely(why: str, fix: str, code: str) -> dict:  # a "~" code is weak evidence
+        weak = " (weak evidence)" if code.startswith("~") else ""
+        return {"causes": (f"likely cause{weak}: {why}. Fix: {fix}",), "codes": (code,)}
+
     if alone is not None and all(bool(row[int(t)] == 1) for row, t in zip(alone, top, strict=True)):
         why = (
             "each row given alone keeps exactly its argmax, and the rows given together do not: a row's filter "
@@ -356,10 +361,10 @@ def tiny_top_p_cause(probs, at_top, alone=None, top=None) -> dict:
             "cumulative sum over another axis than the last)"
         )
         fix = "filter every row on its own: sort, cumsum, mask and scatter along the last axis only"
-        return {"causes": (f"likely cause: {why}. Fix: {fix}",), "codes": ("batch_mixing",)}
+        return likely(why, fix, "batch_mixing")
     if bool(probs.isnan().any()):
         why = "every token is dropped (all -inf, then NaN): the top token must always stay"
-        return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("nan_rows",)}
+        return likely(why, keep_top, "nan_rows")
     one_elsewhere = ((probs > 0).sum(-1) == 1) & (probs.max(-1).values == 1) & (at_top == 0)
     if bool(one_elsewhere.any()):
         why = (
@@ -368,14 +373,12 @@ def tiny_top_p_cause(probs, at_top, alone=None, top=None) -> dict:
             "probable end of the sort is kept"
         )
         fix = "put the filtered values back with the inverse permutation (scatter to the sorted indices)"
-        return {"causes": (f"likely cause (weak evidence): {why}. Fix: {fix}",), "codes": ("~knob:unsort",)}
+        return likely(why, fix, "~knob:unsort")
     if bool((at_top == 0).any()):
-        why = "the nucleus drops the top token for a tiny top_p"
-        return {"causes": (f"likely cause: {why}. {keep_top}",), "codes": ("knob:top_p_boundary",)}
+        return likely("the nucleus drops the top token for a tiny top_p", keep_top, "knob:top_p_boundary")
     if bool(((probs > 0).sum(-1) == 1).all()):
         why = "the argmax is kept alone but keeps its own probability: the kept mass is not renormalised to 1"
-        return {"causes": (f"likely cause: {why}. Fix: divide the kept probabilities by their sum",),
-                "codes": ("knob:renormalisation",)}  # fmt: skip
+        return likely(why, "divide the kept probabilities by their sum", "knob:renormalisation")
     kept = (probs > 0).sum(-1).tolist()
     return {"causes": (f"note: tokens kept per row {kept}; only the argmax should be, at probability 1",)}
 

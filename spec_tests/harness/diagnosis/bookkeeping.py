@@ -130,8 +130,9 @@ class AdamWRule(torch.optim.Optimizer):
                     state.update(t=0, m=m0, v=m0 if self.rule == "shared_moments" else torch.zeros_like(p))
                 state["t"] += 0 if self.rule == "step_count_stuck" and state["t"] else 1
                 t, m, v = state["t"], state["m"], state["v"]
-                if self.rule == "moments_not_stored":
-                    m.zero_(), v.zero_()
+                if self.rule == "moments_not_stored":  # each step's moments start from zero again
+                    m.zero_()
+                    v.zero_()
                 if self.rule == "moment_weights_swapped":
                     m.mul_(1 - b1).add_(g, alpha=b1)
                 else:

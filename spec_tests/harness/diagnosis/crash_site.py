@@ -33,11 +33,14 @@ import torch
 MAX_VALUES = 8  # names said per line: a line with more is described by its first ones
 
 
+_SUITE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep  # spec_tests/
+
+
 def _foreign_roots(*, installed: bool) -> tuple[str, ...]:
     """The suite, torch and Python's standard library; with ``installed``, the adapters, the grader, the tools and
     every installed package too."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # spec_tests/
-    roots = [here + os.sep, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
+    here = _SUITE.rstrip(os.sep)
+    roots = [_SUITE, os.path.dirname(os.path.realpath(torch.__file__)) + os.sep]
     keys = ("stdlib", "platstdlib", "purelib", "platlib") if installed else ("stdlib", "platstdlib")
     roots += [os.path.realpath(path) + os.sep for key in keys if (path := sysconfig.get_paths().get(key))]
     if installed:
@@ -80,9 +83,6 @@ def raised_as_not_implemented(exc: BaseException) -> bool:
         return False
     line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
     return line == "" or line.startswith("raise")
-
-
-_SUITE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
 
 
 def _shown(real: str) -> str:
