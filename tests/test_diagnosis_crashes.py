@@ -122,6 +122,28 @@ def test_nothing_is_claimed_when_every_variant_raises():
     assert lines and "does not depend on what was probed" in lines[0]
 
 
+def test_a_variant_that_runs_out_of_memory_ends_probing():
+    """Memory running out is a raise under an address-space limit and a kill under a memory cgroup: a variant that
+    runs out ends probing as a lost process would, so the lines are the same on either machine (both kinds of
+    raise, torch's allocator and Python's)."""
+    from spec_tests.harness.diagnosis.crashes import out_of_memory
+
+    for exhausted in (
+        MemoryError(),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory"),
+    ):
+
+        def rmsnorm_3d_or_runaway(x, w, exhausted=exhausted):
+            if x.dim() != 3:
+                raise exhausted
+            raise RuntimeError("broken")
+
+        assert out_of_memory(exhausted)
+        lines, codes = probe("rmsnorm", rmsnorm_3d_or_runaway, (randn(2, 3, 4), randn(4)), {})
+        assert (lines, codes) == ([], []), lines
+    assert not out_of_memory(RuntimeError("shape mismatch")) and not out_of_memory(ValueError("memory layout"))
+
+
 def test_own_frame_skips_the_suite_and_torch():
     try:
         torch.nn.functional.linear(randn(2, 3), randn(4, 5))

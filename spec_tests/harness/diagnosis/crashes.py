@@ -63,7 +63,8 @@ one after it runs; a multiple only if one past the multiple raises; a size above
 past the other and one below the original raise and one below the other runs; a count too small (1 -> 2, 7 ->
 70) only if one more than the larger count runs too.
 
-Probing stops at a variant that times out or takes the worker's process down (``_ProcessLost``), and a timeout or
+Probing stops at a variant that times out, takes the worker's process down or runs out of memory (``_ProcessLost``,
+``out_of_memory``: a limit that raises on one machine kills on another), and a timeout or
 a lost process is not probed at all (``Spec._crashed``): in grading each would cost a restart, and they are limited.
 
 A variant that runs names the property: "rmsnorm raises for 4-D input and works for 3-D". Only what
@@ -1602,10 +1603,23 @@ def _runs(run: Callable, arguments: Callable) -> bool | None:
     except NotBuilt:
         return None
     except BaseException as exc:  # noqa: BLE001 - whatever the implementation raises
-        if getattr(exc, "process", False):
+        if getattr(exc, "process", False) or out_of_memory(exc):
             raise _ProcessLost from None
         return False
     return True
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (the implementation's own, or the suite's ``ImplementationError`` for it) is memory running
+    out: ``MemoryError``, torch's allocator failing. A variant that runs out of memory says nothing about the
+    input property, and the same runaway is a raise under an address-space limit and a kill under a memory cgroup or
+    the machine's OOM killer: it ends probing either way, so that the lines do not depend on the machine."""
+    names = getattr(exc, "type_names", None) or tuple(k.__name__ for k in type(exc).__mro__)
+    text = str(getattr(exc, "message", exc))
+    return bool({"MemoryError", "OutOfMemoryError"} & set(names)) or any(t in text for t in OUT_OF_MEMORY)
+
+
+OUT_OF_MEMORY = ("can't allocate memory", "CUDA out of memory", "std::bad_alloc")
 
 
 def plain(value) -> bool:

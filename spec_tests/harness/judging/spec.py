@@ -478,7 +478,7 @@ class Spec:
     def _crashed(self, name: str, run, args, kwargs, exc: ImplementationError, fresh=None) -> None:
         """The implementation raised in ``run(*args, **kwargs)``: probe which input property triggers it
         (``diagnosis/crashes.py``), record it as a failed result, and add it to the exception's message."""
-        from ..diagnosis.crashes import own_frame, probe
+        from ..diagnosis.crashes import out_of_memory, own_frame, probe
 
         if self._raise_expected:
             return
@@ -486,9 +486,9 @@ class Spec:
         if key not in self._crashes and len(self._crashes) < 2:  # Hypothesis examples crash alike: probe twice
             self._crashes[key] = None  # a probe's own crash is not probed again
             # a timeout or a lost process is not an input's fault that a retry could show, and every retry
-            # would cost the worker a restart
+            # would cost the worker a restart; memory running out is a raise on one machine and a kill on another
             # an upstream name charged with the same crash at the same place has it: the verdict leaves it to it
-            known = exc.process or self.charged_upstream(name, exc, self.subjects)
+            known = exc.process or out_of_memory(exc) or self.charged_upstream(name, exc, self.subjects)
             if known:
                 lines, codes = [], []
             else:
