@@ -264,7 +264,7 @@ def determined(m, cfg: dict, state_dict: dict, ids, tol) -> bool:
 PLAIN_SEED = 277
 
 
-def plain_given(spec, family: str = "llama"):
+def plain_given(spec, family: str = "llama", **changes):
     """``spec.check``'s ``given`` for a model check of an option (protocol v2's, a window, a scaling): the check
     presumes the model is right without it. Where the implementation's logits on the family's plain configuration
     (``family_config``, fresh weights) differ from the reference's, the check cannot judge the option: one mistake
@@ -274,7 +274,7 @@ def plain_given(spec, family: str = "llama"):
 
     def holds() -> bool:
         impl = getattr(spec.impl, "_subject", spec.impl)  # without crash probing: a side computation
-        plain = family_config(spec.impl, family)
+        plain = family_config(spec.impl, family, **changes)
         sd = random_state_dict(plain, seed=PLAIN_SEED, device=spec.device)
         ids = spec.inputs.token_ids(2, 9, vocab=plain["vocab_size"], seed=PLAIN_SEED)
         want = spec.expected(lambda m, sd, ids: logits(m, plain, sd, ids), sd, ids, label="plain model")
@@ -286,8 +286,11 @@ def plain_given(spec, family: str = "llama"):
 
 def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, variants=(), label=None):
     """``spec.check`` of the logits of a model whose config has an option (protocol v2's, a scaling, a window):
-    judged as ``forward`` at the model tolerance, where the plain model is right (``plain_given``)."""
-    return spec.check(
+    judged as ``forward`` at the model tolerance, where the plain model is right (``plain_given``). Where the
+    implementation supports the head tied and untied, the same check then runs with the head tied the other way (the
+    other weights the same): an option whose code path goes through the head (a final soft-cap) may be applied on
+    one kind of head only (held out: the cap only in the tied head's ``attend``)."""
+    out = spec.check(
         lambda m, sd, ids: logits(m, config, sd, ids),
         sd,
         ids,
@@ -301,6 +304,52 @@ def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, va
         behaviour=behaviour,
         readings=[lambda tol: undetermined_reading(spec, config, sd, ids, tol)],
     )
+    other = other_tying(spec.impl, config, sd)
+    if other is not None:
+        config2, sd2 = other
+        head = "untied" if config.get("tie_embeddings", True) else "tied"
+        spec.check(
+            lambda m, sd, ids: logits(m, config2, sd, ids),
+            sd2,
+            ids,
+            given=plain_given(spec, config.get("family", "llama"), tie_embeddings=config2["tie_embeddings"]),
+            subject="forward",
+            kind="model",
+            axes="b t v",
+            label=f"{label or 'logits'}, {head} head",
+            weights_used=True,
+            behaviour=f"{behaviour}, with the head {head} (the other weights the same)",
+            readings=[lambda tol: tying_reading(head), lambda tol: undetermined_reading(spec, config2, sd2, ids, tol)],
+        )
+    return out
+
+
+def other_tying(impl, config: dict, sd: dict):
+    """``(config, state_dict)`` with the head tied the other way, or None where the implementation does not support
+    both. Untying adds an ``lm_head.weight`` of its own (drawn as ``random_state_dict`` draws it); tying drops it."""
+    tied = config.get("tie_embeddings", True)
+    if not {"tied_head", "untied_head"} <= set(impl.capabilities):
+        return None
+    config2 = dict(config, tie_embeddings=not tied)
+    if tied:
+        head = random_state_dict(config2, seed=HEAD_SEED, device=next(iter(sd.values())).device)["lm_head.weight"]
+        return config2, dict(sd, **{"lm_head.weight": head.to(sd["tok_embeddings.weight"].dtype)})
+    return config2, {k: v for k, v in sd.items() if k != "lm_head.weight"}
+
+
+HEAD_SEED = 4099
+
+
+def tying_reading(head: str) -> tuple[list[str], list[str]]:
+    """The cause where an option's logits are right with one kind of head and wrong with the other (this check runs
+    only after the same check passed with the head tied the other way, and on a plain model right both ways)."""
+    return [
+        f"likely cause: with this option the logits are right with the head tied the other way and wrong with the "
+        f"head {head} (the other weights the same, and the plain model is right both ways): the option's path misses "
+        f"the {head} head (applied only where the head is "
+        f"{'the embedding' if head == 'untied' else 'a weight of its own'}). Fix: apply the option whichever weight "
+        f"the head uses"
+    ], ["tying"]
 
 
 def undetermined_reading(spec, config: dict, sd: dict, ids, tol) -> tuple[list[str], list[str]]:

@@ -275,6 +275,9 @@ def variant_steps(
         loss.backward()
         if max_grad_norm is not None and clip == "before":
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if max_grad_norm is not None and clip == "without_head":  # an untied head neither counted nor scaled
+            head = model.lm_head.weight
+            torch.nn.utils.clip_grad_norm_([p for p in params if p is not head], max_grad_norm)
         if max_grad_norm is not None and clip == "per_parameter":
             for p in params:
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
@@ -399,6 +402,19 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 "one clip_grad_norm_(model.parameters(), max_grad_norm) over all of them",
                 with_(clip="per_parameter") if own is None else lambda ref, *a: own(clip_each=True),
             ),
+            *(
+                [
+                    Variant(
+                        "knob:clipping",
+                        "clipping leaves out the untied output head: its gradient is neither counted in the global "
+                        "norm nor scaled (a norm over the backbone module's parameters only)",
+                        "clip_grad_norm_(model.parameters(), max_grad_norm): every parameter, the head's included",
+                        with_(clip="without_head"),
+                    )
+                ]
+                if not cfg.get("tie_embeddings", True)
+                else []
+            ),
             Variant(
                 "knob:clipping",
                 "gradients are not clipped",
@@ -443,8 +459,11 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
     """train_step's losses and updated weights over two steps equal the reference's with the same optimizer,
     clipping by global norm when asked; a max_grad_norm above the gradient's norm leaves the gradient as it is
     (clipping scales it down, never up) (protocol: train_step). At 0.02, below many single gradient entries, clamping
-    each entry (clip_grad_value_) differs from rescaling by the norm; at 0.5 no entry reaches the bound."""
-    config = models.family_config(spec.impl, family)
+    each entry (clip_grad_value_) differs from rescaling by the norm; at 0.5 no entry reaches the bound. With
+    clipping, the llama model's head is untied where the implementation supports it, so the global norm must take in
+    a head weight of its own (held out: a norm over the backbone's parameters only); gpt2's stays tied."""
+    untied = {"tie_embeddings": False} if family == "llama" and max_grad_norm is not None else {}
+    config = models.family_config(spec.impl, family, **untied)
     sd = models.random_state_dict(config, seed=61, device=spec.device)
     ids = spec.inputs.token_ids(3, 12, vocab=config["vocab_size"], seed=62)
     x, y = ids[:, :-1], ids[:, 1:]

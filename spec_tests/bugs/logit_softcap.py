@@ -28,6 +28,18 @@ BUGS = (
         code="crash",
     ),
     Bug(
+        "final_softcap_on_the_tied_head_only",
+        "logit_softcap",
+        FORWARD,
+        "model.py",
+        old="        if cap is not None:  # protocol v2 (amendment 25; Gemma 2): the logits soft-capped, "
+        "cap * tanh(logits / cap)",
+        new="        if cap is not None and self.config.tie_embeddings:  # the cap lives in the tied head's attend()",
+        explanation="the final soft-cap is applied only when the head is the embedding: an untied head's logits are "
+        "not capped",
+        fix="cap * tanh(logits / cap) on the logits whichever weight the head uses",
+    ),
+    Bug(
         "softcap_after_mask",
         "logit_softcap",
         ATTENTION,

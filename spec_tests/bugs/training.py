@@ -64,6 +64,18 @@ BUGS = (
         fix="train_step(model, optimizer, x, y, max_grad_norm)",
     ),
     Bug(
+        "train_step_clips_without_the_head",
+        "training",
+        TRAINING,
+        "training.py",
+        old="        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+        new="        head = model.lm_head.weight  # the backbone only, as a trunk-only clip\n"
+        "        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p is not head], max_grad_norm)",
+        explanation="train_step clips over every parameter but the untied output head: the head's gradient is "
+        "neither counted in the global norm nor scaled",
+        fix="clip_grad_norm_(model.parameters(), max_grad_norm): every parameter, the head's included",
+    ),
+    Bug(
         "train_step_freezes_vectors",
         "training",
         TRAINING,

@@ -49,6 +49,7 @@ STRUCTURAL = {
     "gradients (their backward pass) or their update",
     "ignored_weight": "the output does not depend on a weight the specified model uses: it is loaded but not used",
     "undetermined": "the model's output depends on the seed it was built under: a parameter left at its random init",
+    "tying": "an option's path is right with the head tied one way and wrong with it tied the other",
 }
 
 KNOBS = {
