@@ -387,6 +387,18 @@ BUGS = (
         code="knob:step_count",
     ),
     Bug(
+        "generate_drops_the_generator",
+        "sampling_order",
+        GENERATION,
+        "generation.py",
+        old="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)\n",
+        new="            next_id = sample(logits[:, -1], temperature, top_k, top_p)  # the generator not passed on\n",
+        explanation="generate does not pass its generator on to sample: the draws follow torch's global RNG, so the "
+        "same generator seed does not give the same continuation",
+        fix="sample(logits[:, -1], temperature, top_k, top_p, generator)",
+        code="knob:generator",
+    ),
+    Bug(
         "generate_dropout_on",
         "dropout_generation",
         GENERATION,
