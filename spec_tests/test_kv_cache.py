@@ -443,6 +443,9 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
                 f"likely cause: {prefill} cache_kv holds 1 position in every layer, the first token's keys and values: "
                 f"{ONE_PER_CALL}"
             ), "knob:position_offset"
+    _, carried = carried_over(spec, config, models.build(impl, config, sd), ids.shape[0]) if max(sizes) > n else (0, ())
+    if carried:
+        return carried[0], "knob:cache_contents"
     if any(s != n for s in sizes):
         return (
             f"note: {prefill} cache_kv holds {', '.join(map(str, sizes))} positions in layers 0 to {len(own) - 1} "
@@ -612,6 +615,25 @@ def _layout_causes(shape, want) -> tuple[str, ...]:
     return ()
 
 
+def carried_over(spec, config, model, batch: int) -> tuple[str | None, tuple[str, ...]]:
+    """``carried_over_keys`` of a new cache of ``model`` for ``batch`` rows, made after earlier caches were filled
+    and read before anything is forwarded into it; ``(None, ())`` where it is empty or cannot be read."""
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    try:
+        held = impl.cache_kv(impl.new_cache(model, batch), 0)
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return None, ()
+    return carried_over_keys(spec, config, model, held)
+
+
+def carried_over_causes(spec, config, model, shape, want) -> tuple[str | None, tuple[str, ...]]:
+    """``carried_over`` where the cache holds more time steps than written (the other axes right)."""
+    shape = tuple(shape)
+    if len(shape) != 4 or shape[:2] != want[:2] or shape[3] != want[3] or shape[2] <= want[2]:
+        return None, ()
+    return carried_over(spec, config, model, want[0])
+
+
 def _time_steps_held(shape, want) -> str:
     """A plain description when only the time axis differs: how many steps the cache holds."""
     shape = tuple(shape)
@@ -638,7 +660,7 @@ def prefill_reads_back(spec, config, sd, ids) -> bool:
     return mismatch(cached, impl.forward(model, ids), tolerance("model", device=spec.device)) is None
 
 
-@judges("cache_kv", uses=("build_model", "forward", "new_cache"))
+@judges("cache_kv", "new_cache", uses=("build_model", "forward"))
 @pytest.mark.bug_class("kv_cache", "rope_on_values")
 def test_cache_layout_rotated_keys_plain_values(spec, config):
     """cache_kv(cache, layer) is [B, n_kv_heads, T_cached, d_head], appended in time order; keys are stored after RoPE
@@ -671,12 +693,16 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
     want = (2, models.n_kv(config), 9, models.d_head(config))
     prefill = contents([9])
     for layer, (k, v) in enumerate(prefill):
+        right = tuple(k.shape) == want and tuple(v.shape) == want
+        layout = _layout_causes(k.shape, want) or _layout_causes(v.shape, want)
+        subject, carried = (None, ()) if right or layout else carried_over_causes(spec, config, model, k.shape, want)
         spec.require(
-            tuple(k.shape) == want and tuple(v.shape) == want,
+            right,
             behaviour=f"layer {layer} cache is [B, n_kv_heads, T_cached, d_head] = {want} after a prefill of 9 tokens",
             found=f"k {tuple(k.shape)}, v {tuple(v.shape)}",
-            causes=_layout_causes(k.shape, want) or _layout_causes(v.shape, want),
-            codes=("shape",),
+            subject=subject,
+            causes=layout or carried,
+            codes=("knob:cache_contents",) if carried else ("shape",),
         )
     if config["family"] == "llama":
         k, v = prefill[0]
@@ -783,29 +809,66 @@ def as_reading(read: tuple[str, str] | None) -> tuple[list[str], list[str]]:
     return ([read[0]], [read[1]] if read[1] else []) if read else ([], [])
 
 
-@judges("cache_kv", uses=("build_model", "new_cache"))
+@judges("cache_kv", "new_cache", uses=("build_model",))
 @pytest.mark.bug_class("kv_cache")
 def test_a_fresh_cache_holds_no_positions(spec, family):
     """cache_kv of a cache no forward has filled yet holds no positions: keys and values of
     [B, n_kv_heads, 0, d_head], or (None, None); it may also raise, having nothing to give (protocol: new_cache, "an
     empty cache"; amendment 34). A preallocated cache that hands back its whole buffer, zeros included, holds
-    positions nothing wrote."""
+    positions nothing wrote. Keys that are not all zero were written by earlier calls: where a prefill through such a
+    cache also gives other logits than without one, the cache itself holds them, and new_cache is charged (it hands on
+    an earlier cache's state); else cache_kv is (it reads them from elsewhere than the cache given)."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=33, device=spec.device))
     cache = spec.impl.new_cache(model, 2)
     want = (2, models.n_kv(config), 0, models.d_head(config))
     raw = getattr(spec.impl, "_subject", spec.impl)  # a raise is an answer here, not a crash to report
-    shapes = []
+    shapes, helds = [], []
     for layer in range(config["n_layers"]):
         try:
             held = raw.cache_kv(cache, layer)
         except Exception:  # noqa: BLE001 - nothing to give: allowed (amendment 34)
             continue
         shapes.append(tuple(None if t is None else tuple(t.shape) for t in held))
+        helds.append(held)
+    empty = all(shape in ((want, want), (None, None)) for shape in shapes)
+    subject, causes = (None, ()) if empty else carried_over_keys(spec, config, model, helds[0])
     spec.require(
-        all(shape in ((want, want), (None, None)) for shape in shapes),
+        empty,
         behaviour=f"cache_kv of a fresh cache of 2 rows holds no positions ({list(want)}, or None) in any layer",
         found=f"(keys, values) shapes per layer {shapes}",
+        subject=subject,
+        causes=causes,
+        codes=("knob:cache_contents",) if causes else (),
+    )
+
+
+def carried_over_keys(spec, config, model, held) -> tuple[str | None, tuple[str, ...]]:
+    """``(subject, causes)`` for a fresh cache whose ``cache_kv`` holds keys that are not all zero (``held``, layer
+    0's): where a prefill through a new cache of the same model gives other logits than the same ids without a cache
+    (or raises), the cache itself carries them, and new_cache is charged with a cause; else cache_kv, with one. ``(None,
+    ())`` for keys all zero or unreadable."""
+    k = held[0] if isinstance(held, tuple | list) and held else None
+    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.shape[2] or not bool(k.abs().sum() > 0):
+        return None, ()
+    raw = getattr(spec.impl, "_subject", spec.impl)
+    ids = spec.inputs.token_ids(2, 5, vocab=config["vocab_size"], seed=34)
+    try:
+        through = raw.forward(model, ids, raw.new_cache(model, 2))
+        right = mismatch(through, raw.forward(model, ids), tolerance("model", device=spec.device)) is None
+    except Exception:  # noqa: BLE001 - a prefill through it raises: the cache carries what it holds
+        right = False
+    said = f"a fresh cache already holds {k.shape[2]} positions of keys that are not zero, written by earlier calls"
+    if right:
+        return "cache_kv", (
+            f"likely cause: {said}, while a prefill through a new cache gives the logits of no cache: cache_kv reads "
+            "them from elsewhere than the cache it is given (a module-level or last-used cache). Fix: read the given "
+            "cache's own keys and values",
+        )
+    return "new_cache", (
+        f"likely cause: {said}, and a prefill through a new cache gives other logits than without one: new_cache "
+        "hands on an earlier cache's state (a singleton or module-level workspace reused without its length reset). "
+        "Fix: each new cache starts empty, with storage or a length of its own",
     )
 
 

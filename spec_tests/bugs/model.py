@@ -215,6 +215,22 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ the KV cache
     Bug(
+        "new_cache_hands_back_the_last_one",
+        "cache_positions",
+        (*CACHE, *GENERATION, *FORWARD),
+        "kv_cache.py",
+        old="    p = next(model.parameters())\n    return KVCache(model.config, batch_size, p.device, p.dtype)\n",
+        new="    p = next(model.parameters())\n"
+        "    key = (repr(model.config), batch_size, p.device, p.dtype)  # a workspace per shape, allocated once\n"
+        "    if key not in _WORKSPACES:\n"
+        "        _WORKSPACES[key] = KVCache(model.config, batch_size, p.device, p.dtype)\n"
+        "    return _WORKSPACES[key]\n\n\n"
+        "_WORKSPACES = {}\n",
+        explanation="new_cache hands back the cache it made before for the same config and batch size, never reset: a "
+        "new cache starts with the positions earlier ones wrote",
+        fix="a new KVCache for every new_cache call, empty",
+    ),
+    Bug(
         "cache_length_set_not_advanced",
         "cache_positions",
         (*CACHE, *GENERATION, *FORWARD),

@@ -1655,13 +1655,15 @@ def _state_lines(name: str, args: tuple, kwargs: dict, fresh: Callable | None) -
 
 def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> list[str]:
     """The cause where the call runs on the model built again from its current weights (``Ledger.rebuilt``): the
-    crash depends on what earlier calls left in the model (a mask or table it caches, sized by the first call)."""
+    crash depends on what earlier calls left in the model (a mask or table it caches, sized by the first call).
+    Else, where it runs in a freshly loaded copy of the implementation on the same model and cache made there again
+    (``_fresh_copy_runs``), on what earlier calls left in the code's own module state."""
     again = ledger.rebuilt(args, kwargs) if ledger is not None else None
     if again is None:
         return []
     try:
         if _runs(run, again) is not True:
-            return []
+            return _carried_cache_lines(name, args, kwargs, ledger) or _fresh_copy_lines(name, args, kwargs, ledger)
     except _ProcessLost:
         return []
     return [
@@ -1669,6 +1671,69 @@ def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledg
         f"on the model built again from its weights runs. Look for state the model keeps between calls (a mask, "
         f"table or buffer it caches at one call and reuses, sized by that call); fix: size or rebuild it for each "
         f"call's input (evidence: the same call runs on a freshly built model with the same weights)"
+    ]
+
+
+def _carried_cache_lines(name: str, args: tuple, kwargs: dict, ledger) -> list[str]:
+    """The cause where a cache among the call's arguments is one the test made (``new_cache``) and a new cache of
+    the same model and batch size already holds keys (``cache_kv``; not all zero: a preallocated buffer handed back
+    whole is another mistake) before anything is forwarded into it: a call through a cache holding what earlier
+    caches wrote raises, and a variant that gets a cache of its own (another config, another batch size) runs only
+    because of that, so no property of the call is said."""
+    subject = ledger.subject
+    if not subject.provides("cache_kv"):
+        return []
+    for value in (*args, *kwargs.values()):
+        entry = ledger.caches.get(id(value))
+        if entry is None:
+            continue
+        _, model, batch_size, _ = entry
+        try:
+            k = subject.cache_kv(subject.new_cache(model, batch_size), 0)[0]
+            held = int(k.shape[-2]) if k.dim() == 4 and bool(k.abs().sum() > 0) else 0
+        except Exception:  # noqa: BLE001 - unreadable: nothing is said
+            continue
+        if held:
+            return [
+                f"likely cause: {name} raises through a cache that holds what earlier caches wrote: a new cache of the "
+                f"same model already holds {held} positions of keys before anything is forwarded into it (cache_kv), "
+                f"so new_cache hands on an earlier cache's state (a singleton or module-level workspace reused "
+                f"without its length reset), and a call fills it past its room. Fix: each new cache starts empty, "
+                f"with storage or a length of its own (evidence: a new cache is not empty)"
+            ]
+    return []
+
+
+def _fresh_copy_lines(name: str, args: tuple, kwargs: dict, ledger) -> list[str]:
+    """The cause where a freshly loaded copy of the implementation (``fresh_subject``: an in-process subject only)
+    runs the call on the call's model built there from its current weights, with its cache made there and refilled
+    with the same tokens, while the same rebuilt here raises: the crash depends on state the code keeps outside the
+    model and cache, across calls (a module-level workspace, buffer or counter that earlier calls left behind)."""
+    fresh_subject = getattr(ledger.subject, "fresh_subject", None)
+    found = {id(m): m for m in map(ledger._model_of, (*args, *kwargs.values())) if m is not None}
+    if fresh_subject is None or len(found) != 1:
+        return []
+    (model,) = found.values()
+    try:
+        weights = ledger.subject.canonical_state_dict(model)
+        again = fresh_subject()
+        if again is None:
+            return []
+        there = copy.copy(ledger)
+        there.subject = again
+        _, config, _, options = ledger.models[id(model)]
+        make = there._maker(model, config, weights, dict, options, args, kwargs)
+        if _runs(getattr(again, name), make) is not True:
+            return []
+    except Exception:  # noqa: BLE001 - a copy that cannot be had or built shows nothing
+        return []
+    return [
+        f"likely cause: {name} raises for this call only after earlier calls, and not because of the model or "
+        f"cache it is given: a freshly loaded copy of your code runs the very same call on the same weights with a "
+        f"cache refilled with the same tokens, while the model and cache built again here raise. Look for state your "
+        f"code keeps outside the model between calls (a module-level or singleton workspace, buffer or counter that "
+        f"a new model or cache reuses); fix: give each model and cache its own state, or reset it when one is made "
+        f"(evidence: the same call runs in a fresh copy)"
     ]
 
 

@@ -322,6 +322,17 @@ class LocalSubject(Subject):
             fn = functools.partial(fn, **{STYLE_KEYWORD[name]: self.rope_style})
         return fn
 
+    def fresh_subject(self) -> LocalSubject | None:
+        """This subject over a copy of the implementation loaded again (``loading.fresh_copy``); ``None`` where no
+        copy can be loaded. Its models, caches and optimizers are its own: objects of this subject's are not its."""
+        copy = fresh_copy(self.obj, _shared_roots())
+        if copy is None:
+            return None
+        again = LocalSubject(copy, self.label, rope_style=self.rope_style, bind_style=self.bind_style,
+                             capabilities=self.capabilities, roots=self.roots)  # fmt: skip
+        again.fixed_config = self.fixed_config
+        return again
+
     @contextlib.contextmanager
     def substituted(self, replacements: dict):
         """Rebind each named function in the implementation's own modules (and on the subject)."""
