@@ -168,13 +168,81 @@ def greedy_case(
                        "is wrong as well: test_greedy_generation_follows_the_model comes first",)  # fmt: skip
             codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
     wrong = not torch.equal(out.cpu(), want.cpu())
-    if prompt_causes and wrong and out.shape == want.shape and torch.equal(out[:, t].cpu(), want[:, t].cpu()):
+    window = window_reading(spec, model, prompt, n, ctx, out) if wrong and within is not None else None
+    if window is not None:
+        causes, codes = window
+    elif wrong and within is not None:  # wrong past the context, and no other window fits: the cropping is wrong
+        # somehow, which the causes name as one guess among several
+        causes = tuple(c.replace("likely cause:", "likely cause (weak evidence):", 1) for c in causes)
+        codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
+    first_right = out.shape == want.shape and torch.equal(out[:, t].cpu(), want[:, t].cpu())
+    if prompt_causes and wrong and window is None and first_right:
         causes = (
             "note: the first new token is right in every row, so the prompt was cropped; a later token differs, once "
             "the sequence has passed context_length (how generation slides: test_generation_slides_past_the_context)",
         )
         codes = ()
     check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
+
+
+def window_reading(spec, model, prompt, n: int, ctx: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:
+    """``(causes, codes)`` where every token of ``out`` that is not the argmax of the implementation's own logits
+    over the last ``ctx`` tokens before it (teacher-forced on ``out`` itself) is the argmax over another window: one
+    or two tokens fewer, one more, or every token so far (never cropped; a forward that takes more than ``ctx``). One
+    window must explain every such token, in every row; a cache that re-encodes the window only now and then gives
+    that window at those steps alone. None where none, or more than one, does."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    t = prompt.shape[1]
+    if out.shape != (prompt.shape[0], t + n):
+        return None
+    out = out.to(prompt.device)
+
+    def picks(prefix, w):  # the greedy token over the last w tokens of prefix, per row
+        return raw.forward(model, prefix if w is None else prefix[:, -w:])[:, -1].argmax(dim=-1)
+
+    candidates = [ctx - 1, ctx - 2, ctx + 1, None]
+    fits, wrong = set(candidates), 0
+    try:
+        for step in range(n):
+            prefix, token = out[:, : t + step], out[:, t + step]
+            bad = picks(prefix, ctx) != token
+            if not bool(bad.any()):
+                continue
+            wrong += 1
+            for w in list(fits):
+                try:
+                    if not torch.equal(picks(prefix, w)[bad], token[bad]):
+                        fits.discard(w)
+                except Exception:  # noqa: BLE001 - a window the implementation's forward refuses explains nothing
+                    fits.discard(w)
+            if not fits:
+                return None
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return None
+    short = fits <= {ctx - 1, ctx - 2}  # one or two tokens short: the same mistake, its size not pinned
+    if not wrong or not fits or (len(fits) != 1 and not short):
+        return None
+    w = max(fits, key=lambda v: -1 if v is None else v)
+    last = " or ".join(str(v) for v in sorted(fits, reverse=True)) if short else str(w)
+    evidence = (
+        f"(evidence: at the {wrong} step{'s' * (wrong > 1)} where your tokens differ, they are the argmax of your "
+    )
+    evidence += "logits over every token so far)" if w is None else f"logits over the last {last} tokens)"
+    if w is None:
+        cause = (
+            f"likely cause: generate feeds the whole sequence, never cropped to its last {ctx} tokens "
+            "(context_length), and your forward takes more than context_length tokens. Fix: ids[:, -context_length:] "
+            f"at every step {evidence}"
+        )
+    else:
+        off = f"{abs(ctx - w)} token{'s' * (abs(ctx - w) > 1)} {'short' if w < ctx else 'too long'}"
+        off = off if len(fits) == 1 else "short"
+        cause = (
+            f"likely cause: generate conditions on the last {last} tokens, not the last {ctx} (context_length), where "
+            f"it crops or re-encodes the window: the window is {off} (an off-by-one such as "
+            f"ids[:, -(context_length - 1):]). Fix: ids[:, -context_length:] {evidence}"
+        )
+    return (cause,), ("knob:window",)
 
 
 def own_sampler_consequence(spec, model, prompt, n, ctx, out, *, use_cache, behaviour):

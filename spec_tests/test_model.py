@@ -495,6 +495,25 @@ def test_batch_rows_are_independent(spec, config):
     spec.close(batched, alone, kind="model", axes="b t v", behaviour="row b of a batch equals sequence b alone")
 
 
+@judges("forward", uses=("build_model",))
+@pytest.mark.bug_class("layout")
+def test_forward_takes_ids_of_any_memory_layout(spec, family):
+    """forward gives on non-contiguous ids (a slice ids[:, 1:], and ids stored transposed) the logits it gives on a
+    contiguous copy of the same ids (protocol: amendment 30; a cached run's chunks and generate's window are such
+    slices, and ``ids.view(-1)`` raises on them)."""
+    config = models.family_config(spec.impl, family)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=7, device=spec.device))
+    ids = ids_for(spec, config, b=3, seed=8)
+    for what, view in (("a slice ids[:, 1:]", ids[:, 1:]), ("ids stored transposed", ids.t().contiguous().t())):
+        spec.close(
+            spec.impl.forward(model, view),
+            spec.impl.forward(model, view.contiguous()),
+            kind="model",
+            axes="b t v",
+            behaviour=f"forward of {what} (non-contiguous) equals forward of a contiguous copy",
+        )
+
+
 def loss_of(m, cfg, sd, ids):
     """``mean(forward(model, ids)**2)`` of a model built from ``sd`` (a float)."""
     return float(models.logits(m, cfg, sd, ids).detach().pow(2).mean())

@@ -215,6 +215,18 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ the KV cache
     Bug(
+        "forward_flattens_ids_with_view",
+        "layout",
+        (*FORWARD, *CACHE, *GENERATION, *TRAINING, *EVALUATION),
+        "model.py",
+        old="        x = embedding(ids, self.tok_embeddings.weight)  # [B, T, d_model]",
+        new="        x = embedding(ids.view(-1), self.tok_embeddings.weight).view(*ids.shape, -1)  # B*T ids at once",
+        explanation="forward flattens the ids with .view, which raises on non-contiguous ids (a slice such as a "
+        "cached run's chunk ids[:, t:t + n], or generate's window)",
+        fix="ids.reshape(-1), or embed the [B, T] ids as they are",
+        code="crash",
+    ),
+    Bug(
         "new_cache_hands_back_the_last_one",
         "cache_positions",
         (*CACHE, *GENERATION, *FORWARD),
@@ -448,6 +460,18 @@ BUGS = (
         explanation="generate feeds the whole sequence, so prompts longer "
         "than context_length (or generation past it) fail",
         fix="condition on the last context_length tokens: model(ids[:, -context_length:])",
+        corner=True,
+    ),
+    Bug(
+        "generate_window_one_short",
+        "prompt_cropping",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -ctx:], cache, **padded(mask, ctx))",
+        new="                logits = model(ids[:, 1 - ctx :], cache, **padded(mask, ctx - 1))  # an off-by-one crop",
+        explanation="generate re-encodes the last context_length - 1 tokens, not the last context_length, wherever it "
+        "crops the sequence (a long prompt, and each slide past the context)",
+        fix="model(ids[:, -context_length:])",
         corner=True,
     ),
     Bug(
