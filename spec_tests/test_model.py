@@ -223,11 +223,7 @@ def test_eval_mode_applies_no_dropout(spec, family):
         not varies,
         behaviour=behaviour,
         found="two eval-mode forward passes under other global seeds give other logits: dropout is on in eval mode",
-        causes=(
-            "likely cause: dropout applies whatever the mode (F.dropout without training=self.training, or an "
-            "attention dropout_p passed whatever the mode). Fix: use nn.Dropout modules, or pass the module's "
-            "training flag",
-        ),
+        causes=eval_dropout_causes(spec, model) if varies else (),
         codes=("knob:mode",),
     )
     check_logits(
@@ -236,6 +232,27 @@ def test_eval_mode_applies_no_dropout(spec, family):
         sd,
         ids_for(spec, config, seed=16),
         behaviour=f"logits of a {family} model with dropout {observed.DROPOUT} in eval mode (dropout off)",
+    )
+
+
+def eval_dropout_causes(spec, model) -> tuple[str, ...]:
+    """The cause of dropout on in eval mode: where some of the model's modules still report ``training`` after it
+    was put in eval mode, the mode does not reach them; where every one reports eval, dropout ignores the flag."""
+    try:
+        flags = getattr(spec.impl, "_subject", spec.impl).training_flags(model)
+    except Exception:  # noqa: BLE001 - unreadable: the flags say nothing
+        flags = []
+    if any(flags):
+        return (
+            f"likely cause: after model.eval(), {sum(flags)} of the model's {len(flags)} modules still report "
+            "training=True: the mode does not reach nested modules (a train()/eval() override that sets only the "
+            "direct children, or a flag copied once at construction), so their dropout stays on. Fix: set the mode "
+            "on every submodule (nn.Module.train(mode) recurses through self.children())",
+        )
+    return (
+        "likely cause: dropout applies whatever the mode (F.dropout without training=self.training, or an "
+        "attention dropout_p passed whatever the mode): every module reports eval mode. Fix: use nn.Dropout "
+        "modules, or pass the module's training flag",
     )
 
 

@@ -427,6 +427,23 @@ BUGS = (
         code="knob:generator",
     ),
     Bug(
+        "eval_reaches_direct_children_only",
+        "dropout_generation",
+        MODEL,
+        "model.py",
+        old="    def forward(\n        self, ids: torch.Tensor, cache: KVCache | None = None, *, attention_mask=None",
+        new="    def train(self, mode: bool = True):  # the mode set on this module and its direct children only\n"
+        "        self.training = mode\n"
+        "        for child in self.children():\n"
+        "            child.training = mode\n"
+        "        return self\n\n"
+        "    def forward(\n        self, ids: torch.Tensor, cache: KVCache | None = None, *, attention_mask=None",
+        explanation="the model's train()/eval() sets the mode of its direct children only: the blocks' dropout "
+        "modules stay in training mode after model.eval()",
+        fix="nn.Module.train(mode): the mode set on every submodule",
+        code="knob:mode",
+    ),
+    Bug(
         "generate_dropout_on",
         "dropout_generation",
         GENERATION,
