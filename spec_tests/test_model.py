@@ -516,8 +516,8 @@ def test_batch_rows_are_independent(spec, config):
 @pytest.mark.bug_class("layout")
 def test_forward_takes_ids_of_any_memory_layout(spec, family):
     """forward gives on non-contiguous ids (a slice ids[:, 1:], and ids stored transposed) the logits it gives on a
-    contiguous copy of the same ids (protocol: amendment 30; a cached run's chunks and generate's window are such
-    slices, and ``ids.view(-1)`` raises on them)."""
+    contiguous copy of the same ids: a cached run's chunks and generate's window are such slices, and ``ids.view(-1)``
+    raises on them (protocol: amendment 30)."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=7, device=spec.device))
     ids = ids_for(spec, config, b=3, seed=8)
