@@ -1999,3 +1999,46 @@ def test_a_torch_not_implemented_is_reported_as_a_crash(tmp_path, pytester):
     out = proc.stdout
     assert "not implemented for 'UInt16'" in out, out[-3000:]
     assert "not implemented:" not in out.lower() and "NotImplementedError" in out, out[-3000:]
+
+
+ROW_BUFFER = '''"""The reference with a module-level workspace sized by forward's first call."""
+
+import reference as _reference
+from reference import *  # noqa: F403
+
+_ROWS = {}
+
+
+def forward(model, ids, cache=None, **kwargs):
+    rows = _ROWS.setdefault("rows", ids.shape[0])  # the bug: sized by the first call, never regrown
+    if ids.shape[0] > rows:
+        raise RuntimeError(f"the row workspace holds {rows} rows")
+    return _reference.forward(model, ids, cache, **kwargs)
+'''
+
+
+def test_a_model_call_that_only_module_state_explains_is_said_through_a_fresh_copy(tmp_path, monkeypatch):
+    """A forward that raises because of module-level state an earlier call left (a workspace sized by the first
+    call): the model built again raises too, no cache is involved, and a freshly loaded copy of the code, with the
+    model built there from the same weights, runs the same call. The line says state, not the batch size a variant
+    with fewer rows happens to fit; without a fresh copy to ask (``fresh`` not given) it is not said."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import LocalSubject
+
+    (tmp_path / "row_workspace").mkdir()
+    (tmp_path / "row_workspace" / "__init__.py").write_text(ROW_BUFFER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("row_workspace")
+    subject = LocalSubject(module, "row_workspace", rope_style="interleaved", bind_style=True)
+    config = dict(models.CONFIGS["llama_gqa"])
+    model = subject.build(config, models.random_state_dict(config, seed=1))
+    ledger = Ledger(subject)
+    ledger.record("build", (config, None), {}, model)
+    ids = torch.zeros(3, 5, dtype=torch.long)
+    subject.forward(model, ids[:1])  # sizes the workspace at one row
+    fresh = lambda: subject.fresh_function("forward")
+    lines, codes = probe("forward", subject.forward, (model, ids), {}, ledger, fresh=fresh)
+    assert codes == ["crash_state"] and "a freshly loaded copy of your code runs the very same call" in lines[0], lines
+    lines, _ = probe("forward", subject.forward, (model, ids), {}, ledger)
+    assert not any("freshly loaded copy" in line for line in lines), lines

@@ -1653,17 +1653,19 @@ def _state_lines(name: str, args: tuple, kwargs: dict, fresh: Callable | None) -
     ]
 
 
-def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> list[str]:
+def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledger, own: bool = False) -> list[str]:
     """The cause where the call runs on the model built again from its current weights (``Ledger.rebuilt``): the
     crash depends on what earlier calls left in the model (a mask or table it caches, sized by the first call).
     Else, where it runs in a freshly loaded copy of the implementation on the same model and cache made there again
-    (``_fresh_copy_runs``), on what earlier calls left in the code's own module state."""
+    (``_fresh_copy_lines``; only where ``own``: ``run`` calls the subject's own ``name``, as the copy's does), on
+    what earlier calls left in the code's own module state."""
     again = ledger.rebuilt(args, kwargs) if ledger is not None else None
     if again is None:
         return []
     try:
         if _runs(run, again) is not True:
-            return _carried_cache_lines(name, args, kwargs, ledger) or _fresh_copy_lines(name, args, kwargs, ledger)
+            carried = _carried_cache_lines(name, args, kwargs, ledger)
+            return carried or (_fresh_copy_lines(name, args, kwargs, ledger) if own else [])
     except _ProcessLost:
         return []
     return [
@@ -1750,7 +1752,10 @@ def probe(
     the call raised (a call of thousands of rows is probed on a few that raise the same: ``_few_rows``).
     """
     args, kwargs, shrunk = _few_rows(run, args, kwargs, crash)
-    state = _state_lines(name, args, kwargs, fresh) or _model_state_lines(name, run, args, kwargs, ledger)
+    # a fresh copy's name stands for run only where run calls the subject's own name (``fresh`` given)
+    state = _state_lines(name, args, kwargs, fresh) or _model_state_lines(
+        name, run, args, kwargs, ledger, own=fresh is not None
+    )
     if state:
         return state + shrunk, ["crash_state"]
     lines, codes, path_only = _probe(name, run, args, kwargs, ledger)
