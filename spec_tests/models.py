@@ -290,36 +290,35 @@ def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, va
     implementation supports the head tied and untied, the same check then runs with the head tied the other way (the
     other weights the same): an option whose code path goes through the head (a final soft-cap) may be applied on
     one kind of head only (held out: the cap only in the tied head's ``attend``)."""
-    out = spec.check(
-        lambda m, sd, ids: logits(m, config, sd, ids),
-        sd,
-        ids,
-        given=plain_given(spec),
-        subject="forward",
-        kind="model",
-        axes="b t v",
-        label=label,
-        variants=variants,
-        weights_used=True,
-        behaviour=behaviour,
-        readings=[lambda tol: undetermined_reading(spec, config, sd, ids, tol)],
-    )
+
+    def judged(cfg, weights, given, *, label, behaviour, variants=(), readings=()):
+        return spec.check(
+            lambda m, sd, ids: logits(m, cfg, sd, ids),
+            weights,
+            ids,
+            given=given,
+            subject="forward",
+            kind="model",
+            axes="b t v",
+            label=label,
+            variants=variants,
+            weights_used=True,
+            behaviour=behaviour,
+            readings=[*readings, lambda tol: undetermined_reading(spec, cfg, weights, ids, tol)],
+        )
+
+    out = judged(config, sd, plain_given(spec), label=label, behaviour=behaviour, variants=variants)
     other = other_tying(spec.impl, config, sd)
     if other is not None:
         config2, sd2 = other
         head = "untied" if config.get("tie_embeddings", True) else "tied"
-        spec.check(
-            lambda m, sd, ids: logits(m, config2, sd, ids),
+        judged(
+            config2,
             sd2,
-            ids,
-            given=plain_given(spec, config.get("family", "llama"), tie_embeddings=config2["tie_embeddings"]),
-            subject="forward",
-            kind="model",
-            axes="b t v",
+            plain_given(spec, config.get("family", "llama"), tie_embeddings=config2["tie_embeddings"]),
             label=f"{label or 'logits'}, {head} head",
-            weights_used=True,
             behaviour=f"{behaviour}, with the head {head} (the other weights the same)",
-            readings=[lambda tol: tying_reading(head), lambda tol: undetermined_reading(spec, config2, sd2, ids, tol)],
+            readings=[lambda tol: tying_reading(head)],
         )
     return out
 
