@@ -17,6 +17,7 @@ from einops import rearrange
 from hypothesis import given
 
 from . import models
+from .harness.diagnosis.model_variants import shares_a_position
 from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import tolerance
@@ -616,14 +617,49 @@ def _layout_causes(shape, want) -> tuple[str, ...]:
 
 
 def carried_over(spec, config, model, batch: int) -> tuple[str | None, tuple[str, ...]]:
-    """``carried_over_keys`` of a new cache of ``model`` for ``batch`` rows, made after earlier caches were filled
-    and read before anything is forwarded into it; ``(None, ())`` where it is empty or cannot be read."""
-    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    """``(subject, causes)`` where a new cache of ``model`` already holds keys another cache holds, before anything
+    is forwarded into it (``shares_a_position``: not zeros or uninitialised memory): another new cache made just
+    before, or one filled with 5 tokens just before. Where a prefill through a third new cache then gives other
+    logits than without a cache (or raises), the caches themselves share it: new_cache is charged; else cache_kv,
+    which reads them from elsewhere. ``(None, ())`` where nothing carries over or the caches cannot be read."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    ids = spec.inputs.token_ids(batch, 5, vocab=config["vocab_size"], seed=34)
+
+    def keys(cache):
+        return raw.cache_kv(cache, 0)[0]
+
+    def shared_after(fill: bool) -> tuple[torch.Tensor, int]:  # a new cache's keys, and how many another one holds
+        first = raw.new_cache(model, batch)
+        if fill:
+            raw.forward(model, ids, first)
+        k = keys(raw.new_cache(model, batch))
+        return k, shares_a_position(k, keys(first))
+
     try:
-        held = impl.cache_kv(impl.new_cache(model, batch), 0)
+        k, shared = shared_after(False)  # two new caches holding the same keys (what earlier tests wrote)
+        if not shared:
+            k, shared = shared_after(True)
     except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
         return None, ()
-    return carried_over_keys(spec, config, model, held)
+    if not shared:
+        return None, ()
+    try:
+        through = raw.forward(model, ids, raw.new_cache(model, batch))
+        right = mismatch(through, raw.forward(model, ids), tolerance("model", device=spec.device)) is None
+    except Exception:  # noqa: BLE001 - a prefill through it raises: the cache carries what it holds
+        right = False
+    said = f"a new cache already holds {k.shape[2]} positions, {shared} of them keys another cache was given"
+    if right:
+        return "cache_kv", (
+            f"likely cause: {said}, while a prefill through a new cache gives the logits of no cache: cache_kv reads "
+            "them from elsewhere than the cache it is given (a module-level or last-used cache). Fix: read the given "
+            "cache's own keys and values",
+        )
+    return "new_cache", (
+        f"likely cause: {said}, and a prefill through a new cache gives other logits than without one: new_cache "
+        "hands on an earlier cache's state (a singleton or module-level workspace reused without its length reset). "
+        "Fix: each new cache starts empty, with storage or a length of its own",
+    )
 
 
 def carried_over_causes(spec, config, model, shape, want) -> tuple[str | None, tuple[str, ...]]:
@@ -823,16 +859,15 @@ def test_a_fresh_cache_holds_no_positions(spec, family):
     cache = spec.impl.new_cache(model, 2)
     want = (2, models.n_kv(config), 0, models.d_head(config))
     raw = getattr(spec.impl, "_subject", spec.impl)  # a raise is an answer here, not a crash to report
-    shapes, helds = [], []
+    shapes = []
     for layer in range(config["n_layers"]):
         try:
             held = raw.cache_kv(cache, layer)
         except Exception:  # noqa: BLE001 - nothing to give: allowed (amendment 34)
             continue
         shapes.append(tuple(None if t is None else tuple(t.shape) for t in held))
-        helds.append(held)
     empty = all(shape in ((want, want), (None, None)) for shape in shapes)
-    subject, causes = (None, ()) if empty else carried_over_keys(spec, config, model, helds[0])
+    subject, causes = (None, ()) if empty else carried_over(spec, config, model, 2)
     spec.require(
         empty,
         behaviour=f"cache_kv of a fresh cache of 2 rows holds no positions ({list(want)}, or None) in any layer",
@@ -840,35 +875,6 @@ def test_a_fresh_cache_holds_no_positions(spec, family):
         subject=subject,
         causes=causes,
         codes=("knob:cache_contents",) if causes else (),
-    )
-
-
-def carried_over_keys(spec, config, model, held) -> tuple[str | None, tuple[str, ...]]:
-    """``(subject, causes)`` for a fresh cache whose ``cache_kv`` holds keys that are not all zero (``held``, layer
-    0's): where a prefill through a new cache of the same model gives other logits than the same ids without a cache
-    (or raises), the cache itself carries them, and new_cache is charged with a cause; else cache_kv, with one. ``(None,
-    ())`` for keys all zero or unreadable."""
-    k = held[0] if isinstance(held, tuple | list) and held else None
-    if not isinstance(k, torch.Tensor) or k.dim() != 4 or not k.shape[2] or not bool(k.abs().sum() > 0):
-        return None, ()
-    raw = getattr(spec.impl, "_subject", spec.impl)
-    ids = spec.inputs.token_ids(2, 5, vocab=config["vocab_size"], seed=34)
-    try:
-        through = raw.forward(model, ids, raw.new_cache(model, 2))
-        right = mismatch(through, raw.forward(model, ids), tolerance("model", device=spec.device)) is None
-    except Exception:  # noqa: BLE001 - a prefill through it raises: the cache carries what it holds
-        right = False
-    said = f"a fresh cache already holds {k.shape[2]} positions of keys that are not zero, written by earlier calls"
-    if right:
-        return "cache_kv", (
-            f"likely cause: {said}, while a prefill through a new cache gives the logits of no cache: cache_kv reads "
-            "them from elsewhere than the cache it is given (a module-level or last-used cache). Fix: read the given "
-            "cache's own keys and values",
-        )
-    return "new_cache", (
-        f"likely cause: {said}, and a prefill through a new cache gives other logits than without one: new_cache "
-        "hands on an earlier cache's state (a singleton or module-level workspace reused without its length reset). "
-        "Fix: each new cache starts empty, with storage or a length of its own",
     )
 
 

@@ -95,7 +95,16 @@ from ...protocol import (
     config_defaults,
 )
 from .crash_site import own_frame, site_lines
-from .model_variants import HEAD_SIZES, Ledger, NotBuilt, heads_repeated, option_off, options_set, without
+from .model_variants import (
+    HEAD_SIZES,
+    Ledger,
+    NotBuilt,
+    heads_repeated,
+    option_off,
+    options_set,
+    shares_a_position,
+    without,
+)
 
 NOTHING_RAN = "note: the crash does not depend on what was probed"
 BESIDE_CACHE = "the same ids run through a cache holding fewer positions, so their length matters only beside them"
@@ -1678,10 +1687,10 @@ def _model_state_lines(name: str, run: Callable, args: tuple, kwargs: dict, ledg
 
 def _carried_cache_lines(name: str, args: tuple, kwargs: dict, ledger) -> list[str]:
     """The cause where a cache among the call's arguments is one the test made (``new_cache``) and a new cache of
-    the same model and batch size already holds keys (``cache_kv``; not all zero: a preallocated buffer handed back
-    whole is another mistake) before anything is forwarded into it: a call through a cache holding what earlier
-    caches wrote raises, and a variant that gets a cache of its own (another config, another batch size) runs only
-    because of that, so no property of the call is said."""
+    the same model and batch size already holds keys before anything is forwarded into it, some of them those the
+    call's cache holds (``model_variants.shares_a_position``: not zeros or uninitialised memory): a call through a
+    cache holding what earlier caches wrote raises, and a variant that gets a cache of its own (another config,
+    another batch size) runs only because of that, so no property of the call is said."""
     subject = ledger.subject
     if not subject.provides("cache_kv"):
         return []
@@ -1691,15 +1700,16 @@ def _carried_cache_lines(name: str, args: tuple, kwargs: dict, ledger) -> list[s
             continue
         _, model, batch_size, _ = entry
         try:
+            filled = subject.cache_kv(value, 0)[0]
             k = subject.cache_kv(subject.new_cache(model, batch_size), 0)[0]
-            held = int(k.shape[-2]) if k.dim() == 4 and bool(k.abs().sum() > 0) else 0
+            held = int(k.shape[-2]) if shares_a_position(k, filled) else 0
         except Exception:  # noqa: BLE001 - unreadable: nothing is said
             continue
         if held:
             return [
                 f"likely cause: {name} raises through a cache that holds what earlier caches wrote: a new cache of the "
-                f"same model already holds {held} positions of keys before anything is forwarded into it (cache_kv), "
-                f"so new_cache hands on an earlier cache's state (a singleton or module-level workspace reused "
+                f"same model already holds {held} positions before anything is forwarded into it, keys the call's "
+                f"cache holds too (cache_kv), so new_cache hands on an earlier cache's state (a singleton or module-level workspace reused "
                 f"without its length reset), and a call fills it past its room. Fix: each new cache starts empty, "
                 f"with storage or a length of its own (evidence: a new cache is not empty)"
             ]

@@ -386,6 +386,16 @@ class Ledger:
         return make
 
 
+def shares_a_position(held: torch.Tensor, filled: torch.Tensor) -> int:
+    """How many positions (axis -2) of ``held`` (a new cache's keys) equal, exactly and not all zero, a position of
+    ``filled`` (keys a call wrote into another cache): keys handed on from that cache, where uninitialised memory or
+    a zero buffer never matches."""
+    if held.dim() != filled.dim() or held.shape[:-2] != filled.shape[:-2] or held.shape[-1] != filled.shape[-1]:
+        return 0
+    rows = [filled[..., s, :] for s in range(filled.shape[-2]) if bool(filled[..., s, :].abs().sum() > 0)]
+    return sum(any(torch.equal(held[..., t, :], r) for r in rows) for t in range(held.shape[-2]))
+
+
 def heads_repeated(w: torch.Tensor, h_kv: int, h: int) -> torch.Tensor:
     """A key or value weight (or bias) of ``h_kv`` heads, rows grouped by head, with each head's rows repeated
     to ``h`` heads: kv head ``j`` serves query heads ``j * h // h_kv`` on (the protocol's GQA mapping)."""
