@@ -1709,9 +1709,9 @@ def _carried_cache_lines(name: str, args: tuple, kwargs: dict, ledger) -> list[s
             return [
                 f"likely cause: {name} raises through a cache that holds what earlier caches wrote: a new cache of the "
                 f"same model already holds {held} positions before anything is forwarded into it, keys the call's "
-                f"cache holds too (cache_kv), so new_cache hands on an earlier cache's state (a singleton or module-level workspace reused "
-                f"without its length reset), and a call fills it past its room. Fix: each new cache starts empty, "
-                f"with storage or a length of its own (evidence: a new cache is not empty)"
+                f"cache holds too (cache_kv), so new_cache hands on an earlier cache's state (a singleton or "
+                f"module-level workspace reused without its length reset), and a call fills it past its room. Fix: "
+                f"each new cache starts empty, with storage or a length of its own (evidence: a new cache is not empty)"
             ]
     return []
 
