@@ -154,6 +154,7 @@ def greedy_case(
         own_sampler_consequence(spec, model, prompt, n, ctx, out, use_cache=use_cache, behaviour=behaviour)
     if use_cache and not torch.equal(out.cpu(), want.cpu()):
         causes, codes = cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes)
+    right_within = True  # generation within the context is right: what differs past it is the window's
     if within is not None and causes and not torch.equal(out.cpu(), want.cpu()):
         short = prompt_for(spec, config, t=within[0], seed=seeds[1])
         right = torch.equal(
@@ -162,17 +163,19 @@ def greedy_case(
                 spec.impl, model, short, within[1], config["context_length"], use_cache=use_cache
             ).cpu(),
         )
+        right_within = right
         if not right:  # wrong within the context too: the long case shows nothing of its own
             causes = tuple(c.replace("likely cause:", "likely cause (weak evidence):", 1) for c in causes)
             causes += (f"note: generation within the context ({within[0]}-token prompt, {within[1]} new tokens) "
                        "is wrong as well: test_greedy_generation_follows_the_model comes first",)  # fmt: skip
             codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
     wrong = not torch.equal(out.cpu(), want.cpu())
-    window = window_reading(spec, model, prompt, n, ctx, out) if wrong and within is not None else None
+    reads = wrong and within is not None and right_within
+    window = window_reading(spec, model, prompt, n, ctx, out) if reads else None
     if window is not None:
         causes, codes = window
-    elif wrong and within is not None:  # wrong past the context, and no other window fits: the cropping is wrong
-        # somehow, which the causes name as one guess among several
+    elif reads:  # wrong past the context only, and no other window fits: the cropping is wrong somehow, which the
+        # causes name as one guess among several
         causes = tuple(c.replace("likely cause:", "likely cause (weak evidence):", 1) for c in causes)
         codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
     first_right = out.shape == want.shape and torch.equal(out[:, t].cpu(), want[:, t].cpu())
