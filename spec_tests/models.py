@@ -323,6 +323,9 @@ def check_option_logits(spec, config: dict, sd: dict, ids, *, behaviour: str, va
     return out
 
 
+HEAD_SEED = 4099  # an untied head's own weight, drawn where a tied model's check runs again untied
+
+
 def other_tying(impl, config: dict, sd: dict):
     """``(config, state_dict)`` with the head tied the other way, or None where the implementation does not support
     both. Untying adds an ``lm_head.weight`` of its own (drawn as ``random_state_dict`` draws it); tying drops it."""
@@ -334,9 +337,6 @@ def other_tying(impl, config: dict, sd: dict):
         head = random_state_dict(config2, seed=HEAD_SEED, device=next(iter(sd.values())).device)["lm_head.weight"]
         return config2, dict(sd, **{"lm_head.weight": head.to(sd["tok_embeddings.weight"].dtype)})
     return config2, {k: v for k, v in sd.items() if k != "lm_head.weight"}
-
-
-HEAD_SEED = 4099
 
 
 def tying_reading(head: str) -> tuple[list[str], list[str]]:

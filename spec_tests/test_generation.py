@@ -225,25 +225,23 @@ def window_reading(spec, model, prompt, n: int, ctx: int, out) -> tuple[tuple[st
     short = fits <= {ctx - 1, ctx - 2}  # one or two tokens short: the same mistake, its size not pinned
     if not wrong or not fits or (len(fits) != 1 and not short):
         return None
-    w = max(fits, key=lambda v: -1 if v is None else v)
-    last = " or ".join(str(v) for v in sorted(fits, reverse=True)) if short else str(w)
-    evidence = (
-        f"(evidence: at the {wrong} step{'s' * (wrong > 1)} where your tokens differ, they are the argmax of your "
-    )
-    evidence += "logits over every token so far)" if w is None else f"logits over the last {last} tokens)"
-    if w is None:
+    steps = f"at the {wrong} step{'s' * (wrong > 1)} where your tokens differ, they are the argmax of your logits"
+    if fits == {None}:
         cause = (
             f"likely cause: generate feeds the whole sequence, never cropped to its last {ctx} tokens "
             "(context_length), and your forward takes more than context_length tokens. Fix: ids[:, -context_length:] "
-            f"at every step {evidence}"
+            f"at every step (evidence: {steps} over every token so far)"
         )
     else:
-        off = f"{abs(ctx - w)} token{'s' * (abs(ctx - w) > 1)} {'short' if w < ctx else 'too long'}"
-        off = off if len(fits) == 1 else "short"
+        last = " or ".join(str(w) for w in sorted(fits, reverse=True))
+        w = max(fits)  # the one window, or the longer of two short ones
+        size = f"{abs(ctx - w)} token{'s' * (abs(ctx - w) > 1)} " if len(fits) == 1 else ""
+        off = f"{size}{'short' if w < ctx else 'too long'}"
+        crop = "ids[:, -(context_length - 1):]" if w < ctx else "ids[:, -(context_length + 1):]"
         cause = (
             f"likely cause: generate conditions on the last {last} tokens, not the last {ctx} (context_length), where "
-            f"it crops or re-encodes the window: the window is {off} (an off-by-one such as "
-            f"ids[:, -(context_length - 1):]). Fix: ids[:, -context_length:] {evidence}"
+            f"it crops or re-encodes the window: the window is {off} (an off-by-one such as {crop}). Fix: "
+            f"ids[:, -context_length:] (evidence: {steps} over the last {last} tokens)"
         )
     return (cause,), ("knob:window",)
 
@@ -542,30 +540,27 @@ def test_sampled_generation_is_reproducible(spec, config):
         )
 
     first, second = run(), run()
-    if not torch.equal(first.cpu(), second.cpu()) and spec.impl.provides("sample"):
-        kw = {"temperature": 1.2, **filters.supported(spec.impl, {"top_p": 0.9})}
-        teacher = [
-            oracles.sampled_teacher(
-                spec.impl, model, prompt, 10, config["context_length"], spec.inputs.generator(5), **kw
-            )
-            for _ in range(2)
-        ]
-        if not torch.equal(teacher[0].cpu(), teacher[1].cpu()):
-            raise spec.defer(
-                spec.failing(("sample",)) or ["sample"],  # settling charges it back unless sample fails its own
-                "the same generator seed gives the same sampled continuation",
-                "consequence of failing sample: generation that draws every token with your own sample (seeded "
-                "alike) is not reproducible either. Fix sample first.",
-            )
+    behaviour = "the same generator seed gives the same sampled continuation"
+    causes, codes = [], []
     if not torch.equal(first.cpu(), second.cpu()):
-        defer_to_a_cache_that_carries_over(
-            spec, "the same generator seed gives the same sampled continuation", config, model, prompt, 10
-        )
-    causes, codes = ([], []) if torch.equal(first.cpu(), second.cpu()) else global_rng_reading(spec, run)
-    check_tokens(
-        spec, first, second, behaviour="the same generator seed gives the same sampled continuation", causes=causes,
-        codes=codes,
-    )  # fmt: skip
+        if spec.impl.provides("sample"):
+            kw = {"temperature": 1.2, **filters.supported(spec.impl, {"top_p": 0.9})}
+            teacher = [
+                oracles.sampled_teacher(
+                    spec.impl, model, prompt, 10, config["context_length"], spec.inputs.generator(5), **kw
+                )
+                for _ in range(2)
+            ]
+            if not torch.equal(teacher[0].cpu(), teacher[1].cpu()):
+                raise spec.defer(
+                    spec.failing(("sample",)) or ["sample"],  # settling charges it back unless sample fails its own
+                    behaviour,
+                    "consequence of failing sample: generation that draws every token with your own sample (seeded "
+                    "alike) is not reproducible either. Fix sample first.",
+                )
+        defer_to_a_cache_that_carries_over(spec, behaviour, config, model, prompt, 10)
+        causes, codes = global_rng_reading(spec, run)
+    check_tokens(spec, first, second, behaviour=behaviour, causes=causes, codes=codes)
 
 
 def global_rng_reading(spec, run) -> tuple[list[str], list[str]]:

@@ -444,7 +444,9 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
                 f"likely cause: {prefill} cache_kv holds 1 position in every layer, the first token's keys and values: "
                 f"{ONE_PER_CALL}"
             ), "knob:position_offset"
-    _, carried = carried_over(spec, config, models.build(impl, config, sd), ids.shape[0]) if max(sizes) > n else (0, ())
+    _, carried = (
+        carried_over(spec, config, models.build(impl, config, sd), ids.shape[0]) if max(sizes) > n else (None, ())
+    )
     if carried:
         return carried[0], "knob:cache_contents"
     if any(s != n for s in sizes):
@@ -851,9 +853,9 @@ def test_a_fresh_cache_holds_no_positions(spec, family):
     """cache_kv of a cache no forward has filled yet holds no positions: keys and values of
     [B, n_kv_heads, 0, d_head], or (None, None); it may also raise, having nothing to give (protocol: new_cache, "an
     empty cache"; amendment 34). A preallocated cache that hands back its whole buffer, zeros included, holds
-    positions nothing wrote. Keys that are not all zero were written by earlier calls: where a prefill through such a
-    cache also gives other logits than without one, the cache itself holds them, and new_cache is charged (it hands on
-    an earlier cache's state); else cache_kv is (it reads them from elsewhere than the cache given)."""
+    positions nothing wrote. Where a new cache holds keys another cache holds (``carried_over``) and a prefill through
+    a new cache gives other logits than without one, the caches share state and new_cache is charged (it hands on an
+    earlier cache's state); else cache_kv is (it reads them from elsewhere than the cache given)."""
     config = models.family_config(spec.impl, family)
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=33, device=spec.device))
     cache = spec.impl.new_cache(model, 2)

@@ -402,19 +402,6 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 "one clip_grad_norm_(model.parameters(), max_grad_norm) over all of them",
                 with_(clip="per_parameter") if own is None else lambda ref, *a: own(clip_each=True),
             ),
-            *(
-                [
-                    Variant(
-                        "knob:clipping",
-                        "clipping leaves out the untied output head: its gradient is neither counted in the global "
-                        "norm nor scaled (a norm over the backbone module's parameters only)",
-                        "clip_grad_norm_(model.parameters(), max_grad_norm): every parameter, the head's included",
-                        with_(clip="without_head"),
-                    )
-                ]
-                if not cfg.get("tie_embeddings", True)
-                else []
-            ),
             Variant(
                 "knob:clipping",
                 "gradients are not clipped",
@@ -436,6 +423,16 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 with_(clip="to_norm"),
             ),
         ]
+        if not cfg.get("tie_embeddings", True):  # a head of its own, which a norm over the backbone leaves out
+            found.append(
+                Variant(
+                    "knob:clipping",
+                    "clipping leaves out the untied output head: its gradient is neither counted in the global norm "
+                    "nor scaled (a norm over the backbone module's parameters only)",
+                    "clip_grad_norm_(model.parameters(), max_grad_norm): every parameter, the head's included",
+                    with_(clip="without_head"),
+                )
+            )
         if own is not None:  # the sum of the norms depends on how the code splits its parameters (a fused qkv)
             found.append(
                 Variant(

@@ -1711,7 +1711,8 @@ def _carried_cache_lines(name: str, args: tuple, kwargs: dict, ledger) -> list[s
                 f"same model already holds {held} positions before anything is forwarded into it, keys the call's "
                 f"cache holds too (cache_kv), so new_cache hands on an earlier cache's state (a singleton or "
                 f"module-level workspace reused without its length reset), and a call fills it past its room. Fix: "
-                f"each new cache starts empty, with storage or a length of its own (evidence: a new cache is not empty)"
+                f"each new cache starts empty, with storage or a length of its own (evidence: a new cache holds those "
+                f"keys)"
             ]
     return []
 
