@@ -75,3 +75,57 @@ def require_mode(spec, model, ids, clean: torch.Tensor, training: bool, *, after
         causes=causes,
         codes=codes,
     )
+
+
+def set_mode(spec, model, mode: str) -> list[bool]:
+    """Put ``model`` in ``mode`` ("train", "eval", or "mixed": every other module in training mode, the top one
+    included, as a model with some frozen parts is) and give back each module's flag (``training_flags`` order)."""
+    if mode in ("train", "eval"):
+        spec.impl.set_training(model, mode == "train")
+        return spec.impl.training_flags(model)
+    flags = [i % 2 == 0 for i in range(len(spec.impl.training_flags(model)))]
+    spec.impl.set_training(model, flags)
+    return flags
+
+
+def require_flags(spec, model, given: list[bool], *, after: str, again=None, causes=(), codes=()) -> None:
+    """Fail unless every module's training flag is the one ``model`` was given before ``after`` ran.
+
+    A cause is said only where the evidence pins it. For one mode given: ``causes`` and ``codes``, where the whole
+    model was left in the other mode. For a mixed one: a single ``model.train(mode)`` with the top module's flag,
+    where every module is left in the top module's mode, and ``again()`` (the same call on the model given the
+    opposite flags) leaves every module in that other top mode too; one mode set whatever was found is not that.
+    """
+    flags = spec.impl.training_flags(model)
+    mixed = len(set(given)) > 1
+    if not mixed:
+        mode = "train" if given[0] else "eval"
+        spec.require(
+            set(flags) == set(given),
+            behaviour=f"a model in {mode} mode is in {mode} mode after {after}",
+            found=f"after {after}, module training flags are {sorted(set(flags))}",
+            causes=causes if set(flags) == {not given[0]} else (),  # the whole model left in the other mode
+            codes=codes if set(flags) == {not given[0]} else (),
+        )
+        return
+    differ = sum(a != b for a, b in zip(flags, given, strict=False)) + abs(len(flags) - len(given))
+    top_restored = len(flags) == len(given) and set(flags) == {given[0]} and again is not None
+    if top_restored:
+        flipped = [not flag for flag in given]
+        spec.impl.set_training(model, flipped)
+        again()
+        top_restored = set(spec.impl.training_flags(model)) == {flipped[0]}
+    spec.require(
+        flags == given,
+        behaviour=f"a model whose modules are in both modes has each module's own mode back after {after}",
+        found=f"after {after}, {differ} of {len(given)} modules' training flags differ from those it was given "
+        f"(modules in training mode: {given.count(True)} before, {flags.count(True)} after)",
+        causes=(
+            f"likely cause: {after} restores the mode with one call on the whole model (model.train(mode) with the "
+            f"top module's flag), which sets every submodule alike: each module's own mode is lost. Fix: record "
+            f"each module's flag ([m.training for m in model.modules()]) and put each back in a finally block",
+        )
+        if top_restored
+        else (),
+        codes=("knob:mode",) if top_restored else (),
+    )

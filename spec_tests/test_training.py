@@ -1256,16 +1256,17 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
 
 @judges("evaluate", uses=("build_model",))
 @pytest.mark.bug_class("evaluation", "mode_restore")
-@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("mode", ["train", "eval", "mixed"])
 def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
-    """evaluate computes no gradients and leaves the model in the mode it found (protocol: evaluate)."""
-    seen = observed.observable(spec)  # the mode shows in outputs: judged from them, not only from flags
+    """evaluate computes no gradients and leaves the model in the mode it found, a model whose modules are in both
+    modes with each module's own (protocol: evaluate)."""
+    seen = mode != "mixed" and observed.observable(spec)  # the mode shows in outputs: judged from them, not only flags
     config = models.family_config(spec.impl, family, **({"dropout": observed.DROPOUT} if seen else {}))
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=68, device=spec.device))
     data = spec.inputs.token_ids(EVAL_TOKENS, vocab=config["vocab_size"], seed=66).cpu()
     probe = data[: 2 * 11].reshape(2, 11).to(spec.device)
     clean = observed.eval_output(spec, model, probe) if seen else None
-    spec.impl.set_training(model, mode == "train")
+    given = observed.set_mode(spec, model, mode)
     spec.impl.evaluate(model, data, 11)
     # the other mode, whichever the model was in: evaluate set a mode on its way out instead of restoring the found one
     causes = (
@@ -1282,13 +1283,14 @@ def test_evaluate_restores_mode_and_computes_no_gradients(spec, family, mode):
     if clean is not None:
         observed.require_mode(spec, model, probe, clean, mode == "train", after="evaluate", causes=causes,
                               codes=("knob:mode",))  # fmt: skip
-    flags = set(spec.impl.training_flags(model))
-    spec.require(
-        flags == {mode == "train"},
-        behaviour=f"evaluate leaves a model in {mode} mode in {mode} mode",
-        found=f"after evaluate, module training flags are {sorted(flags)}",
-        causes=causes if flags == {mode != "train"} else (),
-        codes=("knob:mode",) if flags == {mode != "train"} else (),
+    observed.require_flags(
+        spec,
+        model,
+        given,
+        after="evaluate",
+        again=lambda: spec.impl.evaluate(model, data, 11),
+        causes=causes,
+        codes=("knob:mode",),
     )
     grads = spec.impl.grads_present(model)
     spec.require(grads == 0, behaviour="evaluate computes no gradients", found=f"{grads} parameters have .grad set")

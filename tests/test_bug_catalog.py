@@ -293,6 +293,8 @@ READINGS = [
      "generate conditions on the last 28 tokens, not the last 29"),
     ("eval_reaches_direct_children_only", "eval_mode_applies_no_dropout",
      "the mode does not reach nested modules"),
+    ("mode_restored_from_the_top_only", "restores_the_mode or restores_mode",
+     "restores the mode with one call on the whole model"),
 ]  # fmt: skip
 
 

@@ -468,6 +468,20 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "mode_restored_from_the_top_only",
+        "mode_restore",
+        (*GENERATION, *TRAINING, *EVALUATION),
+        "modes.py",
+        old="""        for m, was_training in modes:
+            m.training = was_training""",
+        new="""        model.train(modes[0][1])""",
+        explanation="after generation or evaluation the whole model gets the top module's mode back "
+        "(model.train(was_training)), so submodules that were in the other mode lose it",
+        fix="remember each submodule's training flag and restore each",
+        code="knob:mode",
+        corner=True,
+    ),
+    Bug(
         "generate_no_prompt_cropping",
         "prompt_cropping",
         GENERATION,

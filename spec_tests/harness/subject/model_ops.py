@@ -52,8 +52,17 @@ def build(impl, config: dict, state_dict=None, dtype="float64", device="cpu", se
     return model.train(training)
 
 
-def set_training(impl, model, training: bool) -> None:
-    model.train(training)
+def set_training(impl, model, training: bool | list[bool]) -> None:
+    """``model.train(training)``; a list of flags sets each module's own, in ``model.modules()`` order (as
+    ``training_flags`` reads them)."""
+    if isinstance(training, bool):
+        model.train(training)
+        return
+    modules = list(model.modules())
+    if len(training) != len(modules):
+        raise ValueError(f"set_training: {len(training)} flags for {len(modules)} modules")
+    for module, flag in zip(modules, training, strict=True):
+        module.training = bool(flag)
 
 
 def training_flags(impl, model) -> list[bool]:

@@ -122,8 +122,10 @@ class Subject:
         dtype = str(dtype).removeprefix("torch.")
         return self.op("build", config, state_dict, dtype, str(device), seed, training)
 
-    def set_training(self, model, training: bool) -> None:
-        self.op("set_training", model, bool(training))
+    def set_training(self, model, training: bool | list[bool]) -> None:
+        """The model's mode; a list sets each module's flag (``training_flags`` order)."""
+        flags = [bool(flag) for flag in training] if isinstance(training, list | tuple) else bool(training)
+        self.op("set_training", model, flags)
 
     def training_flags(self, model) -> list[bool]:
         return self.op("training_flags", model)
