@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from . import models, observed, oracles
 from .harness.diagnosis.bookkeeping import (
+    ADAMW_RULES,
     AdamWRule,
     adamw_variants,
     in_bits,
@@ -1413,7 +1414,7 @@ def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e
     """Readings for train's failing losses on data of one repeated token (every batch ``x``) at learning rate ``lr``:
     train run again with max_grad_norm=1e9 against AdamW's losses without clipping (``steps.unclipped_lines``), then
     the learning rate its steps took (``steps.fitted_lr_lines``), on train run again for three steps where the test
-    took fewer (one rate fitted to two losses gives both)."""
+    took fewer (one rate fitted to two losses gives both), ambiguous where a slip in AdamW's rule gives them too."""
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     fit_steps = max(steps, 3)
 
@@ -1423,7 +1424,16 @@ def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e
 
     def fitted(tol):
         got = losses if steps >= 3 else run(fit_steps)
-        return fitted_lr_lines(got, lambda rate: adamw_losses(spec.impl, config, sd, x, fit_steps, lr=rate), lr, tol)
+        return fitted_lr_lines(
+            got, lambda rate: adamw_losses(spec.impl, config, sd, x, fit_steps, lr=rate), lr, tol, others=rules
+        )
+
+    def rules(got, tol):  # AdamW's slips that give these losses at the given rate
+        return [
+            summary
+            for rule, (summary, _) in ADAMW_RULES.items()
+            if mismatch(got, adamw_losses(spec.impl, config, sd, x, len(got), lr=lr, rule=rule), tol) is None
+        ]
 
     def unclipped(tol):
         want = lambda: adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=None)

@@ -435,6 +435,23 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_first_moment_undamped",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
+            moment='s["m"].mul_(0.9).add_(p.grad)  # the bug: no (1 - beta1) on the new gradient',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
+        ),
+        explanation="train's AdamW accumulates its first moment without dampening (m = beta1 * m + g, classical "
+        "momentum), so after the bias correction its steps are about 10x too large",
+        fix="m = beta1 * m + (1 - beta1) * g",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_adamw_moments_shared",
         "training",
         TRAINING,

@@ -55,6 +55,12 @@ ADAMW_RULES = {
         "almost no memory",
         "m = beta1 * m + (1 - beta1) * g (m.lerp_(g, 1 - beta1))",
     ),
+    "undamped_first_moment": (
+        "AdamW's first moment is not damped: m = beta1 * m + g instead of beta1 * m + (1 - beta1) * g (classical "
+        "momentum, or a running average without its dampening), so after the bias correction every step is about "
+        "1 / (1 - beta1) = 10x too large",
+        "m = beta1 * m + (1 - beta1) * g (m.lerp_(g, 1 - beta1))",
+    ),
     "trust_ratio": (
         "every tensor's AdamW step is scaled by ||w|| / ||step|| (LAMB's trust ratio), not taken as it is",
         "p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p), with no per-tensor trust ratio",
@@ -135,6 +141,8 @@ class AdamWRule(torch.optim.Optimizer):
                     v.zero_()
                 if self.rule == "moment_weights_swapped":
                     m.mul_(1 - b1).add_(g, alpha=b1)
+                elif self.rule == "undamped_first_moment":
+                    m.mul_(b1).add_(g)
                 else:
                     m.mul_(b1).add_(g, alpha=1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)

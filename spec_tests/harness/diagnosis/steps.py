@@ -119,11 +119,13 @@ def unclipped_lines(run_unclipped: Callable, want_unclipped: Callable, tol, clip
     return [cause.line()], [cause.code]
 
 
-def fitted_lr_lines(losses, correct: Callable, given: float, tol) -> tuple[list[str], list[str]]:
+def fitted_lr_lines(losses, correct: Callable, given: float, tol, others: Callable | None = None):
     """``correct(rate)``: the specified losses of the same steps at learning rate ``rate``. Where the implementation's
     ``losses`` agree in their first and a rate in [1e-7, 10] gives them all (found by bisection on the second loss,
     which falls as the rate grows), the learning rate the steps took is named. At least three losses: one rate fitted
-    to the second gives any two, so only a third that it gives too is evidence."""
+    to the second gives any two, so only a third that it gives too is evidence. ``others(losses, tol)``: what else
+    gives the same losses at the given rate (an update rule's slip scales the steps as a rate does); where anything
+    does, the line is ambiguous and names them all. Returns ``(lines, codes)``."""
     try:
         got = [float(v) for v in losses]
         if len(got) < 3 or mismatch(got[:1], correct(given)[:1], tol) is not None:
@@ -138,6 +140,7 @@ def fitted_lr_lines(losses, correct: Callable, given: float, tol) -> tuple[list[
         rate = math.exp((lo + hi) / 2)
         if mismatch(got, [float(v) for v in correct(rate)], tol) is not None or abs(rate / given - 1) < 0.01:
             return [], []
+        alike = others(got, tol) if others is not None else []
     except Exception:  # noqa: BLE001 - a reading that cannot run says nothing
         return [], []
     cause = Cause(
@@ -149,4 +152,6 @@ def fitted_lr_lines(losses, correct: Callable, given: float, tol) -> tuple[list[
         evidence=f"the specified steps at lr {rate:.3g} (fitted on the second loss) give every loss",
         confidence=LOCAL,
     )
+    if alike:  # a slip in the update rule gives the same losses: the rate is a symptom of either
+        return [f"likely cause (ambiguous, {1 + len(alike)} fit): {cause.summary}; or {'; or '.join(alike)}"], []
     return [cause.line()], [cause.code]
