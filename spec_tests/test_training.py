@@ -289,6 +289,12 @@ def variant_steps(
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(max_grad_norm / (float(norm) + 1e-6))
+        if max_grad_norm is not None and clip == "squared":  # the sum of squares taken for the norm (no root)
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+            scale = min(1.0, max_grad_norm / (norm**2 + 1e-6))
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         if zero_grad == "late":
             opt.zero_grad(set_to_none=True)
         opt.step()
@@ -422,6 +428,13 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 "max_grad_norm / norm is not capped at 1)",
                 "scale by min(1, max_grad_norm / norm): clipping only ever scales down",
                 with_(clip="to_norm"),
+            ),
+            Variant(
+                "knob:clipping",
+                "the global norm's square root is left out: clipping compares max_grad_norm with the sum of the "
+                "squared gradient entries, not its root, so it clips at the wrong norm by the wrong factor",
+                "norm = sqrt(sum of every gradient's squared entries); scale by min(1, max_grad_norm / norm)",
+                with_(clip="squared"),
             ),
         ]
         if not cfg.get("tie_embeddings", True):  # a head of its own, which a norm over the backbone leaves out

@@ -189,6 +189,22 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "clip_norm_without_root",
+        "gradient_clipping",
+        TRAINING,
+        "training.py",
+        old="        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+        new="        grads = [p.grad for p in model.parameters() if p.grad is not None]\n"
+        "        total = sum(float(g.pow(2).sum()) for g in grads)  # the bug: no square root\n"
+        "        if total > max_grad_norm:\n"
+        "            for g in grads:\n"
+        "                g.mul_(max_grad_norm / (total + 1e-6))",
+        explanation="clipping compares max_grad_norm with the sum of the squared gradients (the global norm's square "
+        "root left out, as a hand-written get_grad_norm without ** (1 / p))",
+        fix="norm = sqrt(sum of squares); scale by min(1, max_grad_norm / norm)",
+        corner=True,
+    ),
+    Bug(
         "clip_after_step",
         "gradient_clipping",
         TRAINING,
