@@ -295,6 +295,8 @@ READINGS = [
      "the mode does not reach nested modules"),
     ("mode_restored_from_the_top_only", "restores_the_mode or restores_mode",
      "restores the mode with one call on the whole model"),
+    ("cache_kv_reads_the_layer_before", "cache_holds_the_specified or cache_layout",
+     "the layer index is off by one"),
 ]  # fmt: skip
 
 

@@ -243,6 +243,20 @@ BUGS = (
         fix="a new KVCache for every new_cache call, empty",
     ),
     Bug(
+        "cache_kv_reads_the_layer_before",
+        "kv_cache",
+        CACHE,
+        "kv_cache.py",
+        old="    return cache.kv(layer)\n",
+        new="    if layer == 0:  # the bug: layers numbered from 1 (layer_number = i + 1) where the entries are kept\n"
+        "        return None, None\n"
+        "    return cache.kv(layer - 1)\n",
+        explanation="cache_kv reads the entry of layer - 1 (a 1-based layer number on the reading side only): layer 0 "
+        "gives nothing and layer i the keys and values of layer i - 1",
+        fix="return cache.kv(layer): the entry layer's own attention writes",
+        code="knob:cache_contents",
+    ),
+    Bug(
         "cache_length_set_not_advanced",
         "cache_positions",
         (*CACHE, *GENERATION, *FORWARD),
