@@ -192,17 +192,18 @@ def kv_head_reading(spec, config, sd, ids, tol) -> tuple[list[str], list[str]]:
 @judges("forward", uses=("build_model",))
 @pytest.mark.bug_class("rmsnorm", "layernorm")
 def test_logits_follow_the_config_norm_eps(spec, family):
-    """A config's norm_eps is the eps of every norm of the model: with norm_eps 1e-3 (the embeddings' mean square is
-    about 0.01, so eps moves every first norm's output by percents) the logits equal the reference's (protocol:
-    Model). Its default is 1e-5."""
-    config = models.family_config(spec.impl, family, norm_eps=1e-3)
+    """A config's norm_eps is the eps of every norm of the model: with norm_eps 1e-2 (the embeddings' mean square is
+    about 0.01, so eps moves every first norm's output by tens of percents, and the final norm's alone by over ten
+    tolerances: catalog final_norm_default_eps) the logits equal the reference's (protocol: Model). Its default is
+    1e-5."""
+    config = models.family_config(spec.impl, family, norm_eps=1e-2)
     sd = models.random_state_dict(config, seed=17, device=spec.device)
     check_logits(
         spec,
         config,
         sd,
         ids_for(spec, config, seed=18),
-        behaviour=f"logits of a {family} model with norm_eps=1e-3 for ids [3, 11]",
+        behaviour=f"logits of a {family} model with norm_eps=1e-2 for ids [3, 11]",
         variants=model_variants(config),
     )
 
@@ -326,16 +327,39 @@ def held_weights(spec, config, sd, ids):
     return ("canonical_state_dict",), holds, why
 
 
+def _logits_with_eps(ref, config, sd, ids, *, final: bool):
+    """The reference's logits with eps 1e-5 in the final norm alone (``final``) or in every norm but it."""
+    model = models.build(ref, config, sd)
+    for name, module in model.named_modules():
+        if hasattr(module, "eps") and (name == "final_norm") == final:
+            module.eps = 1e-5
+    return ref.forward(model, ids)
+
+
 def model_variants(config):
     """The reference model with one configuration knob changed (for diagnosis)."""
     found = []
     if config.get("norm_eps", 1e-5) != 1e-5:
-        found.append(
-            Variant(
-                "knob:eps_value",
-                "the model ignores config norm_eps (its norms use 1e-5)",
-                "pass norm_eps to every norm of the model",
-                lambda ref, sd, ids: models.logits(ref, dict(config, norm_eps=1e-5), sd, ids),
+        found.extend(
+            (
+                Variant(
+                    "knob:eps_value",
+                    "the model ignores config norm_eps (its norms use 1e-5)",
+                    "pass norm_eps to every norm of the model",
+                    lambda ref, sd, ids: models.logits(ref, dict(config, norm_eps=1e-5), sd, ids),
+                ),
+                Variant(
+                    "knob:eps_value",
+                    "the final norm ignores config norm_eps (it uses 1e-5; the blocks' norms take norm_eps)",
+                    "pass norm_eps to the final norm as well",
+                    lambda ref, sd, ids: _logits_with_eps(ref, config, sd, ids, final=True),
+                ),
+                Variant(
+                    "knob:eps_value",
+                    "the blocks' norms ignore config norm_eps (they use 1e-5; only the final norm takes it)",
+                    "pass norm_eps to every block's norms",
+                    lambda ref, sd, ids: _logits_with_eps(ref, config, sd, ids, final=False),
+                ),
             )
         )
     if config["family"] != "llama":

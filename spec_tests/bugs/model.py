@@ -243,6 +243,17 @@ BUGS = (
         fix="a new KVCache for every new_cache call, empty",
     ),
     Bug(
+        "final_norm_default_eps",
+        "wiring",
+        MODEL,
+        "model.py",
+        old="        self.final_norm = Norm(cfg.d_model, cfg.norm_eps)",
+        new="        self.final_norm = Norm(cfg.d_model, 1e-5)  # the bug: the library's default eps",
+        explanation="the final norm is built with eps 1e-5 whatever the config's norm_eps (the blocks' norms take it)",
+        fix="Norm(cfg.d_model, cfg.norm_eps) for the final norm too",
+        code="knob:eps_value",
+    ),
+    Bug(
         "cache_kv_reads_the_layer_before",
         "kv_cache",
         CACHE,
