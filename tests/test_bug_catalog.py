@@ -297,6 +297,12 @@ READINGS = [
      "restores the mode with one call on the whole model"),
     ("cache_kv_reads_the_layer_before", "cache_holds_the_specified or cache_layout",
      "the layer index is off by one"),
+    ("filters_zero_probabilities_unrenormalised", "sampling_probs_match_reference",
+     "the kept ones are not renormalised"),
+    ("train_adamw_first_moment_undamped", "train_defaults_to_adamw",
+     "AdamW's first moment is not damped"),
+    ("clip_norm_without_root", "train_step_matches_reference", "the global norm's square root is left out"),
+    ("final_norm_default_eps", "config_norm_eps", "the final norm ignores config norm_eps"),
 ]  # fmt: skip
 
 

@@ -18,6 +18,18 @@ BUGS = (
         fix="flatten with reshape (or not at all: the filters work on [..., V])",
     ),
     Bug(
+        "filters_zero_probabilities_unrenormalised",
+        "top_k",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    return softmax(scaled, dim=-1)\n",
+        new="    return softmax(logits / temperature, dim=-1) * torch.isfinite(scaled)  # the bug: no renormalisation\n",
+        explanation="the filters zero the probabilities of the whole softmax instead of masking the logits, and "
+        "nothing renormalises: each row sums to the mass the filters kept",
+        fix="softmax over the filtered logits (or divide by the kept mass)",
+        code="knob:renormalisation",
+    ),
+    Bug(
         "sample_ignores_transforms",
         "sampling_order",
         (*SAMPLING, *GENERATION),

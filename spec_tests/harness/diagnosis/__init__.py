@@ -167,6 +167,7 @@ def diagnose(
     input_dtype=None,
     structural=True,
     second=None,
+    reduced=None,
 ) -> tuple[list, list]:
     """``(lines, codes)`` for a failed check: the diagnosis lines, and the code of each cause named,
     best first (``~code`` where the evidence is weak: shown, but not a confident name).
@@ -176,7 +177,10 @@ def diagnose(
     ``input_dtype``: the dtype the implementation was given (a float32 result of float32 inputs is
     compared as float64, not taken for a dtype mistake);
     ``second()``: ``(args64, actual)`` of the same call on a second input (``knobs.mixed_input``), or ``None``: a knob
-    setting that reproduces the output is named only where it reproduces the second output too (``knob_causes``).
+    setting that reproduces the output is named only where it reproduces the second output too (``knob_causes``);
+    ``reduced()``: ``(kwargs, actual)`` of the same call with one of its options dropped, each: a knob setting is
+    named only where it explains those outputs too (a filter-order knob that fits a call with two filters by
+    coincidence, where one filter alone is already wrong, is no cause).
     """
     bugs = known_bugs()
     lines = known_bug_lines(bugs)
@@ -203,6 +207,7 @@ def diagnose(
             atol=tol.atol,
             rtol=tol.rtol,
             second=None if second is None else again,
+            reduced=None if reduced is None else lambda: [(kw, compared(out)) for kw, out in reduced()],
         )
     if call is not None:
         named = {**dict(zip(argument_keys(call[0], args64 or (), {}), args64 or (), strict=True)), **call[1]}

@@ -1484,6 +1484,8 @@ def _sampling(
         keep = _gathered_twice(keep, logits, mask_gathered)
     if fill != -math.inf:  # the filtered logits set to a finite value: they keep weight in the softmax
         return torch.softmax(torch.where(torch.isfinite(zk) & keep, z, torch.full_like(z, fill)), -1)
+    if renorm == "unfiltered":  # the filters zero probabilities of the whole softmax, and nothing renormalises
+        return torch.softmax(z, -1) * torch.isfinite(zk) * keep
     probs = torch.softmax(zk, -1) * keep
     return probs / probs.sum(-1, keepdim=True) if renorm else probs
 
@@ -1530,6 +1532,14 @@ def _sampling_probs(args, kwargs, style):
             where="the end of sampling_probs",
             fix="divide by the kept mass",
             compute=s(renorm=False),
+        ),
+        Variant(
+            "knob:renormalisation",
+            "the filters zero the probabilities of the whole (temperature-scaled) softmax and the kept ones are not "
+            "renormalised: each row sums to the mass the filters kept",
+            where="the end of sampling_probs (a filter that zeroes probabilities instead of masking logits)",
+            fix="divide by the kept mass (or mask the logits to -inf and take the softmax after filtering)",
+            compute=s(renorm="unfiltered"),
         ),
     ]
     if k is None:  # a library's default top-k applied where none is given (llama.cpp's 40, transformers' 50)
@@ -1817,16 +1827,27 @@ def _one_thread():
 
 
 def knob_causes(
-    name: str, args, kwargs, actual, *, rope_style: str = "interleaved", atol: float, rtol: float, second=None
+    name: str,
+    args,
+    kwargs,
+    actual,
+    *,
+    rope_style: str = "interleaved",
+    atol: float,
+    rtol: float,
+    second=None,
+    reduced=None,
 ):
     """Causes of the form "the specified ``name`` with one knob changed reproduces ``actual``".
 
     ``second()``: ``(args, actual)`` of the same call on a second input (``mixed_input``), or ``None``: a knob setting
     is kept only where it reproduces that output too, or where the second input does not show the difference (one
-    that fits a single input by coincidence is no cause); ambiguity is judged among the settings kept."""
+    that fits a single input by coincidence is no cause); ``reduced()``: ``(kwargs, actual)`` of the same call with
+    one option dropped, each, and a setting is kept only where it explains each of those outputs too (or they show
+    no difference); ambiguity is judged among the settings kept."""
     try:
         with _one_thread():
-            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=second) or []
+            return _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second, reduced) or []
     except Exception:  # arguments the families cannot handle: no diagnosis rather than a broken report
         if cause_module.STRICT:
             raise
@@ -1853,7 +1874,7 @@ def mixed_input(args) -> tuple | None:
     return tuple(0.7 * a + 0.3 * a.roll(1, dims=-1) if f else a for a, f in zip(args, floating, strict=True))
 
 
-def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=None):
+def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=None, reduced=None):
     """The fitting knob causes (``[]``: none fits), or ``None`` where the specified output fits ``actual`` or the
     search cannot run."""
     try:
@@ -1902,6 +1923,9 @@ def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=None
     again = second() if matches and second is not None else None
     if again is not None:
         confirmed = knob_codes(name, again[0], kwargs, again[1], rope_style=rope_style, atol=atol, rtol=rtol)
+        matches = matches if confirmed is None else [v for v in matches if v.code in confirmed]
+    for fewer, got in reduced() if matches and reduced is not None else ():
+        confirmed = knob_codes(name, args, fewer, got, rope_style=rope_style, atol=atol, rtol=rtol)
         matches = matches if confirmed is None else [v for v in matches if v.code in confirmed]
     if not matches:
         return []

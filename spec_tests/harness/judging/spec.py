@@ -365,6 +365,7 @@ class Spec:
                 ),
                 input_dtype=floating_dtype(pristine),
                 second=second,
+                reduced=reduced,
             )
             if lines and lines[0].startswith("likely cause (ambiguous"):  # several of the test's variants fit: a
                 # catalogued bug that reproduces the output is one of them, no more certain than the others
@@ -383,6 +384,21 @@ class Spec:
                 return to_float64(args2), compute(getattr(self.impl, "_subject", self.impl), *args2)
             except Exception:  # noqa: BLE001 - what does not run confirms nothing
                 return None
+
+        def reduced():
+            """The call again with each of its options dropped in turn (left at its default), where it has two or
+            more: ``(kwargs, actual)`` pairs, as a knob's confirmation (``diagnosis.diagnose``)."""
+            name, kwargs = call if call is not None else (None, {})
+            given = [k for k, v in kwargs.items() if v is not None]
+            raw = getattr(self.impl, "_subject", self.impl)
+            found = []
+            for key in given if len(given) > 1 else ():
+                fewer = {k: v for k, v in kwargs.items() if k != key}
+                try:
+                    found.append((to_float64(fewer), getattr(raw, name)(*clone_tensors(pristine), **fewer)))
+                except Exception:  # noqa: BLE001 - what does not run confirms nothing
+                    continue
+            return found
 
         raise SpecFailure(result, diagnose)
 
