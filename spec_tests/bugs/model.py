@@ -243,6 +243,20 @@ BUGS = (
         fix="a new KVCache for every new_cache call, empty",
     ),
     Bug(
+        "loader_swaps_the_block_norms",
+        "wiring",
+        MODEL,
+        "model.py",
+        old="        params[name].copy_(value)",
+        new="        swapped = {'attn_norm': 'mlp_norm', 'mlp_norm': 'attn_norm'}  # the bug: two names swapped\n"
+        "        parts = name.split('.')\n"
+        "        params['.'.join(swapped.get(p, p) for p in parts)].copy_(value)",
+        explanation="the loader's name map exchanges attn_norm and mlp_norm: each block normalises its attention "
+        "input with the MLP norm's weights and the reverse",
+        fix="load each canonical weight under its own name",
+        code="knob:weight_names",
+    ),
+    Bug(
         "final_norm_default_eps",
         "wiring",
         MODEL,

@@ -23,7 +23,7 @@ BUGS = (
         (*SAMPLING, *GENERATION),
         "sampling.py",
         old="    return softmax(scaled, dim=-1)\n",
-        new="    return softmax(logits / temperature, dim=-1) * torch.isfinite(scaled)  # the bug: no renormalisation\n",
+        new="    return softmax(logits / temperature, dim=-1) * torch.isfinite(scaled)  # the bug: not renormalised\n",
         explanation="the filters zero the probabilities of the whole softmax instead of masking the logits, and "
         "nothing renormalises: each row sums to the mass the filters kept",
         fix="softmax over the filtered logits (or divide by the kept mass)",

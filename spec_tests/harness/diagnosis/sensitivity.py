@@ -75,3 +75,67 @@ def ignored_weights(
         f"look for a sublayer given another's weight (a norm, a projection), a module skipped, or a weight stored "
         f"under another name (evidence: each weight changed alone)"
     ], ["ignored_weight"]
+
+
+def swapped_weights(compute: Callable, reference, args64: tuple, actual, tol) -> tuple[list[str], list[str]]:
+    """``(lines, codes)``: two canonical weights (or two modules' weights, weight and bias together) of one shape
+    whose places exchanged, in every layer at once (or outside the layers), make the specified model compute
+    ``actual``: a loader whose name map swaps them (``attn_norm`` for ``mlp_norm``, ``wq`` for ``wk``). At one
+    reference run per pair."""
+    at = _state_dict_at(args64)
+    if at is None or not isinstance(actual, torch.Tensor):
+        return [], []
+    sd = args64[at]
+    for x, y, swap in _swaps(sd):
+        try:
+            out = compute(reference, *args64[:at], {**sd, **swap}, *args64[at + 1 :])
+        except Exception:  # noqa: BLE001 - a swap the specified model cannot run says nothing
+            continue
+        if isinstance(out, torch.Tensor) and out.shape == actual.shape and mismatch(actual, out, tol) is None:
+            where = " in every layer" if x.startswith("layers.") else ""
+            x, y = (r.removeprefix("layers.*.") for r in (x, y))
+            return [
+                f"likely cause: your model computes the specified output with {x} and {y} exchanged{where}: each is "
+                f"used where the other belongs, as a loader whose name map swaps them does (or a module built with "
+                f"the other's weight). Fix: load each canonical weight into its own place (evidence: the specified "
+                f"model with the two exchanged gives your output)"
+            ], ["knob:weight_names"]
+    return [], []
+
+
+def _swaps(sd: dict) -> list[tuple[str, str, dict]]:
+    """``(x, y, entries)``: each pair of units of the same shapes (a weight, or a module's weights together, named
+    with the layer index as ``*``) and the state dict entries that exchange them in every layer."""
+    units: dict[str, dict[str, list[str]]] = {}  # unit -> member suffix -> keys
+    for key, value in sd.items():
+        if not value.is_floating_point():
+            continue
+        role = _role(key)
+        units.setdefault(role, {}).setdefault("", []).append(key)
+        module, _, leaf = role.rpartition(".")
+        units.setdefault(module + ".*", {}).setdefault(leaf, []).append(key)
+
+    def signature(unit):
+        return sorted((m, tuple(tuple(sd[k].shape) for k in ks)) for m, ks in units[unit].items())
+
+    found, seen = [], set()
+    names = sorted(units)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if signature(a) != signature(b) or a.startswith("layers.") != b.startswith("layers."):
+                continue
+            swap = {}
+            for member, keys in units[a].items():
+                for key, other in zip(sorted(keys), sorted(units[b][member]), strict=False):
+                    swap[key], swap[other] = sd[other], sd[key]
+            frozen = frozenset(swap)
+            if swap and frozen not in seen:
+                seen.add(frozen)
+                found.append((a.removesuffix(".*"), b.removesuffix(".*"), swap))
+    return found
+
+
+def _role(key: str) -> str:
+    """A canonical weight's name with its layer index as ``*``: ``layers.*.attn_norm.weight``."""
+    parts = key.split(".")
+    return ".".join("*" if i == 1 and parts[0] == "layers" else p for i, p in enumerate(parts))

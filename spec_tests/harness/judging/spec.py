@@ -320,6 +320,10 @@ class Spec:
                 from ..diagnosis.sensitivity import ignored_weights
 
                 found = ignored_weights(compute, self.impl, reference, pristine, args64, actual, expected, tol)
+                if not found[0]:  # two weights in each other's places
+                    from ..diagnosis.sensitivity import swapped_weights
+
+                    found = swapped_weights(compute, reference, args64, actual, tol)
                 lines, codes = lines + found[0], codes + found[1]
                 if model_knobs and not found[0]:  # where in the stack the model goes wrong
                     from ..diagnosis.depth import depth_lines
