@@ -468,6 +468,23 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_decay_after_lr_scale",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
+            moment='s["m"].mul_(0.9).add_(p.grad, alpha=0.1)',
+            update='p.mul_(1 + 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))  # the bug: + wd * p',
+        ),
+        explanation="train's AdamW adds the weight decay after the learning-rate scaling (optax's chain with "
+        "add_decayed_weights after scale(-lr)): every weight grows by wd * p each step",
+        fix="p -= lr * (adam update + wd * p)",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_adamw_moments_shared",
         "training",
         TRAINING,

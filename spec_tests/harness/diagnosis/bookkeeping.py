@@ -40,6 +40,13 @@ ADAMW_RULES = {
         "the weight decay is not scaled by the learning rate (p *= 1 - wd instead of p *= 1 - lr * wd)",
         "p *= 1 - lr * weight_decay before the Adam update",
     ),
+    "decay_after_lr_scale": (
+        "the weight decay is added after the learning-rate scaling (optax's chain(scale_by_adam, scale(-lr), "
+        "add_decayed_weights(wd))): the update is -lr * adam + wd * p, so every weight grows by wd * p each step "
+        "instead of shrinking by lr * wd * p",
+        "decay before the scaling, chain(scale_by_adam, add_decayed_weights(wd), scale(-lr)): "
+        "p -= lr * (adam + wd * p)",
+    ),
     "eps_inside_sqrt": (
         "AdamW's eps is inside the square root (sqrt(v_hat + eps)) instead of added to it (sqrt(v_hat) + eps)",
         "p -= lr * m_hat / (sqrt(v_hat) + eps)",
@@ -150,6 +157,8 @@ class AdamWRule(torch.optim.Optimizer):
                 v_hat = v / (1 - b1**t) if self.rule == "v_hat_beta1" else v_hat
                 if self.rule == "unscaled_decay":
                     p.mul_(1 - wd)
+                elif self.rule == "decay_after_lr_scale":
+                    p.mul_(1 + wd)
                 elif self.rule not in ("coupled_decay", "trust_ratio"):
                     p.mul_(1 - lr * wd)
                 if self.rule == "no_sqrt_in_step_size":  # the fused form: lr * sqrt(bc2) / bc1 * m / (sqrt(v) + eps)
@@ -168,9 +177,14 @@ class AdamWRule(torch.optim.Optimizer):
 
 
 # The protocol leaves AdamW's weight decay unspecified (0 to 0.1), and which parameters it decays: a slip in the
-# update is tried at the common settings, all parameters at 0.01 (torch's default) and the matrices alone at 0.1
-# (nanoGPT's groups), so a slip that shows only through the decay is found whichever the code uses.
-DECAY_SETTINGS = ((0.01, False, ""), (0.1, True, " (weight decay 0.1 on the matrices only)"))
+# update is tried at the common settings, all parameters at 0.01 (torch's default), the matrices alone at 0.1
+# (nanoGPT's groups) and at 0.01 (biases and norm gains excluded, as Keras' exclude_from_weight_decay does), so a
+# slip that shows only through the decay is found whichever the code uses.
+DECAY_SETTINGS = (
+    (0.01, False, ""),
+    (0.1, True, " (weight decay 0.1 on the matrices only)"),
+    (0.01, True, " (weight decay 0.01 on the matrices only)"),
+)
 
 
 def adamw_variants(losses_with) -> list[Variant]:
