@@ -891,14 +891,17 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
     model = models.build(spec.impl, config, sd, training=True)
     losses = spec.impl.train(model, data, steps=2, batch_size=4, context_length=10)
     want = steps_on_own_model(spec.impl, config, sd, x, x, "adamw_default", 1.0)["losses"]
-    want, formulation = nearest_adamw(spec.impl, config, sd, x, losses, want, 1e-3)
+    behaviour = (
+        "train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of AdamW(lr=1e-3) "
+        "steps"
+    )
+    want, formulation = nearest_adamw(spec, config, sd, x, losses, want, 1e-3, behaviour)
     spec.close(
         [float(v) for v in losses],
         want,
         tol=Tolerance(1e-3, 0.0, f"AdamW's weight decay (unspecified) between 0 and 0.1; {formulation}", "lr 1e-3"),
         **nan_after_the_first_step(losses),
-        behaviour="train(model, data, steps=2, batch_size=4, context_length=10) with its defaults: the losses of "
-        "AdamW(lr=1e-3) steps",
+        behaviour=behaviour,
         variants=[
             *adamw_variants(lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw)),
             in_bits(lambda: want),
@@ -930,13 +933,15 @@ def test_train_uses_the_given_lr(spec, family):
     def correct(rate):
         return spec.impl.correct_steps(models.build(spec.impl, config, sd), "adamw", rate, 1e-8, x, x, 1.0, 2)
 
-    want, formulation = nearest_adamw(spec.impl, config, sd, x, losses, correct(lr), lr)
+    behaviour = (
+        f"train(model, data, steps=2, batch_size=4, context_length=10, lr={lr}): the losses of AdamW(lr={lr}) steps"
+    )
+    want, formulation = nearest_adamw(spec, config, sd, x, losses, correct(lr), lr, behaviour)
     spec.close(
         [float(v) for v in losses],
         want,
         tol=Tolerance(1e-3, 0.0, f"AdamW's weight decay (unspecified) between 0 and 0.1; {formulation}", "lr 4e-3"),
-        behaviour=f"train(model, data, steps=2, batch_size=4, context_length=10, lr={lr}): the losses of "
-        f"AdamW(lr={lr}) steps",
+        behaviour=behaviour,
         variants=[
             Variant(
                 "knob:learning_rate",
@@ -1336,15 +1341,28 @@ def test_evaluate_ignores_dropout(spec, family):
     )
 
 
-def nearest_adamw(m, cfg, sd, x, losses, want, lr) -> tuple[list[float], str]:
+def nearest_adamw(spec, cfg, sd, x, losses, want, lr, behaviour: str, atol: float = 1e-3) -> tuple[list[float], str]:
     """The losses of the correct AdamW formulation nearest to ``losses``, and its name: PyTorch's (``want``: eps 1e-8
     on the bias-corrected second moment) or Keras' and TensorFlow's (``adamw_losses(keras=True)``: eps 1e-7 on the
     uncorrected moment, the corrections folded into the step size, no decay on biases and norm gains). The protocol
-    fixes neither eps nor the decayed set, and on one repeated token tiny gradients make the second loss feel eps."""
-    other = adamw_losses(m, cfg, sd, x, len(want), lr=lr, keras=True)
+    fixes neither eps nor the decayed set, and on one repeated token tiny gradients make the second loss feel eps.
+
+    Keras' losses are stepped here on gradients read under canonical names (``cross_entropy_grads``): where the losses
+    fit neither and canonical_state_dict fails its own tests, the test is left to it."""
+    other = adamw_losses(spec.impl, cfg, sd, x, len(want), lr=lr, keras=True)
     if len(losses) != len(want):
         return want, "PyTorch's AdamW"
     far = lambda ref: max(abs(float(a) - b) for a, b in zip(losses, ref, strict=True))
+    tol, got = Tolerance(atol, 0.0, "either AdamW formulation", ""), [float(v) for v in losses]
+    fits = mismatch(got, want, tol) is None or mismatch(got, other, tol) is None
+    if not fits and (failing := spec.failing(("canonical_state_dict",))):
+        raise spec.defer(
+            failing,
+            behaviour,
+            "consequence of failing canonical_state_dict: the losses fit neither AdamW formulation, and Keras' is "
+            "stepped here on your model's gradients read under canonical names, which canonical_state_dict gives "
+            "wrongly (its own tests report it)",
+        )
     return (other, "Keras' AdamW") if far(other) < far(want) else (want, "PyTorch's AdamW")
 
 
