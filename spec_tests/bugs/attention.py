@@ -178,6 +178,18 @@ BUGS = (
         fix="the last key a query block sees is its last query index + (t_k - t_q)",
         corner=True,
     ),
+    Bug(
+        "flash_skips_by_the_first_query",
+        "flash",
+        ("flash_attention",),
+        "attention.py",
+        old="        last_key = q_start + n_q - 1 + offset if causal else t_k - 1",
+        new="        last_key = q_start + offset if causal else t_k - 1  # the bug: the block's first query",
+        explanation="flash attention skips the key blocks past what the query block's first query may see, so the "
+        "block's later queries lose keys the causal mask allows them",
+        fix="the last key a query block sees is its last query index + (t_k - t_q)",
+        code="knob:flash_block_skip",
+    ),
     # ------------------------------------------------------------------ multihead_self_attention
     Bug(
         "mha_no_causal_mask",

@@ -53,6 +53,7 @@ STRUCTURAL = {
 }
 
 KNOBS = {
+    "flash_block_skip": "flash attention skips key blocks by the wrong query's reach (the block's first query)",
     "weight_names": "two weights of one shape loaded into each other's places (a name map that swaps them)",
     "rope_base": "the RoPE exponent uses the wrong base or step (d_model for d_head, i for 2i)",
     "rope_theta": "RoPE uses another theta than the one given",

@@ -889,6 +889,20 @@ def _flash(args, kwargs, style):
                 compute=lambda: _attend(p.q, p.k, p.v, _causal(tq, tk, top_left=True)),
             )
         )
+    if p.causal and int(p.block_size) < tq:  # several query blocks: a key block skipped by the wrong query's reach
+        bs = int(p.block_size)
+        i, j = torch.arange(tq)[:, None], torch.arange(tk)[None, :]
+        first = (j // bs) * bs <= (i // bs) * bs + (tk - tq)
+        out.append(
+            Variant(
+                "knob:flash_block_skip",
+                "a key block is skipped when it starts after the query block's first query can see (k0 > q0 + t_k - "
+                "t_q) instead of its last: the block's later queries lose keys the causal mask allows them",
+                where="the causal early exit over key blocks",
+                fix="skip a key block only when k0 > q0 + n_q - 1 + (t_k - t_q), the last query of the block",
+                compute=lambda: _attend(p.q, p.k, p.v, _causal(tq, tk) & first),
+            )
+        )
     if p.causal:
         out.append(
             Variant(
