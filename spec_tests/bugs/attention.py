@@ -192,6 +192,19 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ multihead_self_attention
     Bug(
+        "gqa_heads_merged_group_minor",
+        "gqa",
+        (MHA, *MODEL),
+        "attention.py",
+        old="    return linear(merge_heads(out), wo, bo)",
+        new='    out = rearrange(out, "b (g r) t d -> b (r g) t d", g=n_kv_heads)  # the bug: groups merged inner\n'
+        "    return linear(merge_heads(out), wo, bo)",
+        explanation="the heads' outputs are merged in (query heads per group, kv heads) order: with GQA, wo reads the "
+        "heads permuted",
+        fix="merge the heads in the order they were split: (kv heads, query heads per group)",
+        code="knob:head_layout",
+    ),
+    Bug(
         "mha_no_causal_mask",
         "causality",
         (MHA, *MODEL),

@@ -945,6 +945,7 @@ def _mha(
     rope_q_only=False,
     rope_flat=None,
     time_major=(),
+    group_minor_merge=False,
     **attend,
 ):
     b, t, _ = x.shape
@@ -978,6 +979,8 @@ def _mha(
             v = _rope(v, pos, theta, style)
     mask = attend.pop("mask", _causal(t, t))
     o = _attend(q, k, v, mask, **attend)
+    if group_minor_merge:  # heads indexed (g r) merged as if indexed (r g): each group's heads spread apart
+        o = o.reshape(b, hkv, h // hkv, t, dh).transpose(1, 2).reshape(b, h, t, dh)
     if channel_major in ("merge", "both"):
         return o.permute(0, 2, 3, 1).reshape(b, t, h * dh) @ wo.T
     o = o.reshape(b, t, h * dh) if merge_view else o.transpose(1, 2).reshape(b, t, h * dh)
@@ -1110,6 +1113,21 @@ def _mha_family(args, kwargs, style):
                 )
             ]
             if t != dh
+            else []
+        ),
+        *(
+            [
+                Variant(
+                    "knob:head_layout",
+                    "the heads' outputs are merged in (query heads per group, kv heads) order instead of (kv heads, "
+                    "query heads per group): head g * n_rep + r lands where head r * n_kv + g belongs, so wo reads "
+                    "the heads permuted",
+                    where="the rearrange that merges the heads of the GQA groups before wo",
+                    fix="merge as rearrange(o, 'b (g r) t d -> b t (g r d)'): the group outer, as the heads were split",
+                    compute=m(group_minor_merge=True),
+                )
+            ]
+            if 1 < hkv < h
             else []
         ),
         *_swapped_projections(p, h, hkv, theta, style),
