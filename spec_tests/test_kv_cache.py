@@ -405,7 +405,8 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
     if any(len(o) != 2 or any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in o) for o in held_some):
         return None
     if any(t.shape[:2] != want[0][0].shape[:2] or t.shape[3] != want[0][0].shape[3] for o in held_some for t in o):
-        return None  # another layout: test_cache_layout_rotated_keys_plain_values says so
+        heads = _head_count_causes(held_some[0][0].shape, tuple(want[0][0].shape), config)
+        return (heads[0], "knob:cache_contents") if heads else None  # another layout: the layout test says so
 
     def same(a, b) -> bool:
         return a.shape == b.shape and mismatch(a.to(b.device), b, tol) is None
@@ -629,6 +630,19 @@ def test_cache_equals_no_cache_for_any_chunking(spec, config, chunks):
     check_chunks(spec, config, chunks, seed=23)
 
 
+def _head_count_causes(shape, want, config) -> tuple[str, ...]:
+    """The cause where a cache entry holds ``n_heads`` heads where ``n_kv_heads`` belong, every other size right: it is
+    sized by the query heads."""
+    shape, heads = tuple(shape), config["n_heads"]
+    if len(shape) != 4 or shape[1] == want[1] or shape[1] != heads or (shape[0], shape[3]) != (want[0], want[3]):
+        return ()
+    return (
+        f"likely cause: the cache holds n_heads = {heads} heads per position where n_kv_heads = {want[1]} belong: it "
+        f"is sized by the query heads, so with GQA most of it stays zeros, or keys repeated per query head, which "
+        f"attention reads. Fix: allocate and fill [B, n_kv_heads, T, d_head], the keys and values before repeat_kv",
+    )
+
+
 def _layout_causes(shape, want) -> tuple[str, ...]:
     """The wrong-axis cause only where the evidence pins it: the right sizes in another order, or the
     right number of elements in another shape (a concatenation on another axis)."""
@@ -758,7 +772,11 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
     for layer, (k, v) in enumerate(prefill):
         right = _shape(k) == want and _shape(v) == want
         tensors = isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-        layout = (_layout_causes(k.shape, want) or _layout_causes(v.shape, want)) if tensors else ()
+        layout = (
+            _head_count_causes(k.shape, want, config) or _layout_causes(k.shape, want) or _layout_causes(v.shape, want)
+            if tensors
+            else ()
+        )
         subject, carried = (
             (None, ()) if right or layout or not tensors else carried_over_causes(spec, config, model, k.shape, want)
         )
@@ -906,7 +924,8 @@ def test_a_fresh_cache_holds_no_positions(spec, family):
             continue
         shapes.append(tuple(None if t is None else tuple(t.shape) for t in held))
     empty = all(shape in ((want, want), (None, None)) for shape in shapes)
-    subject, causes = (None, ()) if empty else carried_over(spec, config, model, 2)
+    heads = next((c for k, _ in shapes if k is not None for c in _head_count_causes(k, want, config)), None)
+    subject, causes = (None, (heads,)) if heads else (None, ()) if empty else carried_over(spec, config, model, 2)
     spec.require(
         empty,
         behaviour=f"cache_kv of a fresh cache of 2 rows holds no positions ({list(want)}, or None) in any layer",
