@@ -266,11 +266,22 @@ def own_sampler_consequence(spec, model, prompt, n, ctx, out, *, use_cache, beha
 
 
 def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes):
-    """Where cached generation differs from the model's own cached greedy teacher: whether the model's cached
+    """Where cached generation differs from the model's own cached greedy teacher: a consequence of new_cache where
+    generation without the cache is right and new_cache fails its own tests; else whether the model's cached
     forward picks the tokens its uncached forward picks on this very prompt. Where it does not, the tokens depend
     on how generate feeds the cache (every way is right for a consistent cache), so this check cannot judge
     generate: a consequence of new_cache or forward where they fail their own tests, else ``causes`` are weak."""
     plain = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=False)
+    failing = spec.failing(("new_cache",))
+    if failing:  # generate right without the cache, and the cache wrong in its own tests: the cache explains it
+        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+        if torch.equal(raw.generate(model, prompt, n, temperature=0.0, use_cache=False).cpu(), plain.cpu()):
+            raise spec.defer(
+                failing,
+                behaviour,
+                "consequence of failing new_cache: generate(use_cache=False) gives your model's own greedy tokens "
+                "here, and your cache fails its own tests (test_kv_cache). Fix new_cache first.",
+            )
     if torch.equal(plain.cpu(), want.cpu()):
         return causes, codes
     failing = spec.failing(("new_cache", "forward"))

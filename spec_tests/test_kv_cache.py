@@ -722,18 +722,21 @@ def _time_steps_held(shape, want) -> str:
 CONTENTS_ON_A_RIGHT_MODEL = "the cache's contents are judged on a model whose logits are right"
 CACHED_KEYS_CANNOT_MATCH = "fails its own tests, so the cached keys cannot match"
 PREFILL_DIFFERS = (
-    "your prefill through the cache gives other logits than your uncached forward "
-    "(test_cached_logits_equal_full_forward): what the cache holds is new_cache's mistake"
+    "your cache does not give back what it was given: a prefill through it, or one more token after the prefill, gives "
+    "other logits than your uncached forward (test_cached_logits_equal_full_forward), so what the cache holds is "
+    "new_cache's mistake"
 )
 
 
 def prefill_reads_back(spec, config, sd, ids) -> bool:
-    """Whether the implementation's own prefill of ``ids`` through its cache gives its uncached logits: what the
-    cache stores is what its attention reads back. A cache that stores keys as values fails this, and its contents
-    with it; RoPE on values, rotated alike on both paths, passes (its contents are cache_kv's to answer for)."""
+    """Whether the implementation's own cache gives back what it stores: a prefill of ``ids`` but its last token
+    through a new cache, then that token, give the implementation's uncached logits. A cache that stores keys as
+    values, or counts its positions wrongly (one per call), fails this, and its contents with it; RoPE on values,
+    rotated alike on both paths, passes (its contents are cache_kv's to answer for)."""
     impl = getattr(spec.impl, "_subject", spec.impl)  # a side computation: no crash probing
     model = models.build(impl, config, sd)
-    cached = impl.forward(model, ids, impl.new_cache(model, ids.shape[0]))
+    cache = impl.new_cache(model, ids.shape[0])
+    cached = torch.cat([impl.forward(model, ids[:, :-1], cache), impl.forward(model, ids[:, -1:], cache)], dim=1)
     return mismatch(cached, impl.forward(model, ids), tolerance("model", device=spec.device)) is None
 
 
