@@ -928,7 +928,10 @@ def test_a_fresh_cache_holds_no_positions(spec, family):
         shapes.append(tuple(None if t is None else tuple(t.shape) for t in held))
     empty = all(shape in ((want, want), (None, None)) for shape in shapes)
     heads = next((c for k, _ in shapes if k is not None for c in _head_count_causes(k, want, config)), None)
-    subject, causes = (None, (heads,)) if heads else (None, ()) if empty else carried_over(spec, config, model, 2)
+    if heads:  # a cache made with the query heads' count is new_cache's: it allocates the cache
+        subject, causes = "new_cache", (heads,)
+    else:
+        subject, causes = (None, ()) if empty else carried_over(spec, config, model, 2)
     spec.require(
         empty,
         behaviour=f"cache_kv of a fresh cache of 2 rows holds no positions ({list(want)}, or None) in any layer",
