@@ -284,14 +284,10 @@ def variant_steps(
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
         if max_grad_norm is not None and clip == "value":  # each entry clamped to [-max, max]
             torch.nn.utils.clip_grad_value_(params, max_grad_norm)
-        if max_grad_norm is not None and clip == "to_norm":  # the factor max / norm not capped at 1
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(max_grad_norm / (float(norm) + 1e-6))
-        if max_grad_norm is not None and clip == "squared":  # the sum of squares taken for the norm (no root)
+        if max_grad_norm is not None and clip in ("to_norm", "squared"):  # to_norm: the factor max / norm not capped
+            # at 1; squared: the sum of squares taken for the norm (no root)
             norm = float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-            scale = min(1.0, max_grad_norm / (norm**2 + 1e-6))
+            scale = max_grad_norm / (norm + 1e-6) if clip == "to_norm" else min(1.0, max_grad_norm / (norm**2 + 1e-6))
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(scale)

@@ -1952,13 +1952,16 @@ def _knob_causes(name, args, kwargs, actual, rope_style, atol, rtol, second=None
         tried += 1
         if fits(out, a, atol, rtol, care_v):
             matches.append(v)
+
+    def confirmed_on(call_args, call_kwargs, got):  # the matches that explain this call too (all: it shows nothing)
+        codes = knob_codes(name, call_args, call_kwargs, got, rope_style=rope_style, atol=atol, rtol=rtol)
+        return matches if codes is None else [v for v in matches if v.code in codes]
+
     again = second() if matches and second is not None else None
     if again is not None:
-        confirmed = knob_codes(name, again[0], kwargs, again[1], rope_style=rope_style, atol=atol, rtol=rtol)
-        matches = matches if confirmed is None else [v for v in matches if v.code in confirmed]
+        matches = confirmed_on(again[0], kwargs, again[1])
     for fewer, got in reduced() if matches and reduced is not None else ():
-        confirmed = knob_codes(name, args, fewer, got, rope_style=rope_style, atol=atol, rtol=rtol)
-        matches = matches if confirmed is None else [v for v in matches if v.code in confirmed]
+        matches = confirmed_on(args, fewer, got)
     if not matches:
         return []
     by_code: dict[str, list[Variant]] = {}
