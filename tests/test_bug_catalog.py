@@ -307,6 +307,8 @@ READINGS = [
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),
+    ("gqa_query_heads_split_group_minor", "multihead_attention_layout",
+     "split in (query heads per group, kv heads)"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
 

@@ -205,6 +205,19 @@ BUGS = (
         code="knob:head_layout",
     ),
     Bug(
+        "gqa_query_heads_split_group_minor",
+        "gqa",
+        (MHA, *MODEL),
+        "attention.py",
+        old="    q = split_heads(linear(x, wq, bq), n_heads)  # [B, H, T, d_head]",
+        new='    q = rearrange(linear(x, wq, bq), "b t (r g d) -> b (g r) t d", g=n_kv_heads, r=n_heads // n_kv_heads)'
+        "  # the bug",
+        explanation="the query heads are split in (query heads per group, kv heads) order, as a fused per-group qkv "
+        "weight read with the other grouping: with GQA, each kv group attends with query heads spread apart",
+        fix="split the query heads head-major, head h in kv group h // n_rep: (kv heads, query heads per group)",
+        code="knob:head_layout",
+    ),
+    Bug(
         "mha_no_causal_mask",
         "causality",
         (MHA, *MODEL),

@@ -946,6 +946,7 @@ def _mha(
     rope_flat=None,
     time_major=(),
     group_minor_merge=False,
+    group_minor_split=False,
     **attend,
 ):
     b, t, _ = x.shape
@@ -970,6 +971,8 @@ def _mha(
         o = _attend(q, k, split(x @ wv.T, hkv), attend.pop("mask", _causal(t, t)), **attend)
         return o.transpose(1, 2).reshape(b, t, h * dh) @ wo.T
     q, k, v = split(project(wq, "q"), h), split(project(wk, "k"), hkv), split(project(wv, "v"), hkv)
+    if group_minor_split:  # wq's heads indexed (r g) read as if indexed (g r): each kv group gets heads spread apart
+        q = q.reshape(b, h // hkv, hkv, t, dh).transpose(1, 2).reshape(b, h, t, dh)
     if theta is not None:
         pos = positions if positions is not None else torch.arange(t)
         q = _rope(q, pos, theta, style)
@@ -1125,7 +1128,16 @@ def _mha_family(args, kwargs, style):
                     where="the rearrange that merges the heads of the GQA groups before wo",
                     fix="merge as rearrange(o, 'b (g r) t d -> b t (g r d)'): the group outer, as the heads were split",
                     compute=m(group_minor_merge=True),
-                )
+                ),
+                Variant(
+                    "knob:head_layout",
+                    "the query heads are split in (query heads per group, kv heads) order: query head r * n_kv + g "
+                    "lands where head g * n_rep + r belongs, so kv group g attends with queries of heads spread apart "
+                    "(wq's rows grouped per kv group the other way, as in a fused per-group qkv weight)",
+                    where="the split of the query heads into GQA groups (or the grouping of a fused qkv weight)",
+                    fix="split as rearrange(q, 'b t (g r d) -> b (g r) t d'): head h in kv group h // n_rep",
+                    compute=m(group_minor_split=True),
+                ),
             ]
             if 1 < hkv < h
             else []
