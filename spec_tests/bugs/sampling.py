@@ -30,6 +30,24 @@ BUGS = (
         code="knob:renormalisation",
     ),
     Bug(
+        "top_p_on_unrenormalised_top_k",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    if top_p is not None:\n        scaled = top_p_filter(scaled, top_p)\n",
+        new="    if top_p is not None:  # the bug: top-k's survivors keep the whole softmax's probabilities\n"
+        "        probs = softmax(logits / temperature, dim=-1).masked_fill(scaled.isinf(), 0.0)\n"
+        "        sorted_probs, order = probs.sort(dim=-1)  # ascending: remove where the cumulative mass <= 1 - top_p\n"
+        "        drop_sorted = sorted_probs.cumsum(dim=-1) <= 1 - top_p\n"
+        "        drop_sorted[..., -1] = False\n"
+        '        scaled = scaled.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))\n',
+        explanation="top-p measures the nucleus on top-k's survivors with the whole softmax's probabilities (log-"
+        "probabilities not normalised again after top-k), by the ascending rule: the mass top-k removed is missing, "
+        "so too few tokens are kept",
+        fix="renormalise after top-k (softmax of the filtered logits) before top-p measures the nucleus",
+        code="knob:sampling_order",
+    ),
+    Bug(
         "sample_ignores_transforms",
         "sampling_order",
         (*SAMPLING, *GENERATION),

@@ -1518,6 +1518,11 @@ def _sampling(
         keep = _nucleus(torch.softmax(z, -1), top_p, crossing) & torch.isfinite(zk)
     elif order == "p_unnormalised":  # the nucleus cut on p ** (1 / T): log-probabilities divided, not renormalised
         keep = _nucleus(torch.softmax(_top_k_filter(logits, k), -1) ** (1 / temperature), top_p, crossing)
+    elif order == "k_unrenormalised_ascending" and top_p is not None:
+        # top-k's survivors keep the whole softmax's probabilities (mass S < 1), and the nucleus removes the tokens
+        # whose ascending cumulative mass is <= 1 - top_p: the same as the specified cut at top_p - (1 - S)
+        kept = torch.softmax(z, -1) * torch.isfinite(zk)
+        keep = _nucleus(kept, top_p - (1 - kept.sum(-1, keepdim=True)), crossing)
     else:
         keep = _nucleus(torch.softmax(zk, -1), top_p, crossing)
     if keep_least and top_p is not None and top_p < 1:  # the kept minimum taken at the wrong end of the sort
@@ -1698,6 +1703,16 @@ def _sampling_probs(args, kwargs, style):
         ]
         if k is not None:
             out += [
+                Variant(
+                    "knob:sampling_order",
+                    "top-p runs on top-k's log-probabilities without renormalising them (the whole softmax's, summing "
+                    "to the mass top-k kept), with the ascending rule (remove the tokens whose cumulative mass is <= 1 "
+                    "- top_p): the mass top-k removed is missing from the cut, so too few tokens are kept",
+                    where=order_where,
+                    fix="renormalise after top-k (log_softmax again, or mask logits and take the softmax) before "
+                    "top-p measures the nucleus",
+                    compute=s(order="k_unrenormalised_ascending"),
+                ),
                 Variant(
                     "knob:sampling_order",
                     "top-p is ignored when top-k is given (the filters as if / elif: only top-k runs)",
