@@ -309,7 +309,7 @@ READINGS = [
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),
     ("gqa_query_heads_split_group_minor", "multihead_attention_layout",
      "split in (query heads per group, kv heads)"),
-    ("top_p_on_unrenormalised_top_k", "sampling_probs_match_reference and top_k=7",
+    ("top_p_on_unrenormalised_top_k", "sampling_probs_match_reference and top_k",
      "top-p runs on top-k's log-probabilities without renormalising them"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
