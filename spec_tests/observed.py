@@ -66,6 +66,9 @@ def require_mode(spec, model, ids, clean: torch.Tensor, training: bool, *, after
     """Fail unless ``model``'s outputs show it in training mode (``training``) or in eval mode."""
     seen = shows_training(spec, model, ids, clean)
     mode = "train" if training else "eval"
+    if seen != training:
+        partly = partly_restored(spec.impl.training_flags(model), training, after)
+        causes, codes = (partly, codes) if partly else (causes, codes)
     spec.require(
         seen == training,
         behaviour=f"a model in {mode} mode is in {mode} mode after {after}, as its outputs show (with dropout "
@@ -74,6 +77,21 @@ def require_mode(spec, model, ids, clean: torch.Tensor, training: bool, *, after
         f"model runs in {'training' if seen else 'eval'} mode",
         causes=causes,
         codes=codes,
+    )
+
+
+def partly_restored(flags: list[bool], training: bool, after: str) -> tuple[str, ...]:
+    """The cause where the top module (``flags[0]``, ``model.modules()`` order) is back in the mode it was given and
+    some of the modules below it are not: the mode was put back on some modules only. ``()`` otherwise."""
+    wrong = sum(flag != training for flag in flags[1:])
+    if not flags or flags[0] != training or not wrong:
+        return ()
+    mode, other = ("training", "eval") if training else ("eval", "training")
+    return (
+        f"likely cause: after {after} the top module is back in {mode} mode but {wrong} of the {len(flags) - 1} "
+        f"modules below it stay in {other} mode: the mode was put back on some modules only (the top one, or its "
+        f"direct children, not every module). Fix: record each module's flag ([m.training for m in "
+        f"model.modules()]) and put each back in a finally block",
     )
 
 
@@ -104,8 +122,8 @@ def require_flags(spec, model, given: list[bool], *, after: str, again=None, cau
             set(flags) == set(given),
             behaviour=f"a model in {mode} mode is in {mode} mode after {after}",
             found=f"after {after}, module training flags are {sorted(set(flags))}",
-            causes=causes if set(flags) == {not given[0]} else (),  # the whole model left in the other mode
-            codes=codes if set(flags) == {not given[0]} else (),
+            causes=causes if set(flags) == {not given[0]} else partly_restored(flags, given[0], after),
+            codes=codes if set(flags) == {not given[0]} or partly_restored(flags, given[0], after) else (),
         )
         return
     differ = sum(a != b for a, b in zip(flags, given, strict=False)) + abs(len(flags) - len(given))
@@ -115,6 +133,21 @@ def require_flags(spec, model, given: list[bool], *, after: str, again=None, cau
         spec.impl.set_training(model, flipped)
         again()
         top_restored = set(spec.impl.training_flags(model)) == {flipped[0]}
+    # some modules given training mode have it back and others stay in eval, none left in training mode wrongly: the
+    # eval mode set for the call was undone on some modules only
+    pairs = list(zip(given, flags, strict=False)) if len(flags) == len(given) else []
+    partly = (
+        (
+            f"likely cause: after {after} {sum(g and f for g, f in pairs)} of the modules given training mode have it "
+            f"back and {sum(g and not f for g, f in pairs)} stay in eval mode: the mode was put back on some modules "
+            f"only (the top one, or its direct children, not every module). Fix: record each module's flag "
+            f"([m.training for m in model.modules()]) and put each back in a finally block",
+        )
+        if any(g and f for g, f in pairs)
+        and any(g and not f for g, f in pairs)
+        and not any(f and not g for g, f in pairs)
+        else ()
+    )
     spec.require(
         flags == given,
         behaviour=f"a model whose modules are in both modes has each module's own mode back after {after}",
@@ -126,6 +159,6 @@ def require_flags(spec, model, given: list[bool], *, after: str, again=None, cau
             f"each module's flag ([m.training for m in model.modules()]) and put each back in a finally block",
         )
         if top_restored
-        else (),
-        codes=("knob:mode",) if top_restored else (),
+        else partly,
+        codes=("knob:mode",) if top_restored or partly else (),
     )

@@ -311,6 +311,8 @@ READINGS = [
      "split in (query heads per group, kv heads)"),
     ("top_p_on_unrenormalised_top_k", "sampling_probs_match_reference and top_k",
      "top-p runs on top-k's log-probabilities without renormalising them"),
+    ("mode_restored_on_the_children_only", "generate_restores_the_mode and train",
+     "the mode was put back on some modules only"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
 

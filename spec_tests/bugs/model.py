@@ -521,6 +521,18 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "mode_restored_on_the_children_only",
+        "mode_restore",
+        (*GENERATION, *TRAINING, *EVALUATION),
+        "modes.py",
+        old="    modes = [(m, m.training) for m in model.modules()]",
+        new="    modes = [(m, m.training) for m in (model, *model.children())]  # the bug: the nested modules left out",
+        explanation="after generation or evaluation only the top module and its direct children get their modes "
+        "back: the modules nested deeper (the blocks' attention, MLP and dropout) stay in eval mode",
+        fix="remember every module's training flag (model.modules()) and restore each",
+        code="knob:mode",
+    ),
+    Bug(
         "generate_no_prompt_cropping",
         "prompt_cropping",
         GENERATION,
