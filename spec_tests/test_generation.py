@@ -179,6 +179,8 @@ def greedy_case(
         causes = tuple(c.replace("likely cause:", "likely cause (weak evidence):", 1) for c in causes)
         codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
     first_right = out.shape == want.shape and torch.equal(out[:, t].cpu(), want[:, t].cpu())
+    if wrong and within is None and first_right and not causes:
+        causes, codes = newest_token_reading(spec, model, config, sd, prompt, n, out) or (causes, codes)
     if prompt_causes and wrong and window is None and first_right:
         causes = (
             "note: the first new token is right in every row, so the prompt was cropped; a later token differs, once "
@@ -244,6 +246,52 @@ def window_reading(spec, model, prompt, n: int, ctx: int, out) -> tuple[tuple[st
             f"ids[:, -context_length:] (evidence: {steps} over the last {last} tokens)"
         )
     return (cause,), ("knob:window",)
+
+
+def newest_token_reading(spec, model, config, sd, prompt, n: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:
+    """``(causes, codes)`` where every token of ``out`` after the first new one is the argmax of the logits of the
+    token before it alone: at position 0 (the implementation's own forward on that one token) or, for gpt2's learned
+    positions, at its own position (the reference's, on the same weights; with RoPE one token alone is the same at any
+    position). Each step then fed only the newest token, with no cache holding the others. None where no rule
+    explains every such token, or where one is right already."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    ref = getattr(spec.expectations, "reference", None)
+    t, ctx = prompt.shape[1], config["context_length"]
+    if out.shape != (prompt.shape[0], t + n) or n < 2:
+        return None
+    out = out.to(prompt.device)
+    alone = "at position 0" if config["family"] == "gpt2" else "at any position: with RoPE one token alone is the same"
+    rules = {alone: lambda prefix: raw.forward(model, prefix[:, -1:])[:, -1].argmax(dim=-1)}
+    if ref is not None and config["family"] == "gpt2":
+        twin = models.build(ref, config, sd)
+        at = lambda prefix: torch.tensor([prefix.shape[1] - 1], device=prefix.device)
+        rules["at its own position"] = lambda prefix: ref.forward(twin, prefix[:, -1:], positions=at(prefix))[
+            :, -1
+        ].argmax(dim=-1)
+    fits, wrong = set(rules), 0
+    try:
+        for step in range(1, n):
+            prefix, token = out[:, : t + step], out[:, t + step]
+            wrong += int(bool((raw.forward(model, prefix[:, -ctx:])[:, -1].argmax(dim=-1) != token).any()))
+            fits = {r for r in fits if torch.equal(rules[r](prefix), token)}
+            if not fits:
+                return None
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return None
+    if not wrong:
+        return None
+    where = " or ".join(sorted(fits))
+    return (
+        (
+            f"likely cause: after the first new token, each step feeds only the newest token ({where}), with no "
+            "cache holding the tokens before it: every later token is the argmax of the logits of one token alone "
+            "(an uncached path slicing ids[:, -1:] as the cached one does, or advancing a start position it never "
+            "fills). Fix: without a cache, feed the sequence's last context_length tokens at every step (evidence: "
+            f"each of the {n - 1} later tokens, in every row, is the argmax of your logits for the token before it "
+            "alone)",
+        ),
+        ("knob:window",),
+    )
 
 
 def own_sampler_consequence(spec, model, prompt, n, ctx, out, *, use_cache, behaviour):

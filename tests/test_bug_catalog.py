@@ -313,6 +313,8 @@ READINGS = [
      "top-p runs on top-k's log-probabilities without renormalising them"),
     ("mode_restored_on_the_children_only", "generate_restores_the_mode and train",
      "the mode was put back on some modules only"),
+    ("generate_uncached_feeds_the_newest_token", "greedy_generation_follows_the_model and no-cache",
+     "each step feeds only the newest token"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
 

@@ -533,6 +533,19 @@ BUGS = (
         code="knob:mode",
     ),
     Bug(
+        "generate_uncached_feeds_the_newest_token",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="            if cache is not None and ids.shape[1] <= ctx:",
+        new="            if ids.shape[1] > prompt.shape[1] and ids.shape[1] <= ctx:  # the bug: no test of the cache",
+        explanation="after the first new token generate feeds only the newest token whether or not a cache holds "
+        "the others: without the cache each later token is predicted from one token alone",
+        fix="feed one token per step only through a cache that holds the sequence; without one, feed the last "
+        "context_length tokens",
+        code="knob:window",
+    ),
+    Bug(
         "generate_no_prompt_cropping",
         "prompt_cropping",
         GENERATION,
