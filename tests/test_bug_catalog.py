@@ -315,6 +315,8 @@ READINGS = [
      "the mode was put back on some modules only"),
     ("generate_uncached_feeds_the_newest_token", "greedy_generation_follows_the_model and no-cache",
      "each step feeds only the newest token"),
+    ("loader_skips_the_value_projection", "model_is_determined_by_its_weights",
+     "attn.wv.weight come back from canonical_state_dict differently"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
 

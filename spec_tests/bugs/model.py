@@ -243,6 +243,18 @@ BUGS = (
         fix="a new KVCache for every new_cache call, empty",
     ),
     Bug(
+        "loader_skips_the_value_projection",
+        "wiring",
+        MODEL,
+        "model.py",
+        old="        params[name].copy_(value)",
+        new='        if not name.endswith("attn.wv.weight"):  # the bug: a name map without the value projection\n'
+        "            params[name].copy_(value)",
+        explanation="the loader never copies attn.wv.weight: every layer's value projection keeps its random "
+        "initialisation, so the model depends on the global random state it was built under",
+        fix="copy every given weight into its parameter (a name map with an entry for each canonical name)",
+    ),
+    Bug(
         "loader_swaps_the_block_norms",
         "wiring",
         MODEL,
