@@ -550,7 +550,37 @@ def test_generate_applies_sampling_filters(spec, config):
         behaviour = f"generate(temperature=1.7, {kw}) equals greedy decoding"
         if not torch.equal(got.cpu(), want.cpu()):
             defer_to_a_cache_that_carries_over(spec, behaviour, config, model, prompt, 8)
+            defer_to_a_failing_filter(spec, behaviour, config, model, prompt, got, kw)
         check_tokens(spec, got, want, behaviour=behaviour)
+
+
+def defer_to_a_failing_filter(spec, behaviour: str, config, model, prompt, got, kw) -> None:
+    """Raise ``spec.defer`` to the implementation's own ``sampling_probs`` (or ``sample``) where it fails its own tests
+    and a correct generate that picks each token with it, at temperature 1.7 with the filter ``kw``, gives ``got``: the
+    argmax of its probabilities (which a one-token filter makes the only token a draw can give), or its own draw with
+    a generator seeded as the test's. Nothing otherwise."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    ctx = config["context_length"]
+    for name in spec.failing(("sampling_probs", "sample")):
+        if not raw.provides(name):
+            continue
+        if name == "sampling_probs":
+            pick = lambda logits: raw.sampling_probs(logits, temperature=1.7, **kw).argmax(dim=-1)
+        else:
+            gen = spec.inputs.generator(3)
+            pick = lambda logits, gen=gen: raw.sample(logits, temperature=1.7, generator=gen, **kw)
+        try:
+            own = oracles.greedy_teacher(raw, model, prompt, got.shape[1] - prompt.shape[1], ctx, use_cache=False,
+                                         pick=pick)  # fmt: skip
+        except Exception:  # noqa: BLE001 - what does not run explains no tokens
+            continue
+        if own.shape == got.shape and torch.equal(own.cpu(), got.cpu()):
+            raise spec.defer(
+                [name],
+                behaviour,
+                f"consequence of failing {name}: your generate's tokens are those of a correct generate that picks "
+                f"each token with your own {name}(logits [B, V], temperature=1.7, {kw}). Fix {name} first.",
+            )
 
 
 def defer_to_a_cache_that_carries_over(spec, behaviour: str, config, model, prompt, n: int) -> None:

@@ -444,9 +444,10 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
         ), ""
     if all(not t.any() for o in own for t in o):
         return (
-            f"likely cause: {prefill} every key and value your cache holds is 0 (cache_kv): the writes to the cache "
-            "are lost, e.g. an out-of-place update whose result is dropped (index_copy, slice_scatter or torch.cat "
-            f"not assigned back), and attention reads the zeros. {fix}"
+            f"likely cause: {prefill} every key and value your cache holds is 0 (cache_kv): the writes do not land "
+            "where the cache is read, e.g. an out-of-place update whose result is dropped (index_copy, slice_scatter "
+            "or torch.cat not assigned back), or a write index other than the read's (a paged cache's slot computed "
+            f"without the block stride, block * block_size + offset), and attention reads the zeros. {fix}"
         ), "knob:cache_contents"
     if all(h is not None and None not in h for h in held):
         whose = [" then ".join(f"layer {j}'s" for j in h) for h in held]
