@@ -317,6 +317,8 @@ READINGS = [
      "each step feeds only the newest token"),
     ("loader_skips_the_value_projection", "model_is_determined_by_its_weights",
      "attn.wv.weight come back from canonical_state_dict differently"),
+    ("final_norm_without_the_last_residual", "test_logits_match_reference",
+     "the final norm reads the last block's MLP output alone"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
 

@@ -243,6 +243,22 @@ BUGS = (
         fix="a new KVCache for every new_cache call, empty",
     ),
     Bug(
+        "final_norm_without_the_last_residual",
+        "norm_placement",
+        MODEL,
+        "model.py",
+        old="            x = block(x, positions, cache, layer, mask)",
+        new="            if layer == len(self.layers) - 1 and not block.post_norms:  # the bug\n"
+        "                h = x + block.drop(block.attn(block.attn_norm(x), positions, cache, layer, mask))\n"
+        "                x = block.drop(block.mlp(block.mlp_norm(h)))\n"
+        "            else:\n"
+        "                x = block(x, positions, cache, layer, mask)",
+        explanation="the final norm reads the last block's MLP output alone: the residual stream is not added back "
+        "after the last layer (a fused add-and-norm called without its residual at the end)",
+        fix="final_norm(x + mlp(mlp_norm(x))): the whole stream the last block returns",
+        code="knob:missing_residual",
+    ),
+    Bug(
         "loader_skips_the_value_projection",
         "wiring",
         MODEL,

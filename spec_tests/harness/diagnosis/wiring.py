@@ -124,6 +124,16 @@ def _rewire_blocks(kind: str):
     return rewire
 
 
+def _rewire_last_block(kind: str):
+    def rewire(model) -> None:
+        layers = getattr(model, "layers", None)
+        if not layers:
+            raise NotApplicable("the model has no blocks")
+        layers[-1].forward = types.MethodType(_block_forward(kind), layers[-1])
+
+    return rewire
+
+
 def _no_final_norm(model) -> None:
     model.final_norm = nn.Identity()
 
@@ -267,6 +277,16 @@ WIRINGS = (
         "the MLP branch has no residual connection: its output replaces the stream (x = mlp(norm(x)))",
         f"add the branch to the stream it read: {PRE_NORM}",
         rewire=_rewire_blocks("no_mlp_residual"),
+    ),
+    Wiring(
+        "last_block_no_mlp_residual",
+        "knob:missing_residual",
+        "the final norm reads the last block's MLP output alone: the residual stream is dropped after the last "
+        "layer (a fused add-and-norm, norm(x, residual), called without the residual at the end), while every other "
+        "residual is added",
+        "the final norm normalises the whole stream, the last MLP output added to the residual: final_norm(x + "
+        "mlp(norm(x))) (with a fused norm, pass the carried residual to the final norm too)",
+        rewire=_rewire_last_block("no_mlp_residual"),
     ),
     Wiring(
         "mlp_residual_from_input",
