@@ -133,6 +133,9 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             source, before = (before if i else x), x
             x = x + attention(norm(source, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
+        elif bug == "last_block_no_mlp_residual" and i == cfg["n_layers"] - 1:  # the final norm reads the MLP alone
+            x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = mlp(norm(x, f"{p}.mlp_norm"), p)
         elif bug == "doubled_residual":
             x = 2 * x + attention(norm(x, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
@@ -248,6 +251,7 @@ CATALOG_WIRING = {
     "wo_transposed_at_load": "transposed_wo",
     "wq_wk_swapped_at_load": "wq_wk_swapped",
     "every_layer_runs_the_last_block": "every_layer_the_last",
+    "final_norm_without_the_last_residual": "last_block_no_mlp_residual",
 }
 
 

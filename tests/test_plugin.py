@@ -142,7 +142,7 @@ def test_object_form_and_families(pytester, suite):
         """,
     )
     proc = suite("--impl=gpt2_only:impl", "-rs", "-k", "test_logits_match_reference")
-    assert "3 passed" in proc.stdout, proc.stdout[-2000:]  # gpt2 in f64 and f32, and an untied gpt2 head
+    assert "4 passed" in proc.stdout, proc.stdout[-2000:]  # gpt2 in f64 and f32, an untied gpt2 head, gpt2 with GQA
     assert "not provided by gpt2_only:impl: family 'llama'" in proc.stdout
 
 

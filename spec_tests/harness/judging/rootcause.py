@@ -104,10 +104,6 @@ class FailureRegistry:
     new_crash: dict[str, int] = field(default_factory=dict)
     # while a test is judged again after the run, it changes nothing here (its first verdict was recorded)
     frozen: bool = False
-    # names charged with a model not determined by the weights it was given (its outputs vary with the global random
-    # state it was built under): no check downstream of them can be judged against values computed from those weights
-    # (and when each was first charged so: a test that ran before is judged again at the end)
-    indeterminate: dict[str, int] = field(default_factory=dict)
 
     def tick(self) -> int:
         self.clock += 1
@@ -122,13 +118,6 @@ class FailureRegistry:
             if kind in EXPLAINING_KINDS:
                 self.first_failed.setdefault(name, self.clock)
 
-    def mark_indeterminate(self, names) -> None:
-        """``names`` build models not determined by their weights: what rests on them is judged again at the end."""
-        if self.frozen:
-            return
-        for name in names:
-            self.indeterminate.setdefault(name, self.clock)
-
     def mark_passed(self, names) -> None:
         if not self.frozen:
             self.passing.update(names)
@@ -141,10 +130,8 @@ class FailureRegistry:
             self.first_failed.setdefault(name, self.clock)
 
     def failed_since(self, names, moment: int) -> list[str]:
-        """Those of ``names`` first seen failing in a way that can explain a math check (or charged with models not
-        determined by their weights) after ``moment``."""
-        later = lambda n: max(self.first_failed.get(n, -1), self.indeterminate.get(n, -1)) > moment
-        return dependency_order(n for n in names if later(n))
+        """Those of ``names`` first seen failing in a way that can explain a math check after ``moment``."""
+        return dependency_order(n for n in names if self.first_failed.get(n, -1) > moment)
 
     def crashed_since(self, names, moment: int) -> list[str]:
         """Those of ``names`` that raised a crash new to them after ``moment``."""
@@ -274,16 +261,6 @@ def judge_failure(
             )
             behaviour = "the call runs on inputs the protocol allows"
             return _consequence(run, registry, same, message, behaviour, "require", explained=not expected)
-    unsettled = dependency_order(set(registry.indeterminate) & ((upstream_closure(used) | used) - set(run.subjects)))
-    if status == Status.FAILED and unsettled:
-        names = ", ".join(unsettled)
-        message = (
-            f"consequence of failing {names}: a model it builds from given weights is not determined by them (its "
-            f"outputs change with the global random state it was built under), so values computed from those weights "
-            f"say nothing about this test's subject. Fix {names} first.\n  (it failed with: {first_line(exc)})"
-        )
-        behaviour = "failure traced to a model not determined by its weights"
-        return _consequence(run, registry, unsettled, message, behaviour, "relation", explained=not expected)
     upstream = registry.upstream_failing(run.subjects, used) if status == Status.FAILED or crashed else []
     if upstream and reference is not None and not _compared(exc):
         roots = composed_rerun(exc, upstream, rerun)
@@ -309,8 +286,6 @@ def judge_failure(
         kind = failure_kind(exc, list(run.bug_classes))
         charged = failing_subjects(exc, run.subjects)
         registry.mark(charged, run.test, kind)
-        if getattr(exc, "indeterminate", False):
-            registry.mark_indeterminate(charged)
         if status == Status.ERROR:
             registry.record_crash(charged, exc)
     return exc
