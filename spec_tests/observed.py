@@ -81,17 +81,19 @@ def require_mode(spec, model, ids, clean: torch.Tensor, training: bool, *, after
 
 
 def partly_restored(flags: list[bool], training: bool, after: str) -> tuple[str, ...]:
-    """The cause where the top module (``flags[0]``, ``model.modules()`` order) is back in the mode it was given and
-    some of the modules below it are not: the mode was put back on some modules only. ``()`` otherwise."""
-    wrong = sum(flag != training for flag in flags[1:])
-    if not flags or flags[0] != training or not wrong:
+    """The cause where some modules (``flags``, ``model.modules()`` order) are back in the mode the whole model was
+    given and others are not: the mode was put back on some modules only. ``()`` otherwise."""
+    back = sum(flag == training for flag in flags)
+    if not back or back == len(flags):
         return ()
     mode, other = ("training", "eval") if training else ("eval", "training")
+    top = "the top module among them" if flags[0] == training else "the top module not among them"
     return (
-        f"likely cause: after {after} the top module is back in {mode} mode but {wrong} of the {len(flags) - 1} "
-        f"modules below it stay in {other} mode: the mode was put back on some modules only (the top one, or its "
-        f"direct children, not every module). Fix: record each module's flag ([m.training for m in "
-        f"model.modules()]) and put each back in a finally block",
+        f"likely cause: after {after} {back} of the model's {len(flags)} modules {'is' if back == 1 else 'are'} back "
+        f"in {mode} mode ({top}) and "
+        f"the others stay in {other} mode: the mode was put back on some modules only (the top one, or its direct "
+        f"children, not every module). Fix: record each module's flag ([m.training for m in model.modules()]) and "
+        f"put each back in a finally block",
     )
 
 
