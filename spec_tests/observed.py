@@ -80,6 +80,12 @@ def require_mode(spec, model, ids, clean: torch.Tensor, training: bool, *, after
     )
 
 
+SOME_MODULES = (
+    "the mode was put back on some modules only (the top one, or its direct children, not every module). Fix: record "
+    "each module's flag ([m.training for m in model.modules()]) and put each back in a finally block"
+)
+
+
 def partly_restored(flags: list[bool], training: bool, after: str) -> tuple[str, ...]:
     """The cause where some modules (``flags``, ``model.modules()`` order) are back in the mode the whole model was
     given and others are not: the mode was put back on some modules only. ``()`` otherwise."""
@@ -91,9 +97,7 @@ def partly_restored(flags: list[bool], training: bool, after: str) -> tuple[str,
     return (
         f"likely cause: after {after} {back} of the model's {len(flags)} modules {'is' if back == 1 else 'are'} back "
         f"in {mode} mode ({top}) and "
-        f"the others stay in {other} mode: the mode was put back on some modules only (the top one, or its direct "
-        f"children, not every module). Fix: record each module's flag ([m.training for m in model.modules()]) and "
-        f"put each back in a finally block",
+        f"the others stay in {other} mode: {SOME_MODULES}",
     )
 
 
@@ -120,12 +124,13 @@ def require_flags(spec, model, given: list[bool], *, after: str, again=None, cau
     mixed = len(set(given)) > 1
     if not mixed:
         mode = "train" if given[0] else "eval"
+        partly = partly_restored(flags, given[0], after)
         spec.require(
             set(flags) == set(given),
             behaviour=f"a model in {mode} mode is in {mode} mode after {after}",
             found=f"after {after}, module training flags are {sorted(set(flags))}",
-            causes=causes if set(flags) == {not given[0]} else partly_restored(flags, given[0], after),
-            codes=codes if set(flags) == {not given[0]} or partly_restored(flags, given[0], after) else (),
+            causes=causes if set(flags) == {not given[0]} else partly,
+            codes=codes if set(flags) == {not given[0]} or partly else (),
         )
         return
     differ = sum(a != b for a, b in zip(flags, given, strict=False)) + abs(len(flags) - len(given))
@@ -141,9 +146,7 @@ def require_flags(spec, model, given: list[bool], *, after: str, again=None, cau
     partly = (
         (
             f"likely cause: after {after} {sum(g and f for g, f in pairs)} of the modules given training mode have it "
-            f"back and {sum(g and not f for g, f in pairs)} stay in eval mode: the mode was put back on some modules "
-            f"only (the top one, or its direct children, not every module). Fix: record each module's flag "
-            f"([m.training for m in model.modules()]) and put each back in a finally block",
+            f"back and {sum(g and not f for g, f in pairs)} stay in eval mode: {SOME_MODULES}",
         )
         if any(g and f for g, f in pairs)
         and any(g and not f for g, f in pairs)

@@ -294,12 +294,25 @@ def newest_token_reading(spec, model, config, sd, prompt, n: int, out) -> tuple[
     )
 
 
-def own_sampler_consequence(spec, model, prompt, n, ctx, out, *, use_cache, behaviour):
+def own_sampler_consequence(
+    spec,
+    model,
+    prompt,
+    n,
+    ctx,
+    out,
+    *,
+    use_cache,
+    behaviour,
+    pickers=None,
+    call="temperature=0",
+    kind="greedy generate",
+):
     """Where greedy generation differs from the model's argmax: a consequence of the implementation's own failing
     sample (or sampling_probs) where its tokens are those of a correct greedy generate picking each token with that
-    function (``oracles.greedy_pickers``)."""
+    function (``oracles.greedy_pickers``; or ``pickers``, ``(name, pick)`` pairs, each called as ``call`` says)."""
     raw = getattr(spec.impl, "_subject", spec.impl)
-    for name, pick in oracles.greedy_pickers(spec):
+    for name, pick in oracles.greedy_pickers(spec) if pickers is None else pickers:
         try:
             own = oracles.greedy_teacher(raw, model, prompt, n, ctx, use_cache=use_cache, pick=pick)
         except Exception:  # noqa: BLE001 - what does not run explains no tokens
@@ -308,8 +321,8 @@ def own_sampler_consequence(spec, model, prompt, n, ctx, out, *, use_cache, beha
             raise spec.defer(
                 [name],
                 behaviour,
-                f"consequence of failing {name}: your generate's tokens are those of a correct greedy generate that "
-                f"picks each token with your own {name}(logits [B, V], temperature=0). Fix {name} first.",
+                f"consequence of failing {name}: your generate's tokens are those of a correct {kind} that picks each "
+                f"token with your own {name}(logits [B, V], {call}). Fix {name} first.",
             )
 
 
@@ -558,29 +571,21 @@ def defer_to_a_failing_filter(spec, behaviour: str, config, model, prompt, got, 
     """Raise ``spec.defer`` to the implementation's own ``sampling_probs`` (or ``sample``) where it fails its own tests
     and a correct generate that picks each token with it, at temperature 1.7 with the filter ``kw``, gives ``got``: the
     argmax of its probabilities (which a one-token filter makes the only token a draw can give), or its own draw with
-    a generator seeded as the test's. Nothing otherwise."""
+    a generator seeded as the test's (``own_sampler_consequence``). Nothing otherwise."""
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
-    ctx = config["context_length"]
-    for name in spec.failing(("sampling_probs", "sample")):
-        if not raw.provides(name):
-            continue
+
+    def pick(name):
         if name == "sampling_probs":
-            pick = lambda logits: raw.sampling_probs(logits, temperature=1.7, **kw).argmax(dim=-1)
-        else:
-            gen = spec.inputs.generator(3)
-            pick = lambda logits, gen=gen: raw.sample(logits, temperature=1.7, generator=gen, **kw)
-        try:
-            own = oracles.greedy_teacher(raw, model, prompt, got.shape[1] - prompt.shape[1], ctx, use_cache=False,
-                                         pick=pick)  # fmt: skip
-        except Exception:  # noqa: BLE001 - what does not run explains no tokens
-            continue
-        if own.shape == got.shape and torch.equal(own.cpu(), got.cpu()):
-            raise spec.defer(
-                [name],
-                behaviour,
-                f"consequence of failing {name}: your generate's tokens are those of a correct generate that picks "
-                f"each token with your own {name}(logits [B, V], temperature=1.7, {kw}). Fix {name} first.",
-            )
+            return lambda logits: raw.sampling_probs(logits, temperature=1.7, **kw).argmax(dim=-1)
+        gen = spec.inputs.generator(3)
+        return lambda logits: raw.sample(logits, temperature=1.7, generator=gen, **kw)
+
+    pickers = [(name, pick(name)) for name in spec.failing(("sampling_probs", "sample")) if raw.provides(name)]
+    n, ctx = got.shape[1] - prompt.shape[1], config["context_length"]
+    own_sampler_consequence(
+        spec, model, prompt, n, ctx, got, use_cache=False, behaviour=behaviour, pickers=pickers,
+        call=f"temperature=1.7, {kw}", kind="generate",
+    )  # fmt: skip
 
 
 def defer_to_a_cache_that_carries_over(spec, behaviour: str, config, model, prompt, n: int) -> None:
