@@ -16,7 +16,7 @@ import torch
 from suite_subprocess import run_suite
 
 import reference
-from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, load_bug, reference_sources
+from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, load_bug, reference_sources, related_files
 from spec_tests.harness.diagnosis.catalog import CATALOG_GROUPS, bug_subjects, known_bug_lines, matching_bugs
 from spec_tests.harness.judging.tolerances import tolerance
 from spec_tests.protocol import PROTOCOL_NAMES
@@ -266,6 +266,17 @@ def test_bugcheck_verdicts():
     assert (
         ok.status == "ok" and ok.margin == float("inf") and ok.killed_by == {"test_kv_cache": 1, "test_generation": 1}
     )
+
+
+def test_bugcheck_related_only_runs_the_class_files_and_rejects_an_unknown_one():
+    """``--related-only`` (CI's bugcheck) collects each bug's related test files alone; the reference, with no
+    files, the whole suite; a stem that names no spec test file is an error naming it, not an empty run."""
+    bc = bugcheck()
+    assert bc.suite_paths() == [str(ROOT / "spec_tests")]
+    paths = bc.suite_paths(related_files(CATALOG["kv_cache_prepended"].bug_class))
+    assert [Path(p).name for p in paths] == ["test_kv_cache.py", "test_generation.py"]
+    with pytest.raises(ValueError, match="test_no_such_file"):
+        bc.suite_paths(("test_no_such_file",))
 
 
 def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp_path, pytester):

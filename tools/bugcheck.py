@@ -4,6 +4,7 @@
     python tools/bugcheck.py --jobs 2 --json bugcheck.json
     python tools/bugcheck.py --bugs kv_cache_prepended,post_ln
     python tools/bugcheck.py --list            # the catalog, one line per bug
+    python tools/bugcheck.py --related-only    # each bug on its class's test files only (CI: the same verdicts)
 
 For each bug of ``spec_tests.bugs`` (and first for the reference itself) the suite runs as
 ``pytest spec_tests --impl=bug:<name>``, several at a time: each worker process imports torch
@@ -12,6 +13,10 @@ session each, the global torch seed reset), Hypothesis derandomised as in CI but
 shrinking (a kill does not need the smallest example). A failing comparison tries only the bug
 under test in its diagnosis (``--full-diagnosis``: every bug of the component, as pytest does),
 which is enough to report whether the failure names the bug.
+
+``--related-only`` runs each bug on the test files of its class alone (the reference still on the whole suite):
+every status below is decided there, so the verdicts are the same in a fraction of the time, but the matrix then
+shows no kills in unrelated files and "diagnosed" counts the related files' failures only. CI runs it so.
 
 Exit status 1 when the reference fails, when a bug survives, when a bug is caught only by test
 files unrelated to its class (``spec_tests/bugs/classes.py``), or when its best kill in a
@@ -127,20 +132,32 @@ def _worker_init() -> None:
     _INITIAL_SEED = torch.initial_seed()
 
 
-def run_suite(task: str | tuple[str, bool]) -> dict:
-    """Run the whole suite against ``impl`` in this process; the per-test outcomes and exit code.
+def suite_paths(files: tuple[str, ...] = ()) -> list[str]:
+    """The paths a run collects: the test files with these stems, or the whole suite where none is given."""
+    if not files:
+        return [str(ROOT / "spec_tests")]
+    paths = [ROOT / "spec_tests" / f"{stem}.py" for stem in files]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ValueError(f"no such spec test file: {missing}")
+    return [str(p) for p in paths]
 
-    ``task``: ``impl`` or ``(impl, full_diagnosis)``. Without full diagnosis, a failing check of
+
+def run_suite(task: str | tuple) -> dict:
+    """Run the suite against ``impl`` in this process; the per-test outcomes and exit code.
+
+    ``task``: ``impl`` or ``(impl, full_diagnosis[, files])``; ``files``: the test-file stems to run (default: the
+    whole suite). Without full diagnosis, a failing check of
     ``bug:<name>`` tries that bug alone (whether the failure names the bug is all the matrix needs;
     trying every candidate of a model component on every failing check would dominate the run time).
     """
     import pytest
     import torch
 
-    impl, full_diagnosis = (task, False) if isinstance(task, str) else task
+    impl, full_diagnosis, files = (task, False, ()) if isinstance(task, str) else (*task, ())[:3]
     torch.manual_seed(_INITIAL_SEED)  # as a fresh interpreter would start
     recorder = Recorder()
-    args = [str(ROOT / "spec_tests"), f"--spec-impl={impl}", "-q", "-p", "no:cacheprovider",
+    args = [*suite_paths(files), f"--spec-impl={impl}", "-q", "-p", "no:cacheprovider",
             f"--hypothesis-profile={PROFILE}", "--rootdir", str(ROOT), "-W", "ignore"]  # fmt: skip
     if impl.startswith("bug:") and not full_diagnosis:
         args.append(f"--spec-diagnosis-bugs={impl[4:]}")
@@ -265,13 +282,18 @@ def main(argv=None) -> int:
         action="store_true",
         help="diagnose with every catalogued bug of the component, as pytest does (slower)",
     )
+    parser.add_argument(
+        "--related-only",
+        action="store_true",
+        help="run each bug on the test files of its class only (the same verdicts, faster; CI runs so)",
+    )
     parser.add_argument("--list", action="store_true", help="print the catalog (name, class, explanation) and exit")
     parser.add_argument(
         "--stall-timeout", type=float, default=300.0, help="abort when no run finishes for this long (s)"
     )
     args = parser.parse_args(argv)
 
-    from spec_tests.bugs import CATALOG, apply_patch, get_bug, reference_sources
+    from spec_tests.bugs import CATALOG, apply_patch, get_bug, reference_sources, related_files
     from spec_tests.harness.judging.results import Status
 
     names = [n.strip() for n in args.bugs.split(",") if n.strip()] or list(CATALOG)
@@ -292,7 +314,11 @@ def main(argv=None) -> int:
     results: dict[str, dict] = {}
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes=max(1, min(args.jobs, len(impls))), initializer=_worker_init) as pool:
-        pending = pool.imap_unordered(run_suite, [(impl, args.full_diagnosis) for impl in impls])
+        tasks = [("reference", args.full_diagnosis, ())] + [
+            (f"bug:{b.name}", args.full_diagnosis, related_files(b.bug_class) if args.related_only else ())
+            for b in bugs
+        ]
+        pending = pool.imap_unordered(run_suite, tasks)
         for _ in impls:
             try:
                 result = pending.next(timeout=args.stall_timeout)
@@ -312,6 +338,8 @@ def main(argv=None) -> int:
     verdicts = [judge(b, results[f"bug:{b.name}"]) for b in bugs]
     print()
     print_matrix(verdicts)
+    if args.related_only:
+        print("(--related-only: each bug ran on its class's test files alone, so other files show no kills)")
     print()
 
     problems = []
@@ -339,7 +367,8 @@ def main(argv=None) -> int:
         "(the others fail only in checks that do not compare with the reference's output)"
     )
     print(f"reference: {len(ref['tests'])} tests, {len(ref_failures)} failing, {ref['seconds']:.1f}s")
-    print(f"bugcheck: {len(impls)} suite runs on {args.jobs} workers in {elapsed:.0f}s")
+    scope = " (each bug on its class's test files only)" if args.related_only else ""
+    print(f"bugcheck: {len(impls)} suite runs on {args.jobs} workers in {elapsed:.0f}s{scope}")
     if args.json_path:
         payload = {
             "elapsed_seconds": round(elapsed, 1),
