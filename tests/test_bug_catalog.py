@@ -315,6 +315,8 @@ READINGS = [
     ("clip_norm_without_root", "train_step_matches_reference", "the global norm's square root is left out"),
     ("final_norm_default_eps", "config_norm_eps", "the final norm ignores config norm_eps"),
     ("train_adamw_decay_after_lr_scale", "train_defaults_to_adamw", "the weight decay is added after the learning"),
+    ("train_adamw_step_count_per_parameter", "train_defaults_to_adamw and llama",
+     "advanced inside the loop over parameters"),
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),

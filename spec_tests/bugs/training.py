@@ -520,6 +520,25 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_step_count_per_parameter",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
+            moment='s["m"].lerp_(p.grad, 0.1)\n'
+            '                    self.t = getattr(self, "t", 0) + 1  # the bug: one count, advanced per parameter',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * (s["m"] / (1 - 0.9**self.t)) / ((s["v"] / '
+            "(1 - 0.999**self.t)).sqrt() + 1e-8))",
+        ),
+        explanation="train's AdamW keeps one step count for the whole optimizer and advances it inside the loop "
+        "over parameters: the i-th parameter's first step is bias-corrected as step i + 1",
+        fix="advance the step count once per step (or keep one per parameter in the optimizer's state)",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_adamw_moments_not_kept",
         "training",
         TRAINING,

@@ -83,6 +83,12 @@ ADAMW_RULES = {
         "instead of 1 / (1 - beta1**t)",
         "store the incremented step count in the optimizer's state: state['step'] += 1, then correct with it",
     ),
+    "step_count_per_parameter": (
+        "AdamW's step count (or its bias-correction powers beta**t) is one counter for the whole optimizer, advanced "
+        "inside the loop over parameters instead of once per step: the i-th parameter of a step is corrected as step "
+        "t = i + 1 of the first, so later parameters take ever smaller first steps",
+        "advance the step count once per step, before the loop (or keep one per parameter in its state)",
+    ),
     "shared_moments": (
         "AdamW's first and second moments are one tensor (v made as a shallow copy of m, v = m.copy() of a list, or "
         "one zeros tensor given to both): each step's two updates act on it, so v is no average of squared "
@@ -126,6 +132,7 @@ class AdamWRule(torch.optim.Optimizer):
         self.rule, self.eps_hat = rule, eps_hat
         # ``stepped_twice``: these parameters (every one where none is given) are stepped twice per step
         self.twice = tuple(twice)
+        self.shared_t = 0  # ``step_count_per_parameter``: the one counter, advanced per parameter
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -143,6 +150,9 @@ class AdamWRule(torch.optim.Optimizer):
                     state.update(t=0, m=m0, v=m0 if self.rule == "shared_moments" else torch.zeros_like(p))
                 state["t"] += 0 if self.rule == "step_count_stuck" and state["t"] else 1
                 t, m, v = state["t"], state["m"], state["v"]
+                if self.rule == "step_count_per_parameter":
+                    self.shared_t += 1
+                    t = self.shared_t
                 if self.rule == "moments_not_stored":  # each step's moments start from zero again
                     m.zero_()
                     v.zero_()
