@@ -487,6 +487,21 @@ def test_nan_rows_beside_a_boolean_mask_are_not_said_to_have_no_mask():
     assert said and all("no input is masked" not in s for s in said), said
 
 
+def test_every_row_nan_with_no_inputs_recorded_is_not_read_as_a_mask():
+    """Every row of a weight read back NaN, with no inputs recorded to read a mask from (held-out batch 63's loader
+    leaving a projection in torch.empty's memory): a NaN reached every position, said without confidence, never
+    "a row with every key masked" with it. Some rows NaN, the others right, stays the mask's reading."""
+    expected = torch.randn(6, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    causes = structural_causes(expected, torch.full_like(expected, float("nan")), atol=1e-8, rtol=1e-8)
+    said = [c for c in causes if c.code == "nan_rows"]
+    assert said and all("every key masked" not in c.summary and c.confidence < 0.8 for c in said), said
+    assert "never filled" in said[0].summary
+    one_row = expected.clone()
+    one_row[0] = float("nan")
+    causes = structural_causes(expected, one_row, atol=1e-8, rtol=1e-8)
+    assert any("every key masked" in c.summary for c in causes if c.code == "nan_rows"), causes
+
+
 def test_rope_pairing_needs_a_named_channel_axis():
     """A distribution over the vocabulary wrong only in its even entries (probabilities put back on the wrong ids)
     names no RoPE pairing: the last axis is not a named channel axis (held-out batches 28 and 30)."""

@@ -19,7 +19,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cause as cause_module
-from .cause import EXACT, EXACT_SHARED, LOCAL, WEAK, Cause, as_array, as_float, close, fits, fmt_indices, nice_number
+from .cause import (
+    AMBIGUOUS,
+    EXACT,
+    EXACT_SHARED,
+    LOCAL,
+    WEAK,
+    Cause,
+    as_array,
+    as_float,
+    close,
+    fits,
+    fmt_indices,
+    nice_number,
+)
 
 TIME_NAMES = {"t", "q", "tq", "t_q", "i", "query", "queries", "seq", "s_q", "pos", "p", "position", "positions"}
 QUERY_NAMES = {"q", "tq", "t_q", "i", "query", "queries"}
@@ -394,6 +407,21 @@ def _nonfinite_causes(c: _Case) -> list[Cause]:
                     "per row, in the values' own order",
                     f"{n_rows} of {rows.size} rows (last axis) entirely NaN; no -inf or boolean mask among the inputs",
                     LOCAL,
+                )
+            )
+            return out
+        if not c.inputs and rows.all() and a.shape[-2] > 1:  # nothing recorded to read a mask from, and no row spared
+            out.append(
+                Cause(
+                    "nan_rows",
+                    f"every row ({n_rows}) is NaN where the expected values are finite{idx_text}: a NaN reached "
+                    "every position, from a weight that holds NaN (memory never filled: torch.empty neither loaded "
+                    "nor initialised), an overflow or 0/0 upstream, or a mask that leaves no query a key",
+                    "the parameters (is every one loaded or initialised? any NaN in them?) and the first computation "
+                    "that makes a NaN (check isnan after each layer)",
+                    "fill every parameter (load or initialise it); keep at least one allowed key per query",
+                    f"{n_rows} of {rows.size} rows (last axis) entirely NaN, none spared; no inputs recorded",
+                    AMBIGUOUS,
                 )
             )
             return out
