@@ -19,7 +19,7 @@ WHAT = {
     "fewer": "one leading dim fewer",
     "more": "one leading dim more",
     "none": "no leading dims",
-    "strided": "a non-contiguous view",
+    "strided": "a non-contiguous view, stored column-major",
 }
 
 
@@ -54,9 +54,10 @@ def reshaped(args: tuple, kwargs: dict, how: str) -> tuple[tuple, dict]:
 
 def strided(args: tuple, kwargs: dict, core: int) -> tuple[tuple, dict]:
     """The inputs with the first tensor, and every tensor that shares its leading dims, as a non-contiguous view of
-    the same values (stored with its first two axes swapped, then swapped back). An input with one leading dim
-    gets a second one first (two copies, the second with its rows rolled), so that its leading dims cannot be
-    flattened by a view either (``logits.view(-1, V)`` on ``[2, B, V]``)."""
+    the same values: stored in column-major order (its axes reversed, then reversed back), so neither can its
+    leading dims be flattened by a view (``logits.view(-1, V)`` on ``[2, B, V]``) nor is its last axis unit-stride
+    (``torch.view_as_complex``, which RoPE by complex numbers calls, raises on that: held-out batch 64). An input
+    with one leading dim gets a second one first (two copies, the second with its rows rolled)."""
     x = next(a for a in args if isinstance(a, torch.Tensor))
     second = x.ndim - core == 1
 
@@ -65,7 +66,8 @@ def strided(args: tuple, kwargs: dict, core: int) -> tuple[tuple, dict]:
             return v
         if second:
             v = torch.stack([v, v.roll(1, dims=0)])
-        return v.transpose(0, 1).contiguous().transpose(0, 1) if v.ndim >= 2 else v
+        reverse = tuple(reversed(range(v.ndim)))
+        return v.permute(reverse).contiguous().permute(reverse) if v.ndim >= 2 else v
 
     return tuple(change(a) for a in args), {k: change(v) for k, v in kwargs.items()}
 

@@ -317,6 +317,8 @@ READINGS = [
     ("train_adamw_decay_after_lr_scale", "train_defaults_to_adamw", "the weight decay is added after the learning"),
     ("train_adamw_step_count_per_parameter", "train_defaults_to_adamw and llama",
      "advanced inside the loop over parameters"),
+    ("rope_complex_view_of_a_strided_input", "any_leading_dims and rope and strided",
+     "torch.view_as_complex where the last axis is not unit-stride"),
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),

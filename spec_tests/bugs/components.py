@@ -160,6 +160,20 @@ BUGS = (
         explanation="the sinusoidal table puts all sines first and all cosines after, instead of interleaving them",
         fix="pe[:, 0::2] = sin(angle), pe[:, 1::2] = cos(angle)",
     ),
+    Bug(
+        "rope_complex_view_of_a_strided_input",
+        "leading_dims",
+        ("rope",),
+        "positions.py",
+        old="    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)\n",
+        new="    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)\n"
+        '    if style == "interleaved" and x.dtype in (torch.float32, torch.float64):  # the bug: a complex view\n'
+        "        pairs = torch.view_as_real(torch.view_as_complex(pairs))  # needs a unit-stride last axis\n",
+        explanation="rope pairs the channels through a complex view (torch.view_as_complex, as TorchTitan's "
+        "apply_rotary_emb): it raises for an x whose last axis is not unit-stride",
+        fix="x.contiguous() (or reshape) before the complex view, or rotate the pairs with real arithmetic",
+        corner=True,
+    ),
     # ------------------------------------------------------------------ MLPs
     Bug(
         "swiglu_batched_input_only",

@@ -192,6 +192,11 @@ def _layout_probes(name, args, kwargs) -> list[Probe]:
         failing = f"an expanded (stride 0) {', '.join(expanded)}"
     else:
         note = "; any memory layout is allowed (x.view raises on such a view, x.reshape does not)"
+        if any(v.ndim and v.stride(-1) != 1 for v in values if isinstance(v, torch.Tensor) and not v.is_contiguous()):
+            note = (
+                "; any memory layout is allowed (x.view raises on such a view, and torch.view_as_complex where the "
+                "last axis is not unit-stride; x.reshape and x.contiguous() do not)"
+            )
         failing = f"a non-contiguous {', '.join(views)}"
     working = "a contiguous copy of the same values"
     return [Probe(failing, working, *variant, note, exclusive=True)]
