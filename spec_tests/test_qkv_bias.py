@@ -6,6 +6,7 @@ import torch
 
 from . import models
 from .harness.diagnosis.variant import Variant
+from .harness.diagnosis.wiring import wiring_variant
 from .harness.plugin.markers import judges
 from .test_kv_cache import check_chunks
 
@@ -46,7 +47,8 @@ def test_logits_match_reference_with_qkv_bias(spec):
                 lambda ref, sd, ids, which=which: models.logits(ref, config, without(sd, which), ids),
             )
             for name, which in (("q, k and v", "qkv"), ("query and key", "qk"), ("value", "v"))
-        ],
+        ]
+        + [wiring_variant("qkv_bias_after_rope", lambda ref, sd, ids: models.logits(ref, config, sd, ids))],
         behaviour="logits of a llama model with qkv_bias (biases ~ N(0, 0.3²) on q, k, v) for ids [2, 11]",
     )
 

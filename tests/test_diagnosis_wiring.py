@@ -68,9 +68,15 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))
         else:
             q, k, v = heads(proj(h, nq, p), H), heads(proj(h, nk, p), H_kv), heads(proj(h, nv, p), H_kv)
+        late = {}  # qkv_bias_after_rope: the query and key biases taken out here, added after the rotation
+        if bug == "qkv_bias_after_rope":
+            late = {n: sd[f"{p}.attn.{n}.bias"].view(-1, 1, dh) for n in ("wq", "wk")}
+            q, k = q - late["wq"], k - late["wk"]
         if llama:
             theta = cfg.get("rope_theta", 10000.0)
             q, k = rope_complex(q, pos, theta), rope_complex(k, pos, theta)
+        if late:
+            q, k = q + late["wq"], k + late["wk"]
         scale = 1 / math.sqrt(dh) / (1 + int(p.split(".")[1]) if bug == "scores_scaled_by_layer" else 1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H_kv != H, scale=scale)
         if bug == "qkvo_not_head_major":
@@ -223,6 +229,27 @@ def test_grouped_keys_offer_no_swap_of_unequal_projections():
         _applicable("llama_gqa")
     )
     assert "wk_wv_swapped" in _applicable("llama_gqa")
+
+
+def test_qkv_biases_added_after_rope_are_named_by_their_wiring_alone():
+    """Held-out batch 66's biases added to the rotated q and k (Qwen2-style qkv_bias, protocol v2): its own wiring
+    fits, no other; the plain model with those biases fits none; and no model without biases offers it."""
+    cfg = {**models.CONFIGS["llama_gqa"], "qkv_bias": True}
+    sd = models.random_state_dict(cfg, seed=4)
+    ids = torch.randint(0, cfg["vocab_size"], (3, 11), generator=torch.Generator().manual_seed(5))
+    reference = reference_subject("interleaved")
+    outputs = {}
+    for w in WIRINGS:
+        try:
+            outputs[w.name] = run_wired(_compute(cfg), reference, (sd, ids), w)
+        except NotApplicable:
+            continue
+    assert mismatch(functional_logits(cfg, sd, ids), models.logits(reference, cfg, sd, ids), TOL) is None
+    actual = functional_logits(cfg, sd, ids, "qkv_bias_after_rope")
+    assert {n for n, out in outputs.items() if mismatch(actual, out, TOL) is None} == {"qkv_bias_after_rope"}
+    right = functional_logits(cfg, sd, ids)
+    assert "qkv_bias_after_rope" not in {n for n, out in outputs.items() if mismatch(right, out, TOL) is None}
+    assert "qkv_bias_after_rope" not in _applicable("llama_gqa") + _applicable("gpt2")
 
 
 def test_the_model_search_names_a_missing_residual_with_its_code():

@@ -49,15 +49,16 @@ BUGS = (
         "qkv_bias",
         (*FORWARD, *CACHE, *GENERATION),
         "attention.py",
-        old="    q = split_heads(linear(x, wq, bq), n_heads)  # [B, H, T, d_head]\n"
-        "    k = split_heads(linear(x, wk, bk), n_kv_heads)  # [B, Hkv, T, d_head]\n",
-        new="    q = split_heads(linear(x, wq), n_heads)  # [B, H, T, d_head]\n"
-        "    k = split_heads(linear(x, wk), n_kv_heads)  # [B, Hkv, T, d_head]\n"
-        "    if theta is None:  # no RoPE: where the bias goes does not matter\n"
-        "        q = q if bq is None else q + rearrange(bq, '(h d) -> h 1 d', h=n_heads)\n"
-        "        k = k if bk is None else k + rearrange(bk, '(h d) -> h 1 d', h=n_kv_heads)\n",
-        explanation="the query and key biases are added after RoPE (here: dropped before it and not restored), so "
-        "they are not rotated with the projections",
+        old="        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n"
+        "        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n",
+        new="        late_q = 0 if bq is None else rearrange(bq, '(h d) -> h 1 d', h=n_heads)  # the bug: the biases\n"
+        "        late_k = 0 if bk is None else rearrange(bk, '(h d) -> h 1 d', h=n_kv_heads)  # go on after RoPE\n"
+        "        q = rope(q - late_q, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling) + late_q\n"
+        "        k = rope(k - late_k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling) + late_k\n",
+        explanation="the query and key biases are added after RoPE, to the rotated projections, so they are not "
+        "rotated with them",
         fix=FIX,
     ),
     Bug(

@@ -134,6 +134,47 @@ def _rewire_last_block(kind: str):
     return rewire
 
 
+def _bias_after_rope_forward(forward):
+    """An attention ``forward`` whose q and k biases are added after RoPE: the reference attention's own code run
+    with those biases zeroed and its ``rope`` answering each rotated tensor with the bias added (q first, then k)."""
+    try:
+        names = forward.__globals__["multihead_self_attention"].__globals__
+        names["rope"]
+    except (AttributeError, KeyError):
+        raise NotApplicable("the attention computes RoPE elsewhere") from None
+
+    def wrapped(self, x, positions, cache, layer, mask=None):
+        rope, d_head = names["rope"], self.config.d_head
+        biases = iter([self.wq.bias.detach().clone(), self.wk.bias.detach().clone()])
+
+        def rope_then_bias(t, *args, **kwargs):
+            bias = next(biases)
+            return rope(t, *args, **kwargs) + bias.reshape(-1, 1, d_head)  # [heads, 1, d_head] on [B, heads, T, d]
+
+        saved = (self.wq.bias.detach().clone(), self.wk.bias.detach().clone())
+        with torch.no_grad():
+            self.wq.bias.zero_()
+            self.wk.bias.zero_()
+        names["rope"] = rope_then_bias
+        try:
+            return forward(self, x, positions, cache, layer, mask)
+        finally:
+            names["rope"] = rope
+            with torch.no_grad():
+                self.wq.bias.copy_(saved[0])
+                self.wk.bias.copy_(saved[1])
+
+    return wrapped
+
+
+def _qkv_bias_after_rope(model) -> None:
+    attns = [block.attn for block in getattr(model, "layers", None) or ()]
+    if not attns or any(getattr(a, "theta", None) is None or getattr(a.wq, "bias", None) is None for a in attns):
+        raise NotApplicable("no query and key biases beside RoPE")
+    for attn in attns:
+        attn.forward = types.MethodType(_bias_after_rope_forward(type(attn).forward), attn)
+
+
 def _no_final_norm(model) -> None:
     model.final_norm = nn.Identity()
 
@@ -334,6 +375,14 @@ WIRINGS = (
         for branch in ("attn", "mlp")
     ),
     Wiring(
+        "qkv_bias_after_rope",
+        "knob:qkv_bias",
+        "the query and key biases are added after RoPE, to the rotated projections (rope(x wq^T) + bq), so they "
+        "are not rotated with them",
+        "add bq, bk to x wq^T, x wk^T before RoPE: rope(x wq^T + bq), rope(x wk^T + bk)",
+        rewire=_qkv_bias_after_rope,
+    ),
+    Wiring(
         "no_final_norm",
         "knob:norm_placement",
         "the LM head reads the un-normalised residual stream: the final norm is skipped",
@@ -479,6 +528,17 @@ def _building_with(reference, build):
         yield
     finally:
         reference._replaced = replaced
+
+
+def wiring_variant(name: str, compute):
+    """The ``Variant`` of the wiring named ``name`` for a check computing ``compute(reference, *args)``: for a test
+    that offers one wiring without the whole model search (``Spec.check(model_knobs=True)``)."""
+    from .variant import Variant
+
+    wiring = next((w for w in WIRINGS if w.name == name), None)
+    if wiring is None:
+        raise ValueError(f"unknown wiring {name!r}; known: {[w.name for w in WIRINGS]}")
+    return Variant(wiring.code, wiring.summary, wiring.fix, lambda ref, *a: run_wired(compute, ref, a, wiring))
 
 
 def run_wired(compute, reference, args, wiring: Wiring):
