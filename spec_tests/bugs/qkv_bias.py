@@ -49,8 +49,10 @@ BUGS = (
         "qkv_bias",
         (*FORWARD, *CACHE, *GENERATION),
         "attention.py",
-        old="        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n"
-        "        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n",
+        old="        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n"
+        "        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)\n",
         new="        late_q = 0 if bq is None else rearrange(bq, '(h d) -> h 1 d', h=n_heads)  # the bug: the biases\n"
         "        late_k = 0 if bk is None else rearrange(bk, '(h d) -> h 1 d', h=n_kv_heads)  # go on after RoPE\n"
         "        q = rope(q - late_q, positions, theta, style=rope_style, table_size=rope_table_size, "
