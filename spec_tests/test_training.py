@@ -1,6 +1,7 @@
 """Training and evaluation: batches, one optimisation step, the tiny training loop, and
 token-weighted evaluation."""
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable
@@ -848,23 +849,50 @@ def test_train_and_evaluate_take_tokens_of_any_integer_dtype(spec, family):
         "an int16 tensor": tokens.to(torch.int16),
         "a uint8 tensor": tokens.to(torch.uint8),
     }
-    found = {}
+    found, narrow = {}, {}
     for label, data in kinds.items():
-        model = models.build(spec.impl, config, sd, training=True)
-        losses = spec.impl.train(model, data, steps=2, batch_size=2, context_length=8, seed=1)
-        found[label] = (losses, spec.impl.evaluate(model, data, 8, batch_size=4)["loss"])
+        narrow[label] = label != "a long tensor" and not windows_are_long(spec, data)
+        with upstream_windows(spec, narrow[label], label):
+            model = models.build(spec.impl, config, sd, training=True)
+            losses = spec.impl.train(model, data, steps=2, batch_size=2, context_length=8, seed=1)
+            found[label] = (losses, spec.impl.evaluate(model, data, 8, batch_size=4)["loss"])
     want_train, want_eval = found.pop("a long tensor")
     for label, (got_train, got_eval) in found.items():
-        spec.require(
-            same_losses(got_train, want_train),
-            behaviour=f"train on {label} gives the losses it gives on the same tokens as a long tensor",
-            found=f"{got_train} on {label} vs {want_train} on long",
-        )
-        spec.require(
-            same_losses([got_eval], [want_eval]),
-            behaviour=f"evaluate on {label} gives the loss it gives on the same tokens as a long tensor",
-            found=f"{got_eval} on {label} vs {want_eval} on long",
-        )
+        with upstream_windows(spec, narrow[label], label):
+            spec.require(
+                same_losses(got_train, want_train),
+                behaviour=f"train on {label} gives the losses it gives on the same tokens as a long tensor",
+                found=f"{got_train} on {label} vs {want_train} on long",
+            )
+            spec.require(
+                same_losses([got_eval], [want_eval]),
+                behaviour=f"evaluate on {label} gives the loss it gives on the same tokens as a long tensor",
+                found=f"{got_eval} on {label} vs {want_eval} on long",
+            )
+
+
+def windows_are_long(spec, data) -> bool:
+    """The implementation's ``get_batch`` cuts long windows from ``data`` (amendment 29), or is not provided."""
+    if not spec.impl.provides("get_batch"):
+        return True
+    try:
+        x, y = spec.impl.get_batch(data, 2, 8, generator=torch.Generator().manual_seed(0))
+    except Exception:  # noqa: BLE001 - a get_batch that raises on this data cuts no long windows
+        return False
+    return x.dtype == torch.long and y.dtype == torch.long
+
+
+def upstream_windows(spec, narrow: bool, label: str):
+    """Where the implementation's own get_batch cuts windows of ``label`` data that are not long (its own test says
+    so), train and evaluate on the same data are not judged: one dtype slip in the code that cuts windows, charged
+    to get_batch while it fails its own tests."""
+    if not narrow:
+        return contextlib.nullcontext()
+    return spec.unless_failing(
+        ("get_batch",),
+        f"train and evaluate on {label}",
+        f"cuts windows of {label} that are not long (train and evaluate cut theirs from the same data)",
+    )
 
 
 @judges("train", uses=("build_model", "forward", "canonical_state_dict"))

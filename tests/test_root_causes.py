@@ -392,3 +392,13 @@ def test_a_broken_train_beside_a_broken_train_step_is_charged(tmp_path):
     folder = implementation(tmp_path, "clip_after_step", "train_optimizer_made_every_step")
     found = statuses(folder, tmp_path, "train_step_matches or train_keeps")
     assert found[KEEPS] == "FAILED", found
+
+
+@run_ahead
+def test_windows_left_in_the_datas_dtype_cost_get_batch_once(tmp_path):
+    """Token data kept in its own dtype (numpy uint16 windows) fails get_batch's own test; train and evaluate on the
+    same data, which cut their windows the same way, are its consequence (held-out batch 65), never a second
+    charge, while the same test on long data still judges them."""
+    found = statuses(implementation(tmp_path, "token_data_keeps_its_dtype"), tmp_path, "any_integer_dtype or windows")
+    assert found["test_training.py::test_get_batch_windows_and_shift[numpy-uint16]"] == "FAILED", found
+    assert found["test_training.py::test_train_and_evaluate_take_tokens_of_any_integer_dtype[llama]"] == "CONSEQUENCE"
