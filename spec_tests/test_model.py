@@ -36,6 +36,19 @@ def ids_for(spec, cfg, b=3, t=11, seed=0):
 def test_canonical_state_dict_roundtrip(spec, config):
     """build_model(config, sd) loads canonical weights and canonical_state_dict returns them unchanged (protocol:
     canonical weight names; amendment 1: copied exactly)."""
+    check_roundtrip(spec, config)
+
+
+@judges("canonical_state_dict", uses=("build_model",))
+def test_canonical_state_dict_roundtrip_with_a_gqa_gpt2(spec):
+    """A gpt2 model with fewer kv heads than query heads gives its loaded weights back unchanged: code that fuses
+    wq, wk, wv into one c_attn and splits it back in three equal parts on the way out (as if k and v had n_heads
+    heads) is judged here, the shared configs giving GQA to llama only (protocol: canonical weight names;
+    Conventions, GQA)."""
+    check_roundtrip(spec, models.family_config(spec.impl, "gpt2", need=("gqa",), n_kv_heads=2))
+
+
+def check_roundtrip(spec, config: dict) -> None:
     sd = models.random_state_dict(config, seed=1, device=spec.device)
     got = spec.impl.canonical_state_dict(models.build(spec.impl, config, sd))
     spec.require(
