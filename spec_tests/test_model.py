@@ -751,19 +751,19 @@ def test_initialisation_statistics(spec, family):
             # The sample std of n normal draws has relative standard error 1/sqrt(2n) (<= 0.9% here,
             # n >= 6400); 6% is >= 6.7 standard errors, and the residual/plain ratio is sqrt(8) = 2.8x.
             got = w.double().std().item()
+            found = f"std {got:.4g} over {n} entries (expected {want:.4g} ± 6%)"
+            why = f"{name} is drawn with the wrong standard deviation"
+            if want != 0.02:
+                by_layer = residual_stds(sd, name)
+                found += "; this projection's std by layer: " + ", ".join(f"{v:.4g}" for v in by_layer.values())
+                why = residual_scale_reading(by_layer, config["n_layers"], got) or why
             spec.require(
                 abs(got / want - 1) < 0.06,
                 behaviour=f"{name} ~ N(0, {want:.4g})" + (" (residual projection)" if want != 0.02 else ""),
-                found=f"std {got:.4g} over {n} entries (expected {want:.4g} ± 6%)",
+                found=found,
                 causes=(
-                    "likely cause: "
-                    + (
-                        "the residual projections are not scaled by 1/sqrt(2 n_layers)"
-                        if want != 0.02 and abs(got / 0.02 - 1) < 0.06
-                        else f"{name} is drawn with the wrong standard deviation"
-                    )
-                    + ". Fix: N(0, 0.02) for Linear/Embedding weights, N(0, 0.02/sqrt(2 n_layers)) for wo, "
-                    "w_down, w_proj",
+                    f"likely cause: {why}. Fix: N(0, 0.02) for Linear/Embedding weights, N(0, 0.02/sqrt(2 n_layers)) "
+                    "for wo, w_down, w_proj, the same in every layer",
                 ),
                 codes=("knob:init_std",),
             )
@@ -773,6 +773,35 @@ def test_initialisation_statistics(spec, family):
                 behaviour=f"{name} has mean 0",
                 found=f"mean {mean:.3g} (6 standard errors: {6 * want / math.sqrt(n):.3g})",
             )
+
+
+def residual_stds(sd: dict, name: str) -> dict[int, float]:
+    """The std of the residual projection ``name`` (``layers.{i}.<suffix>``) in every layer, by layer index."""
+    suffix = name.split(".", 2)[2]
+    return {
+        int(k.split(".")[1]): v.double().std().item()
+        for k, v in sd.items()
+        if k.startswith("layers.") and k.split(".", 2)[2] == suffix
+    }
+
+
+def residual_scale_reading(by_layer: dict[int, float], n_layers: int, got: float) -> str | None:
+    """What scale the residual projections' stds ``by_layer`` show, where one rule fits every layer within 6%: none
+    (0.02), or a depth the layer's own index gives (TorchTitan's depth_init: 0.02/sqrt(2 (i + 1)))."""
+
+    def every(rule) -> bool:
+        return len(by_layer) == n_layers and all(abs(v / rule(i) - 1) < 0.06 for i, v in by_layer.items())
+
+    if abs(got / 0.02 - 1) < 0.06:
+        return "the residual projections are not scaled by 1/sqrt(2 n_layers)"
+    if n_layers > 1 and every(lambda i: 0.02 / math.sqrt(2 * (i + 1))):
+        return (
+            "the residual projections are scaled by each layer's own depth, 0.02/sqrt(2 (layer + 1)), instead of "
+            "the model's, 0.02/sqrt(2 n_layers) in every layer (a depth-scaled init keyed on the layer index)"
+        )
+    if every(lambda i: 0.02 / math.sqrt(n_layers)):
+        return "the residual projections are scaled by 1/sqrt(n_layers), without the 2 (two residual adds per layer)"
+    return None
 
 
 @judges("count_parameters", uses=("build_model",))

@@ -201,6 +201,19 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "residual_init_scaled_by_layer_depth",
+        "init",
+        INIT,
+        "model.py",
+        old="        if name.endswith(RESIDUAL_PROJECTIONS):\n            p.normal_(0.0, residual_std)",
+        new="        if name.endswith(RESIDUAL_PROJECTIONS):  # the bug: the layer's depth\n"
+        "            p.normal_(0.0, 0.02 / math.sqrt(2 * (int(name.split('.')[1]) + 1)))",
+        explanation="each layer's residual projections are initialised with std 0.02/sqrt(2 (layer + 1)), scaled by "
+        "the layer's own depth, instead of 0.02/sqrt(2 n_layers) in every layer",
+        fix="one residual std for the model: 0.02/sqrt(2 * n_layers) in every layer",
+        corner=True,
+    ),
+    Bug(
         "d_model_not_divisible_accepted",
         "validation",
         FORWARD,
