@@ -678,6 +678,8 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
             if mismatch(analytic, numeric, tol) is None
             else one_use(spec, config, sd, ids, direction, analytic)
         )
+        if hint is None and mismatch(analytic, numeric, tol) is not None:
+            hint, code = gradient_cut(spec, config, sd, ids)
         spec.close(
             analytic,
             numeric,
@@ -689,6 +691,38 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
             "model changes this derivative too. Fix: one Parameter, used by both",
             hint_code=code or "~knob:tying",
         )
+
+
+def gradient_cut(spec, config, sd, ids) -> tuple[str | None, str]:
+    """Which weights get no gradient at all from the implementation's own loss where the reference's gradient of the
+    same loss reaches them: a part of forward cut from the graph (a detach, ``.data``, a cache write handed back
+    detached, ``torch.no_grad`` around part of it), which changes every derivative that flows through it, the tied
+    matrix's too. ``(None, "")`` where none is cut, or the gradients cannot be read."""
+    from .harness.subject.subject import reference_subject
+
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side measurement: no crash probing
+    x, y = ids[:, :-1], ids[:, 1:]
+    try:
+        got = impl.cross_entropy_grads(models.build(impl, config, sd), x, y)["grads"]
+        ref = reference_subject(impl.rope_style)
+        want = ref.cross_entropy_grads(models.build(ref, config, sd), x, y)["grads"]
+    except Exception:  # noqa: BLE001 - gradients that cannot be read name nothing
+        return None, ""
+    cut = sorted(
+        k
+        for k, g in got.items()
+        if (g is None or not g.any()) and want.get(k) is not None and float(want[k].abs().max()) > 1e-8
+    )
+    if not cut:
+        return None, ""
+    return (
+        f"likely cause: no gradient reaches {', '.join(cut)} (none, or exactly zero, where the specified model's "
+        "loss depends on them): part of forward is cut from the graph there (a .detach() or .data, a cache write "
+        "handed back detached, torch.no_grad around part of it), which changes the tied matrix's derivative too, or "
+        "the weight is no Parameter of the model. Fix: keep forward's computation in the graph (detach only what is "
+        "stored for later calls, not what this call uses)",
+        "knob:detached",
+    )
 
 
 def one_use(spec, config, sd, ids, direction, analytic: float) -> tuple[str | None, str]:

@@ -322,6 +322,8 @@ READINGS = [
     ("qkv_bias_after_rope", "logits_match_reference_with_qkv_bias", "biases are added after RoPE, to the rotated"),
     ("residual_init_scaled_by_layer_depth", "initialisation_statistics and llama",
      "scaled by each layer's own depth"),
+    ("keys_detached_from_the_graph", "tied_head_is_the_embedding_parameter and llama",
+     "no gradient reaches layers.0.attn.wk.weight"),
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),

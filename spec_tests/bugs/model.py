@@ -214,6 +214,19 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "keys_detached_from_the_graph",
+        "tied_weights",
+        (*FORWARD, *TRAINING),
+        "attention.py",
+        old="    if cache is not None:\n        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]",
+        new="    k = k.detach()  # the bug: the keys as a cache keeps them, cut from the graph, used by this call too\n"
+        "    if cache is not None:\n        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]",
+        explanation="attention uses its keys detached (the copy a cache stores, handed back to this call): no "
+        "gradient reaches wk, and every other derivative through the keys is lost with it",
+        fix="use the keys as computed; detach only what is kept for later calls",
+        corner=True,
+    ),
+    Bug(
         "d_model_not_divisible_accepted",
         "validation",
         FORWARD,

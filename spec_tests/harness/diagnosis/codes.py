@@ -93,6 +93,7 @@ KNOBS = {
     "learning_rate": "the given learning rate is not used (the default, or another one, is)",
     "clipping": "gradient clipping is missing, per-parameter, or applied after the step",
     "tying": "the tied LM head is a copy (or a detached use) of the embedding, not the same parameter",
+    "detached": "part of forward is cut from the graph (a detach): some weights get no gradient at all",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
     "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",
