@@ -338,19 +338,25 @@ def undetermined(spec, config, sd, ids):
     )
 
 
-def held_weights(spec, config, sd, ids):
+def held_weights(spec, config, sd, ids, tol=None):
     """``spec.check``'s ``given``: where canonical_state_dict fails, a model that computes the specified logits of the
-    weights it gives back (what it holds) is right; its weights were loaded wrong (a square weight left transposed),
-    which the roundtrip reports (test_canonical_state_dict_roundtrip)."""
+    weights it gives back (what it holds) is right; its weights were loaded wrong (a square weight left transposed,
+    every weight rounded to float32 on the way in), which the roundtrip reports (test_canonical_state_dict_roundtrip).
+    ``tol``: the check's own tolerance (default the model tolerance)."""
 
     def holds() -> bool:
-        if not spec.failing(("canonical_state_dict",)):
+        exact = tol is not None and tol.atol <= EXACT.atol  # a check to float64 rounding: a precision failure counts
+        if not spec.failing(("canonical_state_dict",), **({"precision": True} if exact else {})):
             return True
         raw = unprobed(spec)
         model = models.build(raw, config, sd)
-        held = {k: v.detach().clone() for k, v in raw.canonical_state_dict(model).items()}
+        # the values it holds, in the dtype it was given them (a float64 weight kept as float32 is float32 values)
+        held = {
+            k: v.detach().clone().to(sd[k].dtype if k in sd else v.dtype)
+            for k, v in raw.canonical_state_dict(model).items()
+        }
         want = spec.expected(lambda m, held, ids: models.logits(m, config, held, ids), held, ids, label="held")
-        return mismatch(raw.forward(model, ids), want, tolerance("model", device=spec.device)) is not None
+        return mismatch(raw.forward(model, ids), want, tol or tolerance("model", device=spec.device)) is not None
 
     why = (
         "your model computes the specified logits of the weights it gives back (canonical_state_dict), which are not "

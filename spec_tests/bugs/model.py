@@ -227,6 +227,18 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "weights_rounded_to_float32_at_load",
+        "float64_precision",
+        (*FORWARD,),
+        "model.py",
+        old="        params[name].copy_(value)",
+        new="        params[name].copy_(value.float())  # the bug: a float32 detour (as a checkpoint converter writes)",
+        explanation="loading rounds every given weight to float32 on its way into the model: a float64 model holds "
+        "and gives back float32 values",
+        fix="copy each weight as given (params[name].copy_(value)), in the model's own dtype",
+        corner=True,
+    ),
+    Bug(
         "d_model_not_divisible_accepted",
         "validation",
         FORWARD,

@@ -152,11 +152,13 @@ class FailureRegistry:
         """Those of ``names`` with a failure that can explain a check at math tolerance (of ``kinds``)."""
         return [n for n in names if self.kinds.get(n, set()) & kinds]
 
-    def behaving_wrongly(self, names) -> list[str]:
+    def behaving_wrongly(self, names, *, precision: bool = False) -> list[str]:
         """Those of ``names`` that fail tests that can explain a math check, their own or as consequences of
         other names (a model-bound name whose tests fail because a component does: ``Spec.failing``, for the
-        checks that defer or rebase onto model-bound names; settling resolves such a root to its own roots)."""
-        return [n for n in names if n in self.explaining([n]) or n in self.explained]
+        checks that defer or rebase onto model-bound names; settling resolves such a root to its own roots).
+        ``precision``: for a check to float64 rounding, which a precision failure explains too."""
+        kinds = EXPLAINING_KINDS | {"precision"} if precision else EXPLAINING_KINDS
+        return [n for n in names if n in self.explaining([n], kinds) or n in self.explained]
 
     def same_crash(self, exc: BaseException, candidates) -> list[str]:
         """The candidates charged with a crash at the same place in the implementation's code, of the same

@@ -118,7 +118,7 @@ class Spec:
         subjects=(),
         *,
         sink=None,
-        failing=lambda names: [],
+        failing=lambda names, **_: [],
         upstream=lambda subject, precision=False: [],
         crash_consequences: bool = True,
         charged_upstream=lambda name, exc, subjects=(): [],
