@@ -226,7 +226,7 @@ def with_token_changed(ids: torch.Tensor, p: int, vocab: int) -> torch.Tensor:
     return changed
 
 
-@judges("forward", uses=("build_model",))
+@judges("build_model", uses=("forward",))  # the window is the config's: judged as its logits test judges it
 @pytest.mark.bug_class("sliding_window")
 def test_window_holds_exactly_w_tokens(spec):
     """In a one-layer sliding model the logits at position i depend on the tokens i - W + 1 .. i and on no earlier
@@ -257,7 +257,7 @@ def test_window_holds_exactly_w_tokens(spec):
     )
 
 
-@judges("forward", uses=("build_model",))
+@judges("build_model", uses=("forward",))  # the window is the config's: judged as its logits test judges it
 @pytest.mark.bug_class("sliding_window")
 @given(data=st.data())
 def test_tokens_before_the_window_never_matter(spec, data):
