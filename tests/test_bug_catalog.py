@@ -324,6 +324,8 @@ READINGS = [
      "scaled by each layer's own depth"),
     ("keys_detached_from_the_graph", "tied_head_is_the_embedding_parameter and llama",
      "no gradient reaches layers.0.attn.wk.weight"),
+    ("temperature_divides_the_logits_in_place", "top_p_uses_temperature_scaled_distribution",
+     "it was scaled in place by"),
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),

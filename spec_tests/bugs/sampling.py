@@ -7,6 +7,18 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
+        "temperature_divides_the_logits_in_place",
+        "sampling_order",
+        SAMPLING,
+        "sampling.py",
+        old="    scaled = logits / temperature",
+        new="    scaled = logits.div_(temperature)  # the bug: in place, on the caller's logits",
+        explanation="sampling_probs divides the caller's logits by the temperature in place: the tensor it was given "
+        "comes back scaled",
+        fix="scaled = logits / temperature: a new tensor, the input left as it was",
+        corner=True,
+    ),
+    Bug(
         "sampling_probs_flattens_with_view",
         "leading_dims",
         SAMPLING,

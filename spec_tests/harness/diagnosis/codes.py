@@ -94,6 +94,7 @@ KNOBS = {
     "clipping": "gradient clipping is missing, per-parameter, or applied after the step",
     "tying": "the tied LM head is a copy (or a detached use) of the embedding, not the same parameter",
     "detached": "part of forward is cut from the graph (a detach): some weights get no gradient at all",
+    "in_place": "an input is edited in place (scaled, shifted, masked or sorted in the caller's memory)",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
     "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",

@@ -24,7 +24,7 @@ from . import tolerance_measurement
 from .compare import mismatch, shape_note
 from .results import CheckResult
 from .tolerances import BFLOAT16, EXACT, Tolerance, tolerance
-from .treemap import clone_tensors, floating_dtype, modified_inputs, to_float64
+from .treemap import clone_tensors, floating_dtype, in_place_reading, modified_inputs, to_float64
 
 # protocol name -> ``explain(spec, args, kwargs)``: for a call of that name that raised, ``(roots, why)`` where a
 # correct version of it, composed with the implementation's own failing upstream ``roots``, cannot run either (and
@@ -62,6 +62,11 @@ def first_reading(readings, tol) -> tuple[list[str], list[str]]:
         if found[0]:
             return found
     return [], []
+
+
+IN_PLACE_FIX = (
+    "compute on a copy (x = x / temperature, not x /= temperature; out-of-place ops), never on the caller's tensor"
+)
 
 
 class SpecFailure(AssertionError):
@@ -253,11 +258,14 @@ class Spec:
             self._checking = False
         changed = modified_inputs(pristine, args)
         if changed:  # a failing upstream that edits what it is given: the composed rerun of the test shows it
+            edit = in_place_reading(pristine, args, changed[0])
             self.require(
                 False,
                 subject=subject,
                 behaviour="Inputs are never modified in place (protocol v1, Conventions)",
                 found=f"the implementation changed input(s) {changed} during the call",
+                causes=(f"likely cause: {changed[0]}: {edit}. Fix: {IN_PLACE_FIX}",) if edit else (),
+                codes=("knob:in_place",) if edit else (),
             )
         key = self._key(label)
         args64 = to_float64(pristine)

@@ -58,3 +58,11 @@ def modified_inputs(pristine, args) -> list[str]:
         if path in now
         and not (before.shape == now[path].shape and torch.equal(before, now[path].detach().cpu().to(before.device)))
     ]
+
+
+def in_place_reading(pristine, args, path: str) -> str | None:
+    """What the call did to the input at ``path`` (``diagnosis/in_place.py``), from its copy in ``pristine``."""
+    from ..diagnosis.in_place import in_place_edit
+
+    before, now = dict(tree_leaves(pristine, "args")).get(path), dict(tree_leaves(args, "args")).get(path)
+    return None if before is None or now is None else in_place_edit(before, now)
