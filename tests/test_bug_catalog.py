@@ -326,6 +326,8 @@ READINGS = [
      "no gradient reaches layers.0.attn.wk.weight"),
     ("temperature_divides_the_logits_in_place", "top_p_uses_temperature_scaled_distribution",
      "it was scaled in place by"),
+    ("train_adamw_step_count_by_parameter_count", "train_keeps_its_optimizer_state_across_steps",
+     "step s is corrected as step 1 + P (s - 1)"),
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),

@@ -539,6 +539,40 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_step_count_by_parameter_count",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="""    class _AdamW(torch.optim.Optimizer):  # AdamW written out, ggml's shape
+        def __init__(self, params, lr):
+            super().__init__(params, dict(lr=lr))
+            self.iter = 1
+
+        @torch.no_grad()
+        def step(self):
+            c1, c2 = 1 / (1 - 0.9**self.iter), 1 / (1 - 0.999**self.iter)  # the corrections, once per step
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    s = self.state[p]
+                    if not s:
+                        s.update(m=torch.zeros_like(p), v=torch.zeros_like(p))
+                    s["m"].lerp_(p.grad, 0.1)
+                    s["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                    p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * s["m"] * c1 / ((s["v"] * c2).sqrt() + 1e-8))
+                    self.iter += 1  # the bug: inside the loop over parameters
+
+    optimizer = _AdamW(model.parameters(), lr=lr)""",
+        explanation="train's AdamW advances its iteration count inside the loop over parameters while it computes "
+        "the bias corrections once per step: the first step is right, the second is corrected as step 1 + P for P "
+        "parameters",
+        fix="advance the iteration count once per step, after the loop over parameters",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_adamw_moments_not_kept",
         "training",
         TRAINING,

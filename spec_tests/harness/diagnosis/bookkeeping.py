@@ -89,6 +89,12 @@ ADAMW_RULES = {
         "t = i + 1 of the first, so later parameters take ever smaller first steps",
         "advance the step count once per step, before the loop (or keep one per parameter in its state)",
     ),
+    "step_count_by_parameter_count": (
+        "AdamW's step count advances inside the loop over parameters while the bias corrections are computed once, "
+        "before it: the first step is right, and step s is corrected as step 1 + P (s - 1) for P parameters, so "
+        "from the second step on the moments are barely corrected",
+        "advance the step count once per step, after (or before) the loop over parameters, not inside it",
+    ),
     "shared_moments": (
         "AdamW's first and second moments are one tensor (v made as a shallow copy of m, v = m.copy() of a list, or "
         "one zeros tensor given to both): each step's two updates act on it, so v is no average of squared "
@@ -136,6 +142,7 @@ class AdamWRule(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        step_t = self.shared_t + 1  # ``step_count_by_parameter_count``: the corrections' count, read before the loop
         for group in self.param_groups:
             lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             params = list(group["params"])
@@ -153,6 +160,9 @@ class AdamWRule(torch.optim.Optimizer):
                 if self.rule == "step_count_per_parameter":
                     self.shared_t += 1
                     t = self.shared_t
+                elif self.rule == "step_count_by_parameter_count":
+                    self.shared_t += 1
+                    t = step_t
                 if self.rule == "moments_not_stored":  # each step's moments start from zero again
                     m.zero_()
                     v.zero_()
