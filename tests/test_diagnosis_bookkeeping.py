@@ -34,12 +34,16 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
     m = [torch.zeros_like(p) for p in params]
     v = [torch.zeros_like(p) for p in params]
     b1, b2 = betas
-    counts = [0 for _ in params]
+    counts, shared = [0 for _ in params], 0  # each parameter's count; one count for the optimizer (two slips)
     for _ in range(steps):
+        step_t = shared + 1  # step_count_by_parameter_count: the corrections' count, read before the loop
         for i, g in enumerate(grads_at(params)):
             for _ in range(2 if slip == "stepped_twice" else 1):  # a parameter listed twice: two updates, one g
                 counts[i] += 1
+                shared += 1
                 t = 1 if slip == "step_count_stuck" else counts[i]  # the count computed, never stored
+                t = shared if slip == "step_count_per_parameter" else t
+                t = step_t if slip == "step_count_by_parameter_count" else t
                 if slip == "coupled_decay":
                     g = g + wd * params[i]
                 if slip == "moments_not_stored":  # the updated moments never stored: every step's start from zero
