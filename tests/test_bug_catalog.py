@@ -198,8 +198,8 @@ def test_independent_sampling_implementation_gets_the_catalog_diagnosis():
 
     logits = inputs.randn(4, 67, seed=31) * torch.tensor([0.3, 1.0, 2.5, 5.0], dtype=torch.float64)[:, None]
 
-    def compute(m):
-        return m.sampling_probs(logits, temperature=0.5, top_p=0.9)
+    def compute(m):  # on a copy: a catalogued bug edits its input in place (temperature_divides_the_logits_in_place)
+        return m.sampling_probs(logits.clone(), temperature=0.5, top_p=0.9)
 
     found = matching_bugs("sampling_probs", compute, compute(fixture), tolerance("pointwise"), "interleaved")
     assert "top_p_drops_crossing_token" in [b.name for b in found]

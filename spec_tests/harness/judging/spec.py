@@ -271,7 +271,7 @@ class Spec:
         args64 = to_float64(pristine)
         expected = self.expectations.value(key, lambda ref: compute(ref, *args64), args64)
         subject = subject or (self.subjects[0] if self.subjects else "")
-        self.expectations.observe_check(key, subject, lambda bug: compute(bug, *pristine))
+        self.expectations.observe_check(key, subject, lambda bug: compute(bug, *clone_tensors(pristine)))
         if tol is None and tolerance_measurement.enabled():  # only checks judged at a math tolerance
             dtype = tolerance_dtype(kind, args)
             tolerance_measurement.record(
@@ -373,7 +373,7 @@ class Spec:
                 axes=axes,
                 rope_style=self.impl.rope_style,
                 known_bugs=lambda: self.expectations.known_bugs(
-                    key, subject, lambda bug: compute(bug, *pristine), actual, tol
+                    key, subject, lambda bug: compute(bug, *clone_tensors(pristine)), actual, tol
                 ),
                 input_dtype=floating_dtype(pristine),
                 second=second,
