@@ -24,6 +24,10 @@ def test_a_sort_into_the_input_is_read_as_a_reordering():
     assert "reordered in place" in in_place_edit(X, X.sort(-1).values)
 
 
+def test_an_input_zeroed_in_place_is_read_as_zeroed():
+    assert "set to zero in place" in in_place_edit(X, torch.zeros_like(X))
+
+
 def test_an_edit_no_simple_operation_explains_names_none():
     assert in_place_edit(X, X.exp()) is None
     assert in_place_edit(X, X[:, :3]) is None

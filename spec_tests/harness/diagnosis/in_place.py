@@ -25,7 +25,9 @@ def in_place_edit(before: torch.Tensor, after: torch.Tensor) -> str | None:
     if (scale & finite).any():
         ratios = a[scale & finite] / b[scale & finite]
         r = float(np.median(ratios))
-        if r != 1 and np.allclose(ratios, r, rtol=1e-9, atol=0) and np.allclose(a[~scale], 0):
+        if r == 0 and np.allclose(a, 0):
+            return "it was set to zero in place (x.zero_(), or x.mul_(0), on the caller's tensor)"
+        if r not in (0, 1) and np.allclose(ratios, r, rtol=1e-9, atol=0) and np.allclose(a[~scale], 0):
             return (
                 f"it was scaled in place by {r:.6g} (divided by {1 / r:.6g}: x /= temperature, or x.div_(...) on the "
                 "caller's tensor)"
