@@ -78,8 +78,8 @@ def run_one(task: tuple) -> dict:
 
     torch.manual_seed(bugcheck._INITIAL_SEED)
     recorder = bugcheck.Recorder()
-    targets = [str(ROOT / "spec_tests" / f"{f}.py") for f in files] if files else [str(ROOT / "spec_tests")]
-    args = [*targets, f"--spec-impl={impl}", f"--spec-seed={seed}", "-q", "-p", "no:cacheprovider"]
+    args = [*bugcheck.suite_paths(tuple(files or ())), f"--spec-impl={impl}", f"--spec-seed={seed}"]
+    args += ["-q", "-p", "no:cacheprovider"]
     args += [f"--hypothesis-profile={bugcheck.PROFILE}", "--rootdir", str(ROOT), "-W", "ignore"]
     if impl.startswith("bug:"):
         args.append(f"--spec-diagnosis-bugs={impl[4:]}")
