@@ -1426,6 +1426,9 @@ def adamw_losses(
     matrices_only = matrices_only or keras
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
     params = list(leaves.values())
+    if rule == "step_count_per_parameter":  # a count read per parameter: the implementation's own order of them
+        order = [k for k in m.parameter_order(models.build(m, cfg, sd)) if k in leaves]
+        params = [leaves[k] for k in order] + [v for k, v in leaves.items() if k not in order]
 
     def optimizer():
         groups = (

@@ -83,3 +83,32 @@ def test_a_padded_vocabulary_holds_the_tied_embedding_as_a_slice():
     model.head = torch.nn.Parameter(model.emb.detach().clone())  # the head a copy: two such matrices
     facts = parameter_facts(impl, model)
     assert facts["embedding"] == 1 and sum(s == [v + 3, d] for s in facts["shapes"]) == 2, facts
+
+
+def test_parameter_order_follows_the_models_own_parameters():
+    """An optimizer loops over model.parameters(); an order-dependent slip (a step count read per parameter, held-out
+    batch 60) follows that order, which is not the canonical one: parameter_order gives the canonical names in it,
+    names sharing one parameter (a fused qkv) together, in their canonical order."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from spec_tests.harness.subject.model_ops import parameter_order
+
+    class Fused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Parameter(torch.randn(2, 3, dtype=torch.float64))
+            self.qkv = torch.nn.Parameter(torch.randn(6, 3, dtype=torch.float64))
+            self.emb = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+
+    impl = SimpleNamespace(
+        canonical_state_dict=lambda m: {
+            "tok_embeddings.weight": m.emb.detach(),
+            "wq": m.qkv.detach()[:2],
+            "wk": m.qkv.detach()[2:4],
+            "wv": m.qkv.detach()[4:],
+            "lm_head.weight": m.head.detach(),
+        }
+    )
+    assert parameter_order(impl, Fused()) == ["lm_head.weight", "wq", "wk", "wv", "tok_embeddings.weight"]

@@ -175,6 +175,25 @@ def parameter_facts(impl, model) -> dict:
     }
 
 
+def parameter_order(impl, model) -> list[str]:
+    """The canonical names in the order of the model's own parameters (``model.parameters()``), each where the
+    parameter its first element comes from stands; names the sources cannot place come last, in canonical order.
+    What an optimizer looping over the model's parameters meets first (an order-dependent slip follows it)."""
+    params = list(model.parameters())
+    starts = _offsets(params)
+    sources = canonical_sources(impl, model)
+
+    def owner(name):
+        source = sources.get(name)
+        if source is None or source.numel() == 0:
+            return len(params)
+        first = int(source.reshape(-1)[0])
+        return max(i for i, start in enumerate(starts) if start <= first)
+
+    names = list(sources)
+    return sorted(names, key=lambda n: (owner(n), names.index(n)))
+
+
 def _embedding_source(impl, model, params) -> tuple[int, torch.Tensor] | None:
     """``(index, local)``: the parameter every element of the canonical token embedding comes from, and each
     element's flat index within it (shaped as the canonical weight); None where no one parameter holds them all."""
@@ -299,6 +318,7 @@ OPS = {
         manual_seed,
         make_optimizer,
         parameter_facts,
+        parameter_order,
         embedding_grad,
         grads_present,
         observe_modes,
@@ -311,6 +331,7 @@ OPS = {
 OP_USES = {
     "build": ("build_model",),
     "parameter_facts": ("canonical_state_dict",),
+    "parameter_order": ("canonical_state_dict",),
     "embedding_grad": ("canonical_state_dict", "forward"),
     "cross_entropy_grads": ("forward", "canonical_state_dict"),
     "correct_steps": ("forward",),

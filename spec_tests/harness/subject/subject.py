@@ -139,6 +139,9 @@ class Subject:
     def parameter_facts(self, model) -> dict:
         return self.op("parameter_facts", model)
 
+    def parameter_order(self, model) -> list:
+        return self.op("parameter_order", model)
+
     def embedding_grad(self, model, ids):
         return self.op("embedding_grad", model, ids)
 
