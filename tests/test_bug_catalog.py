@@ -328,6 +328,8 @@ READINGS = [
      "it was scaled in place by"),
     ("train_adamw_step_count_by_parameter_count", "train_keeps_its_optimizer_state_across_steps",
      "step s is corrected as step 1 + P (s - 1)"),
+    ("weights_rounded_to_float32_at_load", "canonical_state_dict_roundtrip and llama_gqa",
+     "the error is at the level of float32 rounding"),
     ("flash_skips_by_the_first_query", "flash_attention_matches_reference",
      "a key block is skipped when it starts after the query block's first query"),
     ("gqa_heads_merged_group_minor", "multihead_attention_layout", "merged in (query heads per group, kv heads)"),
