@@ -679,13 +679,10 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
         # Measured: the reference agrees to 6e-6 relative, a float32-internal model to 4e-5 absolute; a
         # missing use (head or lookup) changes these directional derivatives by 0.03 to 0.5.
         tol = Tolerance(1e-4, 1e-3, "Richardson-extrapolated central difference, h = 1e-3", "finite difference")
-        hint, code = (
-            (None, "")
-            if mismatch(analytic, numeric, tol) is None
-            else one_use(spec, config, sd, ids, direction, analytic)
-        )
-        if hint is None and mismatch(analytic, numeric, tol) is not None:
-            hint, code = gradient_cut(spec, config, sd, ids)
+        hint, code = None, ""
+        if mismatch(analytic, numeric, tol) is not None:  # which use is missing, else which weights no gradient reaches
+            hint, code = one_use(spec, config, sd, ids, direction, analytic)
+            hint, code = (hint, code) if hint else gradient_cut(spec, config, sd, ids)
         spec.close(
             analytic,
             numeric,
