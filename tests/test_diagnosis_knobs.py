@@ -84,3 +84,26 @@ def test_two_rope_scaling_parameters_read_in_each_other_s_place_are_named():
     assert [v.summary for v in found] == ["the yarn scaling reads beta_fast and beta_slow in each other's place "
                                           "(exchanged)"]  # fmt: skip
     assert fitting_variants(variants("yarn", call), call(reference, SCALINGS["yarn"], x), tol, reference, x) == []
+
+
+def test_a_second_observation_parts_mistakes_that_fit_the_first_alike():
+    """Where several mistakes fit, one whose ``confirm`` says it does not explain a second observation is dropped;
+    one that cannot tell (None, or a raising confirm) is kept; where every one is ruled out all are kept (a second
+    observation that explains nothing decides nothing)."""
+    from spec_tests.harness.diagnosis.variant import Variant, confirmed, fitting_variants, variant_lines
+    from spec_tests.harness.judging.tolerances import tolerance
+
+    def raises():
+        raise RuntimeError("cannot run")
+
+    make = lambda name, confirm: Variant("knob:adamw_rule", name, f"fix {name}", lambda: torch.ones(3), confirm=confirm)
+    right, wrong, unsure, broken = make("a", lambda: True), make("b", lambda: False), make("c", None), make("d", raises)
+    tol = tolerance("training")
+    assert fitting_variants([right, wrong], torch.ones(3), tol) == [right]
+    assert variant_lines(fitting_variants([right, wrong], torch.ones(3), tol))[0][0].startswith("likely cause: a.")
+    assert confirmed([right, wrong, unsure, broken]) == [right, unsure, broken]
+    also_wrong = make("e", lambda: False)
+    assert confirmed([wrong, also_wrong]) == [wrong, also_wrong]
+    calls = []
+    alone = make("f", lambda: calls.append(1) or False)
+    assert confirmed([alone]) == [alone] and calls == []  # one mistake fits: nothing to part, no second run

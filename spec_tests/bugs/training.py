@@ -468,6 +468,24 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_v_hat_beta1",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.format(
+            state=FRESH_STATE,
+            moment='s["m"].mul_(0.9).add_(p.grad, alpha=0.1)',
+            update='v_hat = s["v"] / (1 - 0.9 ** s["t"])  # the bug: beta1 in the second correction\n'
+            '                    p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
+        ),
+        explanation="train's AdamW bias-corrects its second moment with beta1 (v / (1 - beta1**t)): its early steps "
+        "are about 10x too large, shrinking slowly",
+        fix="v_hat = v / (1 - beta2**t)",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_adamw_decay_after_lr_scale",
         "training",
         TRAINING,

@@ -207,15 +207,19 @@ DECAY_SETTINGS = (
 )
 
 
-def adamw_variants(losses_with) -> list[Variant]:
+def adamw_variants(losses_with, confirm=None) -> list[Variant]:
     """``Variant``s for a check of AdamW's losses: ``losses_with(rule, weight_decay=, matrices_only=)`` computes them
-    with ``AdamWRule`` at each of ``DECAY_SETTINGS``."""
+    with ``AdamWRule`` at each of ``DECAY_SETTINGS``. ``confirm(rule, weight_decay=, matrices_only=)``: whether the
+    rule explains a longer run too (``Variant.confirm``)."""
     return [
         Variant(
             "knob:adamw_rule",
             summary + said,
             fix,
             lambda rule=rule, wd=wd, mats=mats: losses_with(rule, weight_decay=wd, matrices_only=mats),
+            confirm=None
+            if confirm is None
+            else lambda rule=rule, wd=wd, mats=mats: confirm(rule, weight_decay=wd, matrices_only=mats),
         )
         for rule, (summary, fix) in ADAMW_RULES.items()
         for wd, mats, said in DECAY_SETTINGS

@@ -37,6 +37,9 @@ class Variant:
     where: str = ""
     knob: tuple | None = None
     weak: bool = False  # it fits, but moves the value by few tolerances: weak evidence (``fitting_variants``)
+    # a second observation the mistake must explain too, where several fit the first: True where it does, False where
+    # it does not (the variant is dropped), None where it cannot tell (``confirmed``)
+    confirm: Callable | None = None
 
 
 # A variant that moves the value by less than this many tolerances from the specified one is weak evidence where it
@@ -74,7 +77,24 @@ def fitting_variants(variants, actual, tol: Tolerance, *args, expected=None) -> 
             apart = None if expected is None else mismatch(out, expected, tol)
             close = apart is not None and apart.ratio is not None and apart.ratio < SEPARATION
             found.append(replace(v, weak=True) if close or nan_only else v)
-    return found
+    return confirmed(found)
+
+
+def confirmed(found: list) -> list:
+    """Where several distinct mistakes fit (codes and fixes apart), those a second observation does not rule out
+    (``Variant.confirm``; held out: AdamW's second moment corrected with beta1 and an undamped first moment give the
+    same losses on a few steps and part on a longer run). All of them where it rules out every one."""
+    if len({(v.code, v.fix) for v in found}) < 2 or not any(v.confirm for v in found):
+        return found
+    kept = []
+    for v in found:
+        try:
+            verdict = v.confirm() if v.confirm is not None else None
+        except Exception:  # noqa: BLE001 - a second observation that cannot be made rules nothing out
+            verdict = None
+        if verdict is not False:
+            kept.append(v)
+    return kept or found
 
 
 def variant_lines(found) -> tuple[list[str], list[str]]:
