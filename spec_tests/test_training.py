@@ -1430,9 +1430,12 @@ def adamw_losses(
     matrices_only = matrices_only or keras
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in sd.items()}
     params = list(leaves.values())
-    if rule == "step_count_per_parameter":  # a count read per parameter: the implementation's own order of them
-        order = [k for k in m.parameter_order(models.build(m, cfg, sd)) if k in leaves]
+    together = []  # canonical weights whose count advances with the one before (one fused parameter of the model's)
+    if rule in ("step_count_per_parameter", "step_count_by_parameter_count"):  # a count advanced per parameter: the
+        groups = [[k for k in g if k in leaves] for g in m.parameter_order(models.build(m, cfg, sd))]  # model's own
+        order = [k for g in groups for k in g]
         params = [leaves[k] for k in order] + [v for k, v in leaves.items() if k not in order]
+        together = [leaves[k] for g in groups for k in g[1:]]
 
     def optimizer():
         groups = (
@@ -1449,7 +1452,7 @@ def adamw_losses(
             return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=betas)
         if rule == "stepped_twice":  # the tied matrix listed twice: the correct update, applied to it twice
             return AdamWRule(groups, lr=lr, weight_decay=weight_decay, betas=betas, rule=rule, twice=tied)
-        return AdamWRule(groups, lr=lr, weight_decay=weight_decay, betas=betas, rule=rule)
+        return AdamWRule(groups, lr=lr, weight_decay=weight_decay, betas=betas, rule=rule, together=together)
 
     tied = [leaves["tok_embeddings.weight"]] if "lm_head.weight" not in leaves else []
     if rule == "stepped_twice" and not tied:

@@ -118,6 +118,34 @@ def test_each_adamw_slip_is_reproduced_by_its_rule_alone(slip):
     assert fitting == [slip]
 
 
+@pytest.mark.parametrize("slip", ["step_count_per_parameter", "step_count_by_parameter_count"])
+def test_a_count_advanced_per_parameter_counts_a_fused_parameter_once(slip):
+    """The two slips whose count advances per parameter follow the model's own parameters: a fused matrix the
+    canonical names split in three (wq, wk, wv) advances the count once (``together``), as code stepping the fused
+    tensor does; counted per canonical weight, the rule gives other steps."""
+    params, grads_at = _problem()
+    fused = params[0]  # one parameter of the model's: canonically three weights (rows 0-1, 2-3, 4)
+    actual = hand_adamw(params, grads_at, 4, slip)
+
+    def split_grads(ps):
+        g_fused, g_bias = grads_at([torch.cat(ps[:3]), ps[3]])
+        return [g_fused[:2], g_fused[2:4], g_fused[4:], g_bias]
+
+    def split_rule(together):
+        leaves = [p.clone().requires_grad_(True) for p in (fused[:2], fused[2:4], fused[4:], params[1])]
+        opt = AdamWRule(
+            leaves, lr=1e-2, weight_decay=0.1, rule=slip, together=[leaves[1], leaves[2]] if together else ()
+        )
+        for _ in range(4):
+            for p, g in zip(leaves, split_grads([q.detach() for q in leaves])):
+                p.grad = g
+            opt.step()
+        return [torch.cat([p.detach() for p in leaves[:3]]), leaves[3].detach()]
+
+    assert all(mismatch(a, b, EXACT) is None for a, b in zip(actual, split_rule(True)))
+    assert any(mismatch(a, b, EXACT) is not None for a, b in zip(actual, split_rule(False)))
+
+
 def test_adamw_rule_codes_are_known():
     assert codes.is_valid("knob:adamw_rule") and codes.is_valid("knob:data_windows")
 

@@ -88,7 +88,7 @@ def test_a_padded_vocabulary_holds_the_tied_embedding_as_a_slice():
 def test_parameter_order_follows_the_models_own_parameters():
     """An optimizer loops over model.parameters(); an order-dependent slip (a step count read per parameter, held-out
     batch 60) follows that order, which is not the canonical one: parameter_order gives the canonical names in it,
-    names sharing one parameter (a fused qkv) together, in their canonical order."""
+    names sharing one parameter (a fused qkv) in one group, in their canonical order."""
     from types import SimpleNamespace
 
     import torch
@@ -111,4 +111,4 @@ def test_parameter_order_follows_the_models_own_parameters():
             "lm_head.weight": m.head.detach(),
         }
     )
-    assert parameter_order(impl, Fused()) == ["lm_head.weight", "wq", "wk", "wv", "tok_embeddings.weight"]
+    assert parameter_order(impl, Fused()) == [["lm_head.weight"], ["wq", "wk", "wv"], ["tok_embeddings.weight"]]

@@ -131,6 +131,7 @@ class AdamWRule(torch.optim.Optimizer):
         rule="adamw",
         eps_hat=False,
         twice=(),
+        together=(),
     ):
         if rule != "adamw" and rule not in ADAMW_RULES:
             raise ValueError(f"unknown AdamW rule {rule!r}; known: adamw, {', '.join(ADAMW_RULES)}")
@@ -139,6 +140,8 @@ class AdamWRule(torch.optim.Optimizer):
         # ``stepped_twice``: these parameters (every one where none is given) are stepped twice per step
         self.twice = tuple(twice)
         self.shared_t = 0  # ``step_count_per_parameter``: the one counter, advanced per parameter
+        # ... but not for these, which are parts of the parameter before them (a fused qkv's canonical weights)
+        self.together = tuple(together)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -157,12 +160,9 @@ class AdamWRule(torch.optim.Optimizer):
                     state.update(t=0, m=m0, v=m0 if self.rule == "shared_moments" else torch.zeros_like(p))
                 state["t"] += 0 if self.rule == "step_count_stuck" and state["t"] else 1
                 t, m, v = state["t"], state["m"], state["v"]
-                if self.rule == "step_count_per_parameter":
-                    self.shared_t += 1
-                    t = self.shared_t
-                elif self.rule == "step_count_by_parameter_count":
-                    self.shared_t += 1
-                    t = step_t
+                if self.rule in ("step_count_per_parameter", "step_count_by_parameter_count"):
+                    self.shared_t += 0 if any(p is q for q in self.together) else 1
+                    t = self.shared_t if self.rule == "step_count_per_parameter" else step_t
                 if self.rule == "moments_not_stored":  # each step's moments start from zero again
                     m.zero_()
                     v.zero_()

@@ -175,10 +175,11 @@ def parameter_facts(impl, model) -> dict:
     }
 
 
-def parameter_order(impl, model) -> list[str]:
-    """The canonical names in the order of the model's own parameters (``model.parameters()``), each where the
-    parameter its first element comes from stands; names the sources cannot place come last, in canonical order.
-    What an optimizer looping over the model's parameters meets first (an order-dependent slip follows it)."""
+def parameter_order(impl, model) -> list[list[str]]:
+    """The canonical names grouped by the model's own parameters, in their order (``model.parameters()``): each name
+    with the parameter its first element comes from, names sharing one parameter (a fused qkv) in one group in
+    canonical order; names the sources cannot place come last, one group each. What an optimizer looping over the
+    model's parameters meets first, and how many it meets (an order- or count-dependent slip follows it)."""
     params = list(model.parameters())
     starts = _offsets(params)
     sources = canonical_sources(impl, model)
@@ -186,12 +187,15 @@ def parameter_order(impl, model) -> list[str]:
     def owner(name):
         source = sources.get(name)
         if source is None or source.numel() == 0:
-            return len(params)
+            return None
         first = int(source.reshape(-1)[0])
         return max(i for i, start in enumerate(starts) if start <= first)
 
-    names = list(sources)
-    return sorted(names, key=lambda n: (owner(n), names.index(n)))
+    groups: dict = {}
+    for i, name in enumerate(sources):
+        key = owner(name)
+        groups.setdefault(len(params) + i if key is None else key, []).append(name)
+    return [groups[key] for key in sorted(groups)]
 
 
 def _embedding_source(impl, model, params) -> tuple[int, torch.Tensor] | None:
