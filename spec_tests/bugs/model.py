@@ -239,6 +239,25 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "gpt2_export_splits_fused_qkv_in_thirds",
+        "layout",
+        FORWARD,
+        "model.py",
+        old="    return {name: p.detach() for name, p in model.named_parameters()}",
+        new="""    sd = {name: p.detach() for name, p in model.named_parameters()}
+    if model.config.family == "gpt2":  # the bug: exported through GPT-2's fused c_attn, split in equal thirds
+        for i in range(len(model.layers)):
+            for kind in ("weight", "bias"):
+                names = [f"layers.{i}.attn.w{x}.{kind}" for x in "qkv"]
+                if all(n in sd for n in names):
+                    sd.update(zip(names, torch.cat([sd[n] for n in names]).chunk(3)))
+    return sd""",
+        explanation="canonical_state_dict of a gpt2 model goes through a fused qkv matrix split in equal thirds, "
+        "which holds with as many kv heads as query heads only: with GQA, wq takes some of wk's rows",
+        fix="split the fused matrix at d_model and d_model + n_kv_heads * d_head (torch.split with those sizes)",
+        corner=True,
+    ),
+    Bug(
         "d_model_not_divisible_accepted",
         "validation",
         FORWARD,
