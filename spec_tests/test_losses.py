@@ -1,7 +1,9 @@
 """Cross-entropy and the next-token language-model loss."""
 
 import pytest
+import torch
 
+from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
 
@@ -75,6 +77,46 @@ def test_cross_entropy_ignores_ignore_index(spec):
         label="padded",
         behaviour="a padded batch [B, T]: rows with 9, 4 and 13 counted targets weigh by their targets",
     )
+
+
+@judges("cross_entropy")
+@pytest.mark.bug_class("ignore_index")
+def test_cross_entropy_gradient_matches_reference(spec):
+    """The gradient of cross_entropy with respect to its logits is the reference's: (softmax - one-hot) / the number of
+    counted targets on counted rows, and zero on rows whose target is ignore_index (protocol: cross_entropy, which
+    train_step differentiates). Code with a backward pass of its own (a fused kernel's autograd.Function) must give
+    it; held out: a hand-written backward that stopped zeroing the ignored rows, the loss itself unchanged."""
+    logits = spec.inputs.randn(N, S.V, seed=35, scale=3.0)
+    targets = spec.inputs.token_ids(N, seed=36)
+    targets[1::4] = -100
+    spec.check(
+        lambda m, logits, targets: m.input_grads("cross_entropy", [logits, targets])[0],
+        logits,
+        targets,
+        kind="loss",
+        subject="cross_entropy",
+        axes="n v",
+        behaviour="d cross_entropy(logits [N, V], targets with every fourth -100) / d logits",
+        variants=[
+            Variant(
+                "knob:ignore_index",
+                "the rows whose target is ignore_index get a gradient in the backward pass (softmax minus the one-hot "
+                "of class 0, their target read as 0), though the loss leaves them out: the backward does not zero them",
+                "zero the gradient of every row whose target is ignore_index (the loss's mask, applied in the "
+                "backward pass too)",
+                lambda m, logits, targets: ignored_rows_in_backward(logits, targets),
+            )
+        ],
+    )
+
+
+def ignored_rows_in_backward(logits, targets, ignore_index=-100):
+    """d/d logits of the counted rows' mean NLL, plus each ignored row's (softmax - one-hot of class 0) over the same
+    count: a backward pass that does not zero the rows the loss leaves out."""
+    counted = (targets != ignore_index).sum()
+    leaf = logits.detach().clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(leaf, targets.clamp(min=0), reduction="sum") / counted
+    return torch.autograd.grad(loss, leaf)[0]
 
 
 @judges("cross_entropy")

@@ -123,6 +123,20 @@ def test_sampling_probs_any_leading_shape(spec, shape):
             causes=ids_shape_causes(ids.shape, shape[:-1]),
             codes=("shape",) if ids_shape_causes(ids.shape, shape[:-1]) else (),
         )
+    # a draw at temperature > 0 takes the sampling path (torch.multinomial accepts 1-D or 2-D probabilities only; held
+    # out: a sampler handing it [B, T, V] as they came), and gives one id of the row's support per row
+    ids = spec.impl.sample(logits, temperature=0.8, generator=spec.inputs.generator(5))
+    support = spec.impl.sampling_probs(logits, temperature=0.8).cpu() > 0
+    spec.require(
+        tuple(ids.shape) == shape[:-1]
+        and bool(((ids >= 0) & (ids < shape[-1])).all())
+        and bool(support.gather(-1, ids.cpu()[..., None].long()).all()),
+        subject="sample",
+        behaviour=f"sample(temperature=0.8) of logits {list(shape)} draws one id per row, shaped {list(shape[:-1])}",
+        found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}",
+        causes=ids_shape_causes(ids.shape, shape[:-1]),
+        codes=("shape",) if ids_shape_causes(ids.shape, shape[:-1]) else (),
+    )
 
 
 @judges("sampling_probs")

@@ -286,6 +286,8 @@ def variant_steps(
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
         if max_grad_norm is not None and clip == "value":  # each entry clamped to [-max, max]
             torch.nn.utils.clip_grad_value_(params, max_grad_norm)
+        if max_grad_norm is not None and clip == "summed":  # the summed loss's gradients clipped, then averaged
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm / y.numel())
         if max_grad_norm is not None and clip in ("to_norm", "squared"):  # to_norm: the factor max / norm not capped
             # at 1; squared: the sum of squares taken for the norm (no root)
             norm = float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
@@ -419,6 +421,14 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 "gradients rescaled by their global norm",
                 "clip_grad_norm_(model.parameters(), max_grad_norm): one factor min(1, max_grad_norm / norm) for all",
                 with_(clip="value"),
+            ),
+            Variant(
+                "knob:clipping",
+                "the gradients are clipped while they are the summed loss's (before the division by the batch's "
+                "target tokens, as fairseq's trainer normalises by sample_size after clipping if the two are swapped), "
+                "so the mean's gradients are clipped at max_grad_norm / tokens",
+                "divide by the number of target tokens first, then clip_grad_norm_(parameters, max_grad_norm)",
+                with_(clip="summed"),
             ),
             Variant(
                 "knob:clipping",
@@ -933,6 +943,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
                 lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw),
                 confirm=longer_run(spec, config, sd, data, x),
             ),
+            *clipped_per_token(lambda **kw: adamw_losses(spec.impl, config, sd, x, 2, **kw), x.numel()),
             in_bits(lambda: want),
             running_means(lambda: want),
             summed_over(lambda: adamw_losses(spec.impl, config, sd, x, 2, loss_scale=x.numel()), x.numel()),
@@ -1410,6 +1421,7 @@ def adamw_losses(
     schedule=None,
     lr=1e-3,
     keras=False,
+    paper=False,
     loss_scale=1.0,
     clip=1.0,
 ):
@@ -1421,10 +1433,12 @@ def adamw_losses(
     two or more dims alone (nanoGPT's parameter groups); ``schedule(t)``, the learning rate of step ``t`` (from 0) as
     a multiple of ``lr``. ``keras``: a correct AdamW in Keras' conventions (eps 1e-7 on the uncorrected second
     moment, no decay on biases and norm gains), for the tolerance of the tests that pin the learning rate.
+    ``paper``: Kingma and Ba's form as their paper writes it (fairseq's Adam): eps 1e-8 on the uncorrected second
+    moment, every weight decayed.
     ``loss_scale``: the loss (and so its gradients) multiplied by it, as a loss summed over ``loss_scale`` tokens.
     ``clip``: the max_grad_norm (``None``: no clipping)."""
     # the specified AdamW, on the model itself however its parameters are shared
-    if rule is None and not fresh and schedule is None and not keras and loss_scale == 1.0:
+    if rule is None and not fresh and schedule is None and not keras and not paper and loss_scale == 1.0:
         model = models.build(m, cfg, sd)
         return m.correct_steps(model, "adamw", lr, 1e-8, x, x, clip, steps, weight_decay=weight_decay, betas=betas)
     matrices_only = matrices_only or keras
@@ -1446,8 +1460,9 @@ def adamw_losses(
             if matrices_only
             else params
         )
-        if keras:
-            return AdamWRule(groups, lr=lr, eps=1e-7, weight_decay=weight_decay, betas=betas, eps_hat=True)
+        if keras or paper:
+            eps = 1e-7 if keras else 1e-8
+            return AdamWRule(groups, lr=lr, eps=eps, weight_decay=weight_decay, betas=betas, eps_hat=True)
         if rule is None:
             return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=betas)
         if rule == "stepped_twice":  # the tied matrix listed twice: the correct update, applied to it twice
@@ -1478,40 +1493,66 @@ def adamw_losses(
 
 def longer_run(spec, config, sd, data, x, lr: float = 1e-3, steps: int = 6) -> Callable:
     """``confirm(rule, **kw)`` for ``adamw_variants``: whether AdamW with that slip gives train's losses on ``steps``
-    steps too (a fresh model, the same data of one repeated token), in log space within 1.5 times what the settings
-    the protocol leaves open move a correct AdamW's (weight decay 0 to 0.1, beta2 0.95 to 0.999). None where the run
-    gives losses that are not positive and finite. Two slips that give the same two or three losses part later: an
-    undamped first moment keeps its steps 10x too large, a second moment corrected with beta1 lets them shrink (held
-    out: 6.5 times that bound apart on six steps, the right one within a fifth of it)."""
+    steps too (a fresh model, the same data of one repeated token), with its clipping at 1.0 and with none
+    (max_grad_norm=1e9: a slip in the update shows either way, a mistake in the clipping only with it), in log space
+    within 1.5 times what the settings the protocol leaves open move a correct AdamW's (weight decay 0 to 0.1, beta2
+    0.95 to 0.999). None where a run gives losses that are not positive and finite. Two slips that give the same two
+    or three losses part later: an undamped first moment keeps its steps 10x too large, a second moment corrected
+    with beta1 lets them shrink (held out: 6.5 times that bound apart on six steps, the right one within a fifth of
+    it); gradients clipped too hard give the small steps of eps inside the square root, but not once unclipped."""
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     ln = lambda values: [math.log(float(v)) for v in values]
     far = lambda a, b: max(abs(u - v) for u, v in zip(ln(a), ln(b), strict=True))
+    usable = lambda values: values is not None and all(math.isfinite(v) and v > 0 for v in values)
+    clips = (1.0, None)
 
     @functools.cache
     def seen():
-        model = models.build(raw, config, sd, training=True)
-        got = [
-            float(v)
-            for v in raw.train(model, data, steps=steps, batch_size=x.shape[0], context_length=x.shape[1], lr=lr)
-        ]
-        want = adamw_losses(spec.impl, config, sd, x, steps, lr=lr)
-        ends = [
-            adamw_losses(spec.impl, config, sd, x, steps, lr=lr, weight_decay=0.1, betas=(0.9, 0.95)),
-            adamw_losses(spec.impl, config, sd, x, steps, lr=lr, weight_decay=0.0),
-        ]
-        if len(got) != steps or not all(math.isfinite(v) and v > 0 for v in got + want + ends[0] + ends[1]):
-            return None
-        return got, 1.5 * max(far(end, want) for end in ends)
+        found = []
+        for clip in clips:
+            model = models.build(raw, config, sd, training=True)
+            kw = {} if clip == 1.0 else {"max_grad_norm": 1e9}
+            got = raw.train(model, data, steps=steps, batch_size=x.shape[0], context_length=x.shape[1], lr=lr, **kw)
+            got = [float(v) for v in got]
+            want = adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=clip)
+            ends = [
+                adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=clip, weight_decay=0.1, betas=(0.9, 0.95)),
+                adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=clip, weight_decay=0.0),
+            ]
+            if len(got) != steps or not all(usable(v) for v in (got, want, *ends)):
+                return None
+            found.append((got, 1.5 * max(far(end, want) for end in ends)))
+        return found
 
     def confirm(rule, **kw):
         if (found := seen()) is None:
             return None
-        losses = adamw_losses(spec.impl, config, sd, x, steps, lr=lr, rule=rule, **kw)
-        if losses is None or not all(math.isfinite(v) and v > 0 for v in losses):
-            return None
-        return far(found[0], losses) <= found[1]
+        fits = []
+        for clip, (got, bound) in zip(clips, found, strict=True):
+            losses = adamw_losses(spec.impl, config, sd, x, steps, lr=lr, rule=rule, clip=clip, **kw)
+            if not usable(losses):
+                return None
+            fits.append(far(got, losses) <= bound)
+        return all(fits)
 
     return confirm
+
+
+def clipped_per_token(losses_with, tokens: int) -> list[Variant]:
+    """The gradients clipped at max_grad_norm / ``tokens``: clipping applied to the summed loss's gradients, which
+    are then divided by the batch's target tokens (``losses_with(clip=..., paper=...)``: AdamW's losses clipped
+    there). In PyTorch's formulation and in Kingma and Ba's: on the tiny gradients of one repeated token clipped this
+    hard, where eps sits decides the steps (held out: fairseq's trainer with its Adam)."""
+    return [
+        Variant(
+            "knob:clipping",
+            f"the gradients are clipped while they are the summed loss's, before the division by the batch's {tokens} "
+            f"target tokens, so the mean's gradients are clipped at max_grad_norm / {tokens}",
+            "divide by the number of target tokens first, then clip_grad_norm_(parameters, max_grad_norm)",
+            lambda paper=paper: losses_with(clip=1.0 / tokens, paper=paper),
+        )
+        for paper in (False, True)
+    ]
 
 
 def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e-3) -> list[Callable]:
@@ -1578,6 +1619,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
                 lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 3, rule=rule, **kw),
                 confirm=longer_run(spec, config, sd, torch.full((40,), 7), x),
             ),
+            *clipped_per_token(lambda **kw: adamw_losses(spec.impl, config, sd, x, 3, **kw), x.numel()),
             Variant(
                 "knob:optimizer_state",
                 "a new AdamW is made at every step, so its moments and step count never carry over",

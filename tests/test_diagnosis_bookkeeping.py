@@ -53,7 +53,7 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
                     m[i] = m[i] - (1 - b1) * g + g
                 if slip == "shared_moments":  # one tensor for both moments: v's update starts from the new m
                     v[i] = m[i]
-                v[i] = b2 * v[i] + (1 - b2) * g**2
+                v[i] = b2 * v[i] + (1 - (b1 if slip == "v_weight_beta1" else b2)) * g**2
                 if slip == "shared_moments":
                     m[i] = v[i]
                 mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))

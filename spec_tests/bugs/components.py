@@ -240,6 +240,21 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "cross_entropy_ignored_rows_zeroed_without_grad",
+        "ignore_index",
+        ("cross_entropy",),
+        "losses.py",
+        old="    return torch.where(keep, nll, torch.zeros_like(nll))",
+        new="""    nll = nll.clone()
+    with torch.no_grad():  # the bug: the ignored rows are zeroed where autograd does not see it
+        nll[~keep] = 0.0
+    return nll""",
+        explanation="the ignored targets' losses are zeroed under torch.no_grad(), so the loss leaves them out but the "
+        "backward pass still gives their rows the gradient of target 0",
+        fix="mask with torch.where(keep, nll, 0) (or multiply by the mask) inside the graph",
+        corner=True,
+    ),
+    Bug(
         "cross_entropy_no_max_subtraction",
         "stability",
         ("cross_entropy", "lm_loss"),

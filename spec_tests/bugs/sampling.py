@@ -30,6 +30,17 @@ BUGS = (
         fix="flatten with reshape (or not at all: the filters work on [..., V])",
     ),
     Bug(
+        "sample_multinomial_on_any_rank",
+        "leading_dims",
+        SAMPLING,
+        "sampling.py",
+        old='    flat = rearrange(probs, "... v -> (...) v")\n',
+        new="    flat = probs  # the bug: torch.multinomial takes 1-D or 2-D probabilities only\n",
+        explanation="sample hands torch.multinomial the probabilities as they come, which raises for logits of more "
+        "than two dims ([B, T, V]) on the sampling path (temperature > 0)",
+        fix='flatten the leading dims first: rearrange(probs, "... v -> (...) v"), then reshape the ids back',
+    ),
+    Bug(
         "filters_zero_probabilities_unrenormalised",
         "top_k",
         (*SAMPLING, *GENERATION),

@@ -56,6 +56,12 @@ ADAMW_RULES = {
         "steps are sqrt((1 - beta1**t) / (1 - beta2**t)) times too large (10x at the first)",
         "v_hat = v / (1 - beta2**t)",
     ),
+    "v_weight_beta1": (
+        "AdamW's second moment takes the new squared gradient with weight 1 - beta1 instead of 1 - beta2 (v = beta2 "
+        "* v + (1 - beta1) * g**2), so v is 100 times too large with the default betas and every step about 10 times "
+        "too small: the steps of a tenth of the learning rate",
+        "v = beta2 * v + (1 - beta2) * g**2 (v.mul_(beta2).addcmul_(g, g, value=1 - beta2))",
+    ),
     "moment_weights_swapped": (
         "AdamW's first moment weighs the new gradient by beta1 and the old moment by 1 - beta1 (m.lerp_(g, beta1) "
         "where lerp_(g, 1 - beta1) belongs): the first step is 9x too large with beta1 0.9 and the momentum keeps "
@@ -172,7 +178,7 @@ class AdamWRule(torch.optim.Optimizer):
                     m.mul_(b1).add_(g)
                 else:
                     m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                v.mul_(b2).addcmul_(g, g, value=1 - (b1 if self.rule == "v_weight_beta1" else b2))
                 m_hat, v_hat = (m, v) if self.rule == "no_bias_correction" else (m / (1 - b1**t), v / (1 - b2**t))
                 v_hat = v / (1 - b1**t) if self.rule == "v_hat_beta1" else v_hat
                 if self.rule == "unscaled_decay":

@@ -244,6 +244,21 @@ def observe_modes(impl, model, name: str, args: list, kwargs: dict) -> dict:
     return {"result": result, "modes": seen}
 
 
+def input_grads(impl, name: str, args: list, kwargs: dict, cotangent=None) -> list:
+    """The gradients of ``sum(impl.<name>(*args, **kwargs) * cotangent)`` (``cotangent`` None: 1) with respect to each
+    floating-point tensor of ``args`` (None for the others, and for an input the output does not depend on): the
+    backward pass as the code defines it (a fused kernel's ``autograd.Function`` included), computed where the code
+    runs."""
+    leaves = [
+        a.detach().clone().requires_grad_(True) if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+    ]
+    out = getattr(impl, name)(*leaves, **kwargs)
+    total = (out * (1.0 if cotangent is None else cotangent.to(out))).sum()
+    wanted = [leaf for leaf in leaves if torch.is_tensor(leaf) and leaf.requires_grad]
+    grads = iter(torch.autograd.grad(total, wanted, allow_unused=True)) if wanted else iter(())
+    return [next(grads) if torch.is_tensor(leaf) and leaf.requires_grad else None for leaf in leaves]
+
+
 def cross_entropy_grads(impl, model, x, y) -> dict:
     """Loss and gradients of ``cross_entropy(forward(model, x), y)`` under canonical names.
 
@@ -327,6 +342,7 @@ OPS = {
         grads_present,
         observe_modes,
         cross_entropy_grads,
+        input_grads,
         parameter_count,
         correct_steps,
     )

@@ -151,6 +151,10 @@ class Subject:
     def observe_modes(self, model, name: str, *args, **kwargs) -> dict:
         return self.op("observe_modes", model, name, list(args), dict(kwargs))
 
+    def input_grads(self, name: str, args, kwargs=None, cotangent=None) -> list:
+        """The gradients of ``sum(<name>(*args, **kwargs) * cotangent)`` with respect to each floating-point input."""
+        return self.op("input_grads", name, list(args), dict(kwargs or {}), cotangent)
+
     def cross_entropy_grads(self, model, x, y) -> dict:
         return self.op("cross_entropy_grads", model, x, y)
 
