@@ -942,6 +942,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
             *adamw_variants(
                 lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 2, rule=rule, **kw),
                 confirm=longer_run(spec, config, sd, data, x),
+                lr=1e-3,
             ),
             *clipped_per_token(lambda **kw: adamw_losses(spec.impl, config, sd, x, 2, **kw), x.numel()),
             in_bits(lambda: want),
@@ -1524,12 +1525,13 @@ def longer_run(spec, config, sd, data, x, lr: float = 1e-3, steps: int = 6) -> C
             found.append((got, 1.5 * max(far(end, want) for end in ends)))
         return found
 
-    def confirm(rule, **kw):
+    def confirm(rule, **kw):  # rule None, with lr=: the correct AdamW at that rate
         if (found := seen()) is None:
             return None
         fits = []
+        rate = kw.pop("lr", lr)
         for clip, (got, bound) in zip(clips, found, strict=True):
-            losses = adamw_losses(spec.impl, config, sd, x, steps, lr=lr, rule=rule, clip=clip, **kw)
+            losses = adamw_losses(spec.impl, config, sd, x, steps, lr=rate, rule=rule, clip=clip, **kw)
             if not usable(losses):
                 return None
             fits.append(far(got, losses) <= bound)
@@ -1618,6 +1620,7 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
             *adamw_variants(
                 lambda rule, **kw: adamw_losses(spec.impl, config, sd, x, 3, rule=rule, **kw),
                 confirm=longer_run(spec, config, sd, torch.full((40,), 7), x),
+                lr=1e-3,
             ),
             *clipped_per_token(lambda **kw: adamw_losses(spec.impl, config, sd, x, 3, **kw), x.numel()),
             Variant(

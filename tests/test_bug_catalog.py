@@ -311,7 +311,7 @@ READINGS = [
     ("filters_zero_probabilities_unrenormalised", "sampling_probs_match_reference",
      "the kept ones are not renormalised"),
     ("train_adamw_first_moment_undamped", "train_keeps_its_optimizer_state_across_steps",
-     "likely cause: AdamW's first moment is not damped"),
+     "AdamW's first moment is not damped"),
     ("train_adamw_v_hat_beta1", "train_keeps_its_optimizer_state_across_steps",
      "likely cause: AdamW's second moment is bias-corrected with beta1"),
     ("clip_norm_without_root", "train_step_matches_reference", "the global norm's square root is left out"),

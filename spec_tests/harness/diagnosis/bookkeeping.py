@@ -213,11 +213,14 @@ DECAY_SETTINGS = (
 )
 
 
-def adamw_variants(losses_with, confirm=None) -> list[Variant]:
+def adamw_variants(losses_with, confirm=None, lr: float | None = None) -> list[Variant]:
     """``Variant``s for a check of AdamW's losses: ``losses_with(rule, weight_decay=, matrices_only=)`` computes them
-    with ``AdamWRule`` at each of ``DECAY_SETTINGS``. ``confirm(rule, weight_decay=, matrices_only=)``: whether the
-    rule explains a longer run too (``Variant.confirm``)."""
-    return [
+    with ``AdamWRule`` at each of ``DECAY_SETTINGS``. ``confirm(rule, **kw)``: whether the rule explains a longer run
+    too (``Variant.confirm``). With ``lr`` (the rate train was called with), the correct AdamW at 10 times and a tenth
+    of it too (``losses_with(None, lr=...)``): on one repeated token an undamped first moment takes the steps of 10
+    times the rate, a second moment weighted by 1 - beta1 those of a tenth, so where one fits the rate does as well
+    and the line says both."""
+    rules = [
         Variant(
             "knob:adamw_rule",
             summary + said,
@@ -230,6 +233,18 @@ def adamw_variants(losses_with, confirm=None) -> list[Variant]:
         for rule, (summary, fix) in ADAMW_RULES.items()
         for wd, mats, said in DECAY_SETTINGS
     ]
+    rates = [
+        Variant(
+            "knob:learning_rate",
+            f"the steps are those of learning rate {lr * factor:g}, not {lr:g}, the lr train was called with (or "
+            "defaults to): a default or a module-level constant used instead of the argument, or a schedule's value",
+            "use the lr argument, unchanged, at every step",
+            lambda factor=factor: losses_with(None, lr=lr * factor),
+            confirm=None if confirm is None else lambda factor=factor: confirm(None, lr=lr * factor),
+        )
+        for factor in ((10.0, 0.1) if lr is not None else ())
+    ]
+    return rules + rates
 
 
 def in_bits(losses) -> Variant:
