@@ -237,7 +237,7 @@ def test_eval_mode_applies_no_dropout(spec, family):
         not varies,
         behaviour=behaviour,
         found="two eval-mode forward passes under other global seeds give other logits: dropout is on in eval mode",
-        causes=eval_dropout_causes(spec, model) if varies else (),
+        causes=eval_dropout_causes(spec, model, ids) if varies else (),
         codes=("knob:mode",),
     )
     check_logits(
@@ -249,13 +249,33 @@ def test_eval_mode_applies_no_dropout(spec, family):
     )
 
 
-def eval_dropout_causes(spec, model) -> tuple[str, ...]:
+def eval_dropout_causes(spec, model, ids) -> tuple[str, ...]:
     """The cause of dropout on in eval mode: where some of the model's modules still report ``training`` after it
-    was put in eval mode, the mode does not reach them; where every one reports eval, dropout ignores the flag."""
+    was put in eval mode, the mode does not reach them; where every one reports eval and the model in training mode
+    gives the same logits under every seed, the flag is read the wrong way round; else dropout ignores the flag."""
+    raw = getattr(spec.impl, "_subject", spec.impl)
     try:
-        flags = getattr(spec.impl, "_subject", spec.impl).training_flags(model)
+        flags = raw.training_flags(model)
     except Exception:  # noqa: BLE001 - unreadable: the flags say nothing
         flags = []
+    try:  # the model in training mode, under two global seeds (the model is left in eval mode)
+        raw.set_training(model, True)
+        outs = []
+        for seed in (5, 6):
+            raw.manual_seed(seed)
+            outs.append(raw.forward(model, ids).detach())
+        inverted = torch.equal(outs[0], outs[1])
+    except Exception:  # noqa: BLE001 - a reading that cannot run says nothing
+        inverted = False
+    finally:
+        raw.set_training(model, False)
+    if not any(flags) and inverted:
+        return (
+            "likely cause: the mode is read the wrong way round: in eval mode dropout is on (other logits under other "
+            "seeds), in training mode it is off (the same logits under every seed), and every module reports the mode "
+            "it was put in (a flag passed as inference= or deterministic= without negating it, or training=not "
+            "self.training). Fix: apply dropout exactly when the module's training flag is True",
+        )
     if any(flags):
         return (
             f"likely cause: after model.eval(), {sum(flags)} of the model's {len(flags)} modules still report "

@@ -347,8 +347,40 @@ READINGS = [
      "attn.wv.weight come back from canonical_state_dict differently"),
     ("final_norm_without_the_last_residual", "test_logits_match_reference",
      "the final norm reads the last block's MLP output alone"),
+    ("train_adamw_v_weight_beta1", "train_keeps_its_optimizer_state_across_steps",
+     "second moment takes the new squared gradient with weight 1 - beta1"),
+    ("sample_multinomial_on_any_rank", "sampling_probs_any_leading_shape", "sample raises for 3-D input"),
+    ("cross_entropy_ignored_rows_zeroed_without_grad", "cross_entropy_gradient",
+     "the rows whose target is ignore_index get a gradient in the backward pass"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
 ]  # fmt: skip
+
+
+INVERTED_DROPOUT = """
+import torch
+from reference import *  # noqa: F403
+import reference
+
+
+def build_model(config, state_dict=None, **kw):
+    model = reference.build_model(config, state_dict, **kw)
+    for m in model.modules():  # every dropout told training=not m.training (an inference= flag passed on as it is)
+        if isinstance(m, torch.nn.Dropout):
+            m.forward = lambda x, m=m: torch.nn.functional.dropout(x, m.p, training=not m.training)
+    return model
+"""
+
+
+def test_a_dropout_reading_its_mode_the_wrong_way_round_is_named(tmp_path, pytester):
+    """Held out (batch 70): every dropout applied exactly when its module is in eval mode. The model in training mode
+    gives one logits under every seed, so the line names the inverted flag, not a dropout that ignores the mode (the
+    catalogued dropout_mode_inverted inverts the embeddings' dropout alone, which that reading cannot tell)."""
+    (tmp_path / "inverted_dropout.py").write_text(INVERTED_DROPOUT)
+    proc = run_suite(
+        f"--impl={tmp_path / 'inverted_dropout.py'}", "-k", "eval_mode_applies", cwd=ROOT, pytester=pytester
+    )
+    out = proc.stdout + proc.stderr
+    assert " failed" in out and "the mode is read the wrong way round" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("bug,select,said", READINGS, ids=[r[0] for r in READINGS])

@@ -458,6 +458,18 @@ BUGS = (
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),
     Bug(
+        "dropout_mode_inverted",
+        "dropout_generation",
+        (*FORWARD, *GENERATION),
+        "model.py",
+        old="""        x = self.drop(x)""",
+        new="""        x = torch.nn.functional.dropout(x, self.drop.p, training=not self.training)  # the bug""",
+        explanation="the embeddings' dropout is told training=not self.training (an inference= flag passed on as it "
+        "is): it applies in eval mode and not in training mode",
+        fix="F.dropout(x, p, training=self.training), or the nn.Dropout module",
+        corner=True,
+    ),
+    Bug(
         "dropout_in_eval_mode",
         "dropout_generation",
         (*FORWARD, *GENERATION),

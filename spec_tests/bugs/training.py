@@ -486,6 +486,23 @@ BUGS = (
         code="knob:adamw_rule",
     ),
     Bug(
+        "train_adamw_v_weight_beta1",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new=_ADAMW_WRITTEN_OUT.replace("value=0.001)", "value=0.1)  # the bug: 1 - beta1 for 1 - beta2").format(
+            state=FRESH_STATE,
+            moment='s["m"].mul_(0.9).add_(p.grad, alpha=0.1)',
+            update='p.mul_(1 - group["lr"] * 0.01).sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))',
+        ),
+        explanation="train's AdamW takes the new squared gradient into its second moment with weight 1 - beta1 (0.1) "
+        "instead of 1 - beta2: v is 100 times too large and the steps a tenth of their size",
+        fix="v = beta2 * v + (1 - beta2) * g**2",
+        corner=True,
+        code="knob:adamw_rule",
+    ),
+    Bug(
         "train_adamw_decay_after_lr_scale",
         "training",
         TRAINING,

@@ -62,12 +62,29 @@ def _nan_only(actual, expected, tol: Tolerance) -> bool:
     return mismatch(a[finite], e[finite], tol) is None
 
 
+def _nothing_finite(actual, expected) -> bool:
+    """Whether ``actual`` holds no finite entry where ``expected`` holds some: a variant that fits it fits by NaN or
+    inf alone, as every mistake that divides by zero or empties a mean does (held out: an evaluation of one short
+    window that drops it gives NaN, as scoring only each window's second half does)."""
+
+    def numbers(value):
+        if isinstance(value, dict):
+            return torch.cat([numbers(v) for v in value.values()]) if value else torch.zeros(0, dtype=torch.float64)
+        return torch.as_tensor(value, dtype=torch.float64).detach().cpu().flatten()
+
+    try:
+        a, e = numbers(actual), numbers(expected)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return a.numel() > 0 and not bool(torch.isfinite(a).any()) and bool(torch.isfinite(e).any())
+
+
 def fitting_variants(variants, actual, tol: Tolerance, *args, expected=None) -> list:
     """The variants whose output matches ``actual``. With ``expected``, a variant whose own output lies within
     ``SEPARATION`` tolerances of it is marked weak (``Variant.weak``), and so is every fit where ``actual`` differs
     from ``expected`` only by its NaN or inf entries (``_nan_only``)."""
     found = []
-    nan_only = expected is not None and _nan_only(actual, expected, tol)
+    nan_only = expected is not None and (_nan_only(actual, expected, tol) or _nothing_finite(actual, expected))
     for v in variants:
         try:
             out = v.compute(*args)
