@@ -118,6 +118,17 @@ BUGS = (
         fix="softmax over the last axis (keys): each query's weights sum to 1",
     ),
     Bug(
+        "softmax_over_heads",
+        "softmax_dim",
+        (SDPA, MHA),
+        "attention.py",
+        old="    weights = softmax(scores, dim=-1)\n    return einsum(weights, v,",
+        new="    weights = softmax(scores, dim=1)\n    return einsum(weights, v,",
+        explanation="attention weights are normalised over axis 1 of the [B, H, T_q, T_k] scores, the heads (an "
+        "exported Softmax node's axis=1), instead of over the keys",
+        fix="softmax over the last axis (keys): softmax(scores, dim=-1)",
+    ),
+    Bug(
         "gqa_mask_of_the_groups_first_head",
         "gqa",
         (SDPA,),

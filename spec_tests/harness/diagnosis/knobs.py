@@ -731,6 +731,8 @@ def _attend(q, k, v, mask, *, scale=None, tiled=False, dim=-1, mask_mode="apply"
             s = s + mask.to(F64)
         elif mask_mode == "zero":
             s = s.masked_fill(~mask, 0.0)
+        elif mask_mode == "fill_min":  # a finite fill (torch.finfo(dtype).min, -1e4): the same value in every head
+            s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
     return torch.softmax(s, dim) @ v
 
 
@@ -795,6 +797,20 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
             compute=a(dim=-2),
         ),
     ]
+    if q.dim() >= 3 and h > 1:  # held out: an exported graph's Softmax with axis=1 of [B, H, T, T] scores
+        # over the heads, a mask filled with -inf gives NaN, one finite value 1 / H for each masked key, an added one
+        # cancels
+        for mode in ("apply", "fill_min", None):
+            out.append(
+                Variant(
+                    "knob:reduction_dim",
+                    "the softmax runs over the heads (dim 1 of the [B, H, T_q, T_k] scores, dim -3) instead of the "
+                    "keys",
+                    where="the dim of the attention softmax",
+                    fix="softmax over the last axis (keys): softmax(scores, dim=-1)",
+                    compute=a(dim=-3, mask_mode=mode or "ignored"),
+                )
+            )
     power_of_two = h & (h - 1) == 0
     out += [
         Variant(
