@@ -119,6 +119,14 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             x = x + attention(x, p)
             x = norm(x, f"{p}.mlp_norm")
             x = x + mlp(x, p)
+        elif bug == "norm_on_fused_stream":  # a fused add-and-norm's normalised output carried as the stream
+            if i:  # every norm but the first (which has no residual to add) replaces the stream
+                x = norm(x, f"{p}.attn_norm")
+                x = x + attention(x, p)
+            else:
+                x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = norm(x, f"{p}.mlp_norm")
+            x = x + mlp(x, p)
         elif bug == "norm_on_attn_stream":
             x = norm(x, f"{p}.attn_norm")
             x = x + attention(x, p)

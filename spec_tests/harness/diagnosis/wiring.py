@@ -124,6 +124,17 @@ def _rewire_blocks(kind: str):
     return rewire
 
 
+def _rewire_fused_stream(model) -> None:
+    """Every norm but the first replaces the stream with its normalised value: a fused add-and-norm (norm(x, residual)
+    giving the normalised sum and the sum) whose first output is carried on as the residual. The first norm has no
+    residual to add, so block 0's attention residual is right."""
+    layers = getattr(model, "layers", None)
+    if not layers:
+        raise NotApplicable("the model has no blocks")
+    for i, block in enumerate(layers):
+        block.forward = types.MethodType(_block_forward("norm_on_mlp_stream" if i == 0 else "norm_on_stream"), block)
+
+
 def _rewire_last_block(kind: str):
     def rewire(model) -> None:
         layers = getattr(model, "layers", None)
@@ -362,6 +373,15 @@ WIRINGS = (
             rewire=_rewire_blocks(f"norm_on_{branch}_stream"),
         )
         for branch, norm in (("attn", "attn_norm"), ("mlp", "mlp_norm"))
+    ),
+    Wiring(
+        "norm_on_fused_stream",
+        "knob:norm_placement",
+        "each fused add-and-norm hands on its normalised output as the residual stream (norm(x + f) for x + f): every "
+        "norm but the first replaces the stream with its normalised value, so the un-normalised stream is lost",
+        "carry the sum (the fused norm's residual output, x + f) as the stream and feed the normalised one to the "
+        f"branch only: {PRE_NORM}",
+        rewire=_rewire_fused_stream,
     ),
     *(
         Wiring(
