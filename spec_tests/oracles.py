@@ -163,6 +163,8 @@ def evaluate_teacher(
     ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label),
     ``"second_half"`` (each window's predictions from context_length // 2 on, as llama.cpp's perplexity scores),
     ``"windows_count"`` and ``"batches_count"`` (the total NLL divided by the number of windows, or of batches),
+    ``"batch_means_summed"`` and ``"mixed_batch_means_summed"`` (each batch's mean added as if it were its sum, the
+    short window alone or in the last batch),
     ``"tail_right_aligned"`` (the short last window made full length, ending at the last token, every target of it
     scored: the tokens it shares with the window before count twice),
     ``"pad_target"`` and ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its
@@ -202,6 +204,15 @@ def evaluate_teacher(
     elif reduction == "mixed_batch_means":  # batches of batch_size windows in order, the short one in the last
         batches = [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
         loss = float(torch.stack([b.mean() for b in batches]).mean())
+    elif reduction in ("batch_means_summed", "mixed_batch_means_summed"):  # each batch's mean (a mean-reduced loss)
+        # added up as if it were its sum: full windows batch_size at a time and the short one alone, or all in order
+        if reduction == "batch_means_summed":
+            full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
+            batches = [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)]
+            batches += [n for n, (_, length) in zip(nll, spans) if length != context_length]
+        else:
+            batches = [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
+        loss = float(sum(b.mean() for b in batches) / (len(data) - 1))
     elif reduction == "padded_weights":  # batches of batch_size windows, each weighted by its windows x context
         batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
         weights = [len(b) * context_length for b in batches]

@@ -1178,6 +1178,22 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         ),
         Variant(
             "knob:loss_reduction",
+            "each batch's mean NLL (a mean-reduced loss) is added to the total as if it were the batch's sum, and the "
+            "total divided by the predicted tokens: the loss is about batch_size * context_length times too small",
+            "add each batch's summed NLL (its mean times its predicted tokens), or use reduction='sum', then divide by "
+            "the number of predicted tokens",
+            teacher("batch_means_summed"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "each batch's mean NLL (a mean-reduced loss) is added to the total as if it were the batch's sum, and the "
+            "total divided by the predicted tokens: the loss is about batch_size * context_length times too small",
+            "add each batch's summed NLL (its mean times its predicted tokens), or use reduction='sum', then divide by "
+            "the number of predicted tokens",
+            teacher("mixed_batch_means_summed"),
+        ),
+        Variant(
+            "knob:loss_reduction",
             "each batch's mean is weighted by its windows times context_length: a short last window's padding counts "
             "as predicted tokens",
             "weight each batch by its predicted tokens (the padding of a short window predicts nothing)",

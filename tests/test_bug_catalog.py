@@ -348,6 +348,8 @@ READINGS = [
     ("final_norm_without_the_last_residual", "test_logits_match_reference",
      "the final norm reads the last block's MLP output alone"),
     ("softmax_over_heads", "sdpa_matches_reference", "the softmax runs over the heads"),
+    ("evaluate_batch_means_summed", "evaluate_is_token_weighted and llama",
+     "each batch's mean NLL (a mean-reduced loss) is added to the total as if it were the batch's sum"),
     ("train_adamw_v_weight_beta1", "train_keeps_its_optimizer_state_across_steps",
      "second moment takes the new squared gradient with weight 1 - beta1"),
     ("sample_multinomial_on_any_rank", "sampling_probs_any_leading_shape", "sample raises for 3-D input"),

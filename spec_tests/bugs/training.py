@@ -220,6 +220,18 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "evaluate_batch_means_summed",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="                total += token_nll(model(x), y).sum().double().cpu()",
+        new="                total += token_nll(model(x), y).mean().double().cpu()  # the bug: a mean added as a sum",
+        explanation="evaluate adds each batch's mean NLL to its total as if it were the batch's summed NLL, then "
+        "divides by the predicted tokens: the loss is far too small",
+        fix="add each batch's summed NLL (token_nll(...).sum()), then divide by the number of predicted tokens",
+        corner=True,
+    ),
+    Bug(
         "evaluate_mean_of_batch_means",
         "evaluation",
         EVALUATION,
