@@ -832,6 +832,38 @@ def test_initialisation_statistics(spec, family):
             )
 
 
+@judges("build_model", uses=("canonical_state_dict",))
+@pytest.mark.bug_class("init")
+def test_fresh_weights_are_drawn_independently(spec, family):
+    """Each fresh weight is a draw of its own (protocol: build_model, every Linear/Embedding weight ~ N(0, 0.02)): no
+    two weight matrices of a fresh model hold the same values. Held out: a JAX-style initialisation that reused one
+    PRNG key, so wq was the same in every layer and w_gate equalled w_up, each with the right mean and std."""
+    base = INIT_CONFIG if family == "llama" else dict(INIT_CONFIG, family="gpt2", n_kv_heads=8)
+    config = models.supported(spec.impl, base)
+    sd = spec.impl.canonical_state_dict(spec.impl.build(config, None, seed=0))
+    drawn = {n: w for n, w in sd.items() if not n.endswith(("norm.weight", ".bias")) and w.numel() > 1}
+    names = list(drawn)
+    same = [
+        (a, b)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if drawn[a].shape == drawn[b].shape and torch.equal(drawn[a], drawn[b])
+    ]
+    spec.require(
+        not same,
+        behaviour="no two fresh weight matrices are equal (each is drawn on its own)",
+        found=f"{len(same)} pairs hold the same values: "
+        + ", ".join(f"{a} == {b}" for a, b in same[:4])
+        + (" ..." if len(same) > 4 else ""),
+        causes=(
+            "likely cause: one random stream is restarted for each weight (a PRNG key used again without splitting, "
+            "a generator seeded anew before each draw), or one drawn tensor copied into several weights. Fix: draw "
+            "every weight from one advancing generator (split the key once per weight)",
+        ),
+        codes=("knob:init_std",),
+    )
+
+
 def residual_stds(sd: dict, name: str) -> dict[int, float]:
     """The std of the residual projection ``name`` (``layers.{i}.<suffix>``) in every layer, by layer index."""
     suffix = name.split(".", 2)[2]

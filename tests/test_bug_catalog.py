@@ -348,6 +348,7 @@ READINGS = [
     ("final_norm_without_the_last_residual", "test_logits_match_reference",
      "the final norm reads the last block's MLP output alone"),
     ("softmax_over_heads", "sdpa_matches_reference", "the softmax runs over the heads"),
+    ("init_reuses_one_seed", "fresh_weights_are_drawn_independently and llama", "one random stream is restarted"),
     ("evaluate_batch_means_summed", "evaluate_is_token_weighted and llama",
      "each batch's mean NLL (a mean-reduced loss) is added to the total as if it were the batch's sum"),
     ("train_adamw_v_weight_beta1", "train_keeps_its_optimizer_state_across_steps",

@@ -201,6 +201,19 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "init_reuses_one_seed",
+        "init",
+        INIT,
+        "model.py",
+        old="""        else:
+            p.normal_(0.0, 0.02)""",
+        new="""        else:  # the bug: a generator seeded anew for each weight (a PRNG key reused)
+            p.normal_(0.0, 0.02, generator=torch.Generator(p.device).manual_seed(0))""",
+        explanation="every fresh weight is drawn from a generator seeded anew, so weights of one shape are equal (wq "
+        "in every layer, w_gate and w_up), each with the right mean and std",
+        fix="draw every weight from one advancing generator",
+    ),
+    Bug(
         "residual_init_scaled_by_layer_depth",
         "init",
         INIT,
