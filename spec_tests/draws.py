@@ -15,10 +15,28 @@ import torch
 
 
 def follows(counts: torch.Tensor, p: torch.Tensor, n_draws: int, slack: float = 1e-3) -> bool:
-    """Draw frequencies ``counts`` follow ``p``: nothing drawn where p is 0, each within 5.5 standard errors."""
-    p = p.double().cpu()
+    """Draw frequencies ``counts`` follow ``p``: nothing drawn where p is 0, each within 5.5 standard errors, and the
+    tokens never drawn, among those ``p`` gives 8 expected draws or more, together expected fewer than 40 times.
+
+    A filter the options do not ask for (a default top-k of 50 over 67 tokens) leaves out many tokens whose frequencies
+    each stay within their bounds. A set S of tokens goes undrawn with probability (1 - p(S))^n <= e^-40 where its
+    expected draws reach 40; a smallest such set of tokens of 8 or more holds at most 5, so over every set of up to 5
+    of 100 tokens a correct sampler fails this below 1e-9."""
+    p = p.detach().double().cpu()
     bound = 5.5 * (p * (1 - p) / n_draws).sqrt() + slack
-    return not bool(((counts > 0) & (p == 0)).any()) and bool(((counts - p).abs() <= bound).all())
+    within = bool(((counts - p).abs() <= bound).all())
+    return not bool(((counts > 0) & (p == 0)).any()) and within and missed(counts, p, n_draws)[0] < MISSED
+
+
+MISSED = 40  # expected draws of the tokens never drawn (each expected 8 times or more) that fail ``follows``
+
+
+def missed(counts: torch.Tensor, p: torch.Tensor, n_draws: int) -> tuple[float, list[int]]:
+    """The tokens never drawn (``counts`` 0) that ``p`` expects 8 times or more in ``n_draws``, and their expected
+    draws together (``follows`` fails at ``MISSED``)."""
+    expected = p.detach().double().cpu() * n_draws
+    never = (counts.cpu() == 0) & (expected >= 8)
+    return float(expected[never].sum()), torch.nonzero(never).flatten().tolist()
 
 
 def candidates(kw: dict, probs_with: Callable[[dict], torch.Tensor]) -> list[tuple[str, str, torch.Tensor]]:
@@ -40,6 +58,12 @@ def candidates(kw: dict, probs_with: Callable[[dict], torch.Tensor]) -> list[tup
     if t not in (0, 1.0) and filters:
         found.append(("knob:temperature", "the filtered distribution without the temperature",
                       probs_with({**kw, "temperature": 1.0})))  # fmt: skip
+    if kw.get("top_k") is None and t != 0:  # a library's default top_k kept where none was given (Hugging Face's
+        # generation config: 50; llama.cpp: 40)
+        vocab = probs_with({"temperature": t}).shape[-1]
+        for k in (k for k in (40, 50) if k < vocab):
+            found.append(("knob:top_k", f"a default top-k of {k} kept where no top_k was given",
+                          probs_with({**kw, "top_k": k})))  # fmt: skip
     if t != 0:
         found.append(("knob:draw", "a second softmax over the probabilities (a categorical that takes logits given "
                       "probabilities)", probs_with(kw).double().softmax(-1)))  # fmt: skip

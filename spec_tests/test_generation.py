@@ -771,9 +771,10 @@ def test_generate_samples_from_sampling_probs(spec, kw):
     )
     outside = [t for t in torch.nonzero(freq > 0).flatten().tolist() if probs[t] == 0]
     within = bool(((freq - probs).abs() <= bound).all())
+    never, never_drawn = draws.missed(freq, probs, N_DRAWS)
     options = {"temperature": 1.0, **kw}
     causes, codes = ((), ())
-    if outside or not within:  # which classic mistake's distribution the draws follow, if exactly one
+    if outside or not within or never >= draws.MISSED:  # which classic mistake's distribution the draws follow
         logits = one[0, -1].detach()
 
         def probs_with(o):
@@ -799,6 +800,14 @@ def test_generate_samples_from_sampling_probs(spec, kw):
         behaviour=f"generate({kw}) draws its first token with sampling_probs' probabilities",
         found=f"token {worst}: frequency {freq[worst]:.4f}, probability {probs[worst]:.4f} "
         f"(allowed ±{bound[worst]:.4f})",
+        causes=causes,
+        codes=codes,
+    )
+    spec.require(
+        never < draws.MISSED,
+        behaviour=f"generate({kw}) draws every token sampling_probs gives a fair chance",
+        found=f"{len(never_drawn)} tokens never drawn in {N_DRAWS} draws ({never_drawn[:10]}), though sampling_probs "
+        f"expects {never:.0f} draws of them (missing them all by chance: below e^-{draws.MISSED})",
         causes=causes,
         codes=codes,
     )

@@ -349,6 +349,8 @@ READINGS = [
      "the final norm reads the last block's MLP output alone"),
     ("softmax_over_heads", "sdpa_matches_reference", "the softmax runs over the heads"),
     ("init_reuses_one_seed", "fresh_weights_are_drawn_independently and llama", "one random stream is restarted"),
+    ("generate_keeps_a_default_top_k", "generate_samples_from_sampling_probs and defaults",
+     "a default top-k of 50 kept where no top_k was given"),
     ("evaluate_batch_means_summed", "evaluate_is_token_weighted and llama",
      "each batch's mean NLL (a mean-reduced loss) is added to the total as if it were the batch's sum"),
     ("train_adamw_v_weight_beta1", "train_keeps_its_optimizer_state_across_steps",

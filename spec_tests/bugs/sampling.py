@@ -137,6 +137,17 @@ BUGS = (
         code="knob:top_k",
     ),
     Bug(
+        "generate_keeps_a_default_top_k",
+        "sampling_order",
+        GENERATION,
+        "generation.py",
+        old="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",
+        new="            next_id = sample(logits[:, -1], temperature, top_k or 50, top_p, generator)  # the bug",
+        explanation="generate keeps a default top-k of 50 where top_k is None (a generation config's default left "
+        "in place when the caller passes None): sampling_probs and sample are right, generate never draws the rest",
+        fix="pass top_k on as given: None means no top-k filter",
+    ),
+    Bug(
         "top_k_defaults_to_40",
         "top_k",
         (*SAMPLING, *GENERATION),
