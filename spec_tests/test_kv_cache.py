@@ -299,6 +299,27 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                         chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": decoding}),
                     )
                 )
+    if rope is not None and config["family"] != "gpt2" and len(chunks) > 1:
+
+        def other_pairing_when_cached(x, *args, **kwargs):  # a decode kernel's rotary with its own default pairing
+            if offset[0]:  # the cache holds tokens: a call after the first
+                kwargs = {
+                    **kwargs,
+                    "style": "half" if kwargs.get("style", "interleaved") == "interleaved" else "interleaved",
+                }
+            return rope(x, *args, **kwargs)
+
+        found.append(
+            Variant(
+                "knob:rope_style",
+                "calls through a cache that already holds tokens rotate the new queries and keys with the other RoPE "
+                "pairing (interleaved for half, or the reverse: a decode kernel's own default, its pairing argument "
+                "not passed on); the first call is right",
+                "rotate with the declared pairing on every path: pass the style (interleaved=...) to the cached "
+                "path's rotary too",
+                chunks_at(lambda k, n: n, replacements={"rope": other_pairing_when_cached}),
+            )
+        )
     for read, said in (
         ("k", "the keys are written in place of the values too (values read back are the keys)"),
         ("v", "the values are written in place of the keys too (keys read back are the values)"),

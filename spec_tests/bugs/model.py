@@ -457,6 +457,19 @@ BUGS = (
         fix="rotate the new keys at their own positions, then append them: the cache stores keys after RoPE",
     ),
     Bug(
+        "cached_calls_rotate_interleaved",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "model.py",
+        old="            rope_style=self.rope_style,",
+        new='            rope_style="half" if cache is not None and int(positions.flatten()[0]) else self.rope_style,',
+        explanation="calls through a cache that already holds tokens rotate their new queries and keys with the half "
+        "pairing whatever the model's style (a decode kernel's default pairing, the argument not passed on): the "
+        "prefill is right, every later call is not",
+        fix="pass the model's rope_style to the cached path's rotary too",
+        corner=True,
+    ),
+    Bug(
         "cache_keys_never_rotated",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
