@@ -349,6 +349,8 @@ READINGS = [
      "the final norm reads the last block's MLP output alone"),
     ("softmax_over_heads", "sdpa_matches_reference", "the softmax runs over the heads"),
     ("init_reuses_one_seed", "fresh_weights_are_drawn_independently and llama", "one random stream is restarted"),
+    ("cache_attends_unwritten_slots", "cached_logits_equal_full_forward and llama_mha and one-prefill",
+     "attend the whole preallocated buffer"),
     ("cached_calls_rotate_interleaved", "cached_logits_equal_full_forward and llama_mha and chunked",
      "calls through a cache that already holds tokens rotate the new queries and keys with the other RoPE pairing"),
     ("generate_keeps_a_default_top_k", "generate_samples_from_sampling_probs and defaults",

@@ -470,6 +470,22 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "cache_attends_unwritten_slots",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""        self.lengths[layer] = end
+        return self.kv(layer)""",
+        new="""        self.lengths[layer] = end
+        pad = (0, 0, 0, self.config.context_length - end)  # the bug: the whole buffer, unwritten slots too
+        pad_ = torch.nn.functional.pad
+        return pad_(self.key_buffers[layer][..., :end, :], pad), pad_(self.value_buffers[layer][..., :end, :], pad)""",
+        explanation="a call through the cache attends a buffer of context_length slots, the unwritten ones as zero "
+        "keys and values, with the causal mask aligned to the buffer's end",
+        fix="attend only the slots written so far (keys [:cached + T]), the mask's rows offset by the number cached",
+        corner=True,
+    ),
+    Bug(
         "cache_keys_never_rotated",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
