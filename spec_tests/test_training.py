@@ -1182,8 +1182,8 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
                 "each batch's mean NLL (a mean-reduced loss) is added to the total as if it were the batch's sum, and "
                 "the total divided by the predicted tokens: the loss is about batch_size * context_length times too "
                 "small",
-                "add each batch's summed NLL (its mean times its predicted tokens), or use reduction='sum', then divide "
-                "by the number of predicted tokens",
+                "add each batch's summed NLL (its mean times its predicted tokens), or use reduction='sum', then "
+                "divide by the number of predicted tokens",
                 teacher(batching),  # the short last window in a batch of its own, or in the last one
             )
             for batching in ("batch_means_summed", "mixed_batch_means_summed")
