@@ -60,7 +60,7 @@ def candidates(kw: dict, probs_with: Callable[[dict], torch.Tensor]) -> list[tup
                       probs_with({**kw, "temperature": 1.0})))  # fmt: skip
     if kw.get("top_k") is None and t != 0:  # a library's default top_k kept where none was given (Hugging Face's
         # generation config: 50; llama.cpp: 40)
-        vocab = probs_with({"temperature": t}).shape[-1]
+        vocab = probs_with(kw).shape[-1]
         for k in (k for k in (40, 50) if k < vocab):
             found.append(("knob:top_k", f"a default top-k of {k} kept where no top_k was given",
                           probs_with({**kw, "top_k": k})))  # fmt: skip

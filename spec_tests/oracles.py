@@ -188,30 +188,32 @@ def evaluate_teacher(
         x = torch.cat([data[start : start + length + 1].long(), data.new_zeros(pads - 1).long()])[None].to(device)
         logits = impl.forward(model, x)[0, length:].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1)[:, 0])
+
+    def batched(short_alone: bool) -> list[torch.Tensor]:
+        """Each batch's NLL: full windows batch_size at a time and the short last one on its own, or every window in
+        order (the short one in the last batch)."""
+        if not short_alone:
+            return [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
+        full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
+        return [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)] + [
+            n for n, (_, length) in zip(nll, spans) if length != context_length
+        ]
+
     if reduction == "zero_ignored":  # targets equal to token 0 left out, as a pad id of 0 used as the ignored label
         kept = torch.cat(targets) != 0
         loss = float(torch.cat(nll)[kept].sum() / kept.sum()) if bool(kept.any()) else math.nan
     elif reduction == "window_means":
         loss = float(torch.stack([n.mean() for n in nll]).mean())
     elif reduction == "batch_means":  # full windows batch_size at a time, the short last one on its own
-        full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
-        batches = [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)]
-        batches += [n for n, (_, length) in zip(nll, spans) if length != context_length]
-        loss = float(torch.stack([b.mean() for b in batches]).mean())
+        loss = float(torch.stack([b.mean() for b in batched(short_alone=True)]).mean())
     elif reduction == "drop_last":
         kept = [n for n, (_, length) in zip(nll, spans) if length == context_length] or nll
         loss = float(torch.cat(kept).mean())
     elif reduction == "mixed_batch_means":  # batches of batch_size windows in order, the short one in the last
-        batches = [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
-        loss = float(torch.stack([b.mean() for b in batches]).mean())
+        loss = float(torch.stack([b.mean() for b in batched(short_alone=False)]).mean())
     elif reduction in ("batch_means_summed", "mixed_batch_means_summed"):  # each batch's mean (a mean-reduced loss)
-        # added up as if it were its sum: full windows batch_size at a time and the short one alone, or all in order
-        if reduction == "batch_means_summed":
-            full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
-            batches = [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)]
-            batches += [n for n, (_, length) in zip(nll, spans) if length != context_length]
-        else:
-            batches = [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
+        # added up as if it were its sum
+        batches = batched(short_alone=reduction == "batch_means_summed")
         loss = float(sum(b.mean() for b in batches) / (len(data) - 1))
     elif reduction == "padded_weights":  # batches of batch_size windows, each weighted by its windows x context
         batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]

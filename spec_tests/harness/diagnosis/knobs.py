@@ -800,7 +800,7 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
     if q.dim() >= 3 and h > 1:  # held out: an exported graph's Softmax with axis=1 of [B, H, T, T] scores
         # over the heads, a mask filled with -inf gives NaN, one finite value 1 / H for each masked key, an added one
         # cancels
-        for mode in ("apply", "fill_min", None):
+        for mode in ("apply", "fill_min", "ignored"):
             out.append(
                 Variant(
                     "knob:reduction_dim",
@@ -808,7 +808,7 @@ def _attention_variants(q, k, v, mask, *, scale_where: str):
                     "keys",
                     where="the dim of the attention softmax",
                     fix="softmax over the last axis (keys): softmax(scores, dim=-1)",
-                    compute=a(dim=-3, mask_mode=mode or "ignored"),
+                    compute=a(dim=-3, mask_mode=mode),
                 )
             )
     power_of_two = h & (h - 1) == 0
