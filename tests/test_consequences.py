@@ -173,6 +173,14 @@ def test_the_composition_asks_the_implementation_on_the_references_intermediate_
     )
     biased = ref.multihead_self_attention(x, *w, 2, 2, None, bq=b[0], bk=b[1], bv=b[2], bo=b[3])
     assert torch.allclose(post(ref.multihead_self_attention(*args)), biased, atol=1e-12)
+    # fewer tokens than C: x keeps its width (code may read its head width as C // n_heads); more: one column more
+    assert args[0].shape == x.shape and args[1].shape == w[0].shape
+    many = torch.randn(2, 7, 8, generator=g, dtype=torch.float64)
+    args, _, post = consequences.protocol_call(
+        "multihead_self_attention", (many, *w, 2, 2, None), dict(bq=b[0], bk=b[1], bv=b[2], bo=b[3])
+    )
+    biased = ref.multihead_self_attention(many, *w, 2, 2, None, bq=b[0], bk=b[1], bv=b[2], bo=b[3])
+    assert args[0].shape == (2, 7, 9) and torch.allclose(post(ref.multihead_self_attention(*args)), biased, atol=1e-12)
 
 
 def test_the_composition_hands_a_name_of_fixed_rank_that_rank():

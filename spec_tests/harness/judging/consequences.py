@@ -115,7 +115,10 @@ def _to_rank(args: tuple, rank: int):
 
 def _fold_biases(args: tuple, biases: dict):
     """Projection biases folded into the weights (``x`` gets a column of ones; each weight its bias
-    as a last column), the output bias added afterwards: the protocol's attention has no biases."""
+    as a last column), the output bias added afterwards: the protocol's attention has no biases.
+    Where the rows of ``[x, 1]`` span at most ``C`` dimensions (fewer tokens than ``C``), both are
+    written in a basis of that span, so ``x`` keeps its width ``C``: code that reads its head width from
+    ``x`` (``C // n_heads``) gets the shapes it was written for."""
     x, wq, wk, wv, wo, *rest = args
     ones = torch.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device)
 
@@ -123,9 +126,23 @@ def _fold_biases(args: tuple, biases: dict):
         column = torch.zeros(w.shape[0], 1, dtype=w.dtype, device=w.device) if b is None else b[:, None]
         return torch.cat([w, column.to(w.dtype)], dim=1)
 
-    folded = (torch.cat([x, ones], dim=-1), fold(wq, biases["bq"]), fold(wk, biases["bk"]), fold(wv, biases["bv"]))
+    xs, ws = torch.cat([x, ones], dim=-1), [fold(wq, biases["bq"]), fold(wk, biases["bk"]), fold(wv, biases["bv"])]
+    basis = _span(xs, x.shape[-1])
+    if basis is not None:
+        width = x.shape[-1] - basis.shape[1]
+        xs, *ws = (torch.nn.functional.pad((m.to(basis.dtype) @ basis).to(m.dtype), (0, width)) for m in (xs, *ws))
     bo = biases["bo"]
-    return (*folded, wo, *rest), (None if bo is None else (lambda out: out + bo))
+    return (xs, *ws, wo, *rest), (None if bo is None else (lambda out: out + bo))
+
+
+def _span(rows: torch.Tensor, most: int) -> torch.Tensor | None:
+    """An orthonormal basis ``[C + 1, r]`` (float64) of the span of ``rows``' last dim, when ``r <= most``."""
+    flat = rows.reshape(-1, rows.shape[-1]).to(torch.float64)
+    if flat.shape[0] == 0:
+        return None
+    _, s, vh = torch.linalg.svd(flat, full_matrices=False)
+    r = int((s > s[0] * flat.shape[-1] * torch.finfo(torch.float64).eps).sum())
+    return vh[:r].T if r <= most else None
 
 
 def _cast_like(out, like):
