@@ -73,6 +73,15 @@ def check_chunks(spec, config, chunks, *, seed):
                 "logits, so the cache holds and hands on the right keys and values; your forward computes several "
                 "tokens at once otherwise (test_model.py reports it). Fix forward first.",
             )
+        mistake = model_mistake(spec, config, sd, ids, chunks, full, cached, tol)
+        if mistake is not None:
+            raise spec.defer(
+                ["forward"],
+                behaviour,
+                f"consequence of failing forward: one mistake in the model, {mistake.summary}, reproduces both your "
+                "uncached forward and your cached chunks, so the cache hands on what that model computes; "
+                "test_model.py reports it. Fix forward first.",
+            )
     hint, hint_code = chunk_hint(cached, full, chunks)
     read = None  # the cache itself read: a cause there is direct evidence, a variant of the logits fitting is not
     if mismatch(cached, full, tol) is not None:
@@ -104,6 +113,38 @@ def check_chunks(spec, config, chunks, *, seed):
         structural=hint is None,  # a chunk boundary is where the hint looks; "wrong from t = k" adds nothing
         behaviour=behaviour,
     )
+
+
+_FORWARD_FITS: dict = {}
+
+
+def model_mistake(spec, config, sd, ids, chunks, full, cached, tol) -> Variant | None:
+    """The mistake inside the model (``model_knobs``: a component's knob or a wiring choice, by its cause code) that
+    reproduces both the failing uncached forward and the cached chunks, if any: then the cache carries the model's own
+    mistake (a softmax over the heads is wrong at one token too, so decoding token by token does not show the cache
+    right; held out, the two paths masked the scores in two ways before it). The uncached forward's fits are searched
+    once per implementation, config and inputs."""
+    from .harness.diagnosis.model_knobs import model_variants
+    from .harness.diagnosis.variant import fitting_variants
+    from .harness.judging.treemap import to_float64
+
+    reference = getattr(spec.expectations, "reference", None)
+    if reference is None:
+        return None
+    args64 = to_float64((sd, ids))
+    key = (spec.impl.label, repr(sorted(config.items())), tuple(ids.flatten().tolist()))  # the ids follow the seed
+    if key not in _FORWARD_FITS:
+        whole = lambda m, sd, ids: models.logits(m, config, sd, ids)
+        fits = fitting_variants(model_variants(whole, reference, args64), full, tol, reference, *args64)
+        _FORWARD_FITS[key] = {v.code for v in fits if not v.weak}
+    codes = _FORWARD_FITS[key]
+    if not codes:
+        return None
+    chunked = lambda m, sd, ids: cached_logits(m, models.build(m, config, sd), ids, chunks)
+    for v in model_variants(chunked, reference, args64):
+        if v.code in codes and fitting_variants([v], cached, tol, reference, *args64):
+            return v
+    return None
 
 
 def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:

@@ -396,6 +396,49 @@ def test_a_model_mistake_invisible_at_one_token_leaves_the_cache_uncharged(tmp_p
     assert "forward: " in roots and "new_cache: " not in roots, out[-3000:]
 
 
+def test_a_model_mistake_wrong_at_one_token_too_that_explains_the_cached_path_leaves_the_cache_uncharged(
+    tmp_path, pytester
+):
+    """A copy of the reference whose model attends through its own attention with the softmax over the heads and the
+    masked scores filled with the dtype's minimum (a graph exported with an opset-11 Softmax axis): wrong at one token
+    too, so decoding token by token does not show the cache right, and the uncached and cached paths differ (a masked
+    key gets 1 / H in either). The same mistake in the reference model reproduces both, so the cache's tests are
+    consequences of forward (held out: charged to forward and new_cache)."""
+
+    def edit(folder):
+        attention = folder / "attention.py"
+        attention.write_text(
+            attention.read_text()
+            + "\n\ndef _heads_sdpa(q, k, v, mask=None, *, causal=False, fused=False, softcap=None):\n"
+            "    n_rep = _group_size(q, k)\n"
+            "    if causal:\n"
+            "        mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)\n"
+            "    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)\n"
+            "    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])\n"
+            "    scores = scores.masked_fill(~mask.to(torch.bool), torch.finfo(scores.dtype).min)\n"
+            "    return torch.softmax(scores, dim=-3) @ v\n"
+            "\n\nimport types as _types\n_own_mhsa = _types.FunctionType(multihead_self_attention.__code__, "
+            "dict(globals(), scaled_dot_product_attention=_heads_sdpa), '_own_mhsa', "
+            "multihead_self_attention.__defaults__)\n"
+            "_own_mhsa.__kwdefaults__ = multihead_self_attention.__kwdefaults__\n"
+        )
+        model = folder / "model.py"
+        model.write_text(
+            model.read_text().replace(
+                "from .attention import multihead_self_attention\n",
+                "from .attention import _own_mhsa as multihead_self_attention\n",
+                1,
+            )
+        )
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_logits_match_reference or test_cached_logits_equal_full_forward"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "forward: 8 failing test(s) of its own; 22 other failure(s) trace back to it" in roots, out[-3000:]
+    assert "new_cache: " not in roots, out[-3000:]
+
+
 def test_a_sample_that_draws_from_its_own_wrong_filter_is_a_consequence_of_sampling_probs(tmp_path, pytester):
     """A copy of the reference whose top-k sets the logits it drops to 0 (not -inf) and whose sample filters through
     its own copy of sampling_probs (not the protocol's name): sample(top_k=1) is not the argmax, and the

@@ -32,12 +32,20 @@ def _protocol_arguments(name: str, args, kwargs) -> tuple[tuple, dict]:
     return tuple(args), kwargs
 
 
-def _variant_fn(name: str, index: int, rope_style: str):
-    """``name`` with the ``index``-th knob of its family turned, on whatever it is called with."""
+def _variant_fn(name: str, index: int, rope_style: str, first: tuple):
+    """``name`` with the ``index``-th knob of its family turned, on whatever it is called with. ``first``: that knob's
+    ``(code, summary, how many of its family before it share both, size of its family)`` at the first call; a later
+    call whose family differs (a cached path calls attention with one query, then with several) turns the knob of the
+    same code, summary and rank among those sharing them, else the one at the same index in a family of the same size,
+    else none (the specified computation)."""
 
     def call(*args, **kwargs):
         a, k = _protocol_arguments(name, args, kwargs)
-        out = variants(name, a, k, rope_style=rope_style)[1][index].compute()
+        specified, family = variants(name, a, k, rope_style=rope_style)
+        code, summary, rank, size = first
+        same = [v for v in family if (v.code, v.summary) == (code, summary)]
+        chosen = same[rank] if rank < len(same) else family[index] if len(family) == size else None
+        out = (chosen.compute if chosen is not None else specified)()
         return out.to(dtype=args[0].dtype, device=args[0].device)
 
     return call
@@ -82,8 +90,10 @@ def model_variants(compute, reference, args, *, memo: str | None = None) -> list
             if memo in _SEARCHED and (known is None or (name, i) not in known):
                 continue
 
-            def run(ref, *a, name=name, i=i):
-                with torch.no_grad(), ref.substituted({name: _variant_fn(name, i, ref.rope_style)}):
+            rank = sum((u.code, u.summary) == (v.code, v.summary) for u in family[:i])
+
+            def run(ref, *a, name=name, i=i, first=(v.code, v.summary, rank, len(family))):
+                with torch.no_grad(), ref.substituted({name: _variant_fn(name, i, ref.rope_style, first)}):
                     return compute(ref, *a)
 
             summary = f"{v.summary} (in the model's {name.replace('_', ' ')})"
