@@ -16,22 +16,37 @@ import torch
 from .harness.judging.spec import UPSTREAM_CRASHES
 
 
-def greedy_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, *, use_cache: bool, pick=None):
+def greedy_teacher(
+    impl, model, prompt: torch.Tensor, n: int, context_length: int, *, use_cache: bool, pick=None, masked=False
+):
     """Greedy continuation by the implementation's own forward: ``[B, T + n]``.
 
     Each token is the argmax of the last logits over the last ``context_length`` tokens (or ``pick(logits [B, V])``,
     ``[B]``: the implementation's own greedy sampler). With ``use_cache``, the prompt is fed into a fresh cache and
     each new token after it (as the protocol's ``forward(model, ids, cache)`` defines); once the sequence slides
-    past the context, the window is fed into a fresh cache again, since every position shifts.
+    past the context, the window is fed into a fresh cache again, since every position shifts. ``masked``: every
+    call passes an ``attention_mask`` of ones over the tokens so far in the cache (amendment 23's whole mask), as a
+    generate that always hands on its mask does; for an unpadded prompt it means no padding.
     """
     ids, cache = prompt, None
+
+    def call(x, held):
+        if not masked:
+            return impl.forward(model, x, cache) if use_cache else impl.forward(model, x)
+        ones = torch.ones(x.shape[0], held, dtype=torch.long, device=x.device)
+        return (
+            impl.forward(model, x, cache, attention_mask=ones)
+            if use_cache
+            else impl.forward(model, x, attention_mask=ones)
+        )
+
     for _ in range(n):
         if use_cache and cache is not None and ids.shape[1] <= context_length:
-            logits = impl.forward(model, ids[:, -1:], cache)
+            logits = call(ids[:, -1:], ids.shape[1])
         else:
             cache = impl.new_cache(model, ids.shape[0]) if use_cache else None
             window = ids[:, -context_length:]
-            logits = impl.forward(model, window, cache) if use_cache else impl.forward(model, window)
+            logits = call(window, window.shape[1])
         next_id = logits[:, -1].argmax(dim=-1) if pick is None else pick(logits[:, -1])
         ids = torch.cat((ids, next_id[:, None].to(ids.dtype)), dim=1)
     return ids

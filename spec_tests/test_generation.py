@@ -344,6 +344,7 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
                 "here, and your cache fails its own tests (test_kv_cache). Fix new_cache first.",
             )
     if torch.equal(plain.cpu(), want.cpu()):
+        masked_mistake(spec, model, prompt, n, config, behaviour)
         return causes, codes
     failing = spec.failing(("new_cache", "forward"))
     if failing:
@@ -360,6 +361,30 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
         "note: your model's cached forward picks other tokens than its uncached forward on this prompt "
         "(test_kv_cache judges the cache), so the tokens also depend on how generate feeds the cache",
     ), codes
+
+
+def masked_mistake(spec, model, prompt, n, config, behaviour) -> None:
+    """Where forward fails its own tests and takes an ``attention_mask``: a consequence of forward when a correct
+    generate that hands every cached call the whole mask (ones, the prompt unpadded) picks the tokens generate picked.
+    Generate may always pass its mask; a forward whose masked cached path is wrong then makes it wrong (held out:
+    positions counted from the new tokens' part of the mask)."""
+    failing = spec.failing(("forward",))
+    if not failing or "attention_mask" not in spec.impl.capabilities:
+        return
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    try:
+        out = raw.generate(model, prompt, n, temperature=0.0, use_cache=True)
+        own = oracles.greedy_teacher(raw, model, prompt, n, config["context_length"], use_cache=True, masked=True)
+    except Exception:  # noqa: BLE001 - what does not run explains no tokens
+        return
+    if own.shape == out.shape and torch.equal(own.cpu(), out.cpu()):
+        raise spec.defer(
+            failing,
+            behaviour,
+            "consequence of failing forward: your generate's tokens are those of a correct greedy generate that hands "
+            "your cached forward the whole attention_mask (ones) at every step; your forward with a mask and a cache "
+            "fails its own tests (test_batched_generation). Fix forward first.",
+        )
 
 
 @judges("generate", uses=("build_model", "forward", "new_cache"))

@@ -439,6 +439,33 @@ def test_a_model_mistake_wrong_at_one_token_too_that_explains_the_cached_path_le
     assert "new_cache: " not in roots, out[-3000:]
 
 
+def test_generation_through_a_forward_whose_masked_cached_path_is_wrong_is_a_consequence_of_forward(tmp_path, pytester):
+    """A copy of the reference whose generate always hands its forward a mask (ones for an unpadded prompt) and whose
+    forward counts a cached step's positions over the new tokens' part of the mask only: unpadded greedy generation
+    with the cache goes wrong through forward, whose padded cached test fails; a correct generate passing the whole
+    mask picks the same tokens, so generate's failures are consequences of forward (held out: charged to both)."""
+    edits = [
+        (
+            "generation.py",
+            "ids, cache, mask = prompt, None, None",
+            "ids, cache, mask = prompt, None, torch.ones_like(prompt)",
+        ),
+        ("model.py", "padded_positions(real)[:, start:]", "padded_positions(real[:, start:])"),
+    ]
+
+    def edit(folder):
+        for file, old, new in edits:
+            path = folder / file
+            path.write_text(replace_once(path.read_text(), old, new, f"the test's edit in {file}"))
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_padded_cached_forward_equals_uncached or test_greedy_generation_follows_the_model"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "forward: 2 failing test(s) of its own; 2 other failure(s) trace back to it" in roots, out[-3000:]
+    assert "generate: " not in roots, out[-3000:]
+
+
 def test_a_sample_that_draws_from_its_own_wrong_filter_is_a_consequence_of_sampling_probs(tmp_path, pytester):
     """A copy of the reference whose top-k sets the logits it drops to 0 (not -inf) and whose sample filters through
     its own copy of sampling_probs (not the protocol's name): sample(top_k=1) is not the argmax, and the
