@@ -248,6 +248,20 @@ def test_a_crash_through_an_adapter_file_is_placed_in_the_package_it_wraps(tmp_p
     assert rootcause.crash_signature(elsewhere) != rootcause.crash_signature(generate)
 
 
+def test_two_dtypes_meeting_at_one_line_are_one_crash_however_torch_words_it():
+    """One line meeting a float32 tensor with the caller's dtype raises "expected scalar type Double but found Float"
+    for float64 input and "expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16" for bfloat16:
+    one crash. Control: another message at the same line, or the same message at another line, is another crash."""
+    double = _crash("scaled_dot_product_attention", "attn.py:48 in math", "expected scalar type Double but found Float")
+    bf16 = _crash("forward", "attn.py:48 in math", "expected m1 and m2 to have the same dtype, but got: float != "
+                  "c10::BFloat16")  # fmt: skip
+    assert rootcause.crash_signature(double) == rootcause.crash_signature(bf16)
+    assert rootcause.crash_signature(_crash("forward", "attn.py:48 in math")) != rootcause.crash_signature(double)
+    assert rootcause.crash_signature(
+        _crash("forward", "attn.py:50 in math", bf16.message)
+    ) != rootcause.crash_signature(double)
+
+
 def _crash(name, where="kv_cache.py:44 in update", message="Expected size 0 but got size 6"):
     from spec_tests.harness.subject.subject import ImplementationError
 

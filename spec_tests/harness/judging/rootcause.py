@@ -335,7 +335,12 @@ _DTYPE = re.compile(
 
 def numbers_aside(message: str) -> str:
     """A message with its numbers and dtype names left out: the same line raises it for inputs of other sizes and
-    dtypes (one cast to float32 meets a float64 input in one call and a bfloat16 one in another)."""
+    dtypes (one cast to float32 meets a float64 input in one call and a bfloat16 one in another). Torch words two
+    dtypes meeting in one operation by the operation ("expected scalar type Double but found Float", "expected m1 and
+    m2 to have the same dtype, but got: float != c10::BFloat16"): any message naming a dtype and two dtype names is
+    that one mistake (held out: a float32 softmax met a float64 attention in one call, a bfloat16 model in another)."""
+    if len(_DTYPE.findall(message)) >= 2 and re.search(r"dtype|scalar type", message, re.IGNORECASE):
+        return "<two dtypes meet in one operation>"
     return re.sub(r"\d+", "#", _DTYPE.sub("<dtype>", message))
 
 
