@@ -554,6 +554,57 @@ def test_a_train_that_calls_its_own_broken_step_is_a_consequence_of_train_step(t
     assert "train_step: " in roots and "train: " not in roots, out[-3000:]
 
 
+def test_a_train_with_kingma_ba_adam_around_its_own_broken_step_is_a_consequence_of_train_step(tmp_path, pytester):
+    """A copy of the reference whose train_step clips the summed loss's gradients (max_grad_norm / tokens) and whose
+    train steps with Adam in Kingma and Ba's form (fairseq's: eps on the uncorrected second moment) around that step
+    under a private name: a correct loop around the copy's own train_step with PyTorch's AdamW does not give train's
+    losses on one repeated token (eps matters there), with the Kingma-Ba form it does, so train's failures are
+    train_step's consequences (held out 68: charged to both)."""
+    paper = (
+        "\n\nclass _PaperAdam(torch.optim.Optimizer):\n"
+        "    def __init__(self, params, lr):\n"
+        "        super().__init__(params, dict(lr=lr))\n\n"
+        "    @torch.no_grad()\n"
+        "    def step(self):\n"
+        "        for group in self.param_groups:\n"
+        "            for p in group['params']:\n"
+        "                if p.grad is None:\n"
+        "                    continue\n"
+        "                s = self.state[p]\n"
+        "                if not s:\n"
+        "                    s.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))\n"
+        "                s['t'] += 1\n"
+        "                s['m'].mul_(0.9).add_(p.grad, alpha=0.1)\n"
+        "                s['v'].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)\n"
+        "                p.mul_(1 - group['lr'] * 0.01)\n"
+        "                size = group['lr'] * (1 - 0.999 ** s['t']) ** 0.5 / (1 - 0.9 ** s['t'])\n"
+        "                p.sub_(size * s['m'] / (s['v'].sqrt() + 1e-8))\n"
+        "\n\n_own_step = train_step\n"
+    )
+    edits = [
+        ("clip_grad_norm_(model.parameters(), max_grad_norm)",
+         "clip_grad_norm_(model.parameters(), max_grad_norm / y.numel())"),
+        ("optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+         "optimizer = _PaperAdam(model.parameters(), lr=lr)"),
+        ("losses.append(train_step(model, optimizer, x, y, max_grad_norm))",
+         "losses.append(_own_step(model, optimizer, x, y, max_grad_norm))"),
+    ]  # fmt: skip
+
+    def edit(folder):
+        training = folder / "training.py"
+        text = training.read_text()
+        for old, new in edits:
+            text = replace_once(text, old, new, "the test's edit in training.py")
+        training.write_text(text + paper)
+
+    folder = implementation(tmp_path, edit=edit)
+    selected = "test_train_step_matches_reference or test_train_defaults_to_adamw or test_train_keeps_its_optimizer"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "train_step: " in roots and "train: " not in roots, out[-3000:]
+    assert "3 consequences" in out, out[-3000:]
+
+
 def test_two_names_that_raise_at_the_same_place_are_one_charge(tmp_path, pytester):
     """A copy of the reference whose config check asks every family for an even head size: the suite's gpt2 config
     (head size 7) makes build_model and kv_cache_bytes raise at the same line, one bug charged to one name."""
