@@ -931,7 +931,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
     repeated token are tiny): the losses are judged against the correct formulation nearer to them, PyTorch's or
     Keras' (``nearest_adamw``).
     """
-    config = models.family_config(spec.impl, family)
+    config = models.family_config(spec.impl, family, **({"tie_embeddings": False} if family == "llama" else {}))
     sd = models.random_state_dict(config, seed=69, device=spec.device)
     data = torch.full((40,), 7)
     x = torch.full((4, 10), 7, device=spec.device)
@@ -959,6 +959,7 @@ def test_train_defaults_to_adamw_at_lr_1e_3(spec, family):
             in_bits(lambda: want),
             running_means(lambda: want),
             summed_over(lambda: adamw_losses(spec.impl, config, sd, x, 2, loss_scale=x.numel()), x.numel()),
+            *unstepped(lambda **kw: adamw_losses(spec.impl, config, sd, x, 2, **kw), sd),
         ],
         rebase=(
             ("train_step",),
@@ -1405,6 +1406,44 @@ def test_evaluate_ignores_dropout(spec, family):
     )
 
 
+@judges("evaluate", uses=("build_model", "forward"))
+@pytest.mark.bug_class("evaluation")
+def test_evaluate_keeps_nothing_from_an_earlier_call(spec, family):
+    """evaluate is a function of the model and the data it is given: called again on other data, it gives that
+    data's loss and perplexity, nothing of the first call's carried over (a metric object whose state is not reset
+    between calls mixes both calls' tokens) (protocol: evaluate)."""
+    config = models.family_config(spec.impl, family)
+    model = models.build(spec.impl, config, models.random_state_dict(config, seed=70, device=spec.device))
+    first = torch.full((EVAL_TOKENS,), 7)  # one repeated token: a loss apart from the second data's
+    second = spec.inputs.token_ids(23, vocab=config["vocab_size"], seed=71).cpu()
+    spec.impl.evaluate(model, first, 7, batch_size=2)
+    got = spec.impl.evaluate(model, second, 7, batch_size=2)
+    want = oracles.evaluate_teacher(spec.impl, model, second, 7, spec.device, batch_size=2)
+
+    def pooled():  # the two calls' tokens in one token-weighted mean
+        before = oracles.evaluate_teacher(spec.impl, model, first, 7, spec.device, batch_size=2)
+        n1, n2 = len(first) - 1, len(second) - 1
+        loss = (before["loss"] * n1 + want["loss"] * n2) / (n1 + n2)
+        return {"loss": loss, "perplexity": math.exp(loss)}
+
+    spec.close(
+        got,
+        want,
+        kind="model",
+        behaviour=f"evaluate on {len(second)} tokens, called after an evaluate of the same model on {len(first)} other "
+        "tokens, gives those tokens' loss and perplexity",
+        variants=[
+            Variant(
+                "knob:state_carried",
+                "evaluate keeps its running totals from the call before (a metric object not reset between calls): "
+                "the loss is the token-weighted mean over both calls' data",
+                "start every evaluate from empty totals (reset the metrics at the start of each call)",
+                pooled,
+            )
+        ],
+    )
+
+
 def nearest_adamw(spec, cfg, sd, x, losses, want, lr, behaviour: str, atol: float = 1e-3) -> tuple[list[float], str]:
     """The losses of the correct AdamW formulation nearest to ``losses``, and its name: PyTorch's (``want``: eps 1e-8
     on the bias-corrected second moment) or Keras' and TensorFlow's (``adamw_losses(keras=True)``: eps 1e-7 on the
@@ -1448,6 +1487,7 @@ def adamw_losses(
     paper=False,
     loss_scale=1.0,
     clip=1.0,
+    frozen=(),
 ):
     """The losses of ``steps`` AdamW(lr=1e-3) steps with clipping at 1.0 on the implementation's own model and
     gradients (``cross_entropy_grads``), all on the one batch ``(x, x)``; the optimizer and clipping applied here.
@@ -1460,9 +1500,11 @@ def adamw_losses(
     ``paper``: Kingma and Ba's form as their paper writes it (fairseq's Adam): eps 1e-8 on the uncorrected second
     moment, every weight decayed.
     ``loss_scale``: the loss (and so its gradients) multiplied by it, as a loss summed over ``loss_scale`` tokens.
-    ``clip``: the max_grad_norm (``None``: no clipping)."""
+    ``clip``: the max_grad_norm (``None``: no clipping). ``frozen``: canonical weights the optimizer never steps
+    (counted in the clipping's norm, as parameters left out of the optimizer's groups are)."""
     # the specified AdamW, on the model itself however its parameters are shared
-    if rule is None and not fresh and schedule is None and not keras and not paper and loss_scale == 1.0:
+    plain = not (keras or paper or frozen)
+    if rule is None and not fresh and schedule is None and plain and loss_scale == 1.0:
         model = models.build(m, cfg, sd)
         return m.correct_steps(model, "adamw", lr, 1e-8, x, x, clip, steps, weight_decay=weight_decay, betas=betas)
     matrices_only = matrices_only or keras
@@ -1510,6 +1552,8 @@ def adamw_losses(
             p.grad = None if grad is None else grad * loss_scale
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(params, clip)
+        for name in frozen:
+            leaves[name].grad = None
         opt.step()
         opt.zero_grad(set_to_none=True)
     return losses
@@ -1581,11 +1625,53 @@ def clipped_per_token(losses_with, tokens: int) -> list[Variant]:
     ]
 
 
+def unstepped(losses_with, sd) -> list[Variant]:
+    """Weights train's optimizer never steps (``losses_with(frozen=names)``: AdamW's losses with those left out): an
+    untied output head outside the module the parameter groups are built from, the embeddings, or every weight of
+    fewer than two dims (norm gains and biases) given to a group with no learning rate."""
+    groups = [
+        (("lm_head.weight",), "the untied output head lm_head.weight"),
+        (tuple(k for k in sd if k.endswith("embeddings.weight")), "the embeddings"),
+        (tuple(k for k, v in sd.items() if v.dim() < 2), "every weight of fewer than two dims (norm gains, biases)"),
+    ]
+    return [
+        Variant(
+            "knob:unstepped_weights",
+            f"train's optimizer never steps {what}: its parameters are left out of the optimizer (parameter groups "
+            "built from part of the model, or frozen with requires_grad False or a learning rate of 0)",
+            "give the optimizer every parameter of the model: model.parameters(), or groups holding them all",
+            lambda names=names: losses_with(frozen=names),
+        )
+        for names, what in groups
+        if names and all(k in sd for k in names)
+    ]
+
+
+def first_step_idle(losses, want, tol) -> tuple[list[str], list[str]]:
+    """Where train's second loss equals its first (to float32's rounding) and the specified second loss does not (on
+    data of one repeated token a correct first step lowers it by many tolerances), the first step left the model
+    as it was: a learning rate of 0 at the first step (a warmup factor step / warmup_steps counted from 0) or a first
+    step skipped."""
+    got = [float(v) for v in losses]
+    if len(got) < 2 or len(want) < 2 or mismatch(got[:1], want[:1], tol) is not None:
+        return [], []
+    if abs(got[1] - got[0]) > 1e-6 * max(1.0, abs(got[0])) or mismatch([got[0]], [want[1]], tol) is None:
+        return [], []
+    later = f"; later steps change it ({', '.join(f'{v:.5g}' for v in got[2:])})" if len(got) > 2 else ""
+    return [
+        f"likely cause: train's first step leaves the model as it was: its second loss equals its first ({got[0]:.6g})"
+        f", where one AdamW step lowers it to {want[1]:.6g}{later}. The first optimizer step runs at a learning rate "
+        "of 0 (a warmup factor step / warmup_steps with the step counted from 0, or a scheduler stepped before the "
+        "first update) or is skipped. Fix: every step, the first included, at the lr train was called with"
+    ], ["knob:lr_schedule"]
+
+
 def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e-3) -> list[Callable]:
     """Readings for train's failing losses on data of one repeated token (every batch ``x``) at learning rate ``lr``:
-    train run again with max_grad_norm=1e9 against AdamW's losses without clipping (``steps.unclipped_lines``), then
-    the learning rate its steps took (``steps.fitted_lr_lines``), on train run again for three steps where the test
-    took fewer (one rate fitted to two losses gives both), ambiguous where a slip in AdamW's rule gives them too."""
+    a first step that leaves the model as it was (``first_step_idle``), train run again with max_grad_norm=1e9
+    against AdamW's losses without clipping (``steps.unclipped_lines``), then the learning rate its steps took
+    (``steps.fitted_lr_lines``), on train run again for three steps where the test took fewer (one rate fitted to two
+    losses gives both), ambiguous where a slip in AdamW's rule gives them too."""
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     fit_steps = max(steps, 3)
 
@@ -1610,7 +1696,10 @@ def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e
         want = lambda: adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=None)
         return unclipped_lines(lambda: run(steps, max_grad_norm=1e9), want, tol, 1.0)
 
-    return [unclipped, fitted]
+    def idle(tol):
+        return first_step_idle(losses, adamw_losses(spec.impl, config, sd, x, steps, lr=lr), tol)
+
+    return [idle, unclipped, fitted]
 
 
 @judges("train", uses=("build_model", "forward", "canonical_state_dict"))

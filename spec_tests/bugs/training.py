@@ -682,6 +682,66 @@ BUGS = (
         code="knob:loss_reduction",
     ),
     Bug(
+        "train_warmup_starts_at_zero",
+        "training",
+        TRAINING,
+        "training.py",
+        old="""    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)  # dropout masks
+        for _ in range(steps):
+            x, y = get_batch(data, batch_size, context_length, generator, device)
+            losses.append(train_step(model, optimizer, x, y, max_grad_norm))""",
+        new="""    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / 4))  # the bug: 0 at step 0
+    losses = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)  # dropout masks
+        for _ in range(steps):
+            x, y = get_batch(data, batch_size, context_length, generator, device)
+            losses.append(train_step(model, optimizer, x, y, max_grad_norm))
+            warmup.step()""",
+        explanation="train warms its learning rate up by LambdaLR(step / warmup_steps) with the step counted from 0: "
+        "its first step runs at lr 0 and leaves the model as it was",
+        fix="no schedule in train (the protocol's lr is every step's); a warmup counts from step + 1 if it must be",
+        corner=True,
+        code="knob:lr_schedule",
+    ),
+    Bug(
+        "train_leaves_the_head_out_of_the_optimizer",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="    body = [p for n, p in model.named_parameters() if not n.startswith('lm_head')]  # the bug\n"
+        "    optimizer = torch.optim.AdamW(body, lr=lr)",
+        explanation="train's AdamW is given the model's parameters without the untied output head (groups built from "
+        "the transformer's modules), so lm_head.weight gets gradients and is never stepped",
+        fix="optimise model.parameters(), every parameter",
+        corner=True,
+        code="knob:unstepped_weights",
+    ),
+    Bug(
+        "evaluate_metric_never_reset",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="""    total = torch.zeros((), dtype=torch.float64)
+    with eval_mode(model):""",
+        new="""    zero = torch.zeros((), dtype=torch.float64)
+    metric = model.__dict__.setdefault("_nll_metric", {"total": zero, "n": 0})
+    total = metric["total"]  # the bug: the metric's state lives on the model and is never reset
+    metric["n"] += n_pred
+    n_pred = metric["n"]
+    with eval_mode(model):""",
+        explanation="evaluate keeps its total NLL and token count in a metric on the model that is never reset, so "
+        "a second call mixes the first call's tokens into its mean",
+        fix="start every evaluate from a zero total and count (reset the metric at the start of each call)",
+        corner=True,
+        code="knob:state_carried",
+    ),
+    Bug(
         "evaluate_counts_a_token_more_per_window",
         "evaluation",
         ("evaluate",),

@@ -99,6 +99,8 @@ KNOBS = {
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
     "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",
     "optimizer_state": "the optimizer's state (moments, step count) does not carry over from step to step",
+    "state_carried": "a call keeps state from an earlier call (a metric not reset, a running total or buffer reused)",
+    "unstepped_weights": "some of the model's weights are never stepped: left out of the optimizer, or frozen",
     "zero_grad": "gradients of the previous step are not cleared before the next backward pass",
     "window": "the context window is cropped or slid wrongly (first tokens kept, not cropped)",
     "mode": "the module's training mode is wrong during the call or not restored after it",
