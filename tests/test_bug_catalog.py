@@ -363,6 +363,8 @@ READINGS = [
     ("cross_entropy_ignored_rows_zeroed_without_grad", "cross_entropy_gradient",
      "the rows whose target is ignore_index get a gradient in the backward pass"),
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
+    ("position_embeddings_scaled_down", "test_logits_match_reference and gpt2",
+     "position embeddings are scaled by d_model ** -0.5"),
     ("evaluate_metric_never_reset", "evaluate_keeps_nothing_from_an_earlier_call and llama",
      "evaluate keeps its running totals from the call before"),
     ("train_warmup_starts_at_zero", "train_defaults_to_adamw_at_lr_1e_3", "first step leaves the model as it was"),

@@ -2042,3 +2042,36 @@ def test_a_model_call_that_only_module_state_explains_is_said_through_a_fresh_co
     assert codes == ["crash_state"] and "a freshly loaded copy of your code runs the very same call" in lines[0], lines
     lines, _ = probe("forward", subject.forward, (model, ids), {}, ledger)
     assert not any("freshly loaded copy" in line for line in lines), lines
+
+
+def build_with_a_rotary_of_half_a_head(config, state_dict=None):
+    half = config["d_model"] // config["n_heads"] // 2  # the bug: the rotary width defaults to half a head
+    if half % 2:
+        raise ValueError(f"rotary dim {half} must be even")
+    return torch.nn.Identity()
+
+
+def test_a_head_size_a_config_gives_is_named():
+    """build_model raising for a head size (a rotary width of half a head that must be even) is named by the same
+    width split over other head counts, the query heads per kv head kept so every weight keeps its shape."""
+    config = {"family": "llama", "vocab_size": 10, "context_length": 8, "d_model": 80, "n_layers": 1, "n_heads": 8,
+              "n_kv_heads": 2, "d_ff": 16}  # fmt: skip
+    lines, codes = probe("build_model", build_with_a_rotary_of_half_a_head, (config, None), {})
+    said = "build_model raises for a head size of 10 (d_model=80 / n_heads=8) and works for head sizes 4, 20 (2 raises"
+    assert any(line.startswith("likely cause") and said in line for line in lines), lines
+    assert "at least" not in " ".join(lines) and codes == ["crash_head_size"], lines
+
+
+def sample_squeezing_its_draw(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
+    drawn = torch.multinomial(probs, 1, generator=generator).squeeze()  # the bug: one row squeezes to 0-d
+    return torch.stack(drawn.unbind(0)).reshape(logits.shape[:-1])
+
+
+def test_a_single_row_of_logits_is_named():
+    """One row of logits ([V], or [1, V]) makes the draw 0-d and the reshape raise; two rows run: the single row is
+    named, not the rank."""
+    lines, codes = probe("sample", sample_squeezing_its_draw, (randn(7),), {"temperature": 1.0})
+    said = "sample raises for a single row (1-D input) and works for 2 rows (the row repeated)"
+    assert any(line.startswith("likely cause") and said in line for line in lines), lines
+    assert codes == ["boundary"], (lines, codes)

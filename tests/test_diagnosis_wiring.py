@@ -96,7 +96,8 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
     if bug == "embedding_scale":
         x = x * math.sqrt(d)
     if not llama:
-        x = x + F.embedding(pos, sd["pos_embeddings.weight"])
+        scale = {"position_embeddings_scaled_down": d**-0.5, "position_embeddings_scaled_up": d**0.5}.get(bug, 1.0)
+        x = x + F.embedding(pos, sd["pos_embeddings.weight"]) * (0.0 if bug == "no_position_embeddings" else scale)
     before = x
     for i in range(cfg["n_layers"]):
         p = f"layers.{i}"

@@ -329,6 +329,18 @@ BUGS = (
         code="knob:missing_residual",
     ),
     Bug(
+        "position_embeddings_scaled_down",
+        "wiring",
+        MODEL,
+        "model.py",
+        old="            x = x + embedding(positions, self.pos_embeddings.weight)",
+        new="            x = x + embedding(positions, self.pos_embeddings.weight) * self.config.d_model**-0.5",
+        explanation="gpt2's learned position embeddings are scaled by d_model ** -0.5 before they are added "
+        "(x-transformers' AbsolutePositionalEmbedding)",
+        fix="add the position embeddings as they are: x = tok_embeddings(ids) + pos_embeddings(positions)",
+        code="knob:embed_scale",
+    ),
+    Bug(
         "loader_skips_the_value_projection",
         "wiring",
         MODEL,

@@ -148,8 +148,9 @@ class Probe:
     # "handles one new token only": no claim where a shorter chunk of several tokens (``chunk`` >= 2) runs as well
     single_token: bool = False
     chunk: int = 0  # the new tokens of a [B, T] id input cut shorter
-    # ``(kind, value)``: one of several values of one property tried alike (a head size); every value is tried, and
-    # those that run are said together with those that raise (``_grouped``)
+    # ``(kind, value)`` or ``(kind, value, given)``: one of several values of one property tried alike (a head size;
+    # ``given``, the value the call raised for); every value is tried, and those that run are said together with those
+    # that raise (``_grouped``)
     group: tuple = ()
 
     def arguments(self) -> tuple[tuple, dict]:
@@ -969,6 +970,35 @@ def _head_size_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+def _config_head_size_probes(args, kwargs) -> list[Probe]:
+    """A fallback for a call given a config (build_model): the same width split over another number of heads, the
+    query heads per kv head kept, so every weight keeps its shape (``wq`` ``[d_model, d_model]``, ``wk``
+    ``[d_model / n_rep, d_model]``); each other head size (even for llama: RoPE needs it) tried as one group, the
+    sizes that run said with those that raise (``_grouped``): a head size the code cannot take (a rotary width of half
+    a head that must be even, a view to a fixed size) runs at other sizes."""
+    configs = [(k, v) for k, v in [*enumerate(args), *kwargs.items()] if isinstance(v, dict) and "n_heads" in v]
+    if len(configs) != 1:
+        return []
+    key, config = configs[0]
+    d, h = config.get("d_model"), config.get("n_heads")
+    kv = config.get("n_kv_heads") or h
+    if type(d) is not int or type(h) is not int or type(kv) is not int or "head_dim" in config or config.get("qk_norm"):
+        return []
+    if h < 1 or kv < 1 or d % h or h % kv:
+        return []
+    rep, llama = h // kv, config.get("family", "llama") == "llama"
+    probes = []
+    for n in range(rep, d + 1, rep):
+        size = d // n if d % n == 0 else 0
+        if n == h or not size or (llama and size % 2):
+            continue
+        heads = {"n_heads": n, **({"n_kv_heads": n // rep} if "n_kv_heads" in config else {})}
+        probes.append(Probe(f"a head size of {d // h} (d_model={d} / n_heads={h})", f"a head size of {size}",
+                            *_with(args, kwargs, key, {**config, **heads}), "; every weight's shape the same",
+                            "crash_head_size", group=("head size", size, d // h)))  # fmt: skip
+    return probes
+
+
 def _odd_size_probes(args, kwargs) -> list[Probe]:
     """Each odd integer size among the positional arguments (an odd ``d_model``) given as the next even one; the
     next odd one must raise as well and the even one after it run (controls), or oddness is not what it raises on."""
@@ -1107,7 +1137,14 @@ def _top_id_probes(name, args, kwargs) -> list[Probe]:
 def _odd_batch_probes(args, kwargs) -> list[Probe]:
     """A ``[B, T]`` id input with an odd number of rows B given one more row (a copy of its first), every tensor
     sharing its B rows alike: a batch of one squeezed away (B = 1), a batch split in two equal halves, or pairs of
-    rows (B >= 3)."""
+    rows (B >= 3). A 1-D float first argument (one row of logits) given as two rows, where one row with a leading dim
+    added raises too (the control): a sampled ``[1]`` squeezed to a 0-d tensor raises on either."""
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if first is not None and first.ndim == 1 and first.is_floating_point() and first.numel() > 1:
+        two = (torch.stack([first, first]), *args[1:])
+        note = " (one row with a leading dim added raises too: the single row, not the rank)"
+        return [Probe("a single row (1-D input)", "2 rows (the row repeated)", two, dict(kwargs), note, "boundary",
+                      controls=(((first[None], *args[1:]), dict(kwargs), False),))]  # fmt: skip
     ids = next((a for a in args if isinstance(a, torch.Tensor) and a.ndim == 2 and not a.is_floating_point()), None)
     if ids is None or ids.dtype == torch.bool or ids.shape[0] % 2 == 0:
         return []
@@ -1275,7 +1312,7 @@ def _feature_size_probes(name, args, kwargs) -> list[Probe]:
         if s != d:
             variant = _map(args, kwargs, lambda t, s=s: resized(t, s))
             probes.append(Probe(f"a last-axis size of {d}", f"a last-axis size of {s}", *variant, "", "boundary",
-                                group=("last-axis size", s)))  # fmt: skip
+                                group=("last-axis size", s, d)))  # fmt: skip
     return probes
 
 
@@ -1832,11 +1869,12 @@ def _grouped(working: list[Probe], tried: list[Probe]) -> list[Probe]:
         runs = sorted(p.group[1] for p in working if p.group and p.group[0] == kind)
         raises = sorted({p.group[1] for p in tried if p.group and p.group[0] == kind})
         first = next(p for p in working if p.group and p.group[0] == kind)
+        given = first.group[2] if len(first.group) > 2 else None  # the size the call raised for
         said = ", ".join(map(str, runs))
         working_text = f"{kind}s {said}" if len(runs) > 1 else f"a {kind} of {said}"
         if raises:
             working_text += f" ({', '.join(map(str, raises))} raise{'s' if len(raises) == 1 else ''} too)"
-        if raises and min(runs) > max(raises):
+        if raises and min(runs) > max(raises) and (given is None or given < min(runs)):
             note = f"; so the code assumes a size of at least {min(runs)}, of those tried (a fixed width or table)"
         elif len(runs) == 1 and raises and max(raises) > runs[0]:
             note = f"; so look for a size of {runs[0]} written into the code (a view, slice or table of that width)"
@@ -1864,7 +1902,7 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
                 + _int_size_probes(name, args, kwargs)
             )[:MAX_TRIES]
             # sizes tried as a group, each one said with the others: a component's last axis, a model's head size
-            fallback += _feature_size_probes(name, args, kwargs)
+            fallback += _feature_size_probes(name, args, kwargs) + _config_head_size_probes(args, kwargs)
             fallback += ledger.sized_probes(name, args, kwargs, Probe) if ledger is not None else []
             _try(fallback, run, tried, working, ledger)
     except _ProcessLost:

@@ -178,7 +178,8 @@ class Ledger:
                 (self._maker(model, wider, None, None, {**options, "seed": 0}, args, kwargs), True),
             )
             probes.append(probe_type(failing, working, args, kwargs, " (fresh weights)", "crash_head_size",
-                                     make=make, controls=controls, group=("head size", size)))  # fmt: skip
+                                     make=make, controls=controls,
+                                     group=("head size", size, config["d_model"] // config["n_heads"])))  # fmt: skip
         return probes
 
     def rebuilt(self, args: tuple, kwargs: dict) -> Callable | None:

@@ -239,6 +239,18 @@ def _swapped(a: str, b: str):
     return transform
 
 
+def _scaled_positions(factor: Callable[[int], float]):
+    """The learned position embeddings multiplied by ``factor(d_model)`` (0: never added)."""
+
+    def transform(state_dict: dict, config) -> dict:
+        if "pos_embeddings.weight" not in state_dict:
+            raise NotApplicable("no learned position embeddings")
+        w = state_dict["pos_embeddings.weight"]
+        return {**state_dict, "pos_embeddings.weight": w * factor(w.shape[-1])}
+
+    return transform
+
+
 def _every_layer_as(which: str):
     """Every block's canonical weights replaced by one block's (``"first"`` or ``"last"``): one block module
     repeated (``[Block()] * n_layers``), or a loader writing one layer's weights into every block."""
@@ -433,6 +445,29 @@ WIRINGS = (
         "multiply the token embeddings by sqrt(d_model) only with embed_scale (Gemma); llama and gpt2 use them "
         "as they are",
         rewire=_toggle_embedding_scale,
+    ),
+    Wiring(
+        "position_embeddings_scaled_down",
+        "knob:embed_scale",
+        "the learned position embeddings are scaled by d_model ** -0.5 before they are added (x-transformers' "
+        "AbsolutePositionalEmbedding scale), where gpt2 adds them as they are",
+        "add the position embeddings unscaled: x = tok_embeddings(ids) + pos_embeddings(positions)",
+        weights=_scaled_positions(lambda d: d**-0.5),
+    ),
+    Wiring(
+        "position_embeddings_scaled_up",
+        "knob:embed_scale",
+        "the learned position embeddings are scaled by sqrt(d_model) before they are added, where gpt2 adds them "
+        "as they are",
+        "add the position embeddings unscaled: x = tok_embeddings(ids) + pos_embeddings(positions)",
+        weights=_scaled_positions(lambda d: d**0.5),
+    ),
+    Wiring(
+        "no_position_embeddings",
+        "knob:embed_scale",
+        "the learned position embeddings are never added: the token embeddings alone enter the first block",
+        "add them: x = tok_embeddings(ids) + pos_embeddings(positions), positions from the cache's length on",
+        weights=_scaled_positions(lambda d: 0.0),
     ),
     Wiring(
         "transposed_attention",
