@@ -288,6 +288,7 @@ CATALOG_WIRING = {
     "wq_wk_swapped_at_load": "wq_wk_swapped",
     "every_layer_runs_the_last_block": "every_layer_the_last",
     "final_norm_without_the_last_residual": "last_block_no_mlp_residual",
+    "position_embeddings_scaled_down": "position_embeddings_scaled_down",
 }
 
 
