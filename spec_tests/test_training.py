@@ -292,6 +292,17 @@ def variant_steps(
         if max_grad_norm is not None and clip == "without_head":  # an untied head neither counted nor scaled
             head = model.lm_head.weight
             torch.nn.utils.clip_grad_norm_([p for p in params if p is not head], max_grad_norm)
+        if max_grad_norm is not None and clip in ("norm_without_vectors", "norm_without_replicated"):
+            left_out = {id(p) for p in params if p.ndim < 2}  # counted out of the norm, scaled all the same
+            if clip == "norm_without_replicated":  # what tensor parallelism keeps whole: norms, the row-parallel
+                # layers' biases (wo, w_proj: their weights are split by column), the position embeddings
+                whole = ("norm.weight", "norm.bias", "attn.wo.bias", "mlp.w_proj.bias", "pos_embeddings.weight")
+                left_out = {id(p) for n, p in model.named_parameters() if n.endswith(whole)}
+            counted = [p.grad.norm() for p in params if id(p) not in left_out and p.grad is not None]
+            scale = min(1.0, max_grad_norm / (float(torch.stack(counted).norm()) + 1e-6))
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         if max_grad_norm is not None and clip == "per_parameter":
             for p in params:
                 torch.nn.utils.clip_grad_norm_([p], max_grad_norm)
@@ -456,6 +467,26 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 with_(clip="squared"),
             ),
         ]
+        found.append(
+            Variant(
+                "knob:clipping",
+                "the clipping's global norm leaves out the weights of fewer than two dims (norm gains, biases): every "
+                "gradient is scaled by a factor computed from the matrices' norm alone, so clipping is too weak",
+                "clip_grad_norm_(model.parameters(), max_grad_norm): the norm over every gradient",
+                with_(clip="norm_without_vectors"),
+            )
+        )
+        if cfg.get("family") == "gpt2":  # and the position embeddings: what a tensor-parallel model keeps whole
+            found.append(
+                Variant(
+                    "knob:clipping",
+                    "the clipping's global norm leaves out the weights a tensor-parallel model keeps whole on every "
+                    "rank (norm gains and biases, the output projections' biases, position embeddings), so clipping "
+                    "is too weak (a duplicate filter that drops them on rank 0 too)",
+                    "count every parameter once in the global norm (the replicated ones on one rank)",
+                    with_(clip="norm_without_replicated"),
+                )
+            )
         if not cfg.get("tie_embeddings", True):  # a head of its own, which a norm over the backbone leaves out
             found.append(
                 Variant(

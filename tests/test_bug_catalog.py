@@ -365,6 +365,8 @@ READINGS = [
     ("loader_swaps_the_block_norms", "test_logits_match_reference", "attn_norm and mlp_norm exchanged in every layer"),
     ("position_embeddings_scaled_down", "test_logits_match_reference and gpt2",
      "position embeddings are scaled by d_model ** -0.5"),
+    ("train_step_clip_norm_without_vectors", "train_step_matches_reference and llama-clip0.5-sgd",
+     "leaves out the weights of fewer than two dims"),
     ("evaluate_metric_never_reset", "evaluate_keeps_nothing_from_an_earlier_call and llama",
      "evaluate keeps its running totals from the call before"),
     ("train_warmup_starts_at_zero", "train_defaults_to_adamw_at_lr_1e_3", "first step leaves the model as it was"),

@@ -682,6 +682,23 @@ BUGS = (
         code="knob:loss_reduction",
     ),
     Bug(
+        "train_step_clip_norm_without_vectors",
+        "training",
+        TRAINING,
+        "training.py",
+        old="        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+        new="        matrices = [p.grad for p in model.parameters() if p.ndim >= 2 and p.grad is not None]  # the bug\n"
+        "        norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in matrices]))\n"
+        "        for p in model.parameters():\n"
+        "            if p.grad is not None:\n"
+        "                p.grad.mul_(min(1.0, max_grad_norm / (float(norm) + 1e-6)))",
+        explanation="train_step's clipping measures the global norm over the weight matrices alone (norm gains and "
+        "biases left out of it) and scales every gradient by that factor, so it clips too little",
+        fix="clip_grad_norm_(model.parameters(), max_grad_norm): the norm over every gradient",
+        corner=True,
+        code="knob:clipping",
+    ),
+    Bug(
         "train_warmup_starts_at_zero",
         "training",
         TRAINING,
