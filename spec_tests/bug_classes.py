@@ -16,7 +16,8 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "layout": ("wrong tensor layout after reshape/transpose", (PRIMITIVES, ATTENTION, MODEL)),
     "leading_dims": (
         "a fixed rank assumed where the protocol allows any leading dims",
-        ("test_leading_dims", "test_sampling"),  # sampling_probs' and sample's own shapes: test_sampling_probs_any_...
+        # sampling_probs' and sample's own shapes (test_sampling_probs_any_...), generate's prompt of one row
+        ("test_leading_dims", "test_sampling", GENERATION),
     ),
     "mask_broadcast": ("mask broadcast over the wrong axes", (ATTENTION,)),
     "masking": ("mask applied at the wrong stage", (ATTENTION,)),

@@ -646,10 +646,12 @@ def defer_to_a_cache_that_carries_over(spec, behaviour: str, config, model, prom
 
 
 @judges("generate", uses=("build_model",))
-def test_sampled_generation_is_reproducible(spec, config):
-    """generate with generators seeded alike produces the same tokens (protocol: sample, reproducible per generator)."""
+@pytest.mark.parametrize("rows", [2, 1], ids=["2-rows", "1-row"])
+def test_sampled_generation_is_reproducible(spec, config, rows):
+    """generate with generators seeded alike produces the same tokens, for a prompt of one row too: a batch of one is
+    a batch, sampled as greedily decoded (protocol: sample, reproducible per generator; generate, prompt [B, T])."""
     model = models.build(spec.impl, config, models.random_state_dict(config, seed=53, device=spec.device))
-    prompt = prompt_for(spec, config, seed=54)
+    prompt = prompt_for(spec, config, seed=54, b=rows)
 
     def run():
         gen = spec.inputs.generator(5)

@@ -2075,3 +2075,18 @@ def test_a_single_row_of_logits_is_named():
     said = "sample raises for a single row (1-D input) and works for 2 rows (the row repeated)"
     assert any(line.startswith("likely cause") and said in line for line in lines), lines
     assert codes == ["boundary"], (lines, codes)
+
+
+def probs_with_an_unclamped_top_k(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_p is None and top_k is not None:
+        logits.topk(top_k)  # the bug: k above the vocabulary raises (the top-p path clamps it)
+    return torch.softmax(logits, dim=-1)
+
+
+def test_a_none_given_its_meaning_is_a_clue_where_a_change_of_the_input_runs_too():
+    """top_k above V raises on the path top_p=None takes: top_p=1.0 runs, and so does top_k=V; the count is named,
+    the None path said as a clue (held out: a confident line named top_p=None)."""
+    lines, _ = probe("sampling_probs", probs_with_an_unclamped_top_k, (randn(3, 7),), {"top_k": 9, "top_p": None})
+    causes = [line for line in lines if line.startswith("likely cause")]
+    assert len(causes) == 1 and "top_k=9, above the last axis's 7 entries" in causes[0], lines
+    assert any(line.startswith("note: sampling_probs raises for top_p=None") for line in lines), lines

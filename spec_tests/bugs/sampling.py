@@ -148,6 +148,20 @@ BUGS = (
         fix="pass top_k on as given: None means no top-k filter",
     ),
     Bug(
+        "generate_squeezes_a_sampled_row",
+        "leading_dims",
+        GENERATION,
+        "generation.py",
+        old="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",
+        new="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)\n"
+        "            if temperature > 0:\n"
+        "                next_id = next_id.squeeze()  # the bug: a batch of one row becomes a 0-d id",
+        explanation="generate squeezes every sampled draw, so a prompt of one row gives a 0-d id and the "
+        "concatenation raises (greedy decoding takes another path and runs)",
+        fix="keep the batch axis: next_id is [B] whatever B is",
+        corner=True,
+    ),
+    Bug(
         "top_k_defaults_to_40",
         "top_k",
         (*SAMPLING, *GENERATION),

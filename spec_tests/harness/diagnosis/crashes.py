@@ -148,6 +148,9 @@ class Probe:
     # "handles one new token only": no claim where a shorter chunk of several tokens (``chunk`` >= 2) runs as well
     single_token: bool = False
     chunk: int = 0  # the new tokens of a [B, T] id input cut shorter
+    # an optional argument's None given what it means: a path as much as a property, so said as a clue where another
+    # change (not a rank, not a path) runs as well (top_p=1.0 ran where top_p=None raised, and top_k above V was it)
+    meaning: bool = False
     # ``(kind, value)`` or ``(kind, value, given)``: one of several values of one property tried alike (a head size;
     # ``given``, the value the call raised for); every value is tried, and those that run are said together with those
     # that raise (``_grouped``)
@@ -332,7 +335,7 @@ def _none_probes(name, args, kwargs) -> list[Probe]:
             continue
         working, value = found
         note = "; mask=None means none" if key == "mask" else ""
-        probes.append(Probe(f"{key}=None", working, args, {**kwargs, key: value}, note))
+        probes.append(Probe(f"{key}=None", working, args, {**kwargs, key: value}, note, meaning=True))
     return probes
 
 
@@ -1918,6 +1921,10 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
         causes = [p for p in causes if not p.fallback]
     if any(p.exclusive for p in causes):
         causes, working = [p for p in causes if p.exclusive], [p for p in working if p.exclusive]
+    if any(p.meaning for p in causes) and any(not (p.meaning or p.rank or p.fallback) for p in causes):
+        other = "another change of the input runs as well and names what it raises on"
+        working = [replace(p, weak=True, clue=other) if p.meaning and not p.weak else p for p in working]
+        causes = [p for p in causes if not p.meaning]
     if any(p.rank for p in causes) and any(not (p.rank or p.fallback) for p in causes):
         kept = "another change that keeps the rank runs as well"
         working = [replace(p, weak=True, clue=kept) if p.rank else p for p in working]
