@@ -345,6 +345,19 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
             )
     if torch.equal(plain.cpu(), want.cpu()):
         masked_mistake(spec, model, prompt, n, config, behaviour)
+        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+        try:
+            uncached = raw.generate(model, prompt, n, temperature=0.0, use_cache=False)
+        except Exception:  # noqa: BLE001 - what does not run reads nothing
+            return causes, codes
+        if torch.equal(uncached.cpu(), plain.cpu()):  # right without the cache, the cache right when fed as specified
+            return (
+                "likely cause: generate's own cached path feeds its cache otherwise than the protocol's loop: without "
+                "the cache it picks your model's greedy tokens, and so does your forward through a new cache fed the "
+                "prompt, then each new token. Look at what generate feeds through the cache (which tokens, at which "
+                "positions, a slot not yet written, a cache not started afresh when the window slides). Fix: feed the "
+                "prompt, then each new token",
+            ), ("knob:cache_feeding",)
         return causes, codes
     failing = spec.failing(("new_cache", "forward"))
     if failing:
@@ -781,16 +794,22 @@ def test_generate_samples_from_sampling_probs(spec, kw):
             raise spec.defer(
                 failing, behaviour, f"consequence of failing {', '.join(failing)}: {found}. Fix the cache."
             )
-        spec.require(
-            False,
-            behaviour=behaviour,
-            found=found,
-            causes=(
-                "likely cause: the cached prompt's logits differ from forward's (test_kv_cache.py tells how). Fix: "
-                "the cached path computes forward's logits",
-            ),
-            codes=("cache_contents",),
-        )
+        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+        try:
+            cached = raw.forward(model, prompt[:1], raw.new_cache(model, 1))
+            consistent = mismatch(cached, one, tolerance("model", device=spec.device)) is None
+        except Exception:  # noqa: BLE001 - a cached forward that raises is no evidence either way
+            consistent = None
+        cause, code = (  # the cache itself right: what generate feeds through it is not
+            ("likely cause: generate's own cached path feeds its cache otherwise than the prompt through a new cache "
+             "(forward(model, prompt, new_cache(model, B)) gives forward's logits here): look at what generate "
+             "feeds at its first steps (which tokens, at which positions, a slot not yet written). Fix: feed the "
+             "prompt, then each new token, as forward through the cache takes them", "knob:cache_feeding")
+            if consistent
+            else ("likely cause: the cached prompt's logits differ from forward's (test_kv_cache.py tells how). Fix: "
+                  "the cached path computes forward's logits", "cache_contents")
+        )  # fmt: skip
+        spec.require(False, behaviour=behaviour, found=found, causes=(cause,), codes=(code,))
     spec.require(
         freq is not None,
         behaviour=f"generate(prompt [{N_DRAWS}, {prompt.shape[1]}], 1 new token) returns the prompt and one token",

@@ -367,6 +367,8 @@ READINGS = [
      "position embeddings are scaled by d_model ** -0.5"),
     ("train_step_clip_norm_without_vectors", "train_step_matches_reference and llama-clip0.5-sgd",
      "leaves out the weights of fewer than two dims"),
+    ("generate_cached_step_feeds_the_token_before", "greedy_generation_follows_the_model and llama-cache",
+     "generate's own cached path feeds its cache otherwise than the protocol's loop"),
     ("evaluate_metric_never_reset", "evaluate_keeps_nothing_from_an_earlier_call and llama",
      "evaluate keeps its running totals from the call before"),
     ("train_warmup_starts_at_zero", "train_defaults_to_adamw_at_lr_1e_3", "first step leaves the model as it was"),

@@ -424,6 +424,18 @@ BUGS = (
         fix="new tokens sit at positions cache.length, cache.length + 1 and onwards",
     ),
     Bug(
+        "generate_cached_step_feeds_the_token_before",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -1:], cache, **padded(mask))",
+        new="                logits = model(ids[:, -2:-1], cache, **padded(mask))  # the bug",
+        explanation="generate's cached steps feed the token before the newest one into the cache: forward through "
+        "the cache is right, and generate decodes from a sequence with one token repeated and the newest never seen",
+        fix="feed the newest token, ids[:, -1:], at every cached step",
+        code="knob:cache_feeding",
+    ),
+    Bug(
         "cache_holds_row_0_for_every_row",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),

@@ -97,6 +97,7 @@ KNOBS = {
     "in_place": "an input is edited in place (scaled, shifted, masked or sorted in the caller's memory)",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
+    "cache_feeding": "generate feeds its cache otherwise than the protocol's cached forward takes it (tokens, slots)",
     "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",
     "optimizer_state": "the optimizer's state (moments, step count) does not carry over from step to step",
     "state_carried": "a call keeps state from an earlier call (a metric not reset, a running total or buffer reused)",
