@@ -79,6 +79,10 @@ def cases():
                 "eps_outside": (lambda: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + 1e-5) * w, "knob:eps_placement"),
                 "unbiased": (lambda: rms(x, w, unbiased=True), "knob:variance_bias"),
                 "mean_subtracted": (lambda: F.layer_norm(x, (D_MODEL,), w, None, 1e-5), "knob:mean_subtraction"),
+                "variance_denominator": (  # Keras 3.0's rms_scaling: x over the root of its variance, uncentred
+                    lambda: x / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt() * w,
+                    "knob:mean_subtraction",
+                ),
                 "no_weight": (lambda: F.rms_norm(x, (D_MODEL,), None, 1e-5), "knob:norm_weight"),
                 "weight_twice": (lambda: F.rms_norm(x, (D_MODEL,), w, 1e-5) * w, "knob:norm_weight"),
                 "dim_1": (lambda: rms(x, w, dim=1), "knob:reduction_dim"),

@@ -180,6 +180,16 @@ def _norm_family(p: _Args, center: bool):
                 center=True,
             )
         )
+        out.append(
+            Variant(
+                "knob:mean_subtraction",
+                "x is divided by the square root of its variance about the mean (x.var()), not of its mean square: "
+                "x / sqrt(var(x) + eps), x itself not centred (Keras 3.0's rms_scaling)",
+                where="the statistic in the denominator of rmsnorm",
+                fix="use mean(x**2) over the last axis: x * rsqrt(mean(x**2) + eps) * weight",
+                compute=lambda: p.x / torch.sqrt(p.x.var(-1, unbiased=False, keepdim=True) + p.eps) * p.weight,
+            )
+        )
     for d in list(range(p.x.dim() - 1)) + [None]:
         label = "all axes" if d is None else f"axis {d}"
         out.append(
