@@ -173,6 +173,8 @@ def evaluate_teacher(
     the data cut into chunks of inputs and targets, so the token after each chunk is never predicted;
     divided by the tokens predicted), ``"plus_windows"`` (divided by the predicted tokens plus the number of
     windows: each window counted by its input's length or its mask's ones, one more than it predicts),
+    ``"padded_sums"`` (each batch's NLL divided by all its padded slots, windows times ``context_length``, as Keras'
+    ``sum_over_batch_size`` reduction does, the batches then averaged weighted by their predicted tokens),
     ``"edge_padded"`` (the last batch filled up to ``batch_size`` with copies of its last window, which are scored
     and counted), ``"unshifted"`` (each window's tokens scored as their own targets),
     ``"zero_ignored"`` (targets equal to token 0 left out: a pad id of 0 used as the ignored label),
@@ -238,6 +240,11 @@ def evaluate_teacher(
     elif reduction == "padded_numerator":  # each batch's mean weighted by its windows x context, over the predictions
         batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
         total = sum(float(torch.cat(b).mean()) * len(b) * context_length for b in batches)
+        loss = total / (len(data) - 1)
+    elif reduction == "padded_sums":  # each batch's NLL over every slot of its padded windows (Keras'
+        # sum_over_batch_size), the batches then weighted by their predicted tokens
+        batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
+        total = sum(float(torch.cat(b).sum()) / (len(b) * context_length) * sum(len(n) for n in b) for b in batches)
         loss = total / (len(data) - 1)
     elif reduction == "full_windows":  # every window counted as context_length predictions
         loss = float(torch.cat(nll).sum() / (len(spans) * context_length))

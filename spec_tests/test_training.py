@@ -1176,7 +1176,7 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     # divisors or two batchings can coincide, and the one that fits by coincidence would be named
     second = {}
 
-    def confirmed(reduction) -> bool:
+    def confirmed(reduction, perplexity=None) -> bool:
         n, c, b = CONFIRM
         if "got" not in second:
             raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
@@ -1187,14 +1187,20 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         if second["got"] is None:
             return False
         other = oracles.evaluate_teacher(spec.impl, model, data[:n], c, spec.device, batch_size=b, reduction=reduction)
+        if perplexity is not None:
+            other["perplexity"] = oracles.evaluate_teacher(spec.impl, model, data[:n], c, spec.device)["perplexity"]
         return mismatch(second["got"], other, tolerance("model", device=spec.device)) is None
 
-    def teacher(reduction):
+    def teacher(reduction, perplexity=None):
+        """``perplexity="tokens"``: the perplexity the protocol's, a metric of its own beside a wrong loss."""
+
         def compute():
             out = oracles.evaluate_teacher(
                 spec.impl, model, data, context_length, spec.device, batch_size=batch_size, reduction=reduction
             )
-            if not confirmed(reduction):
+            if perplexity is not None:
+                out["perplexity"] = want["perplexity"]
+            if not confirmed(reduction, perplexity):
                 raise ValueError(f"{reduction} does not give evaluate's result on {CONFIRM}")  # fitting_variants skips
             return out
 
@@ -1244,6 +1250,18 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "the tokens predicted: a short last window's total counts as if it were full",
             "sum the NLL of every predicted token (a batch's mean times its predicted tokens), divide by their number",
             teacher("padded_numerator"),
+        ),
+        *(  # the perplexity exp(loss), or a token-weighted metric of its own
+            Variant(
+                "knob:loss_reduction",
+                "each batch's loss is its NLL divided by every slot of its padded windows, padding included (Keras' "
+                "sum_over_batch_size reduction), so a batch with a short window counts its padding as predictions of "
+                "zero loss; the batches' losses are then weighted by their tokens",
+                "divide each batch's NLL by its predicted (unpadded) tokens, or sum the NLL of every predicted token "
+                "and divide by their number",
+                teacher("padded_sums", perplexity=perplexity),
+            )
+            for perplexity in (None, "tokens")
         ),
         Variant(
             "knob:loss_reduction",

@@ -369,6 +369,8 @@ READINGS = [
      "leaves out the weights of fewer than two dims"),
     ("generate_cached_step_feeds_the_token_before", "greedy_generation_follows_the_model and llama-cache",
      "generate's own cached path feeds its cache otherwise than the protocol's loop"),
+    ("evaluate_sums_over_padded_slots", "evaluate_is_token_weighted and llama-61/11/b8",
+     "divided by every slot of its padded windows"),
     ("evaluate_metric_never_reset", "evaluate_keeps_nothing_from_an_earlier_call and llama",
      "evaluate keeps its running totals from the call before"),
     ("train_warmup_starts_at_zero", "train_defaults_to_adamw_at_lr_1e_3", "first step leaves the model as it was"),

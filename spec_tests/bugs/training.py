@@ -252,6 +252,27 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "evaluate_sums_over_padded_slots",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old=EVALUATE_LOOP,
+        new="""    total = torch.zeros((), dtype=torch.float64)
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            nll = torch.cat([token_nll(model(tokens[s : s + n][None].to(device)), tokens[s + 1 : s + n + 1][None].to(
+                device))[0] for s, n in group]).double().cpu()
+            # the bug: the batch's loss over all its padded slots (sum_over_batch_size), weighted by its tokens
+            total += nll.sum() / (len(group) * context_length) * nll.numel()
+    loss = (total / n_pred).item()""",
+        explanation="each batch's loss divides its NLL by every slot of its windows padded to context_length (Keras' "
+        "sum_over_batch_size), so a batch holding the short last window counts its padding as zero-loss predictions",
+        fix="divide by the predicted tokens only: sum the NLL of every predicted token, divide by len(data) - 1",
+        corner=True,
+        code="knob:loss_reduction",
+    ),
+    Bug(
         "evaluate_counts_padding",
         "evaluation",
         EVALUATION,
