@@ -627,7 +627,32 @@ def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behavio
         ),
         variants=variants,
         step=sgd_step_reading(config),
+        readings=[first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm)],
     )
+
+
+def first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm) -> Callable:
+    """A reading for ``check_two_steps``: where train_step's loss before its first step differs from the cross-entropy
+    of the implementation's own forward on the same model (``steps_on_own_model``'s first loss), train_step computes
+    its logits or its loss otherwise than forward (held out: Megatron's get_batch building its own inverted mask)."""
+
+    def read(tol) -> tuple[list[str], list[str]]:
+        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+        try:
+            own = steps_on_own_model(raw, config, sd, x, y, optimizer, max_grad_norm)["losses"][0]
+            got = two_steps(raw, config, sd, x, y, optimizer, max_grad_norm)["losses"][0]
+        except Exception:  # noqa: BLE001 - what does not run reads nothing
+            return [], []
+        if mismatch([got], [own], tol) is None:
+            return [], []
+        return [
+            f"likely cause: train_step's loss before its first step ({got:.6g}) is not the cross-entropy of your own "
+            f"forward(model, x) against y ({own:.6g}): train_step computes its logits or its loss otherwise than "
+            "forward does (an attention mask or model path of its own, another mode, the targets or the reduction "
+            "read otherwise). Fix: loss = cross_entropy(forward(model, x), y), the mean over the target tokens"
+        ], ["knob:train_path"]
+
+    return read
 
 
 @judges("train_step", uses=("build_model", "canonical_state_dict"))
