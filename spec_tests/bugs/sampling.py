@@ -162,6 +162,19 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "generate_masks_the_prompt_start",
+        "sampling_order",
+        GENERATION,
+        "generation.py",
+        old="    ids, cache, mask = prompt, None, None",
+        new="    ids, cache, mask = prompt, None, torch.ones_like(prompt).index_fill(1, torch.tensor([0]), 0)",
+        explanation="generate hands its model a mask of its own that marks the prompt's first token as padding: "
+        "forward is right, and generate's logits are not forward's on the prompt",
+        fix="no mask of generate's own: the first token is argmax(forward(model, prompt)[:, -1]) at temperature 0",
+        corner=True,
+        code="knob:generate_path",
+    ),
+    Bug(
         "top_k_defaults_to_40",
         "top_k",
         (*SAMPLING, *GENERATION),

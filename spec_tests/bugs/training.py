@@ -720,6 +720,20 @@ BUGS = (
         code="knob:clipping",
     ),
     Bug(
+        "train_step_masks_its_first_token",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster",
+        new="    first_out = torch.ones_like(x).index_fill(1, torch.tensor([0], device=x.device), 0)  # the bug\n"
+        "    loss = cross_entropy(model(x, attention_mask=first_out), y, fused=True)",
+        explanation="train_step runs the model with an attention mask of its own that marks each row's first token "
+        "as padding (a batch's mask built for the training path only): forward is right, train_step's logits are not",
+        fix="loss = cross_entropy(forward(model, x), y): the model as forward runs it, no mask of its own",
+        corner=True,
+        code="knob:train_path",
+    ),
+    Bug(
         "train_warmup_starts_at_zero",
         "training",
         TRAINING,
