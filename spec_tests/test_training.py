@@ -1403,13 +1403,47 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     why = "fails its own tests, so the model's loss on a window may depend on how evaluate batches and pads the windows"
     with spec.unless_failing(("forward", "build_model"), behaviour, why):
         spec.close(
-            got, want, kind="model", variants=variants, behaviour=behaviour, hint=divisor_note(got, want, n_tokens)
+            got,
+            want,
+            kind="model",
+            variants=variants,
+            behaviour=behaviour,
+            hint=divisor_note(got, want, n_tokens),
+            readings=[one_prediction_reading(spec, model, data, context_length)],
         )
     spec.require(
         math.isclose(got["perplexity"], math.exp(got["loss"]), rel_tol=1e-12),
         behaviour="perplexity = exp(loss)",
         found=f"perplexity {got['perplexity']}, exp(loss) {math.exp(got['loss'])}",
     )
+
+
+def one_prediction_reading(spec, model, data, context_length) -> Callable:
+    """A reading for evaluate's failing loss: evaluate on the first two tokens, one prediction, where every averaging
+    gives that one NLL (or it over a wrong count: 1 / m of it, m up to ``context_length + 1``). A value none of those
+    explains is not the NLL your own forward gives that prediction: evaluate computes its logits otherwise (held out:
+    Megatron's get_batch building an inverted mask of its own)."""
+
+    def read(tol) -> tuple[list[str], list[str]]:
+        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+        try:
+            got = float(raw.evaluate(model, data[:2], context_length)["loss"])
+            logits = raw.forward(model, data[:1][None].long().to(spec.device))[0, -1].detach().double().cpu()
+        except Exception:  # noqa: BLE001 - what does not run reads nothing
+            return [], []
+        own = float(-torch.log_softmax(logits, dim=-1)[int(data[1])])
+        if not math.isfinite(got) or any(
+            math.isclose(got, own / m, rel_tol=1e-4, abs_tol=tol.atol) for m in range(1, context_length + 2)
+        ):
+            return [], []
+        return [
+            f"likely cause: evaluate on two tokens (one prediction) gives {got:.6g}, and your own forward gives that "
+            f"prediction an NLL of {own:.6g}, which no averaging turns into it: evaluate computes its logits otherwise "
+            "than forward (an attention mask, positions or a model path of its own) or scores another target. Fix: "
+            "score forward(model, window)'s logits against the window shifted by one"
+        ], ["knob:evaluate_path"]
+
+    return read
 
 
 @judges("evaluate", uses=("build_model",))

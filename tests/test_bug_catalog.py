@@ -375,6 +375,8 @@ READINGS = [
      "is not the cross-entropy of your own forward(model, x) against y"),
     ("generate_masks_the_prompt_start", "greedy_generation_follows_the_model and llama-no-cache",
      "generate's first new token is not the argmax of your own forward(model, prompt)'s last logits"),
+    ("evaluate_positions_from_one", "evaluate_is_token_weighted and gpt2-61/11/b2",
+     "evaluate computes its logits otherwise than forward"),
     ("evaluate_metric_never_reset", "evaluate_keeps_nothing_from_an_earlier_call and llama",
      "evaluate keeps its running totals from the call before"),
     ("train_warmup_starts_at_zero", "train_defaults_to_adamw_at_lr_1e_3", "first step leaves the model as it was"),

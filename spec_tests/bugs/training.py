@@ -273,6 +273,20 @@ BUGS = (
         code="knob:loss_reduction",
     ),
     Bug(
+        "evaluate_positions_from_one",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="                total += token_nll(model(x), y).sum().double().cpu()",
+        new="                own = torch.arange(1, x.shape[1] + 1, device=x.device)  # the bug: positions from 1\n"
+        "                total += token_nll(model(x, positions=own), y).sum().double().cpu()",
+        explanation="evaluate runs the model at positions of its own, counted from 1: forward is right, and evaluate "
+        "scores other logits (gpt2's learned positions; RoPE sees only differences)",
+        fix="score forward(model, window)'s logits: no positions of evaluate's own",
+        corner=True,
+        code="knob:evaluate_path",
+    ),
+    Bug(
         "evaluate_counts_padding",
         "evaluation",
         EVALUATION,

@@ -98,6 +98,7 @@ KNOBS = {
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
     "generate_path": "generate computes its first logits otherwise than forward on the prompt, or picks otherwise",
+    "evaluate_path": "evaluate scores logits other than those of forward on its windows, or other targets",
     "train_path": "train_step computes its loss otherwise than cross_entropy(forward(model, x), y) of its own forward",
     "cache_feeding": "generate feeds its cache otherwise than the protocol's cached forward takes it (tokens, slots)",
     "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",
