@@ -1534,22 +1534,22 @@ def test_evaluate_keeps_nothing_from_an_earlier_call(spec, family):
         loss = (before["loss"] * n1 + want["loss"] * n2) / (n1 + n2)
         return {"loss": loss, "perplexity": math.exp(loss)}
 
-    spec.close(
-        got,
-        want,
-        kind="model",
-        behaviour=f"evaluate on {len(second)} tokens, called after an evaluate of the same model on {len(first)} other "
-        "tokens, gives those tokens' loss and perplexity",
-        variants=[
-            Variant(
-                "knob:state_carried",
-                "evaluate keeps its running totals from the call before (a metric object not reset between calls): "
-                "the loss is the token-weighted mean over both calls' data",
-                "start every evaluate from empty totals (reset the metrics at the start of each call)",
-                pooled,
-            )
-        ],
+    behaviour = (
+        f"evaluate on {len(second)} tokens, called after an evaluate of the same model on {len(first)} other tokens, "
+        "gives those tokens' loss and perplexity"
     )
+    why = "fails its own tests, so the model's loss on a window may depend on how evaluate batches and pads the windows"
+    variants = [
+        Variant(
+            "knob:state_carried",
+            "evaluate keeps its running totals from the call before (a metric object not reset between calls): the "
+            "loss is the token-weighted mean over both calls' data",
+            "start every evaluate from empty totals (reset the metrics at the start of each call)",
+            pooled,
+        )
+    ]
+    with spec.unless_failing(("forward", "build_model"), behaviour, why):
+        spec.close(got, want, kind="model", behaviour=behaviour, variants=variants)
 
 
 def nearest_adamw(spec, cfg, sd, x, losses, want, lr, behaviour: str, atol: float = 1e-3) -> tuple[list[float], str]:
