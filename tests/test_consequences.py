@@ -379,6 +379,27 @@ def test_a_relation_generate_breaks_with_its_own_sample_is_a_consequence_of_samp
     assert "generate: " not in out.split("root causes")[-1], out[-3000:]
 
 
+def attends_through_its_own_copy(folder, prelude: str, overrides: str) -> None:
+    """The copy's model attends through its own copy of multihead_self_attention (not the protocol's name), whose
+    module globals are the attention module's with ``overrides`` (``name=value`` source) after ``prelude``."""
+    attention = folder / "attention.py"
+    attention.write_text(
+        attention.read_text() + f"\n\n{prelude}\n\nimport types as _types\n"
+        f"_own_mhsa = _types.FunctionType(multihead_self_attention.__code__, dict(globals(), {overrides}), "
+        "'_own_mhsa', multihead_self_attention.__defaults__)\n"
+        "_own_mhsa.__kwdefaults__ = multihead_self_attention.__kwdefaults__\n"
+    )
+    model = folder / "model.py"
+    model.write_text(
+        replace_once(
+            model.read_text(),
+            "from .attention import multihead_self_attention\n",
+            "from .attention import _own_mhsa as multihead_self_attention\n",
+            "the model's attention import",
+        )
+    )
+
+
 def test_a_model_mistake_invisible_at_one_token_leaves_the_cache_uncharged(tmp_path, pytester):
     """A copy of the reference whose model attends through its own copy of multihead_self_attention that merges
     heads without a transpose (invisible at T = 1): the uncached forward and every multi-token chunk are wrong, and
@@ -386,22 +407,7 @@ def test_a_model_mistake_invisible_at_one_token_leaves_the_cache_uncharged(tmp_p
     bug was charged to forward and new_cache)."""
 
     def edit(folder):
-        attention = folder / "attention.py"
-        attention.write_text(
-            attention.read_text()
-            + "\n\nimport types as _types\n_own = dict(globals(), merge_heads=lambda x: x.reshape(x.shape[0], "
-            "x.shape[2], -1))\n_own_mhsa = _types.FunctionType(multihead_self_attention.__code__, _own, '_own_mhsa', "
-            "multihead_self_attention.__defaults__)\n"
-            "_own_mhsa.__kwdefaults__ = multihead_self_attention.__kwdefaults__\n"
-        )
-        model = folder / "model.py"
-        model.write_text(
-            model.read_text().replace(
-                "from .attention import multihead_self_attention\n",
-                "from .attention import _own_mhsa as multihead_self_attention\n",
-                1,
-            )
-        )
+        attends_through_its_own_copy(folder, "", "merge_heads=lambda x: x.reshape(x.shape[0], x.shape[2], -1)")
 
     folder = implementation(tmp_path, edit=edit)
     selected = "test_logits_match_reference or test_cached_logits_equal_full_forward or test_cache_equals_no_cache"
@@ -420,10 +426,8 @@ def test_a_model_mistake_wrong_at_one_token_too_that_explains_the_cached_path_le
     consequences of forward (held out: charged to forward and new_cache)."""
 
     def edit(folder):
-        attention = folder / "attention.py"
-        attention.write_text(
-            attention.read_text()
-            + "\n\ndef _heads_sdpa(q, k, v, mask=None, *, causal=False, fused=False, softcap=None):\n"
+        heads_sdpa = (
+            "def _heads_sdpa(q, k, v, mask=None, *, causal=False, fused=False, softcap=None):\n"
             "    n_rep = _group_size(q, k)\n"
             "    if causal:\n"
             "        mask = with_causal(mask, q.shape[-2], k.shape[-2], q.device)\n"
@@ -431,19 +435,8 @@ def test_a_model_mistake_wrong_at_one_token_too_that_explains_the_cached_path_le
             "    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])\n"
             "    scores = scores.masked_fill(~mask.to(torch.bool), torch.finfo(scores.dtype).min)\n"
             "    return torch.softmax(scores, dim=-3) @ v\n"
-            "\n\nimport types as _types\n_own_mhsa = _types.FunctionType(multihead_self_attention.__code__, "
-            "dict(globals(), scaled_dot_product_attention=_heads_sdpa), '_own_mhsa', "
-            "multihead_self_attention.__defaults__)\n"
-            "_own_mhsa.__kwdefaults__ = multihead_self_attention.__kwdefaults__\n"
         )
-        model = folder / "model.py"
-        model.write_text(
-            model.read_text().replace(
-                "from .attention import multihead_self_attention\n",
-                "from .attention import _own_mhsa as multihead_self_attention\n",
-                1,
-            )
-        )
+        attends_through_its_own_copy(folder, heads_sdpa, "scaled_dot_product_attention=_heads_sdpa")
 
     folder = implementation(tmp_path, edit=edit)
     selected = "test_logits_match_reference or test_cached_logits_equal_full_forward"
