@@ -673,6 +673,13 @@ def test_train_step_takes_a_batch_of_one(spec, family):
         "sgd",
         None,
         behaviour="two train_steps with sgd on a batch of one sequence: returned losses and new weights",
+        variants=step_variants(  # a step mistake shows here too: named as in test_train_step_matches_reference
+            config,
+            "sgd",
+            None,
+            rows=1,
+            own=lambda **kw: steps_on_own_model(spec.impl, config, sd, x, y, "sgd", None, **kw),
+        ),
     )
 
 

@@ -254,17 +254,6 @@ def diagnose(
         # shows its symptom (a top-p filter left unnormalised read as a RoPE pairing, a boundary, a scale)
         causes = [c for c in causes if c.source != "structural"]
     described = describe(rank(causes)) if causes else []
-    rivals = [c for c in causes if c.source == "knob" and c.code not in known_codes and c.confidence >= CONFIDENT]
-    if bugs and rivals:  # a knob of another code reproduces the output too, confirmed where the knob search can (a
-        # second input, an option dropped), where the catalogued bug's match is one output's: said after it, as a
-        # weaker fit (held out: top-p skipped beside top-k was matched to a top-p summed over the batch axis)
-        weaker = " (a weaker fit: it matches this one output, the change above is confirmed further)"
-        lines = [f"or {line.removeprefix('or ')}{weaker}" for line in lines]
-        codes, bugs = ["~" + c for c in codes], []
-        lines, described = described + lines, described
-        top = next(c for c in rank(causes) if c.confidence >= WEAK)
-        codes.append(top.code if top.confidence >= CONFIDENT else "~" + top.code)
-        return lines, codes
     lines += described
     if described and not bugs and not described[0].startswith("likely cause (ambiguous"):
         top = next(c for c in rank(causes) if c.confidence >= WEAK)
