@@ -153,13 +153,16 @@ def _property_tests() -> dict:
 REFERENCE = Path(reference.__file__).resolve().parent
 
 
-def implementation(tmp_path: Path, *bugs: str, edit=None, patch: tuple[str, str, str] | None = None) -> Path:
-    """A copy of the reference with the named catalog patches applied, then ``patch`` (``(file, old, new)``:
-    ``old`` replaced once in that file) and ``edit(folder)``."""
+def implementation(
+    tmp_path: Path, *bugs: str, edit=None, patch: tuple[str, str, str] | None = None, patches=()
+) -> Path:
+    """A copy of the reference with the named catalog patches applied, then ``patch`` and ``patches`` (each ``(file,
+    old, new)``: ``old`` replaced once in that file, in turn) and ``edit(folder)``."""
     folder = tmp_path / "impl"
     shutil.copytree(REFERENCE, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    patches = [(CATALOG[name].file, CATALOG[name].old, CATALOG[name].new, f"bug {name}") for name in bugs]
-    patches += [(*patch, "the test's patch")] if patch is not None else []
+    patches = [(CATALOG[name].file, CATALOG[name].old, CATALOG[name].new, f"bug {name}") for name in bugs] + [
+        (*p, "the test's patch") for p in ([patch] if patch is not None else []) + list(patches)
+    ]
     for file, old, new, what in patches:
         path = folder / file
         path.write_text(replace_once(path.read_text(), old, new, f"{what} in {file}"))

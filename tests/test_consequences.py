@@ -459,13 +459,7 @@ def test_generation_through_a_forward_whose_masked_cached_path_is_wrong_is_a_con
         ),
         ("model.py", "padded_positions(real)[:, start:]", "padded_positions(real[:, start:])"),
     ]
-
-    def edit(folder):
-        for file, old, new in edits:
-            path = folder / file
-            path.write_text(replace_once(path.read_text(), old, new, f"the test's edit in {file}"))
-
-    folder = implementation(tmp_path, edit=edit)
+    folder = implementation(tmp_path, patches=edits)
     selected = "test_padded_cached_forward_equals_uncached or test_greedy_generation_follows_the_model"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
@@ -575,22 +569,19 @@ def test_a_train_with_kingma_ba_adam_around_its_own_broken_step_is_a_consequence
         "\n\n_own_step = train_step\n"
     )
     edits = [
-        ("clip_grad_norm_(model.parameters(), max_grad_norm)",
+        ("training.py", "clip_grad_norm_(model.parameters(), max_grad_norm)",
          "clip_grad_norm_(model.parameters(), max_grad_norm / y.numel())"),
-        ("optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        ("training.py", "optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
          "optimizer = _PaperAdam(model.parameters(), lr=lr)"),
-        ("losses.append(train_step(model, optimizer, x, y, max_grad_norm))",
+        ("training.py", "losses.append(train_step(model, optimizer, x, y, max_grad_norm))",
          "losses.append(_own_step(model, optimizer, x, y, max_grad_norm))"),
     ]  # fmt: skip
 
     def edit(folder):
         training = folder / "training.py"
-        text = training.read_text()
-        for old, new in edits:
-            text = replace_once(text, old, new, "the test's edit in training.py")
-        training.write_text(text + paper)
+        training.write_text(training.read_text() + paper)
 
-    folder = implementation(tmp_path, edit=edit)
+    folder = implementation(tmp_path, edit=edit, patches=edits)
     selected = "test_train_step_matches_reference or test_train_defaults_to_adamw or test_train_keeps_its_optimizer"
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
