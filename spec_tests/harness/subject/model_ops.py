@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 
 import torch
 import torch.nn.functional as F
@@ -89,39 +88,14 @@ def seed_global_rng(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-class EpsHatAdamW(torch.optim.Optimizer):
-    """AdamW in Kingma and Ba's efficient form (fairseq's Adam, Keras', TensorFlow's): eps added to the square root of
-    the uncorrected second moment, the bias corrections folded into the step size; the decay decoupled, as AdamW's."""
-
-    def __init__(self, params, lr: float, eps: float, weight_decay: float = 0.01, betas=(0.9, 0.999)):
-        super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay, betas=betas))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                state["t"] += 1
-                t, m, v = state["t"], state["m"], state["v"]
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                p.mul_(1 - lr * wd)
-                p.sub_(lr * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps))
-
-
 # the correct AdamW formulations besides PyTorch's: (eps, whether only weights of two or more dims decay)
 EPS_HAT = {"adamw_paper": (1e-8, False), "adamw_keras": (1e-7, True)}
 
 
 def make_optimizer(impl, model, kind: str, lr: float, eps: float = 1e-8):
     """A fresh ``SGD`` or ``AdamW`` over ``model.parameters()``; ``adamw_paper`` and ``adamw_keras``: AdamW in Kingma
-    and Ba's form (``EpsHatAdamW``) as fairseq (eps 1e-8, every weight decayed) and Keras (eps 1e-7, biases and norm
-    gains not decayed) write it."""
+    and Ba's form (``bookkeeping.AdamWRule(eps_hat=True)``) as fairseq (eps 1e-8, every weight decayed) and Keras
+    (eps 1e-7, biases and norm gains not decayed) write it."""
     params = list(model.parameters())
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
@@ -133,7 +107,9 @@ def make_optimizer(impl, model, kind: str, lr: float, eps: float = 1e-8):
             {"params": [p for p in params if p.ndim >= 2 or not matrices_only], "weight_decay": 0.01},
             {"params": [p for p in params if p.ndim < 2 and matrices_only], "weight_decay": 0.0},
         ]
-        return EpsHatAdamW([g for g in groups if g["params"]], lr=lr, eps=eps)
+        from ..diagnosis.bookkeeping import AdamWRule
+
+        return AdamWRule([g for g in groups if g["params"]], lr=lr, eps=eps, eps_hat=True)
     raise ValueError(f"make_optimizer: unknown optimizer {kind!r}; known: sgd, adamw, {', '.join(EPS_HAT)}")
 
 
