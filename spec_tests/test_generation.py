@@ -6,6 +6,8 @@ Generation is judged against the implementation's own forward pass (``oracles.gr
 which ``test_model.py`` compares with the reference: a wrong model costs in the model only.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -341,10 +343,11 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
     on how generate feeds the cache (every way is right for a consistent cache), so this check cannot judge
     generate: a consequence of new_cache or forward where they fail their own tests, else ``causes`` are weak."""
     plain = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=False)
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    uncached = functools.cache(lambda: raw.generate(model, prompt, n, temperature=0.0, use_cache=False))
     failing = spec.failing(("new_cache",))
     if failing:  # generate right without the cache, and the cache wrong in its own tests: the cache explains it
-        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
-        if torch.equal(raw.generate(model, prompt, n, temperature=0.0, use_cache=False).cpu(), plain.cpu()):
+        if torch.equal(uncached().cpu(), plain.cpu()):
             raise spec.defer(
                 failing,
                 behaviour,
@@ -353,12 +356,11 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
             )
     if torch.equal(plain.cpu(), want.cpu()):
         masked_mistake(spec, model, prompt, n, config, behaviour)
-        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
         try:
-            uncached = raw.generate(model, prompt, n, temperature=0.0, use_cache=False)
+            right_without = torch.equal(uncached().cpu(), plain.cpu())
         except Exception:  # noqa: BLE001 - what does not run reads nothing
             return causes, codes
-        if torch.equal(uncached.cpu(), plain.cpu()):  # right without the cache, the cache right when fed as specified
+        if right_without:  # right without the cache, the cache right when fed as specified
             return (
                 "likely cause: generate's own cached path feeds its cache otherwise than the protocol's loop: without "
                 "the cache it picks your model's greedy tokens, and so does your forward through a new cache fed the "
