@@ -155,7 +155,7 @@ def greedy_case(
     if not torch.equal(out.cpu(), want.cpu()):
         own_sampler_consequence(spec, model, prompt, n, ctx, out, use_cache=use_cache, behaviour=behaviour)
     if use_cache and not torch.equal(out.cpu(), want.cpu()):
-        causes, codes = cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes)
+        causes, codes = cache_consistent(spec, model, prompt, n, config, want, out, behaviour, causes, codes)
     right_within = True  # generation within the context is right: what differs past it is the window's
     if within is not None and causes and not torch.equal(out.cpu(), want.cpu()):
         short = prompt_for(spec, config, t=within[0], seed=seeds[1])
@@ -336,12 +336,13 @@ def own_sampler_consequence(
             )
 
 
-def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, codes):
+def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, causes, codes):
     """Where cached generation differs from the model's own cached greedy teacher: a consequence of new_cache where
     generation without the cache is right and new_cache fails its own tests; else whether the model's cached
     forward picks the tokens its uncached forward picks on this very prompt. Where it does not, the tokens depend
     on how generate feeds the cache (every way is right for a consistent cache), so this check cannot judge
-    generate: a consequence of new_cache or forward where they fail their own tests, else ``causes`` are weak."""
+    generate: a consequence of new_cache or forward where they fail their own tests, else ``causes`` are weak.
+    ``out``: generate's own cached greedy tokens, which differ from ``want``."""
     plain = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=False)
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     uncached = functools.cache(lambda: raw.generate(model, prompt, n, temperature=0.0, use_cache=False))
@@ -355,7 +356,7 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
                 "here, and your cache fails its own tests (test_kv_cache). Fix new_cache first.",
             )
     if torch.equal(plain.cpu(), want.cpu()):
-        masked_mistake(spec, model, prompt, n, config, behaviour)
+        masked_mistake(spec, model, prompt, n, config, out, behaviour)
         try:
             right_without = torch.equal(uncached().cpu(), plain.cpu())
         except Exception:  # noqa: BLE001 - what does not run reads nothing
@@ -386,9 +387,10 @@ def cache_consistent(spec, model, prompt, n, config, want, behaviour, causes, co
     ), codes
 
 
-def masked_mistake(spec, model, prompt, n, config, behaviour) -> None:
+def masked_mistake(spec, model, prompt, n, config, out, behaviour) -> None:
     """Where forward fails its own tests and takes an ``attention_mask``: a consequence of forward when a correct
-    generate that hands every cached call the whole mask (ones, the prompt unpadded) picks the tokens generate picked.
+    generate that hands every cached call the whole mask (ones, the prompt unpadded) picks the tokens generate picked
+    (``out``, its cached greedy tokens).
     Generate may always pass its mask; a forward whose masked cached path is wrong then makes it wrong (held out:
     positions counted from the new tokens' part of the mask)."""
     failing = spec.failing(("forward",))
@@ -396,7 +398,6 @@ def masked_mistake(spec, model, prompt, n, config, behaviour) -> None:
         return
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     try:
-        out = raw.generate(model, prompt, n, temperature=0.0, use_cache=True)
         own = oracles.greedy_teacher(raw, model, prompt, n, config["context_length"], use_cache=True, masked=True)
     except Exception:  # noqa: BLE001 - what does not run explains no tokens
         return

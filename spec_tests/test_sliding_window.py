@@ -402,7 +402,7 @@ def test_greedy_generation_past_the_window(spec):
             )
         cached = own_cached()
         if not torch.equal(out.cpu(), cached.cpu()):  # generate feeds the cache its own way
-            causes, codes = cache_consistent(spec, model, prompt, 14, config, cached, behaviour, causes, codes)
+            causes, codes = cache_consistent(spec, model, prompt, 14, config, cached, out, behaviour, causes, codes)
     check_tokens(spec, out, want, behaviour=behaviour, rebase=(("new_cache",), own_cached), causes=causes, codes=codes)
 
 
