@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from suite_subprocess import run_suite
+from suite_subprocess import implementation, run_suite
 
 import reference
 from spec_tests.bugs import BUG_CLASSES, CATALOG, apply_patch, load_bug, reference_sources, related_files
@@ -382,6 +382,10 @@ READINGS = [
     ("train_warmup_starts_at_zero", "train_defaults_to_adamw_at_lr_1e_3", "first step leaves the model as it was"),
     ("train_leaves_the_head_out_of_the_optimizer", "train_defaults_to_adamw_at_lr_1e_3 and llama",
      "never steps the untied output head lm_head.weight"),
+    ("model_attention_scale_rooted_twice", "logits_match_reference and gpt2-f64",
+     "= d_head ** -0.25 instead of 1/sqrt(d_head)"),
+    ("generate_keeps_its_cache_between_calls", "generate_keeps_nothing_from_an_earlier_call and llama",
+     "raises for this call only after earlier calls"),
 ]  # fmt: skip
 
 
@@ -410,6 +414,28 @@ def test_a_dropout_reading_its_mode_the_wrong_way_round_is_named(tmp_path, pytes
     )
     out = proc.stdout + proc.stderr
     assert " failed" in out and "the mode is read the wrong way round" in out, out[-3000:]
+
+
+WORKSPACE = (
+    "generation.py",
+    "                cache = new_cache(model, ids.shape[0]) if use_cache else None",
+    """                kept = model.__dict__.get("_kept_cache")
+                room = ctx - ids.shape[1] - max_new_tokens  # a workspace reused while it has room
+                fits = kept is not None and kept.batch_size == ids.shape[0] and kept.length <= room
+                cache = (kept if fits else new_cache(model, ids.shape[0])) if use_cache else None
+                model.__dict__["_kept_cache"] = cache""",
+)
+
+
+def test_a_generate_that_keeps_a_workspace_between_calls_is_named(tmp_path, pytester):
+    """Held out (batch 78): generate starts from the cache an earlier call left where it has room (an inference
+    workspace whose token count is not reset), a fresh one where it has not. It raises on no call; the same greedy
+    call gives other tokens from one call to the next under one global seed, which is said (not the global RNG)."""
+    folder = implementation(tmp_path, patch=WORKSPACE)
+    proc = run_suite(f"--impl={folder}", "-k", "generate_keeps_nothing or reproducible", cwd=ROOT, pytester=pytester)
+    out = proc.stdout + proc.stderr
+    assert " failed" in out and "generate keeps state from one call to the next" in out, out[-3000:]
+    assert "draws from the global RNG" not in out and "follow the global RNG" not in out, out[-3000:]
 
 
 @pytest.mark.parametrize("bug,select,said", READINGS, ids=[r[0] for r in READINGS])

@@ -11,7 +11,8 @@ Families, keyed by ``Entry.constant_fit`` (``spec_tests/protocol/entries.py``):
 
 - ``sdpa_scale``, ``flash_scale``, ``mha_scale``: the factor the attention scores ``q k^T`` are multiplied by
   before the softmax (in ``scaled_dot_product_attention``, ``flash_attention``, ``multihead_self_attention``);
-  specified ``1/sqrt(d_head)``;
+  specified ``1/sqrt(d_head)``; the same factor inside a failing model (``model_scale_lines``: the reference model
+  with its attention's scale free, for code whose attention functions are right and whose model scales otherwise);
 - ``rope_rotation`` (``rope``): not fitted but measured, as ``activation_fit.py`` measures an activation: the
   implementation turns each pair's unit vector at positions 0, 1 and 2, which gives each pair's angle at position 0
   and its angle per position; where that is a rotation linear in the position, differs from the specified one and
@@ -68,17 +69,17 @@ def _error(out, actual) -> float:
     return math.inf if not torch.isfinite(diff).all() else float(diff.max())
 
 
-def _search(error: Callable[[float], float]) -> float:
-    """The log-scale that minimises ``error``: the best of a grid, refined by a golden-section search between its
-    neighbours."""
+def _search(error: Callable[[float], float], points: int = GRID, steps: int = 80) -> float:
+    """The log-scale that minimises ``error``: the best of a grid of ``points``, refined by a golden-section search of
+    ``steps`` between its neighbours."""
     lo, hi = LOG_RANGE
-    grid = [lo + (hi - lo) * i / (GRID - 1) for i in range(GRID)]
+    grid = [lo + (hi - lo) * i / (points - 1) for i in range(points)]
     errors = [error(g) for g in grid]
-    best = min(range(GRID), key=errors.__getitem__)
-    a, b = grid[max(best - 1, 0)], grid[min(best + 1, GRID - 1)]
+    best = min(range(points), key=errors.__getitem__)
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, points - 1)]
     c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
     fc, fd = error(c), error(d)
-    for _ in range(80):
+    for _ in range(steps):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - GOLDEN * (b - a)
@@ -127,6 +128,83 @@ def fitted_constant(name: str, run: Callable, args64: tuple, kwargs: dict, actua
         f"1/sqrt({d_head}) = {specified:.4g} (a constant written into the code, or the root of another size). Look at "
         f"the score scaling of {name}; fix: scale by 1/sqrt(d_head), d_head the size of q's last axis (evidence: the "
         f"specified computation with this one scale reproduces the failing output)"
+    )
+    return [line], ["knob:scale_constant"]
+
+
+# A model's search runs the reference model about 70 times: once per test function and implementation; its later
+# cases (other configurations, other head sizes) try only the power of d_head the first fitted (None: none did).
+_MODEL_SEARCHED: dict[str, float | None] = {}
+
+
+class _Unbound(Exception):
+    """An attention call the scale fit does not model (a softcap, an option of protocol v2)."""
+
+
+def model_scale_lines(compute: Callable, reference, args64: tuple, actual, tol, memo: str | None = None):
+    """``(lines, codes)``: the scale the failing model's attention multiplies its scores by, where the reference model
+    (``compute(reference, *args64)``) with that one scale in its attention reproduces ``actual`` and the scale is not
+    1/sqrt(d_head) (held out: an inference kernel's sqrt(sqrt(d_head)) norm factor, right in the attention
+    functions, inside the model only)."""
+    from .model_knobs import _protocol_arguments
+
+    if (
+        not isinstance(actual, torch.Tensor)
+        or not actual.is_floating_point()
+        or memo in _MODEL_SEARCHED
+        and (_MODEL_SEARCHED[memo] is None)
+    ):
+        return [], []
+    heads: set[int] = set()
+
+    def run(scale: Callable[[int], float]):
+        def attention(*a, **k):
+            pa, pk = _protocol_arguments("scaled_dot_product_attention", a, k)
+            if set(pk) - {"mask"}:
+                raise _Unbound
+            p = _bind("q, k, v, mask=None", pa, pk)
+            heads.add(p.q.shape[-1])
+            q, k, v = p.q.double(), p.k.double(), p.v.double()
+            return _attend(q, k, v, p.mask, scale=scale(p.q.shape[-1])).to(a[0].dtype)
+
+        with torch.no_grad(), reference.substituted({"scaled_dot_product_attention": attention}):
+            return torch.as_tensor(compute(reference, *args64)).detach().double().cpu()
+
+    target = actual.detach().double().cpu()
+    try:
+        if memo in _MODEL_SEARCHED:
+            power = _MODEL_SEARCHED[memo]
+            explained = run(lambda d: d**power)
+        else:
+            best = math.exp(_search(lambda log_s: _error(run(lambda d: math.exp(log_s)), target), points=24, steps=40))
+            explained = run(lambda d: best)
+    except Exception:  # noqa: BLE001 - a model the fit cannot run says nothing
+        explained = None
+    d_head = next(iter(heads)) if len(heads) == 1 else 0
+    if d_head > 1 and explained is not None:
+        best = d_head**power if memo in _MODEL_SEARCHED else best
+        power = math.log(best) / math.log(d_head)
+    fits = (
+        d_head > 1
+        and explained is not None
+        and abs(power + 0.5) > SAME
+        and explained.shape == target.shape
+        and mismatch(target, explained, tol) is None
+    )
+    if memo and memo not in _MODEL_SEARCHED:
+        _MODEL_SEARCHED[memo] = power if fits else None
+    if not fits:
+        return [], []
+    specified = 1 / math.sqrt(d_head)
+    said = _named(best, {"d_head": d_head})
+    if abs(power * 4 - round(power * 4)) < 1e-3 and round(power * 4) != 0:
+        said += f" = d_head ** {round(power * 4) / 4:g}"
+    line = (
+        f"likely cause: the model's attention multiplies the scores q·kᵀ by {said} instead of 1/sqrt(d_head) = "
+        f"1/sqrt({d_head}) = {specified:.4g} (a scale of the model's own: a norm factor rooted twice or applied twice, "
+        "the root of another size, a constant written in). Look at where the model's attention scales q·kᵀ; fix: "
+        "scale by 1/sqrt(d_head) once (evidence: the specified model with this one scale in its attention reproduces "
+        "the failing output)"
     )
     return [line], ["knob:scale_constant"]
 

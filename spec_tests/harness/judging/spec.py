@@ -333,6 +333,11 @@ class Spec:
 
                     found = swapped_weights(compute, reference, args64, actual, tol)
                 lines, codes = lines + found[0], codes + found[1]
+                if model_knobs and not found[0]:  # the attention's scale, fitted inside the model
+                    from ..diagnosis.constant_fit import model_scale_lines
+
+                    found = model_scale_lines(compute, reference, args64, actual, tol, memo)
+                    lines, codes = lines + found[0], codes + found[1]
                 if model_knobs and not found[0]:  # where in the stack the model goes wrong
                     from ..diagnosis.depth import depth_lines
 
