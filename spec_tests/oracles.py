@@ -164,8 +164,9 @@ def evaluate_teacher(
     usual mistakes, for diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"``
     (mean of per-batch means, ``batch_size`` full windows to a batch and the short last window on its
     own, as code that cannot stack windows of two lengths does), ``"mixed_batch_means"`` (the same, batches taken
-    in order with the short last window in the last one), ``"drop_last"`` (the short last window
-    left out), ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as
+    in order with the short last window in the last one), ``"sorted_batch_means"`` (the same, the windows sorted
+    shortest first before batching, as mlx-lm's ``iterate_batches`` does: the short window in the first batch),
+    ``"drop_last"`` (the short last window left out), ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as
     code that counts a short window's padding as predicted tokens does), ``"padded_numerator"`` (those weights in
     the total, but divided by the tokens predicted), ``"full_windows"`` (the total NLL
     divided by the windows times ``context_length``: a short window counted as full), ``"all_tokens"`` (divided by
@@ -228,6 +229,10 @@ def evaluate_teacher(
         loss = float(torch.cat(kept).mean())
     elif reduction == "mixed_batch_means":  # batches of batch_size windows in order, the short one in the last
         loss = float(torch.stack([b.mean() for b in batched(short_alone=False)]).mean())
+    elif reduction == "sorted_batch_means":  # the windows sorted shortest first (stable), then batch_size at a time
+        ordered = sorted(nll, key=len)
+        batches = [torch.cat(ordered[i : i + batch_size]) for i in range(0, len(ordered), batch_size)]
+        loss = float(torch.stack([b.mean() for b in batches]).mean())
     elif reduction in ("batch_means_summed", "mixed_batch_means_summed"):  # each batch's mean (a mean-reduced loss)
         # added up as if it were its sum
         batches = batched(short_alone=reduction == "batch_means_summed")

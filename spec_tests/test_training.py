@@ -1257,6 +1257,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "sum the NLL of every predicted token over all batches, divide by their number",
             teacher("mixed_batch_means"),
         ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is the mean of per-batch means (the windows sorted shortest first, so the short window is in "
+            "the first batch)",
+            "sum the NLL of every predicted token over all batches, divide by their number",
+            teacher("sorted_batch_means"),
+        ),
         *(
             Variant(
                 "knob:loss_reduction",

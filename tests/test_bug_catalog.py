@@ -386,6 +386,8 @@ READINGS = [
      "= d_head ** -0.25 instead of 1/sqrt(d_head)"),
     ("generate_keeps_its_cache_between_calls", "generate_keeps_nothing_from_an_earlier_call and llama",
      "raises for this call only after earlier calls"),
+    ("evaluate_batch_means_shortest_first", "evaluate_is_token_weighted and gpt2",
+     "the windows sorted shortest first, so the short window is in the first batch"),
 ]  # fmt: skip
 
 

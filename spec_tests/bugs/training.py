@@ -252,6 +252,27 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "evaluate_batch_means_shortest_first",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old=EVALUATE_LOOP,
+        new="""    batch_means = []
+    windows = sorted(windows, key=lambda w: w[1])  # mlx-lm's iterate_batches: shortest first
+    with eval_mode(model):
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]
+            nll = torch.cat([token_nll(model(tokens[s : s + n][None].to(device)), tokens[s + 1 : s + n + 1][None].to(
+                device))[0] for s, n in group]).double().cpu()
+            batch_means.append(nll.mean())
+    loss = torch.stack(batch_means).mean().item()""",
+        explanation="evaluate batches its windows sorted shortest first and averages the per-batch mean losses, so "
+        "the batch holding the short window weighs as much as a full one",
+        fix="sum the NLL of every predicted token and divide by their number (len(data) - 1)",
+        corner=True,
+        code="knob:loss_reduction",
+    ),
+    Bug(
         "evaluate_sums_over_padded_slots",
         "evaluation",
         EVALUATION,
