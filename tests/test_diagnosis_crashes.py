@@ -101,6 +101,20 @@ def test_size_boundary_is_named():
     assert any(want + "works for 10 entries" in line for line in lines), lines
 
 
+def probs_rejecting_top_k_of_the_vocabulary(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_k is not None and top_k >= logits.shape[-1]:  # the bug: a top_k of the whole vocabulary keeps it all
+        raise ValueError(f"top_k must be below the vocabulary size, got {top_k}")
+    return torch.softmax(logits / temperature, -1)
+
+
+def test_a_size_that_matters_against_a_keyword_is_said_against_it():
+    """Held out (batch 77): upstream's range check on top_k. The last axis runs from some size up, and top_k lies
+    between the sizes that raise and those that run, so the line says the size against top_k, not a least width."""
+    lines, _ = probe("sampling_probs", probs_rejecting_top_k_of_the_vocabulary, (randn(3, 67),), {"top_k": 70})
+    assert any("the size matters against top_k=70" in line for line in lines), lines
+    assert not any("assumes a size of at least" in line for line in lines), lines
+
+
 def float32_only(x):
     if x.dtype != torch.float32:
         raise TypeError("expected float32")

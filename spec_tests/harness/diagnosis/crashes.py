@@ -1863,10 +1863,12 @@ def _few_rows(run: Callable, args: tuple, kwargs: dict, crash: BaseException | N
     return args, kwargs, []
 
 
-def _grouped(working: list[Probe], tried: list[Probe]) -> list[Probe]:
+def _grouped(working: list[Probe], tried: list[Probe], kwargs: dict | None = None) -> list[Probe]:
     """``working`` with the probes of one group (several head sizes) said as one: the values that run, those tried
     that raise, and what the pattern points at (one value alone: that value written into the code; every value from
-    some size up: a least size assumed)."""
+    some size up: a least size assumed, or, where a whole-number keyword of the call lies between the sizes that raise
+    and those that run, the size against that keyword: held out, a top_k checked against the vocabulary)."""
+    counts = {k: v for k, v in (kwargs or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
     kinds = dict.fromkeys(p.group[0] for p in working if p.group)
     for kind in kinds:
         runs = sorted(p.group[1] for p in working if p.group and p.group[0] == kind)
@@ -1877,7 +1879,15 @@ def _grouped(working: list[Probe], tried: list[Probe]) -> list[Probe]:
         working_text = f"{kind}s {said}" if len(runs) > 1 else f"a {kind} of {said}"
         if raises:
             working_text += f" ({', '.join(map(str, raises))} raise{'s' if len(raises) == 1 else ''} too)"
-        if raises and min(runs) > max(raises) and (given is None or given < min(runs)):
+        top = max([*raises, *([] if given is None else [given])], default=None)
+        against = [k for k, v in counts.items() if top is not None and top <= v < min(runs)]
+        if raises and min(runs) > max(raises) and against:
+            k = against[0]
+            note = (
+                f"; so the size matters against {k}={counts[k]}: the call raises where the size is at most {k} and "
+                f"runs where it exceeds it (look at how {k} is checked or clamped against that size)"
+            )
+        elif raises and min(runs) > max(raises) and (given is None or given < min(runs)):
             note = f"; so the code assumes a size of at least {min(runs)}, of those tried (a fixed width or table)"
         elif len(runs) == 1 and raises and max(raises) > runs[0]:
             note = f"; so look for a size of {runs[0]} written into the code (a view, slice or table of that width)"
@@ -1910,7 +1920,7 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             _try(fallback, run, tried, working, ledger)
     except _ProcessLost:
         pass  # what ran before it still says what it says
-    working = _grouped(working, tried)
+    working = _grouped(working, tried, kwargs)
     if any(p.chunk >= 2 for p in working):  # a shorter chunk of several tokens runs: not "one new token only"
         several = "a shorter chunk of several tokens runs as well, so the cached path takes more than one new token"
         working = [replace(p, weak=True, clue=several) if p.single_token else p for p in working]
