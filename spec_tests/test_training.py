@@ -1780,12 +1780,40 @@ def first_step_idle(losses, want, tol) -> tuple[list[str], list[str]]:
     if abs(got[1] - got[0]) > 1e-6 * max(1.0, abs(got[0])) or mismatch([got[0]], [want[1]], tol) is None:
         return [], []
     later = f"; later steps change it ({', '.join(f'{v:.5g}' for v in got[2:])})" if len(got) > 2 else ""
+    if len(got) > 2 and mismatch(got[2:3], want[1:2], tol) is None:  # each loss a correct run's a step earlier
+        return [
+            f"likely cause: train's first step leaves the model as it was: its second loss equals its first "
+            f"({got[0]:.6g}), and its third is the correct second ({want[1]:.6g}): each loss is a correct run's a "
+            "step earlier. The first optimizer step runs at a learning rate of 0 (a warmup counted from 0, a "
+            "scheduler stepped before the first update), or every update reaches the model a step late (master "
+            "weights copied back into the model before the step). Fix: every step, the first included, at the lr "
+            "train was called with, and the model's weights the optimizer's right after each step"
+        ], ["knob:lr_schedule", "knob:update_timing"]
     return [
         f"likely cause: train's first step leaves the model as it was: its second loss equals its first ({got[0]:.6g})"
         f", where one AdamW step lowers it to {want[1]:.6g}{later}. The first optimizer step runs at a learning rate "
         "of 0 (a warmup factor step / warmup_steps with the step counted from 0, or a scheduler stepped before the "
         "first update) or is skipped. Fix: every step, the first included, at the lr train was called with"
     ], ["knob:lr_schedule"]
+
+
+def step_timing(losses, want, tol, batch: int) -> tuple[list[str], list[str]]:
+    """Where train's first loss lies between the correct first and second, as k of the batch's ``batch`` rows scored
+    before one step and the others after it (on data of one repeated token every row gives the same loss and
+    gradient), the optimizer steps inside the first batch (held out: an accumulation boundary off by one)."""
+    got, want = [float(v) for v in losses], [float(v) for v in want]
+    if len(got) < 1 or len(want) < 2 or abs(want[1] - want[0]) < 1e-6:
+        return [], []
+    share = (want[0] - got[0]) / (want[0] - want[1])  # the part of the first batch scored after one step
+    k = round(share * batch)
+    if not 0 < k < batch or mismatch([got[0]], [want[0] + k / batch * (want[1] - want[0])], tol) is not None:
+        return [], []
+    return [
+        f"likely cause: train steps inside its first batch: its first loss ({got[0]:.6g}) is {batch - k} of the "
+        f"batch's {batch} rows scored by the initial model ({want[0]:.6g}) and {k} after one step ({want[1]:.6g}). "
+        "The optimizer steps before the whole batch is scored (a gradient-accumulation boundary off by one, a step "
+        "after each micro-batch). Fix: accumulate over every micro-batch of a step, then take one optimizer step"
+    ], ["knob:update_timing"]
 
 
 def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e-3) -> list[Callable]:
@@ -1818,10 +1846,15 @@ def train_readings(spec, config, sd, data, x, losses, steps: int, lr: float = 1e
         want = lambda: adamw_losses(spec.impl, config, sd, x, steps, lr=lr, clip=None)
         return unclipped_lines(lambda: run(steps, max_grad_norm=1e9), want, tol, 1.0)
 
-    def idle(tol):
-        return first_step_idle(losses, adamw_losses(spec.impl, config, sd, x, steps, lr=lr), tol)
+    correct = functools.cache(lambda: adamw_losses(spec.impl, config, sd, x, steps, lr=lr))
 
-    return [idle, unclipped, fitted]
+    def idle(tol):
+        return first_step_idle(losses, correct(), tol)
+
+    def timing(tol):
+        return step_timing(losses, correct(), tol, x.shape[0])
+
+    return [timing, idle, unclipped, fitted]
 
 
 @judges("train", uses=("build_model", "forward", "canonical_state_dict"))

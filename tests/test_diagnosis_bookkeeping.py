@@ -352,3 +352,22 @@ def test_losses_far_from_both_adamws_are_left_to_a_failing_export():
     passing = SimpleNamespace(impl=ref, failing=lambda names: [], defer=defer)
     _, name = nearest_adamw(passing, cfg, sd, x, doubled, torch_losses, 1e-3, "b")
     assert name in ("PyTorch's AdamW", "Keras' AdamW")
+
+
+def test_when_train_s_updates_reach_the_model_is_read_from_its_losses():
+    """Held out (batch 78), on data of one repeated token (every row the same loss and gradient): a first loss that is
+    half the initial model's and half the loss after one step is a step inside the first batch (an accumulation
+    boundary off by one); losses that are a correct run's a step earlier are a first step at lr 0 or updates that
+    reach the model a step late (master weights copied back before the step). Correct losses say neither."""
+    from spec_tests.harness.judging.tolerances import Tolerance
+    from spec_tests.test_training import first_step_idle, step_timing
+
+    tol = Tolerance(1e-4, 0.0, "test", "test")
+    want = [3.2, 1.9, 1.1]
+    lines, codes = step_timing([(3.2 + 1.9) / 2, 1.5, 1.0], want, tol, 4)
+    assert codes == ["knob:update_timing"] and "2 of the batch's 4 rows scored by the initial model" in lines[0]
+    assert step_timing(want, want, tol, 4) == ([], [])
+    lines, codes = first_step_idle([3.2, 3.2, 1.9], want, tol)
+    assert "knob:update_timing" in codes and "each loss is a correct run's a step earlier" in lines[0], lines
+    lines, codes = first_step_idle([3.2, 3.2, 1.5], want, tol)
+    assert codes == ["knob:lr_schedule"] and "a step earlier" not in lines[0], lines

@@ -103,6 +103,7 @@ KNOBS = {
     "cache_feeding": "generate feeds its cache otherwise than the protocol's cached forward takes it (tokens, slots)",
     "lr_schedule": "the learning rate changes from step to step (a decay or warmup schedule) where it is constant",
     "optimizer_state": "the optimizer's state (moments, step count) does not carry over from step to step",
+    "update_timing": "an update reaches the model at another time than its step: a step late, or inside a batch",
     "state_carried": "a call keeps state from an earlier call (a metric not reset, a running total or buffer reused)",
     "unstepped_weights": "some of the model's weights are never stepped: left out of the optimizer, or frozen",
     "zero_grad": "gradients of the previous step are not cleared before the next backward pass",
