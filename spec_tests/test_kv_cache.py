@@ -341,26 +341,35 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                     )
                 )
 
-    def unwritten_slots_seen(q, k, v, mask=None, *args, causal=False, **kwargs):  # a preallocated buffer read whole
-        capacity, t_q = config["context_length"], q.shape[-2]
-        if mask is not None or k.shape[-2] > capacity:
-            raise ValueError("not this variant's call")  # fitting_variants skips it
-        pad = capacity - k.shape[-2]
-        k = torch.cat([k, k.new_zeros(*k.shape[:-2], pad, k.shape[-1])], dim=-2)
-        v = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], dim=-2)
-        i, j = torch.arange(t_q, device=q.device), torch.arange(capacity, device=q.device)
-        return attention(q, k, v, j[None, :] <= i[:, None] + (capacity - t_q), *args, **kwargs)
+    def unwritten_slots_seen(step):  # a preallocated buffer read whole: context_length slots, or grown in steps
+        def attend(q, k, v, mask=None, *args, causal=False, **kwargs):
+            t_q = q.shape[-2]
+            capacity = config["context_length"] if step is None else step * -(-k.shape[-2] // step)
+            if mask is not None or k.shape[-2] > capacity:
+                raise ValueError("not this variant's call")  # fitting_variants skips it
+            pad = capacity - k.shape[-2]
+            k = torch.cat([k, k.new_zeros(*k.shape[:-2], pad, k.shape[-1])], dim=-2)
+            v = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], dim=-2)
+            i, j = torch.arange(t_q, device=q.device), torch.arange(capacity, device=q.device)
+            return attention(q, k, v, j[None, :] <= i[:, None] + (capacity - t_q), *args, **kwargs)
 
-    found.append(
-        Variant(
-            "knob:cache_contents",
-            "calls through the cache attend the whole preallocated buffer of context_length "
-            f"({config['context_length']}) slots, the unwritten ones too (zero keys and values), its causal mask "
-            "aligned to the buffer's end instead of to the tokens written so far (the write offset left out of it)",
-            "attend only the slots written so far: keys [:cached + T], the mask's rows offset by the number cached",
-            chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": unwritten_slots_seen}),
+        return attend
+
+    buffers = {
+        None: f"of context_length ({config['context_length']}) slots",
+        256: "grown in steps of 256 slots (as mlx-lm's KVCache grows its buffers)",
+    }
+    for step, sized in buffers.items():
+        found.append(
+            Variant(
+                "knob:cache_contents",
+                f"calls through the cache attend the whole preallocated buffer {sized}, the unwritten ones too (zero "
+                "keys and values), its causal mask aligned to the buffer's end instead of to the tokens written so "
+                "far (the write offset left out of it)",
+                "attend only the slots written so far: keys [:cached + T], the mask's rows offset by the number cached",
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": unwritten_slots_seen(step)}),
+            )
         )
-    )
     if rope is not None and config["family"] != "gpt2" and len(chunks) > 1:
 
         def other_pairing_when_cached(x, *args, **kwargs):  # a decode kernel's rotary with its own default pairing

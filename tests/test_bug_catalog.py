@@ -351,6 +351,8 @@ READINGS = [
     ("init_reuses_one_seed", "fresh_weights_are_drawn_independently and llama", "one random stream is restarted"),
     ("cache_attends_unwritten_slots", "cached_logits_equal_full_forward and llama_mha and one-prefill",
      "attend the whole preallocated buffer"),
+    ("cache_attends_a_buffer_grown_in_steps", "cached_logits_equal_full_forward and llama_mha and one-prefill",
+     "buffer grown in steps of 256 slots"),
     ("cached_calls_rotate_interleaved", "cached_logits_equal_full_forward and llama_mha and chunked",
      "calls through a cache that already holds tokens rotate the new queries and keys with the other RoPE pairing"),
     ("generate_keeps_a_default_top_k", "generate_samples_from_sampling_probs and defaults",

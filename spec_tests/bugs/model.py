@@ -551,6 +551,23 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "cache_attends_a_buffer_grown_in_steps",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""        self.lengths[layer] = end
+        return self.kv(layer)""",
+        new="""        self.lengths[layer] = end
+        pad = (0, 0, 0, -end % 256)  # the bug: a buffer grown in steps of 256 (mlx-lm's), read whole
+        pad_ = torch.nn.functional.pad
+        return pad_(self.key_buffers[layer][..., :end, :], pad), pad_(self.value_buffers[layer][..., :end, :], pad)""",
+        explanation="a call through the cache attends its buffer grown in steps of 256 slots whole, the unwritten "
+        "ones as zero keys and values, with the causal mask aligned to the buffer's end (update_and_fetch returning "
+        "the buffer, not its first offset slots)",
+        fix="attend only the slots written so far (keys [:cached + T]), the mask's rows offset by the number cached",
+        code="knob:cache_contents",
+    ),
+    Bug(
         "cache_keys_never_rotated",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
