@@ -568,6 +568,20 @@ BUGS = (
         code="knob:cache_contents",
     ),
     Bug(
+        "cache_counts_calls_not_tokens",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""        self.lengths[layer] = end
+        return self.kv(layer)""",
+        new="""        self.lengths[layer] = start + 1  # the bug: one position per call, whatever it wrote
+        return self.key_buffers[layer][..., :end, :], self.value_buffers[layer][..., :end, :]""",
+        explanation="the cache advances its length by one per call instead of by the tokens written (a cache index "
+        "incremented by 1), so after a prefill the next tokens overwrite cached slots at the wrong positions",
+        fix="advance the cache's length by the number of tokens each call writes",
+        code="knob:cache_contents",
+    ),
+    Bug(
         "cache_keys_never_rotated",
         "kv_cache",
         (*CACHE, *GENERATION, *FORWARD),
