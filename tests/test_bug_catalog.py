@@ -354,6 +354,7 @@ READINGS = [
     ("cache_attends_a_buffer_grown_in_steps", "cached_logits_equal_full_forward and llama_mha and one-prefill",
      "buffer grown in steps of 256 slots"),
     ("cache_counts_calls_not_tokens", "cache_overflow_raises and llama", "the cache counts calls, not tokens"),
+    ("attention_output_weight_transposed", "attention_defaults", "wo is used transposed"),
     ("cached_calls_rotate_interleaved", "cached_logits_equal_full_forward and llama_mha and chunked",
      "calls through a cache that already holds tokens rotate the new queries and keys with the other RoPE pairing"),
     ("generate_keeps_a_default_top_k", "generate_samples_from_sampling_probs and defaults",

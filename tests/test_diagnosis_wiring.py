@@ -285,6 +285,7 @@ CATALOG_WIRING = {
     "parallel_attention_and_mlp": "parallel",
     "embedding_scaled_by_sqrt_d_model": "embedding_scale",
     "wo_transposed_at_load": "transposed_wo",
+    "attention_output_weight_transposed": "transposed_wo",  # the same logits, whether at load or in attention
     "wq_wk_swapped_at_load": "wq_wk_swapped",
     "every_layer_runs_the_last_block": "every_layer_the_last",
     "final_norm_without_the_last_residual": "last_block_no_mlp_residual",

@@ -18,6 +18,17 @@ SDPA = "scaled_dot_product_attention"
 BUGS = (
     # ------------------------------------------------------------------ masks and head sharing
     Bug(
+        "attention_output_weight_transposed",
+        "layout",
+        (MHA, *MODEL),
+        "attention.py",
+        old="    return linear(merge_heads(out), wo, bo)",
+        new="    return linear(merge_heads(out), wo.T, bo)  # the bug: a kernel kept [in, out] used as given",
+        explanation="multihead_self_attention applies wo transposed (a [d_model, H*d_head] kernel used as [in, out])",
+        fix="multiply the merged heads by wo.T: weights are [out_features, in_features]",
+        code="knob:weight_layout",
+    ),
+    Bug(
         "causal_mask_top_left",
         "causal_mask",
         ("causal_mask", *MODEL),  # the model's fused path uses it when Tq != Tk

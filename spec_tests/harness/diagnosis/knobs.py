@@ -1037,6 +1037,28 @@ def _swapped_projections(p, h, hkv, theta, style) -> list[Variant]:
     return out
 
 
+def _transposed_projections(p, h, hkv, theta, style) -> list[Variant]:
+    """A square weight used transposed: kept [in, out] (a Conv1D, a DenseGeneral kernel) and used as given, or
+    reshaped without its transpose where it was converted (held out 79: the output kernel at load)."""
+    w = {"wq": p.wq, "wk": p.wk, "wv": p.wv, "wo": p.wo}
+    out = []
+    for name in ("wo", "wq", "wk", "wv"):
+        if w[name].shape[0] != w[name].shape[1]:
+            continue
+        used = dict(w, **{name: w[name].T})
+        out.append(
+            Variant(
+                "knob:weight_layout",
+                f"{name} is used transposed: as [in, out] where [out, in] is given (x @ {name} instead of "
+                f"x @ {name}.T; a kernel kept [in, out], or reshaped without its transpose where it is converted)",
+                where=f"how multihead_self_attention uses {name}",
+                fix=f"multiply by {name}.T: weights are [out_features, in_features]",
+                compute=lambda u=used: _mha(p.x, u["wq"], u["wk"], u["wv"], u["wo"], h, hkv, theta, p.positions, style),
+            )
+        )
+    return out
+
+
 def _windowed(t: int, window) -> torch.Tensor:
     """The causal mask of ``t`` tokens, narrowed to the last ``window`` keys (protocol v2, amendment 27)."""
     mask = _causal(t, t)
@@ -1169,6 +1191,7 @@ def _mha_family(args, kwargs, style):
             else []
         ),
         *_swapped_projections(p, h, hkv, theta, style),
+        *_transposed_projections(p, h, hkv, theta, style),
         Variant(
             "knob:mask_missing",
             "no causal mask is applied",
