@@ -1140,3 +1140,26 @@ def test_an_input_a_failing_upstream_edits_in_place_is_its_consequence_in_a_chec
                     pytester=pytester).stdout  # fmt: skip
     roots = out.split("root causes")[-1]
     assert "cross_entropy: " in roots and "lm_loss: " not in roots, out[-3000:]
+
+
+def test_an_attention_that_shares_the_loader_s_mistake_is_a_consequence_of_the_loading(tmp_path, pytester):
+    """Held out (batches 76 and 79): code whose multihead_self_attention converts the weights it is given with the
+    loader that converts a model's, a mistake in that conversion in both. Here a copy of the reference whose attention
+    uses wo transposed and whose canonical_state_dict gives wo back transposed: the attention's output is the
+    reference's on the weights the implementation's own round trip gives back, so its failures are consequences of
+    canonical_state_dict. The attention's bug alone (catalog attention_output_weight_transposed) stays charged to
+    multihead_self_attention, as test_bug_catalog's reading shows."""
+    edits = [
+        ("attention.py", "linear(merge_heads(out), wo, bo)", "linear(merge_heads(out), wo.T, bo)"),
+        (
+            "model.py",
+            "    return {name: p.detach() for name, p in model.named_parameters()}",
+            "    return {name: p.detach().T if name.endswith('attn.wo.weight') else p.detach()\n"
+            "            for name, p in model.named_parameters()}",
+        ),
+    ]
+    folder = implementation(tmp_path, patches=edits)
+    selected = "test_multihead_attention_layout or test_canonical_state_dict_roundtrip"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "canonical_state_dict: " in roots and "multihead_self_attention: " not in roots, out[-3000:]

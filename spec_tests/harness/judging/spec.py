@@ -181,9 +181,11 @@ class Spec:
         axes: str | None = None,
         hint: str | None = None,
         hint_code: str | None = None,
+        rebase=None,
         **kwargs,
     ):
-        """The implementation's ``name(*args, **kwargs)`` against the reference's; returns the actual value."""
+        """The implementation's ``name(*args, **kwargs)`` against the reference's; returns the actual value.
+        ``rebase``: as ``check`` takes it."""
         return self.check(
             lambda m, *a: getattr(m, name)(*a, **kwargs),
             *args,
@@ -196,6 +198,7 @@ class Spec:
             call=(name, kwargs),
             hint=hint,
             hint_code=hint_code,
+            rebase=rebase,
         )
 
     def check(
