@@ -3,6 +3,7 @@ an implementation supports, and multi-head attention weights (shapes as in ``doc
 
 import torch
 
+from . import round_trip
 from .inputs import S
 
 
@@ -34,3 +35,20 @@ def mha_weights(spec, h, h_kv, *, seed, dtype=torch.float64):
         spec.inputs.fan_in_weight(h_kv * dh, d, seed=seed + 2, dtype=dtype),
         spec.inputs.fan_in_weight(d, h * dh, seed=seed + 3, dtype=dtype),
     )
+
+
+def loaded_alike(spec, x, weights, h: int, h_kv: int, norms=None, **kw) -> tuple[tuple[str, ...], object]:
+    """``rebase`` for multihead_self_attention (``round_trip.rebase``): the reference's attention on the weights as
+    the implementation's own round trip gives them back (``norms``: ``q_norm`` and ``k_norm``, in a qk_norm model)."""
+    names = ["attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wo.weight"]
+    given = dict(zip(names, weights, strict=True))
+    changes = {"d_model": x.shape[-1], "n_heads": h, "n_kv_heads": h_kv}
+    if norms is not None:
+        given.update(zip(("attn.q_norm.weight", "attn.k_norm.weight"), norms, strict=True))
+        changes.update(qk_norm=True, norm_eps=kw.get("norm_eps", 1e-5))
+
+    def compute(ref, back):
+        more = {} if norms is None else {"q_norm": back["attn.q_norm.weight"], "k_norm": back["attn.k_norm.weight"]}
+        return ref.multihead_self_attention(x.to(torch.float64), *(back[n] for n in names), h, h_kv, **kw, **more)
+
+    return round_trip.rebase(spec, "llama", changes, given, compute, x)

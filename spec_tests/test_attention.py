@@ -6,11 +6,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from . import models
-from .attention_inputs import bottom_right, kv_heads, mha_weights, qkv
+from .attention_inputs import bottom_right, kv_heads, loaded_alike, mha_weights, qkv
 from .harness.judging.tolerances import BIT_IDENTICAL
 from .harness.plugin.markers import judges
-from .harness.subject.subject import reference_subject
 from .inputs import S
 from .strategies import attention_shapes, seeds
 
@@ -291,29 +289,6 @@ def test_flash_attention_stable_for_large_scores(spec):
         axes="b h t d",
         behaviour="flash_attention with scores near ±1e4",
     )
-
-
-def loaded_alike(spec, x, weights, h: int, h_kv: int, **kw) -> tuple[tuple[str, ...], object]:
-    """``rebase`` for multihead_self_attention: where build_model or canonical_state_dict fail their own tests, the
-    reference's attention on the weights as the implementation's own round trip gives them back (a one-layer llama
-    model built from them, then canonical_state_dict). Code whose attention converts the weights it is given with the
-    loader that converts a model's (held out 76 and 79: a q/k permutation, an output kernel reshaped without its
-    transpose) makes one mistake in both places, charged once to the loading."""
-
-    def own():
-        try:
-            config = models.family_config(spec.impl, "llama", d_model=x.shape[-1], n_heads=h, n_kv_heads=h_kv)
-            config = dict(config, n_layers=1)
-            sd = models.random_state_dict(config, seed=0, device=spec.device)
-            names = [f"layers.0.attn.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
-            sd.update({n: w.to(torch.float64) for n, w in zip(names, weights, strict=True)})
-            back = spec.impl._subject.canonical_state_dict(models.build(spec.impl._subject, config, sd))
-            ref = reference_subject(spec.impl.rope_style)
-            return ref.multihead_self_attention(x.to(torch.float64), *(back[n] for n in names), h, h_kv, **kw)
-        except Exception:  # noqa: BLE001 - a round trip that cannot be made explains nothing
-            return torch.full(x.shape, float("nan"), dtype=torch.float64)
-
-    return ("build_model", "canonical_state_dict"), own
 
 
 @judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))

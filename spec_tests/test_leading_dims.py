@@ -8,7 +8,7 @@ One generic test over the protocol entries that say so (``any_leading_dims``), o
 import pytest
 import torch
 
-from . import filters, inputs
+from . import filters, inputs, round_trip
 from .attention_inputs import qkv
 from .harness.plugin.markers import judges
 from .inputs import S
@@ -25,7 +25,8 @@ WHAT = {
 
 
 def _case(name: str, how: str):
-    marks = [pytest.mark.component(COMPONENT_OF[name]), judges(name), pytest.mark.bug_class("leading_dims")]
+    uses = round_trip.LOADING if ENTRY[name].loaded_as else ()
+    marks = [pytest.mark.component(COMPONENT_OF[name]), judges(name, uses=uses), pytest.mark.bug_class("leading_dims")]
     return pytest.param(name, how, marks=marks, id=f"{name}-{how}")
 
 
@@ -123,6 +124,7 @@ def test_any_leading_dims(spec, name, how):
         label=how,
         behaviour=f"{name} of a {len(shape)}-D input {shape} ({WHAT[how]}): "
         + ("any memory layout is allowed" if how.startswith("strided") else "any leading dims are allowed"),
+        rebase=round_trip.for_call(spec, name, args, kwargs),
         **kwargs,
     )
 

@@ -1163,3 +1163,36 @@ def test_an_attention_that_shares_the_loader_s_mistake_is_a_consequence_of_the_l
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "canonical_state_dict: " in roots and "multihead_self_attention: " not in roots, out[-3000:]
+
+
+def test_a_feed_forward_that_shares_the_loader_s_mistake_is_a_consequence_of_the_loading(tmp_path, pytester):
+    """Held out (batch 75): gate and up halves swapped where the loader fuses them, and the same conversion in the
+    adapter's swiglu. Here a copy of the reference whose swiglu swaps w_gate and w_up and whose canonical_state_dict
+    gives them back swapped: swiglu's output (its own test and its leading-dims tests, through the protocol entry's
+    ``loaded_as``) is the reference's on the weights the round trip gives back, so they are consequences of
+    canonical_state_dict, charged once."""
+    edits = [
+        (
+            "mlp.py",
+            "silu(linear(x, w_gate), fused=fused) * linear(x, w_up)",
+            "silu(linear(x, w_up)) * linear(x, w_gate)",
+        ),
+        (
+            "model.py",
+            "    return {name: p.detach() for name, p in model.named_parameters()}",
+            "    swap = {'mlp.w_gate.': 'mlp.w_up.', 'mlp.w_up.': 'mlp.w_gate.'}\n"
+            "    out = {}\n"
+            "    for name, p in model.named_parameters():\n"
+            "        for a, b in swap.items():\n"
+            "            if a in name:\n"
+            "                name = name.replace(a, b)\n"
+            "                break\n"
+            "        out[name] = p.detach()\n"
+            "    return out",
+        ),
+    ]
+    folder = implementation(tmp_path, patches=edits)
+    selected = "test_swiglu or swiglu-fewer or test_canonical_state_dict_roundtrip"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = out.split("root causes")[-1]
+    assert "canonical_state_dict: " in roots and "swiglu: " not in roots, out[-3000:]

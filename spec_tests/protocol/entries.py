@@ -87,6 +87,10 @@ class Entry:
       (``harness/diagnosis/shifted.py``).
     - ``capability``: the protocol-v2 capability that brings the name (amendment 28's ``moe_mlp``): only an
       implementation that declares it need define it (one that lacks the name is "not provided" in its tests).
+    - ``loaded_as``: ``(family, names)``: the canonical names (layer 0, without its prefix) of its positional
+      arguments that are a model's weights, ``None`` for the others: its failure is a consequence of the loading
+      where it equals the reference's on the weights the implementation's own round trip gives back
+      (``spec_tests/round_trip.py``: glue that converts the weights it is given with the model's loader).
     """
 
     name: str
@@ -109,6 +113,7 @@ class Entry:
     speed_only: tuple[str, ...] = ()
     windowed: bool = False
     capability: str | None = None
+    loaded_as: tuple[str, tuple[str | None, ...]] | None = None
     activation_fit: str | None = None
     constant_fit: str | None = None
     shift_invariant: bool = False
@@ -237,6 +242,7 @@ ENTRIES: tuple[Entry, ...] = (
         knob_family="_swiglu",
         any_leading_dims=True,
         activation_fit="gated_silu",
+        loaded_as=("llama", (None, "mlp.w_gate.weight", "mlp.w_up.weight", "mlp.w_down.weight")),
     ),
     Entry(
         "gelu_mlp",
@@ -249,6 +255,7 @@ ENTRIES: tuple[Entry, ...] = (
         knob_family="_gelu_mlp",
         any_leading_dims=True,
         activation_fit="tanh_gelu",
+        loaded_as=("gpt2", (None, "mlp.w_fc.weight", "mlp.w_fc.bias", "mlp.w_proj.weight", "mlp.w_proj.bias")),
     ),
     Entry(
         "moe_mlp",  # protocol v2 (moe, amendment 28): Mixtral's sparse mixture of SwiGLU experts
