@@ -207,20 +207,27 @@ def test_padded_cache_holds_each_row_alone(spec, config):
     alone = [time_first(cached(spec.impl, model, ids[b : b + 1, p:]))[0] for b, p in enumerate(PADS)]
     actual, expected = real_parts(batched, PADS), torch.cat(alone, dim=0)
     hint, hint_code = padded_rows_hint(actual, expected, PADS)
-    spec.close(
-        actual,
-        expected,
-        hint=hint,
-        hint_code=hint_code,
-        structural=False,  # row boundaries, not a block or a channel pattern, are the evidence here
-        kind="model",
-        axes="t h d",
-        variants=reference_variants(
-            spec, config, sd, ids, mask, PADS, lambda m, model, ids, **kw: time_first(cached(m, model, ids, **kw))
-        ),
-        behaviour=f"cache_kv after a prefill with left padding {PADS}: keys and values of each row's real tokens "
-        "(layers 0 and last) equal those of the row alone",
+    behaviour = (
+        f"cache_kv after a prefill with left padding {PADS}: keys and values of each row's real tokens (layers 0 and "
+        "last) equal those of the row alone"
     )
+    # what a cache that fails its own tests holds after a prefill (held out 79: one time step per call) says nothing of
+    # forward's padding
+    why = "fails its own tests, so what it holds after a padded prefill cannot judge forward's padding"
+    with spec.unless_failing(("new_cache", "cache_kv"), behaviour, why):
+        spec.close(
+            actual,
+            expected,
+            hint=hint,
+            hint_code=hint_code,
+            structural=False,  # row boundaries, not a block or a channel pattern, are the evidence here
+            kind="model",
+            axes="t h d",
+            variants=reference_variants(
+                spec, config, sd, ids, mask, PADS, lambda m, model, ids, **kw: time_first(cached(m, model, ids, **kw))
+            ),
+            behaviour=behaviour,
+        )
 
 
 @judges("forward", uses=("build_model", "new_cache"))

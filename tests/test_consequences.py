@@ -1196,3 +1196,19 @@ def test_a_feed_forward_that_shares_the_loader_s_mistake_is_a_consequence_of_the
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = out.split("root causes")[-1]
     assert "canonical_state_dict: " in roots and "swiglu: " not in roots, out[-3000:]
+
+
+def test_a_padded_prefill_read_through_a_failing_cache_is_the_cache_s(pytester):
+    """Held out (batch 79): a cache that counts calls, not tokens, holds one time step after a prefill, so the
+    padded-prefill test that reads the cache (judging forward's padding) fails too. The cache fails its own overflow
+    test, so that failure is the cache's consequence, not a second root under forward."""
+    out = run_suite(
+        "--impl=bug:cache_counts_calls_not_tokens",
+        "--spec-diagnosis-bugs=,",
+        "-k",
+        "padded_cache_holds_each_row_alone or cache_overflow_raises",
+        cwd=ROOT,
+        pytester=pytester,
+    ).stdout
+    roots = out.split("root causes")[-1]
+    assert "new_cache: " in roots and "forward: " not in roots, out[-3000:]
