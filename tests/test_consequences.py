@@ -1200,13 +1200,14 @@ def test_a_feed_forward_that_shares_the_loader_s_mistake_is_a_consequence_of_the
 
 def test_a_padded_prefill_read_through_a_failing_cache_is_the_cache_s(pytester):
     """Held out (batch 79): a cache that counts calls, not tokens, holds one time step after a prefill, so the
-    padded-prefill test that reads the cache (judging forward's padding) fails too. The cache fails its own overflow
-    test, so that failure is the cache's consequence, not a second root under forward."""
+    padded-prefill test that reads the cache (judging forward's padding) fails too. The cache fails its own tests
+    (its cached logits, which its overflow test's line explains), so that failure is the cache's consequence, not a
+    second root under forward."""
     out = run_suite(
         "--impl=bug:cache_counts_calls_not_tokens",
         "--spec-diagnosis-bugs=,",
         "-k",
-        "padded_cache_holds_each_row_alone or cache_overflow_raises",
+        "padded_cache_holds_each_row_alone or cache_overflow_raises or cached_logits_equal_full_forward",
         cwd=ROOT,
         pytester=pytester,
     ).stdout
