@@ -243,7 +243,7 @@ def test_flash_equals_naive_attention(spec, shape, seed, block_size, causal):
     )
 
 
-@judges("flash_attention", "multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("flash_attention", "multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("causality", "gqa")
 def test_attention_defaults(spec):
     """Omitted arguments take their documented defaults: flash_attention is causal, and multihead_self_attention
@@ -291,7 +291,7 @@ def test_flash_attention_stable_for_large_scores(spec):
     )
 
 
-@judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("layout", "gqa")
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_multihead_attention_layout(spec, dtype, grouped):
@@ -315,7 +315,7 @@ def test_multihead_attention_layout(spec, dtype, grouped):
     )
 
 
-@judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("rope", "rope_on_values")
 @pytest.mark.parametrize("grouped", [False, True], ids=["mha", "gqa"])
 def test_multihead_attention_with_rope(spec, grouped):

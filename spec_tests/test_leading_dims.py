@@ -25,8 +25,12 @@ WHAT = {
 
 
 def _case(name: str, how: str):
-    uses = round_trip.LOADING if ENTRY[name].loaded_as else ()
-    marks = [pytest.mark.component(COMPONENT_OF[name]), judges(name, uses=uses), pytest.mark.bug_class("leading_dims")]
+    loading = round_trip.LOADING if ENTRY[name].loaded_as else ()
+    marks = [
+        pytest.mark.component(COMPONENT_OF[name]),
+        judges(name, explained_by=loading),
+        pytest.mark.bug_class("leading_dims"),
+    ]
     return pytest.param(name, how, marks=marks, id=f"{name}-{how}")
 
 

@@ -9,7 +9,7 @@ from .inputs import S
 pytestmark = pytest.mark.component("mlp")
 
 
-@judges("swiglu", uses=round_trip.LOADING)
+@judges("swiglu", explained_by=round_trip.LOADING)
 @pytest.mark.bug_class("swiglu")
 def test_swiglu(spec, dtype):
     """swiglu = (silu(x @ W_gate.T) * (x @ W_up.T)) @ W_down.T; only the gate goes through SiLU (course notes:
@@ -30,7 +30,7 @@ def test_swiglu(spec, dtype):
     )
 
 
-@judges("gelu_mlp", uses=round_trip.LOADING)
+@judges("gelu_mlp", explained_by=round_trip.LOADING)
 @pytest.mark.bug_class("gelu")
 def test_gelu_mlp(spec, dtype):
     """gelu_mlp = gelu_tanh(x @ W_fc.T + b_fc) @ W_proj.T + b_proj with the tanh-approximate GELU (protocol:

@@ -134,7 +134,7 @@ def per_head_scaled(w, scales):
     return w * factor[:, None]
 
 
-@judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("qk_norm")
 def test_qk_norm_is_per_head(spec):
     """Each head's queries and keys are normalised over that head's d_head channels, with one [d_head] gain shared by
@@ -150,7 +150,7 @@ def test_qk_norm_is_per_head(spec):
     )
 
 
-@judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("qk_norm")
 def test_qk_norm_comes_before_rope(spec):
     """The norms act on the projected heads before RoPE rotates them: with gains in [0.5, 1.5] and positions up to 500,
@@ -162,7 +162,7 @@ def test_qk_norm_comes_before_rope(spec):
     )
 
 
-@judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("qk_norm")
 def test_qk_norm_on_queries_and_keys_not_values(spec):
     """q_norm normalises the queries and k_norm the keys; the values stay as projected: keys projected 4x larger are
@@ -177,7 +177,7 @@ def test_qk_norm_on_queries_and_keys_not_values(spec):
     )
 
 
-@judges("multihead_self_attention", uses=("build_model", "canonical_state_dict"))
+@judges("multihead_self_attention", explained_by=("build_model", "canonical_state_dict"))
 @pytest.mark.bug_class("qk_norm")
 def test_qk_norm_eps_inside_the_root(spec):
     """norm_eps is the norms' eps, inside the square root as in rmsnorm: with norm_eps = 0.25 (against unit-scale

@@ -526,7 +526,7 @@ def pytest_runtest_setup(item):
     if not item.config.getoption("spec_tb"):
         _short_failures(item)
     state.impl.begin_test()
-    state.impl.require(*subjects, *uses)  # subject first: skip before any setup runs
+    state.impl.require(*subjects, *markers.needed_of(item))  # subject first: skip before any setup runs
 
 
 def _short_failures(item) -> None:
