@@ -290,6 +290,10 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("top_p_mass_in_vocabulary_order", "sampling_probs_match_reference",
+     "summed over the probabilities in vocabulary order (not sorted)"),
+    ("sdpa_query_heads_grouped_group_major", "sdpa_gqa_mapping",
+     "query head h is paired with kv head h % 2 (tiled) instead of h // 4; output heads 0..7 hold query heads"),
     ("train_step_clips_without_the_head", "train_step_matches_reference and llama and clip0.02 and sgd",
      "clipping leaves out the untied output head"),
     ("final_softcap_on_the_tied_head_only", "logits_match_reference_with_softcaps",

@@ -52,6 +52,19 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ scaled_dot_product_attention
     Bug(
+        "sdpa_query_heads_grouped_group_major",
+        "gqa",
+        (SDPA, "flash_attention", MHA),
+        "attention.py",
+        old="    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)\n    scores =",
+        new="    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)\n"
+        '    q = rearrange(q, "... (rep h_kv) t d -> ... (h_kv rep) t d", rep=n_rep)  # the bug\n    scores =',
+        explanation="the query heads are grouped group-major ((groups, kv heads) where (kv heads, groups) belongs): "
+        "query head h attends over kv head h % n_kv_heads and comes back at another head's place",
+        fix="query head h attends over kv head h // n_rep and is output head h: reshape q to [..., H_kv, n_rep, T, d]",
+        code="knob:gqa_mapping",
+    ),
+    Bug(
         "attention_missing_scale",
         "attention_scale",
         (SDPA, MHA),

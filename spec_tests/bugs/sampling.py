@@ -224,6 +224,18 @@ BUGS = (
         code="batch_mixing",
     ),
     Bug(
+        "top_p_mass_in_vocabulary_order",
+        "top_p",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs\n",
+        new="    mass_before = probs.cumsum(dim=-1) - probs\n",
+        explanation="the nucleus's cumulative mass is summed over the probabilities in vocabulary order, and the cut "
+        "laid on the sorted order: how many tokens are kept depends on the token ids, not on the sorted mass",
+        fix="cumsum the sorted probabilities: sorted_probs.cumsum(dim=-1) - sorted_probs",
+        code="knob:sampling_order",
+    ),
+    Bug(
         "top_p_drops_crossing_token",
         "top_p",
         (*SAMPLING, *GENERATION),

@@ -24,6 +24,7 @@ from .catalog import CLASS_CODES, known_bug_lines
 from .cause import EXACT_SHARED, WEAK, Cause
 from .codes import PREFIX_KNOB
 from .crashes import argument_keys
+from .heads import head_pairing_causes
 from .knobs import knob_causes
 from .norm_stats import norm_statistics_causes
 from .order import item_order_causes
@@ -213,6 +214,7 @@ def diagnose(
         named = {**dict(zip(argument_keys(call[0], args64 or (), {}), args64 or (), strict=True)), **call[1]}
         causes += argument_ratio_causes(named, expected, actual, tol.atol, tol.rtol)
         causes += norm_statistics_causes(call[0], named, actual)
+        causes += head_pairing_causes(call[0], args64, call[1], actual, tol.atol, tol.rtol)
     if structural and isinstance(expected, torch.Tensor):
         inputs = _tensor_inputs(args64, call[1] if call else None)
         causes += structural_causes(expected, actual, axes=axes, inputs=inputs, atol=tol.atol, rtol=tol.rtol)

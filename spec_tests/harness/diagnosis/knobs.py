@@ -1516,6 +1516,10 @@ def _nucleus(probs, top_p, crossing="keep"):
     sp, order = torch.sort(probs, dim=-1, descending=crossing != "ascending")
     cum = sp.cumsum(-1)
     before = cum - sp
+    if crossing == "vocabulary_mass":  # the mass summed in vocabulary order, the cut laid on the sorted order
+        cum = probs.cumsum(-1)
+        before = cum - probs
+        crossing = "keep"
     tol = 16 * torch.finfo(F64).eps
     if crossing == "hf_descending":
         keep_sorted = ~(cum <= 1 - top_p + tol)
@@ -1733,6 +1737,15 @@ def _sampling_probs(args, kwargs, style):
                     compute=s(crossing=crossing),
                 )
                 for crossing in ("ascending", "hf_descending")
+            ),
+            Variant(
+                "knob:sampling_order",
+                "the nucleus's cumulative mass is summed over the probabilities in vocabulary order (not sorted) while "
+                "the cut is laid on the sorted order: the wrong number of tokens is kept",
+                where="the top-p cut: the probabilities its cumulative sum runs over",
+                fix="sort the probabilities (descending), take the cumulative sum of the sorted ones, cut there and "
+                "scatter the mask back",
+                compute=s(crossing="vocabulary_mass"),
             ),
             Variant(
                 "knob:top_p_boundary",
