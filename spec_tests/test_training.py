@@ -24,6 +24,7 @@ from .harness.diagnosis.bookkeeping import (
     summed_over,
     target_shift,
 )
+from .harness.diagnosis.loss_terms import extra_term
 from .harness.diagnosis.steps import fitted_lr_lines, unclipped_lines
 from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
@@ -631,6 +632,17 @@ def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behavio
     )
 
 
+def own_loss_term(raw, config, sd, x, y, loss, tol) -> str | None:
+    """An extra term (z-loss, label smoothing) that turns the cross-entropy of the implementation's own forward on
+    ``x`` against ``y`` into ``loss`` (``loss_terms.extra_term``); None where none does or forward does not run."""
+    try:
+        with torch.no_grad():
+            logits = raw.forward(models.build(raw, config, sd), x)
+    except Exception:  # noqa: BLE001 - what does not run reads nothing
+        return None
+    return extra_term(loss, logits, y, tol.atol)
+
+
 def first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm) -> Callable:
     """A reading for ``check_two_steps``: where train_step's loss before its first step differs from the cross-entropy
     of the implementation's own forward on the same model (``steps_on_own_model``'s first loss), train_step computes
@@ -645,6 +657,11 @@ def first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm) -> Call
             return [], []
         if mismatch([got], [own], tol) is None:
             return [], []
+        term = own_loss_term(raw, config, sd, x, y, got, tol)
+        if term:
+            return [f"likely cause: train_step's {term}. Fix: loss = cross_entropy(forward(model, x), y) alone"], [
+                "knob:loss_terms"
+            ]
         return [
             f"likely cause: train_step's loss before its first step ({got:.6g}) is not the cross-entropy of your own "
             f"forward(model, x) against y ({own:.6g}): train_step computes its logits or its loss otherwise than "
@@ -1450,6 +1467,11 @@ def one_prediction_reading(spec, model, data, context_length) -> Callable:
             math.isclose(got, own / m, rel_tol=1e-4, abs_tol=tol.atol) for m in range(1, context_length + 2)
         ):
             return [], []
+        term = extra_term(got, logits[None], data[1:2].long(), tol.atol)
+        if term:
+            return [
+                f"likely cause: evaluate's {term}. Fix: evaluate reports the mean NLL of the predicted tokens alone"
+            ], ["knob:loss_terms"]
         return [
             f"likely cause: evaluate on two tokens (one prediction) gives {got:.6g}, and your own forward gives that "
             f"prediction an NLL of {own:.6g}, which no averaging turns into it: evaluate computes its logits otherwise "

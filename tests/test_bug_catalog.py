@@ -290,6 +290,11 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("train_step_label_smoothing_left_on", "train_step_matches_reference",
+     "plus label smoothing with coefficient 0.1"),
+    ("train_step_z_loss_left_on", "train_step_matches_reference", "plus a z-loss with coefficient 0.001"),
+    ("layers_stacked_and_reshaped_at_load", "canonical_state_dict",
+     "gives back rows of the same weight of other layers"),
     ("top_p_mass_in_vocabulary_order", "sampling_probs_match_reference",
      "summed over the probabilities in vocabulary order (not sorted)"),
     ("sdpa_query_heads_grouped_group_major", "sdpa_gqa_mapping",

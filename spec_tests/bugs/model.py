@@ -120,6 +120,29 @@ BUGS = (
         code="knob:layer_weights",
     ),
     Bug(
+        "layers_stacked_and_reshaped_at_load",
+        "wiring",
+        FORWARD,
+        "model.py",
+        old="""    for name, value in state_dict.items():
+        if tuple(value.shape) != tuple(params[name].shape):""",
+        new="""    groups = {}  # the bug: each weight stacked over the layers, read back with the layers on dim 1
+    for name in state_dict:
+        if name.startswith("layers."):
+            groups.setdefault(name.split(".", 2)[2], []).append(name)
+    state_dict = dict(state_dict)
+    for names in groups.values():
+        stack = torch.stack([state_dict[n] for n in names])
+        mixed = stack.reshape(stack.shape[1], len(names), *stack.shape[2:])
+        state_dict.update({n: mixed[:, i] for i, n in enumerate(names)})
+    for name, value in state_dict.items():
+        if tuple(value.shape) != tuple(params[name].shape):""",
+        explanation="the per-layer weights are stacked for a scan over layers and split back with a reshape where a "
+        "moveaxis belongs: each layer is loaded with rows of its neighbours' weights",
+        fix="stack the layers on their own axis and index that axis to split them (torch.stack(ws, dim=axis))",
+        code="knob:layer_weights",
+    ),
+    Bug(
         "wq_wk_swapped_at_load",
         "wiring",
         FORWARD,

@@ -738,6 +738,32 @@ BUGS = (
         code="knob:loss_reduction",
     ),
     Bug(
+        "train_step_label_smoothing_left_on",
+        "training",
+        ("train_step", "train"),
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster",
+        new="    logits = model(x)  # the bug: label smoothing left on from a fine-tuning config\n"
+        "    loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten(), label_smoothing=0.1)",
+        explanation="train_step's loss has label smoothing 0.1 left on: 0.9 * NLL + 0.1 * the mean over the "
+        "vocabulary of -log p, which the protocol's plain cross-entropy does not have",
+        fix="loss = cross_entropy(forward(model, x), y): no label smoothing, no auxiliary term",
+        code="knob:loss_terms",
+    ),
+    Bug(
+        "train_step_z_loss_left_on",
+        "training",
+        ("train_step", "train"),
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster",
+        new="    logits = model(x)  # the bug: a z-loss left on (PaLM, MaxText)\n"
+        "    loss = cross_entropy(logits, y, fused=True) + 1e-3 * (torch.logsumexp(logits, -1) ** 2).mean()",
+        explanation="train_step's loss has a z-loss left on: 1e-3 * logsumexp(logits)**2 per token added to the "
+        "cross-entropy (its gradients too)",
+        fix="loss = cross_entropy(forward(model, x), y): no auxiliary term",
+        code="knob:loss_terms",
+    ),
+    Bug(
         "train_step_clip_norm_without_vectors",
         "training",
         TRAINING,

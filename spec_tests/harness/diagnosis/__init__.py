@@ -14,6 +14,7 @@ ambiguous evidence is said to be ambiguous rather than named with confidence.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -84,6 +85,9 @@ def _first_differing_leaf(expected, actual, tol):
     return None
 
 
+_LAYER = re.compile(r"\.\d+\.")
+
+
 def _named_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
     """The weight given back under ``path`` equals the one expected under another name of the same mapping: weights
     loaded or given back under each other's names (wq where wk belongs)."""
@@ -136,6 +140,21 @@ def _rows_from_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
         return []
     r, (p, i) = next(((r, src) for r, src in foreign if src[0] != path), foreign[0])
     others = sorted(names - {path})
+    if len({_LAYER.sub(".#.", n) for n in names | {path}}) == 1:  # the same weight of other layers
+        return [
+            Cause(
+                "knob:layer_weights",
+                f"{path} gives back rows of the same weight of other layers ({', '.join(others)}; its row {r} is "
+                f"{p}'s row {i}): the layers' weights were stacked (or split) along another axis than the layer axis, "
+                "so each layer holds parts of its neighbours'",
+                "how the per-layer weights are stacked into one tensor (a scan over layers) and split back: a reshape "
+                "where a transpose or moveaxis belongs",
+                "stack the layers on their own axis (torch.stack(ws, dim=axis)), and index that axis to split them",
+                f"every row of the given-back {path} is a row of a given weight, {len(foreign)} of them another "
+                "layer's",
+                0.9,
+            )
+        ]
     return [
         Cause(
             "knob:qkv_layout",

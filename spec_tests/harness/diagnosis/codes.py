@@ -127,10 +127,12 @@ KNOBS = {
     "missing_residual": "a sublayer's output replaces the residual stream instead of being added to it",
     "parallel_blocks": "attention and the MLP run in parallel on one input (GPT-J) instead of one after the other",
     "embed_scale": "the token embeddings are scaled (by sqrt(d_model)) where the family does not, or not where it does",
-    "layer_weights": "every block computes with one block's weights (a repeated module, a loader writing one layer)",
+    "layer_weights": "every block computes with one block's weights (a repeated module, a loader writing one layer), "
+    "or the layers' weights are mixed (a stack over layers split along another axis)",
     "qkv_layout": "q, k, v weights loaded in the wrong order or layout (swapped, rows not head-major, fused per head)",
     "adamw_rule": "AdamW's update rule is wrong (no bias correction, decay coupled or unscaled, eps inside the sqrt)",
     "data_windows": "data is cut into the wrong windows (non-overlapping chunks, windows context_length + 1 apart)",
+    "loss_terms": "the loss carries a term the specified one does not have (a z-loss, label smoothing left on)",
     "loss_units": "the loss is reported in another unit (bits: the NLL divided by ln 2) than the natural log's nats",
     "score_bias": "the attention scores get a bias the family does not have (ALiBi's per-head distance penalty)",
     "step_count": "a loop runs one step more or fewer than it is asked for (steps, max_new_tokens)",
