@@ -589,9 +589,10 @@ def held_otherwise(spec, cache, n: int) -> bool:
 def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | None:
     """``(cause, code)`` from how many positions the implementation's cache holds after two calls (``first``, then
     ``second``), where the reference's holds both: exactly the second call's length (the cached length set to the
-    new chunk's length instead of advanced by it), the first's (not advanced by the second call), or two (advanced by
-    one per call, not by the call's tokens). None otherwise, where the count fits two of these,
-    where cache_kv cannot be read, or with a sliding window (whose layers may keep fewer positions: amendment 27)."""
+    new chunk's length instead of advanced by it), the first's (not advanced by the second call), two (advanced by
+    one per call, not by the call's tokens) or the first's plus one (the first call counted, later ones by one).
+    None otherwise, where the count fits two of these, where cache_kv cannot be read, or with a sliding window
+    (whose layers may keep fewer positions: amendment 27)."""
     ref = getattr(spec.expectations, "reference", None)
     impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     if ref is None or not impl.provides("cache_kv") or config.get("sliding_window"):
@@ -638,6 +639,12 @@ def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | N
             f"likely cause: {said}: the cached length is set to the new call's length instead of advanced by it, so "
             "later calls write over earlier positions and take positions from the wrong offset. Fix: cached length "
             "+= the new tokens' count"
+        ), "knob:position_offset"
+    if held == n1 + 1 and n2 > 1:  # a prefill path of its own, then a decode index (held out 83)
+        return (
+            f"likely cause: {said}: the first call is counted in full and the second advances the cached length by "
+            "one instead of by its tokens (a decoding index that assumes one token per step), so the next call writes "
+            "over its positions. Fix: advance the cached length by the number of tokens each call writes"
         ), "knob:position_offset"
     if held == n1:
         return (

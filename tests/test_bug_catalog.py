@@ -290,6 +290,8 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("cache_counts_later_calls_by_one", "cached_logits_equal_full_forward",
+     "the first call is counted in full and the second advances the cached length by one"),
     ("train_step_label_smoothing_left_on", "train_step_matches_reference",
      "plus label smoothing with coefficient 0.1"),
     ("train_step_z_loss_left_on", "train_step_matches_reference", "plus a z-loss with coefficient 0.001"),

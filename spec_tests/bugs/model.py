@@ -591,6 +591,20 @@ BUGS = (
         code="knob:cache_contents",
     ),
     Bug(
+        "cache_counts_later_calls_by_one",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""        self.lengths[layer] = end
+        return self.kv(layer)""",
+        new="""        self.lengths[layer] = end if start == 0 else start + 1  # the bug: a decode index after prefill
+        return self.key_buffers[layer][..., :end, :], self.value_buffers[layer][..., :end, :]""",
+        explanation="the cache counts its first call's tokens, then advances by one per call (a decoding index that "
+        "assumes one token per step), so a later multi-token call is cut short and the next overwrites it",
+        fix="advance the cache's length by the number of tokens each call writes",
+        code="knob:position_offset",
+    ),
+    Bug(
         "cache_counts_calls_not_tokens",
         "kv_cache",
         (*CACHE, *GENERATION),
