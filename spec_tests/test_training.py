@@ -54,10 +54,20 @@ def test_get_batch_windows_and_shift(spec, kind):
         behaviour="x and y are [batch_size, context_length]",
         found=f"x {tuple(x.shape)}, y {tuple(y.shape)}",
     )
+    given = data.dtype if isinstance(data, torch.Tensor) else torch.from_numpy(data[:0]).dtype
+    kept = given != torch.long and given in (x.dtype, y.dtype)
     spec.require(
         x.dtype == torch.long and y.dtype == torch.long,
         behaviour="batches are long tensors",
         found=f"x {x.dtype}, y {y.dtype}",
+        causes=(
+            f"likely cause: get_batch keeps the data's own dtype ({given}) instead of converting the windows to "
+            "int64, so an embedding lookup (index_select) raises on them. Fix: x, y = x.long(), y.long() (or "
+            "astype(np.int64) before torch.from_numpy)",
+        )
+        if kept
+        else (),  # fmt: skip
+        codes=("dtype",) if kept else (),
     )
     spec.require(x.device.type == spec.device, behaviour="batches are on the requested device", found=f"on {x.device}")
     spec.require(

@@ -290,6 +290,8 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("get_batch_keeps_the_data_dtype", "get_batch_windows_and_shift",
+     "get_batch keeps the data's own dtype (torch.uint16)"),
     ("cache_counts_later_calls_by_one", "cached_logits_equal_full_forward",
      "the first call is counted in full and the second advances the cached length by one"),
     ("train_step_label_smoothing_left_on", "train_step_matches_reference",

@@ -128,6 +128,20 @@ BUGS = (
         code="crash",
     ),
     Bug(
+        "get_batch_keeps_the_data_dtype",
+        "get_batch",
+        TRAINING,
+        "training.py",
+        old="""    tokens = as_token_tensor(data)
+    if batch_size < 1 or context_length < 1:""",
+        new="""    tokens = data if isinstance(data, torch.Tensor) else torch.from_numpy(np.asarray(data))  # the bug
+    if batch_size < 1 or context_length < 1:""",
+        explanation="get_batch keeps the data's own integer dtype (nanoGPT's uint16, an int32 tensor), so the "
+        "windows are not long and an embedding lookup raises on them",
+        fix="convert the windows to int64: tokens.long() (astype(np.int64) before torch.from_numpy)",
+        code="dtype",
+    ),
+    Bug(
         "get_batch_last_start_unreachable",
         "get_batch",
         TRAINING,
