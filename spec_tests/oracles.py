@@ -160,31 +160,33 @@ def evaluate_teacher(
 ) -> dict[str, float]:
     """``{"loss", "perplexity"}`` as the protocol defines them, from the model's own logits.
 
-    ``reduction`` other than ``"tokens"`` (the protocol's total NLL / predicted tokens) gives the usual mistakes, for
-    diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"`` (mean of per-batch means, ``batch_size``
-    full windows to a batch and the short last window on its own, as code that cannot stack windows of two lengths
-    does), ``"mixed_batch_means"`` (the same, batches taken in order with the short last window in the last one),
-    ``"sorted_batch_means"`` (the same, the windows sorted shortest first before batching, as mlx-lm's
-    ``iterate_batches`` does: the short window in the first batch), ``"drop_last"`` (the short last window left out),
-    ``"padded_weights"`` (each batch's mean weighted by its windows times ``context_length``, as code that counts a
-    short window's padding as predicted tokens does), ``"padded_numerator"`` (those weights in the total, but divided by
-    the tokens predicted), ``"full_windows"`` (the total NLL divided by the windows times ``context_length``: a short
-    window counted as full), ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1),
-    ``"chunks"`` (windows ``context_length + 1`` apart: the data cut into chunks of inputs and targets, so the token
-    after each chunk is never predicted; divided by the tokens predicted), ``"plus_windows"`` (divided by the predicted
-    tokens plus the number of windows: each window counted by its input's length or its mask's ones, one more than it
-    predicts), ``"padded_sums"`` (each batch's NLL divided by all its padded slots, windows times ``context_length``, as
-    Keras' ``sum_over_batch_size`` reduction does, the batches then averaged weighted by their predicted tokens),
-    ``"edge_padded"`` (the last batch filled up to ``batch_size`` with copies of its last window, which are scored and
-    counted), ``"unshifted"`` (each window's tokens scored as their own targets), ``"zero_ignored"`` (targets equal to
-    token 0 left out: a pad id of 0 used as the ignored label), ``"second_half"`` (each window's predictions from
-    context_length // 2 on, as llama.cpp's perplexity scores), ``"windows_count"`` and ``"batches_count"`` (the total
-    NLL divided by the number of windows, or of batches), ``"batch_means_summed"`` and ``"mixed_batch_means_summed"``
-    (each batch's mean added as if it were its sum, the short window alone or in the last batch),
-    ``"tail_right_aligned"`` (the short last window made full length, ending at the last token, every target of it
-    scored: the tokens it shares with the window before count twice), ``"pad_target"`` and ``"pad_targets"`` (a short
-    last window padded with token 0 to ``context_length`` and its first padded target, or every one, scored as a
-    prediction of token 0: a loss mask one too long, or none).
+    ``reduction`` other than ``"tokens"`` (the protocol's total NLL / predicted tokens) gives the usual mistakes,
+    for diagnosis: ``"window_means"`` (mean of per-window means), ``"batch_means"`` (mean of per-batch means,
+    ``batch_size`` full windows to a batch and the short last window on its own, as code that cannot stack windows
+    of two lengths does), ``"mixed_batch_means"`` (the same, batches taken in order with the short last window in
+    the last one), ``"sorted_batch_means"`` (the same, the windows sorted shortest first before batching, as
+    mlx-lm's ``iterate_batches`` does: the short window in the first batch), ``"drop_last"`` (the short last window
+    left out), ``"drop_last_batch"`` (the last batch left out where it has fewer than ``batch_size`` windows, as
+    ``DataLoader(drop_last=True)`` does), ``"padded_weights"`` (each batch's mean weighted by its windows times
+    ``context_length``, as code that counts a short window's padding as predicted tokens does),
+    ``"padded_numerator"`` (those weights in the total, but divided by the tokens predicted), ``"full_windows"``
+    (the total NLL divided by the windows times ``context_length``: a short window counted as full),
+    ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows
+    ``context_length + 1`` apart: the data cut into chunks of inputs and targets, so the token after each chunk is
+    never predicted; divided by the tokens predicted), ``"plus_windows"`` (divided by the predicted tokens plus the
+    number of windows: each window counted by its input's length or its mask's ones, one more than it predicts),
+    ``"padded_sums"`` (each batch's NLL divided by all its padded slots, windows times ``context_length``, as Keras'
+    ``sum_over_batch_size`` reduction does, the batches then averaged weighted by their predicted tokens),
+    ``"edge_padded"`` (the last batch filled up to ``batch_size`` with copies of its last window, which are scored
+    and counted), ``"unshifted"`` (each window's tokens scored as their own targets), ``"zero_ignored"`` (targets
+    equal to token 0 left out: a pad id of 0 used as the ignored label), ``"second_half"`` (each window's
+    predictions from context_length // 2 on, as llama.cpp's perplexity scores), ``"windows_count"`` and
+    ``"batches_count"`` (the total NLL divided by the number of windows, or of batches), ``"batch_means_summed"``
+    and ``"mixed_batch_means_summed"`` (each batch's mean added as if it were its sum, the short window alone or in
+    the last batch), ``"tail_right_aligned"`` (the short last window made full length, ending at the last token,
+    every target of it scored: the tokens it shares with the window before count twice), ``"pad_target"`` and
+    ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its first padded target, or
+    every one, scored as a prediction of token 0: a loss mask one too long, or none).
     """
     nll, targets = [], []
     spans = windows(len(data), context_length)
@@ -225,6 +227,9 @@ def evaluate_teacher(
     elif reduction == "drop_last":
         kept = [n for n, (_, length) in zip(nll, spans) if length == context_length] or nll
         loss = float(torch.cat(kept).mean())
+    elif reduction == "drop_last_batch":  # a DataLoader(drop_last=True): a last batch of fewer windows left out
+        kept = nll[: len(nll) // batch_size * batch_size]
+        loss = float(torch.cat(kept).mean()) if kept else math.nan
     elif reduction == "mixed_batch_means":  # batches of batch_size windows in order, the short one in the last
         loss = float(torch.stack([b.mean() for b in batched(short_alone=False)]).mean())
     elif reduction == "sorted_batch_means":  # the windows sorted shortest first (stable), then batch_size at a time

@@ -1342,6 +1342,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             teacher("drop_last"),
         ),
         Variant(
+            "boundary",
+            "the last batch is left out where it holds fewer than batch_size windows (a DataLoader(drop_last=True)), "
+            "so its windows are never scored",
+            "score every window: keep the last, smaller batch (drop_last=False)",
+            teacher("drop_last_batch"),
+        ),
+        Variant(
             "knob:loss_reduction",
             "the total NLL is divided by len(data) instead of the len(data) - 1 predicted tokens",
             "divide by the number of predicted tokens",

@@ -128,6 +128,22 @@ BUGS = (
         code="crash",
     ),
     Bug(
+        "evaluate_drops_the_last_short_batch",
+        "evaluation",
+        ("evaluate",),
+        "training.py",
+        old="""        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]""",
+        new="""        windows = windows[: len(windows) // batch_size * batch_size]  # the bug: drop_last=True
+        n_pred = sum(n for _, n in windows)
+        for i in range(0, len(windows), batch_size):
+            group = windows[i : i + batch_size]""",
+        explanation="evaluate leaves out a last batch of fewer than batch_size windows (drop_last=True), so those "
+        "tokens are never scored, and with fewer windows than batch_size nothing is",
+        fix="score every window: keep the last, smaller batch (drop_last=False)",
+        code="boundary",
+    ),
+    Bug(
         "get_batch_keeps_the_data_dtype",
         "get_batch",
         TRAINING,
