@@ -7,6 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from .harness.diagnosis.knobs import rope_with_tables
+from .harness.diagnosis.variant import Variant
 from .harness.plugin.markers import judges
 from .inputs import S
 from .strategies import seeds
@@ -103,11 +105,27 @@ def test_rope_frequencies(spec):
     a, b = rope_pairs(out[:, 0], style)
     measured = torch.atan2(b.diagonal(), a.diagonal())
     expected = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=spec.device) / d)
+    other = "half" if style == "interleaved" else "interleaved"
+
+    def tables_of_the_other_layout():  # the angles measured where the cos/sin tables are laid out for the other style
+        mixed = rope_with_tables(x.cpu(), torch.ones(1, dtype=torch.float64), theta, style, other)
+        a, b = rope_pairs(mixed[:, 0], style)
+        return torch.atan2(b.diagonal(), a.diagonal()).to(spec.device)
+
     spec.close(
         measured,
         expected,
         kind="positions",
         behaviour=f"angle of pair i at position 1 is theta**(-2i/d_head) ({style} pairs)",
+        variants=[
+            Variant(
+                "knob:rope_style",
+                f"the cos/sin tables are laid out for {other} pairs while the rotation pairs channels {style}: each "
+                "channel turns at another pair's frequency",
+                "lay the cos/sin tables out as the rotation pairs the channels",
+                tables_of_the_other_layout,
+            )
+        ],
     )
 
 

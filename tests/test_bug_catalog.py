@@ -290,6 +290,8 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("rope_tables_laid_out_for_the_other_pairing", "rope_frequencies",
+     "the cos/sin tables are laid out for half pairs while the rotation pairs channels interleaved"),
     ("evaluate_drops_the_last_short_batch", "evaluate_is_token_weighted",
      "the last batch is left out where it holds fewer than batch_size windows"),
     ("get_batch_keeps_the_data_dtype", "get_batch_windows_and_shift",

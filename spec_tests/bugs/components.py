@@ -133,6 +133,29 @@ BUGS = (
         code="sign",
     ),
     Bug(
+        "rope_tables_laid_out_for_the_other_pairing",
+        "rope",
+        ("rope", "multihead_self_attention", *MODEL),
+        "positions.py",
+        old="""    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]""",
+        new="""    d = x.shape[-1]  # the bug: per-channel cos/sin tables laid out for the other pairing
+    if check_rope_style(style) == "half":
+        c, s = (rearrange(torch.stack((t, t), -1), "... i two -> ... (i two)") for t in (cos, sin))
+        turned = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), -1)
+    else:
+        c, s = (torch.cat((t, t), -1) for t in (cos, sin))
+        turned = rearrange(torch.stack((-x[..., 1::2], x[..., 0::2]), -1), "... i two -> ... (i two)")
+    return x * c + turned * s
+    pairs = rearrange(x, _PAIR_PATTERN[check_rope_style(style)], two=2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]""",
+        explanation="the cos/sin tables are laid out per channel for the other pairing (f0, f0, f1, f1 beside "
+        "rotate_half, or cat(freqs, freqs) beside every-two pairs): each channel turns at another pair's frequency",
+        fix="lay the tables out as the rotation pairs channels: cat(freqs, freqs) for rotate_half, "
+        "repeat_interleave(2) for (2i, 2i+1) pairs",
+        code="knob:rope_style",
+    ),
+    Bug(
         "rope_half_pairs_declared_interleaved",
         "rope",
         ("rope", "multihead_self_attention", *MODEL),

@@ -464,6 +464,21 @@ def _rope(x, pos, theta, style, *, exponent="2i", denom=None, sign=1.0, pos_shif
     return torch.cat((ra, rb), dim=-1)
 
 
+def rope_with_tables(x, pos, theta, pairing, layout):
+    """RoPE written with per-channel cos/sin tables (``x * cos + rotate(x) * sin``): ``pairing`` the rotation's
+    (rotate_half for "half", every two channels for "interleaved"), ``layout`` the tables' (each frequency for
+    channels i and i + d/2, ``cat(freqs, freqs)``, or for 2i and 2i + 1, ``repeat_interleave(2)``)."""
+    d = x.shape[-1]
+    freqs = theta ** (-2 * torch.arange(d // 2, dtype=F64) / d)
+    angle = pos.to(F64)[..., None] * freqs
+    angle = torch.cat((angle, angle), -1) if layout == "half" else angle.repeat_interleave(2, -1)
+    if pairing == "half":
+        rotated = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), -1)
+    else:
+        rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+    return x * torch.cos(angle) + rotated * torch.sin(angle)
+
+
 def _rope_family(args, kwargs, style):
     p = _bind("x, positions, theta=10000.0", args, kwargs)
     x, pos, theta = p.x, p.positions, float(p.theta)
@@ -477,6 +492,21 @@ def _rope_family(args, kwargs, style):
             where="the channel pairing of the rotation (x[..., 0::2]/x[..., 1::2] vs x[..., :d/2]/x[..., d/2:])",
             fix=f"pair channels {style}: " + ("(2i, 2i+1)" if style == "interleaved" else "(i, i + d/2)"),
             compute=r(style=other),
+        ),
+        *(
+            Variant(
+                "knob:rope_style",
+                f"the cos/sin tables are laid out {layout} ({how}) while the rotation pairs channels {pairing} "
+                f"({pairs}): each channel turns at another pair's frequency",
+                where="how the cos/sin tables are built beside how the rotation pairs the channels",
+                fix=f"lay the tables out to match the {pairing} pairing: "
+                + ("cat(freqs, freqs)" if pairing == "half" else "freqs.repeat_interleave(2)"),
+                compute=lambda pairing=pairing, layout=layout: rope_with_tables(x, pos, theta, pairing, layout),
+            )
+            for pairing, layout, how, pairs in (
+                ("half", "interleaved", "f0, f0, f1, f1, ...", "i with i + d/2, rotate_half"),
+                ("interleaved", "half", "cat(freqs, freqs)", "2i with 2i + 1"),
+            )
         ),
         Variant(
             "sign",
