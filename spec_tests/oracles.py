@@ -69,27 +69,40 @@ def greedy_pickers(spec):
 
 
 def own_sampler_explains(spec, args, kwargs):
-    """For a greedy ``generate`` that raised (the ``UPSTREAM_CRASHES`` entry): ``(roots, why)`` where a correct
-    greedy generate that picks each token with the implementation's own failing ``sample`` (or ``sampling_probs``)
-    cannot run, while with the argmax it runs on the same model and prompt (without the cache, which is judged
-    apart); else None. Weaker evidence than "the same crash at the same place" (a generate with a crash of its own
-    beside such a sampler is credited too, until the sampler is fixed and the run repeated), so pytest only, as all
-    crash consequences are."""
+    """For a ``generate`` that raised (the ``UPSTREAM_CRASHES`` entry): ``(roots, why)`` where a correct generate
+    that picks each token with the implementation's own failing ``sample`` (greedy: or ``sampling_probs``; sampled:
+    ``sample`` with the call's options, its result taken as the protocol's ``[B]``) cannot run, while with the
+    argmax it runs on the same model and prompt (without the cache, which is judged apart); else None. Weaker
+    evidence than "the same crash at the same place" (a generate with a crash of its own beside such a sampler is
+    credited too, until the sampler is fixed and the run repeated), so pytest only, as all crash consequences are."""
     names = ("model", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "generator", "use_cache")
     call = dict(zip(names, args, strict=False)) | dict(kwargs)
     model, prompt, n = call.get("model"), call.get("prompt"), call.get("max_new_tokens")
     built = spec.impl.ledger.models.get(id(model)) if hasattr(spec.impl, "ledger") else None
-    if call.get("temperature", 1.0) != 0 or call.get("attention_mask") is not None or built is None:
+    if call.get("attention_mask") is not None or built is None:
         return None
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or not isinstance(n, int):
         return None
     raw, ctx = getattr(spec.impl, "_subject", spec.impl), built[1]["context_length"]
-    pickers = greedy_pickers(spec)
+    sampled = call.get("temperature", 1.0) != 0
+    pickers = greedy_pickers(spec) if not sampled else [("sample", None)] if spec.failing(("sample",)) else []
     if not pickers:
         return None
     try:
         greedy_teacher(raw, model, prompt, n, ctx, use_cache=False)
     except Exception:  # noqa: BLE001 - the model itself does not run: no sampler explains it
+        return None
+    if sampled:  # a correct sampled generate that draws each token with the implementation's own sample
+        options = {k: call[k] for k in ("temperature", "top_k", "top_p") if k in call}
+        try:
+            draw = torch.Generator(device=prompt.device).manual_seed(0)
+            sampled_teacher(raw, model, prompt, n, ctx, draw, strict=True, **options)
+        except Exception as exc:  # noqa: BLE001 - whatever a correct generate meets with the sampler's answers
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            return ["sample"], (
+                f"a correct generate that draws each token with your own sample(logits [B, V], {options}) cannot run "
+                f"either ({why}), and picking the argmax it runs."
+            )
         return None
     for name, pick in pickers:
         try:
@@ -106,13 +119,16 @@ def own_sampler_explains(spec, args, kwargs):
 UPSTREAM_CRASHES["generate"] = own_sampler_explains
 
 
-def sampled_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, generator, **kw):
+def sampled_teacher(impl, model, prompt: torch.Tensor, n: int, context_length: int, generator, strict=False, **kw):
     """Sampled continuation by the implementation's own forward and ``sample``: ``[B, T + n]``. Each token is
-    ``sample(last logits over the last context_length tokens, generator=generator, **kw)``."""
+    ``sample(last logits over the last context_length tokens, generator=generator, **kw)``. ``strict``: a sample
+    that returns another shape than the protocol's ``[B]`` raises, as a generate that appends ``ids[:, None]`` does."""
     ids = prompt
     for _ in range(n):
         logits = impl.forward(model, ids[:, -context_length:])
         next_id = impl.sample(logits[:, -1], generator=generator, **kw)
+        if strict and tuple(next_id.shape) != (ids.shape[0],):
+            raise ValueError(f"sample returned shape {tuple(next_id.shape)} for logits [{ids.shape[0]}, V]")
         ids = torch.cat((ids, next_id.reshape(-1, 1).to(ids.dtype)), dim=1)
     return ids
 

@@ -1032,12 +1032,13 @@ def test_a_cached_step_s_positions_from_the_mask_s_front_are_named(tmp_path, pyt
     assert "generate's own cached path feeds its cache otherwise than the protocol's loop" in out, out[-3000:]
 
 
-def _generate_with_own_sample(folder, greedy_pick: str):
-    """The reference copy in ``folder`` with sample's temperature-0 pick replaced by ``greedy_pick`` and generate
-    drawing with its own copy of sample (not the protocol's name: no substitution reaches it)."""
+def _generate_with_own_sample(folder, greedy_pick: str, old="        return probs.argmax(dim=-1)\n"):
+    """The reference copy in ``folder`` with sample's temperature-0 pick (or the line ``old``) replaced by
+    ``greedy_pick`` and generate drawing with its own copy of sample (not the protocol's name: no substitution reaches
+    it)."""
     sampling = folder / "sampling.py"
-    sampling.write_text(replace_once(sampling.read_text(), "        return probs.argmax(dim=-1)\n",
-                                     f"        return {greedy_pick}\n", "sampling.py"))  # fmt: skip
+    indent = old[: len(old) - len(old.lstrip())]
+    sampling.write_text(replace_once(sampling.read_text(), old, f"{indent}return {greedy_pick}\n", "sampling.py"))
     generation = folder / "generation.py"
     text = generation.read_text().replace("next_id = sample(", "next_id = _own_sample(", 1)
     generation.write_text(text + "\n\nimport types as _types\n_own_sample = _types.FunctionType(sample.__code__, "
@@ -1066,6 +1067,22 @@ def test_a_greedy_generate_crashing_on_its_own_samples_answers_is_a_consequence_
     control = implementation(tmp_path / "control", edit=broken_generate)
     out = run_suite(f"--impl={control}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     assert "generate: " in out.split("root causes")[-1], out[-3000:]
+
+
+def test_a_sampled_generate_crashing_on_its_own_samples_shape_is_a_consequence_of_sample(tmp_path, pytester):
+    """A copy of the reference whose sample squeezes multinomial's draws (a batch of one row gives a 0-d id) and whose
+    generate draws with its own copy of sample: sampled generate raises for a batch of one. A correct generate that
+    draws each token with the implementation's own sample, its result taken as the protocol's [B], cannot run either,
+    so generate's crash is a consequence of sample (held out 82: charged to sample and generate)."""
+    folder = implementation(
+        tmp_path,
+        edit=lambda f: _generate_with_own_sample(f, "ids.squeeze()", "    return ids.reshape(probs.shape[:-1])\n"),
+    )
+    out = run_suite(
+        f"--impl={folder}", "-k", "generat or sampling_probs_any_leading", cwd=tmp_path, pytester=pytester
+    ).stdout
+    roots = out.split("root causes")[-1]
+    assert "sample: " in roots and "generate: " not in roots, out[-3000:]
 
 
 def test_greedy_tokens_a_generate_gets_from_its_own_sample_are_a_consequence_of_sample(tmp_path, pytester):

@@ -224,6 +224,18 @@ BUGS = (
         code="batch_mixing",
     ),
     Bug(
+        "sample_squeezes_a_one_row_batch",
+        "leading_dims",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="    return ids.reshape(probs.shape[:-1])",
+        new="    return ids.squeeze()  # the bug: a batch of one row loses its axis too",
+        explanation="sample squeezes multinomial's [N, 1] draws, so logits of one row [1, V] give a 0-d id instead of "
+        "[1], and a generate that appends ids[:, None] raises for a batch of one",
+        fix="reshape the draws to logits.shape[:-1]: ids.reshape(probs.shape[:-1]) (or squeeze(-1))",
+        code="shape",
+    ),
+    Bug(
         "top_p_mass_in_vocabulary_order",
         "top_p",
         (*SAMPLING, *GENERATION),
