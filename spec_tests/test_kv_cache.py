@@ -93,6 +93,7 @@ def check_chunks(spec, config, chunks, *, seed):
                 if len(chunks) > 1 and held_otherwise(spec, kept[0], ids.shape[1])
                 else None
             )
+            or (slot_rule_reading(chunks, _steps_held(spec, kept[0])) if len(chunks) > 2 else None)
             or rows_apart(spec, model, ids, chunks, full, tol)
         )
         hint, hint_code = read or (hint, hint_code)
@@ -452,6 +453,40 @@ def rows_apart(spec, model, ids, chunks, full, tol) -> tuple[str, str] | None:
         "mask or cache that keeps one sequence for the whole batch, rows attending every row's cached keys). Fix: "
         "keep each row's cache apart and mask each query to its own row's keys"
     ), "batch_mixing"
+
+
+SLOT_RULES = {
+    "set to the call's length": lambda slot, n: n,
+    "advanced by one per call": lambda slot, n: slot + 1,
+    "never advanced after the first call": lambda slot, n: slot if slot else n,
+    "reset to 0 after each call": lambda slot, n: 0,
+}
+
+
+def slot_rule_reading(chunks, held: int) -> tuple[str, str] | None:
+    """``(cause, code)`` where the positions a cache holds after calls of ``chunks`` tokens (``held``, its extent)
+    are what one wrong write-position rule gives (``SLOT_RULES``: each call writes at the write position, which is
+    then set to the call's length, advanced by one, ...): a bookkeeping mistake named by the count it leaves,
+    whatever the cache's layout (the rules that fit said together). None where the count is right or fits none."""
+    if held == sum(chunks) or not isinstance(held, int):
+        return None
+
+    def extent(rule):
+        slot = top = 0
+        for n in chunks:
+            top = max(top, slot + n)
+            slot = rule(slot, n)
+        return top
+
+    fits = [name for name, rule in SLOT_RULES.items() if extent(rule) == held]
+    if not fits or len(fits) == len(SLOT_RULES):
+        return None
+    return (
+        f"likely cause: after calls of {chunks} tokens cache_kv holds {held} positions ({sum(chunks)} written), which "
+        f"is what a cache whose write position is {' or '.join(fits)} (instead of advanced by the tokens each call "
+        "writes) holds: later calls write over earlier positions. Fix: advance the cache's write position (its "
+        "head, length or offset) by the number of tokens each call writes"
+    ), "knob:position_offset"
 
 
 ONE_PER_CALL = (

@@ -591,6 +591,31 @@ BUGS = (
         code="knob:cache_contents",
     ),
     Bug(
+        "cache_write_position_set_to_the_call_length",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""        self.lengths[layer] = end
+        return self.kv(layer)
+
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        \"\"\"Views of the filled part of ``layer``'s buffers.\"\"\"
+        end = self.lengths[layer]
+""",
+        new="""        self.lengths[layer] = end - start  # the bug: the write position set to the call's length
+        self.written = {**getattr(self, "written", {}), layer: max(getattr(self, "written", {}).get(layer, 0), end)}
+        return self.kv(layer)
+
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        \"\"\"Views of the filled part of ``layer``'s buffers (every cell ever written, as a paged cache's).\"\"\"
+        end = self.written[layer] if getattr(self, "written", None) else self.lengths[layer]
+""",
+        explanation="the cache's write position is set to the last call's length instead of advanced by it "
+        "(llama.cpp's kv.head = n_tokens for kv.head += n_tokens), so a third call writes over cached positions",
+        fix="advance the write position by the number of tokens each call writes",
+        code="knob:position_offset",
+    ),
+    Bug(
         "cache_counts_later_calls_by_one",
         "kv_cache",
         (*CACHE, *GENERATION),
