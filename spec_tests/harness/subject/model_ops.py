@@ -14,6 +14,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -32,6 +33,24 @@ def _dtype(dtype) -> torch.dtype:
     return DTYPES[dtype] if isinstance(dtype, str) else dtype
 
 
+# in-place fills that only set values: on the meta device there are none to set, and torch's first meta call of
+# several of these (normal_, clamp_, erfinv_) takes about a second to set up its Python kernels
+_VALUE_FILLS = frozenset(
+    ("normal_", "uniform_", "erfinv_", "clamp_", "exponential_", "log_normal_", "cauchy_", "bernoulli_")
+)
+
+
+class _MetaFillsSkipped(TorchFunctionMode):
+    """Value fills on meta tensors return the tensor unchanged (a meta tensor has a shape and no values)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
+        if getattr(func, "__name__", None) in _VALUE_FILLS and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
 def build(impl, config: dict, state_dict=None, dtype="float64", device="cpu", seed=None, training=False):
     """``build_model(config, state_dict)`` created under the weights' dtype and device (protocol amendment 1).
 
@@ -45,7 +64,8 @@ def build(impl, config: dict, state_dict=None, dtype="float64", device="cpu", se
     # torch.device(...) as a context routes every torch call through a Python mode; on the default device
     # it changes nothing and costs a quarter of a small model's build
     on_device = contextlib.nullcontext() if torch.device(device) == torch.get_default_device() else torch.device(device)
-    with default_dtype(dtype), on_device:
+    skipped = _MetaFillsSkipped() if torch.device(device).type == "meta" else contextlib.nullcontext()
+    with default_dtype(dtype), on_device, skipped:
         model = impl.build_model(config, state_dict)
     if device != "meta":
         model = model.to(device=device, dtype=dtype)
