@@ -290,6 +290,8 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("rope_pairs_counted_from_one", "test_rope and not frequencies and not relative and not norms and not odd",
+     "pair i turns at pair i + 1's frequency"),
     ("cache_write_position_set_to_the_call_length", "cached_logits_equal_full_forward",
      "whose write position is set to the call's length"),
     ("rope_tables_laid_out_for_the_other_pairing", "rope_frequencies",

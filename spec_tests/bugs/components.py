@@ -110,6 +110,19 @@ BUGS = (
         fix="use exponents 2i/d_head for i < d_head/2, i.e. torch.arange(0, d_head, 2) / d_head",
     ),
     Bug(
+        "rope_pairs_counted_from_one",
+        "rope_frequency",
+        ("rope", "multihead_self_attention", *MODEL),
+        "positions.py",
+        old="    exponents = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head",
+        new="    exponents = torch.arange(2, d_head + 2, 2, dtype=torch.float64) / d_head  # the bug: k = 1 .. d/2",
+        explanation="RoPE's pairs are counted from 1 (theta ** (-2k / d) for k = 1 .. d/2, a handout's 1-indexed k "
+        "without its -1): each pair turns at the next pair's frequency, and the first pair no longer turns by 1 "
+        "radian per position",
+        fix="count pairs from 0: theta ** (-2i / d_head) for i = 0 .. d_head/2 - 1",
+        code="knob:rope_base",
+    ),
+    Bug(
         "rope_frequencies_inverted",
         "rope_frequency",
         ("rope", "multihead_self_attention", *MODEL),

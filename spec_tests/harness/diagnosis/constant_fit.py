@@ -280,6 +280,16 @@ def _frequency_reading(freqs: torch.Tensor, theta: float, d: int) -> str:
     if half > 1 and (exponents - slope * i).abs().max() < 1e-6:
         grid = " (a linspace(0, 1, d_head / 2) grid of exponents)" if abs(slope * (half - 1) - 1) < 1e-6 else ""
         return f"theta ** (-{slope:.4g} i){grid}, where theta ** (-2i / d_head) = theta ** (-{2 / d:.4g} i)"
+    a, b = slope * d, float(exponents[0]) * d  # exponents (a i + b) / d_head, in units of 1 / d_head
+    if half > 1 and (exponents - (slope * i + exponents[0])).abs().max() < 1e-6 and abs(a - round(a)) < 1e-4:
+        a, b = round(a), round(b, 3)
+        shifted = (
+            f": pair i turns at pair i + {b / 2:g}'s frequency (a pair number counted from {1 + b / 2:g}, or an "
+            "index off by one)"
+            if a == 2 and b > 0 and float(b / 2).is_integer()
+            else ""
+        )
+        return f"theta ** (-({a}i + {b:g}) / d_head) where theta ** (-2i / d_head) belongs{shifted}"
     return f"per-position angles {_said(freqs)}"
 
 
