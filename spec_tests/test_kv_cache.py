@@ -590,6 +590,15 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
             f"likely cause: {prefill} your cache holds the values where the keys belong and the keys where the "
             "values belong (cache_kv). Fix: store and read back (keys, values) in one order"
         ), "knob:cache_contents"
+    shifted = _keys_rotated_further(ref, own, want, config, impl.rope_style, same)
+    if shifted:
+        said = "; ".join(f"layer {i}'s by {d:+d}" for i, d in shifted.items())
+        return (
+            f"likely cause: {prefill} the cached values are right and the cached keys are the specified ones rotated "
+            f"to other positions ({said}): those layers take their RoPE positions from a count that is off by that "
+            "much, e.g. the cache's length read after another layer already advanced it. Fix: every layer rotates "
+            "its new keys at positions cached .. cached + T - 1, the count taken before any layer writes"
+        ), "knob:position_offset"
     sizes = [o[0].shape[2] for o in own]
     if n > 1 and all(o[0].shape[2] == o[1].shape[2] == 1 for o in own):
         first = all(same(o[0], w[0][:, :, :1]) and same(o[1], w[1][:, :, :1]) for o, w in zip(own, want))
@@ -619,6 +628,32 @@ def held_otherwise(spec, cache, n: int) -> bool:
         return impl.cache_kv(cache, 0)[0].shape[-2] != n
     except Exception:  # noqa: BLE001 - unreadable here: the reading decides
         return True
+
+
+def _keys_rotated_further(ref, own, want, config, style, same) -> dict[int, int]:
+    """``{layer: offset}`` where every layer's cached values equal the reference's and some layers' keys equal the
+    reference's keys rotated by a constant number of positions more (RoPE composes: rope(k at p, d) is k at p + d);
+    empty otherwise (no RoPE, other differences, or an offset that fits no layer)."""
+    if config.get("family", "llama") != "llama" or not all(same(o[1], w[1]) for o, w in zip(own, want)):
+        return {}
+    theta = float(config.get("rope_theta", 10000.0))
+    found = {}
+    for layer, (o, w) in enumerate(zip(own, want)):
+        if same(o[0], w[0]):
+            continue
+        n = w[0].shape[2]
+        offset = next(
+            (
+                d
+                for d in range(-2 * n, 2 * n + 1)
+                if d and same(o[0], ref.rope(w[0], torch.full((n,), d, dtype=torch.long, device=w[0].device), theta))
+            ),
+            None,
+        )
+        if offset is None:
+            return {}
+        found[layer] = offset
+    return found
 
 
 def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | None:

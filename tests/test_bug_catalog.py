@@ -290,6 +290,8 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("layers_read_the_cache_length_after_layer_0", "cached_logits_equal_full_forward",
+     "the cached keys are the specified ones rotated to other positions (layer 1's by"),
     ("rope_pairs_counted_from_one", "test_rope and not frequencies and not relative and not norms and not odd",
      "pair i turns at pair i + 1's frequency"),
     ("cache_write_position_set_to_the_call_length", "cached_logits_equal_full_forward",

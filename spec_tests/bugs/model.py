@@ -616,6 +616,18 @@ BUGS = (
         code="knob:position_offset",
     ),
     Bug(
+        "layers_read_the_cache_length_after_layer_0",
+        "cache_positions",
+        (*CACHE, *GENERATION),
+        "model.py",
+        old="            x = block(x, positions, cache, layer, mask)",
+        new="            x = block(x, positions + (0 if cache is None else cache.length - start), cache, layer, mask)",
+        explanation="each layer takes its positions from the cache's length, which layer 0 has already advanced: "
+        "on the cached path layers 1 and on rotate their keys and queries T positions too far",
+        fix="take the positions once, from the cached length before any layer writes, and hand them to every layer",
+        code="knob:position_offset",
+    ),
+    Bug(
         "cache_counts_later_calls_by_one",
         "kv_cache",
         (*CACHE, *GENERATION),
