@@ -590,7 +590,7 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
             f"likely cause: {prefill} your cache holds the values where the keys belong and the keys where the "
             "values belong (cache_kv). Fix: store and read back (keys, values) in one order"
         ), "knob:cache_contents"
-    shifted = _keys_rotated_further(ref, own, want, config, impl.rope_style, same)
+    shifted = _keys_rotated_further(ref, own, want, config, same)
     if shifted:
         said = "; ".join(f"layer {i}'s by {d:+d}" for i, d in shifted.items())
         return (
@@ -630,30 +630,34 @@ def held_otherwise(spec, cache, n: int) -> bool:
         return True
 
 
-def _keys_rotated_further(ref, own, want, config, style, same) -> dict[int, int]:
+def _keys_rotated_further(ref, own, want, config, same) -> dict[int, int]:
     """``{layer: offset}`` where every layer's cached values equal the reference's and some layers' keys equal the
     reference's keys rotated by a constant number of positions more (RoPE composes: rope(k at p, d) is k at p + d);
     empty otherwise (no RoPE, other differences, or an offset that fits no layer)."""
     if config.get("family", "llama") != "llama" or not all(same(o[1], w[1]) for o, w in zip(own, want)):
         return {}
     theta = float(config.get("rope_theta", 10000.0))
+
+    def turned(k, d):  # the reference's rope of k by d positions more (the subject is in the declared style)
+        try:
+            return ref.rope(k, torch.full((k.shape[2],), d, dtype=torch.long, device=k.device), theta)
+        except Exception:  # noqa: BLE001 - a reading never breaks the check it annotates
+            return None
+
     found = {}
     for layer, (o, w) in enumerate(zip(own, want)):
         if same(o[0], w[0]):
             continue
         n = w[0].shape[2]
-        offset = next(
-            (
-                d
-                for d in range(-2 * n, 2 * n + 1)
-                if d and same(o[0], ref.rope(w[0], torch.full((n,), d, dtype=torch.long, device=w[0].device), theta))
-            ),
-            None,
-        )
+        offset = next((d for d in range(-2 * n, 2 * n + 1) if d and _same_or_none(same, o[0], turned(w[0], d))), None)
         if offset is None:
             return {}
         found[layer] = offset
     return found
+
+
+def _same_or_none(same, a, b) -> bool:
+    return b is not None and same(a, b)
 
 
 def cache_length_reading(spec, config, sd, first, second) -> tuple[str, str] | None:
