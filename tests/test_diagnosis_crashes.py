@@ -281,6 +281,21 @@ def test_gqa_is_named():
                for line in lines), lines  # fmt: skip
 
 
+def probs_with_a_pivot_of_2d_logits(logits, temperature=1.0, top_k=None, top_p=None):
+    if top_k is not None and top_k < logits.shape[-1]:
+        v = torch.topk(logits, top_k).values
+        return logits.masked_fill(logits < v[:, [-1]], float("-inf")).softmax(-1)  # the bug: [B, V] logits only
+    return logits.softmax(-1)
+
+
+def test_sizes_that_run_only_below_top_k_are_a_clue_not_a_cause():
+    """Held out (batch 87): gpt-fast's top-k pivot v[:, [-1]] raises for 3-D logits. The last axis runs only at sizes
+    top_k covers (the filter has nothing to do there): that is top_k's path, so the size is said as a clue."""
+    lines, _ = probe("sampling_probs", probs_with_a_pivot_of_2d_logits, (randn(2, 1, 3, 67),), {"top_k": 9})
+    size = [line for line in lines if "last-axis size" in line]
+    assert size and all(line.startswith("note:") and "top_k=9 covers" in line for line in size), lines
+
+
 def probs_with_unclamped_top_k(logits, temperature=1.0, top_k=None, top_p=None):
     return torch.topk(logits, top_k).values  # the bug: top_k above V keeps every token
 

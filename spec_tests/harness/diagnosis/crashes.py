@@ -1881,7 +1881,13 @@ def _grouped(working: list[Probe], tried: list[Probe], kwargs: dict | None = Non
             working_text += f" ({', '.join(map(str, raises))} raise{'s' if len(raises) == 1 else ''} too)"
         top = max([*raises, *([] if given is None else [given])], default=None)
         against = [k for k, v in counts.items() if top is not None and top <= v < min(runs)]
-        if raises and min(runs) > max(raises) and against:
+        covered = [k for k, v in counts.items() if top is not None and max(runs) <= v < min(raises, default=top)]
+        weak, clue = first.weak, first.clue
+        if raises and max(runs) < min(raises) and covered and (given is None or given > counts[covered[0]]):
+            k = covered[0]  # the sizes that run are those the keyword covers: its path has nothing to do there
+            note = f"; the sizes that run are those {k}={counts[k]} covers, where the path {k} takes has nothing to do"
+            weak, clue = True, f"the crash is on {k}'s path, not about the size"
+        elif raises and min(runs) > max(raises) and against:
             k = against[0]
             note = (
                 f"; so the size matters against {k}={counts[k]}: the call raises where the size is at most {k} and "
@@ -1893,7 +1899,7 @@ def _grouped(working: list[Probe], tried: list[Probe], kwargs: dict | None = Non
             note = f"; so look for a size of {runs[0]} written into the code (a view, slice or table of that width)"
         else:
             note = ""
-        merged = replace(first, working=working_text, note=note + first.note)
+        merged = replace(first, working=working_text, note=note + first.note, weak=weak, clue=clue)
         working = [p for p in working if not (p.group and p.group[0] == kind)] + [merged]
     return working
 
