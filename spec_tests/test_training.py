@@ -341,7 +341,21 @@ def variant_steps(
     return {"losses": losses, "weights": {k: v.detach().clone() for k, v in ref.canonical_state_dict(model).items()}}
 
 
-def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
+def grads_left_norm(m, cfg, sd, x, y, optimizer, max_grad_norm) -> float | None:
+    """The global norm of the gradients the implementation's train_step leaves on its model after one step with
+    ``max_grad_norm``: at most max_grad_norm where it clipped them (before or after its step), more where it did not;
+    None where it cannot be read."""
+    try:
+        model = models.build(m, cfg, sd)
+        opt = m.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
+        m.train_step(model, opt, x, y, max_grad_norm=max_grad_norm)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else None
+    except Exception:  # noqa: BLE001 - what does not run reads nothing
+        return None
+
+
+def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None, left=None):
     """The step mistakes as Variants; ``own(clip_each=True)``: two steps on the implementation's own model with each of
     its own parameter tensors clipped alone (per-tensor clipping depends on how the code splits its parameters)."""
 
@@ -382,6 +396,18 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
             )
             for m in range(1, rows)
         ]
+
+    def unless_left(compute, clipped: bool):
+        """``compute``, unless the gradients train_step leaves (``left()``) are ``clipped`` (at most max_grad_norm) or
+        not as given: clipping after the step and no clipping step alike, and only the gradients left tell them."""
+
+        def checked(*a):
+            norm = None if left is None else left()
+            if norm is not None and (norm <= max_grad_norm * (1 + 1e-6)) == clipped:
+                raise ValueError(f"the gradients train_step leaves have norm {norm:.6g}")  # fitting_variants skips
+            return compute(*a)
+
+        return checked
 
     found = [
         Variant(
@@ -432,9 +458,10 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
         found += [
             Variant(
                 "knob:clipping",
-                "gradients are clipped after optimizer.step(), so the step is unclipped",
+                "gradients are clipped after optimizer.step(), so the step is unclipped (the gradients it leaves are "
+                "clipped)",
                 "clip_grad_norm_ between backward() and step()",
-                with_(clip="after"),
+                unless_left(with_(clip="after"), clipped=False),
             ),
             Variant(
                 "knob:clipping",
@@ -446,7 +473,7 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None):
                 "knob:clipping",
                 "gradients are not clipped",
                 "clip_grad_norm_(model.parameters(), max_grad_norm)",
-                with_(clip="never"),
+                unless_left(with_(clip="never"), clipped=True),
             ),
             Variant(
                 "knob:clipping",
@@ -553,6 +580,9 @@ def test_train_step_matches_reference(spec, family, optimizer, max_grad_norm):
             optimizer,
             max_grad_norm,
             own=lambda **kw: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm, **kw),
+            left=lambda: grads_left_norm(
+                getattr(spec.impl, "_subject", spec.impl), config, sd, x, y, optimizer, max_grad_norm
+            ),  # fmt: skip
         ),
     )
 

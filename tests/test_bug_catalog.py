@@ -290,6 +290,7 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("clip_after_step", "train_step_matches_reference", "likely cause: gradients are clipped after optimizer.step()"),
     ("layers_read_the_cache_length_after_layer_0", "cached_logits_equal_full_forward",
      "the cached keys are the specified ones rotated to other positions (layer 1's by"),
     ("rope_pairs_counted_from_one", "test_rope and not frequencies and not relative and not norms and not odd",
