@@ -296,6 +296,18 @@ def test_sizes_that_run_only_below_top_k_are_a_clue_not_a_cause():
     assert size and all(line.startswith("note:") and "top_k=9 covers" in line for line in size), lines
 
 
+def probs_of_a_multiple_of_8(logits, temperature=1.0, top_k=None, top_p=None):
+    blocks = logits.reshape(*logits.shape[:-1], -1, 8)  # the bug: a kernel of 8-wide blocks, no tail
+    return blocks.softmax(-1).reshape(logits.shape)
+
+
+def test_sizes_that_run_only_at_multiples_are_said_as_such():
+    """Held out (batch 87): gpt-fast rounds its cache up to a multiple of 8 and not its mask. Where exactly the sizes
+    that are multiples of 8 run, the line says the code needs a multiple of 8, not a least size."""
+    lines, _ = probe("sampling_probs", probs_of_a_multiple_of_8, (randn(2, 1, 3, 67),), {})
+    assert any("that is a multiple of 8" in line for line in lines), lines
+
+
 def probs_with_unclamped_top_k(logits, temperature=1.0, top_k=None, top_p=None):
     return torch.topk(logits, top_k).values  # the bug: top_k above V keeps every token
 

@@ -1863,6 +1863,14 @@ def _few_rows(run: Callable, args: tuple, kwargs: dict, crash: BaseException | N
     return args, kwargs, []
 
 
+def _common_multiple(runs: list[int], raises: list[int]) -> int | None:
+    """The largest of 4, 8, 16, 32, 64 that divides every size that runs and no size that raises, given at least
+    two of each kind of size; None otherwise."""
+    if len(runs) < 2 or not raises:
+        return None
+    return next((m for m in (64, 32, 16, 8, 4) if all(r % m == 0 for r in runs) and all(r % m for r in raises)), None)
+
+
 def _grouped(working: list[Probe], tried: list[Probe], kwargs: dict | None = None) -> list[Probe]:
     """``working`` with the probes of one group (several head sizes) said as one: the values that run, those tried
     that raise, and what the pattern points at (one value alone: that value written into the code; every value from
@@ -1895,6 +1903,10 @@ def _grouped(working: list[Probe], tried: list[Probe], kwargs: dict | None = Non
             )
         elif raises and min(runs) > max(raises) and (given is None or given < min(runs)):
             note = f"; so the code assumes a size of at least {min(runs)}, of those tried (a fixed width or table)"
+        elif raises and (m := _common_multiple(runs, [*raises, *([] if given is None else [given])])):
+            note = (
+                f"; so the code needs a {kind} that is a multiple of {m} (a buffer rounded up beside one that is not)"
+            )
         elif len(runs) == 1 and raises and max(raises) > runs[0]:
             note = f"; so look for a size of {runs[0]} written into the code (a view, slice or table of that width)"
         else:

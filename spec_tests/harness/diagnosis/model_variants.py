@@ -180,6 +180,15 @@ class Ledger:
             probes.append(probe_type(failing, working, args, kwargs, " (fresh weights)", "crash_head_size",
                                      make=make, controls=controls,
                                      group=("head size", size, config["d_model"] // config["n_heads"])))  # fmt: skip
+        ctx = config.get("context_length")
+        if type(ctx) is int and ctx > 1:  # a context the code rounds one buffer of up, and another not
+            up = -(-ctx // 8) * 8
+            for length in dict.fromkeys(n for n in (ctx + 1, up, up + 1, up + 8) if n != ctx):
+                sized = {**config, "context_length": length}
+                make = self._maker(model, sized, None, None, {**options, "seed": 0}, args, kwargs)
+                probes.append(probe_type(f"a context_length of {ctx}", f"a context_length of {length}", args, kwargs,
+                                         " (fresh weights)", "boundary", make=make,
+                                         group=("context_length", length, ctx)))  # fmt: skip
         return probes
 
     def rebuilt(self, args: tuple, kwargs: dict) -> Callable | None:
