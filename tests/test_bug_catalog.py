@@ -290,6 +290,8 @@ def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp
 
 
 READINGS = [
+    ("greedy_divides_by_temperature_zero", "sampling_probs_any_leading_shape",
+     "temperature 0 divides the logits by zero"),
     ("clip_after_step", "train_step_matches_reference", "likely cause: gradients are clipped after optimizer.step()"),
     ("layers_read_the_cache_length_after_layer_0", "cached_logits_equal_full_forward",
      "the cached keys are the specified ones rotated to other positions (layer 1's by"),

@@ -236,6 +236,19 @@ BUGS = (
         code="shape",
     ),
     Bug(
+        "greedy_divides_by_temperature_zero",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="        return torch.zeros_like(logits).scatter(-1, logits.argmax(dim=-1, keepdim=True), 1.0)",
+        new="        scaled = logits / temperature  # the bug: inf wherever a logit is positive\n"
+        "        return torch.zeros_like(logits).scatter(-1, scaled.argmax(dim=-1, keepdim=True), 1.0)",
+        explanation="greedy sampling divides the logits by the temperature 0 before its argmax: every positive logit "
+        "becomes inf, and the argmax picks the first positive one, not the largest",
+        fix="at temperature 0 take the argmax of the logits themselves",
+        code="knob:temperature",
+    ),
+    Bug(
         "top_p_mass_in_vocabulary_order",
         "top_p",
         (*SAMPLING, *GENERATION),

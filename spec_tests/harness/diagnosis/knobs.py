@@ -1543,12 +1543,16 @@ def _nucleus(probs, top_p, crossing="keep"):
     the cumulative mass is <= 1 - top_p, the last kept) on a descending sort. Both keep the least likely tokens."""
     if top_p is None:
         return torch.ones_like(probs, dtype=torch.bool)
-    sp, order = torch.sort(probs, dim=-1, descending=crossing != "ascending")
+    sp, order = torch.sort(probs, dim=-1, descending=crossing not in ("ascending", "vocabulary_mass_ascending"))
     cum = sp.cumsum(-1)
     before = cum - sp
-    if crossing == "vocabulary_mass":  # the mass summed in vocabulary order, the cut laid on the sorted order
+    if crossing.startswith("vocabulary_mass"):  # the mass summed in vocabulary order, the cut laid on the sorted order
         cum = probs.cumsum(-1)
         before = cum - probs
+        if crossing == "vocabulary_mass_ascending":  # the ascending rule: remove where the mass is <= 1 - top_p
+            keep_sorted = ~(cum <= 1 - top_p + 16 * torch.finfo(F64).eps)
+            keep_sorted[..., -1] = True
+            return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         crossing = "keep"
     tol = 16 * torch.finfo(F64).eps
     if crossing == "hf_descending":
@@ -1674,6 +1678,17 @@ def _sampling_probs(args, kwargs, style):
             compute=s(renorm="unfiltered"),
         ),
     ]
+    if t == 0:  # greedy written as the sampled path: logits / 0 is inf wherever a logit is positive
+        out.append(
+            Variant(
+                "knob:temperature",
+                "temperature 0 divides the logits by zero: every positive logit becomes inf, so the argmax lands on "
+                "the first token whose logit is positive, not on the largest",
+                where="the temperature step at temperature 0",
+                fix="at temperature 0 take the argmax of the logits themselves (divide only for temperature > 0)",
+                compute=lambda: torch.nn.functional.one_hot((lg / 0.0).argmax(-1), lg.shape[-1]).to(F64),
+            )
+        )
     if k is None:  # a library's default top-k applied where none is given (llama.cpp's 40, transformers' 50)
         out += [
             Variant(
@@ -1776,6 +1791,15 @@ def _sampling_probs(args, kwargs, style):
                 fix="sort the probabilities (descending), take the cumulative sum of the sorted ones, cut there and "
                 "scatter the mask back",
                 compute=s(crossing="vocabulary_mass"),
+            ),
+            Variant(
+                "knob:sampling_order",
+                "the nucleus's cumulative mass is summed over the probabilities in vocabulary order (not sorted) while "
+                "the cut is laid on the ascending sort (remove where the mass is <= 1 - top_p): the wrong tokens are "
+                "kept",
+                where="the top-p cut: the probabilities its cumulative sum runs over",
+                fix="take the cumulative sum of the sorted probabilities (the same sort the cut is laid on)",
+                compute=s(crossing="vocabulary_mass_ascending"),
             ),
             Variant(
                 "knob:top_p_boundary",
