@@ -280,13 +280,25 @@ def test_bugcheck_related_only_runs_the_class_files_and_rejects_an_unknown_one()
 
 
 def test_a_known_bug_is_not_named_where_the_tests_own_variants_are_ambiguous(tmp_path, pytester):
-    """Clipping after the step and not clipping give the same two steps at max_grad_norm 0.5, and so does clamping
-    each entry (held-out batch 28's clip_grad_value_, which was told it "matches known bug clip_after_step"): where
-    several of the test's variants fit, a catalogued bug that reproduces the output is only one of them, and the line
-    stays ambiguous."""
-    out = run_suite("--impl=bug:clip_after_step", "-k", "test_train_step_matches_reference and llama-clip0.5-sgd",
+    """Held-out batch 28's clip_grad_value_ was told it "matches known bug clip_after_step": at max_grad_norm 0.5
+    clamping each entry, not clipping and clipping after the step give the same two steps. The gradients train_step
+    leaves tell the last apart (clipped after the step they are at most max_grad_norm); where several of the test's
+    variants still fit, a catalogued bug that reproduces the output is only one of them, and the line stays
+    ambiguous. The catalogued clip_after_step itself is named (its READINGS entry)."""
+    folder = implementation(
+        tmp_path,
+        patch=(
+            "training.py",
+            "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+            "        torch.nn.utils.clip_grad_value_(model.parameters(), max_grad_norm)",
+        ),
+    )
+    out = run_suite(f"--impl={folder}", "-k", "test_train_step_matches_reference and llama-clip0.5-sgd",
                     cwd=tmp_path, pytester=pytester).stdout  # fmt: skip
-    assert "likely cause (ambiguous" in out and "matches known bug" not in out, out[-3000:]
+    assert " failed" in out and "matches known bug clip_after_step" not in out, out[-3000:]
+    assert "likely cause: gradients are clipped after optimizer.step()" not in out and "clip_grad_value_" in out, out[
+        -3000:
+    ]
 
 
 READINGS = [
