@@ -399,8 +399,22 @@ def _realpath(file: str) -> str:
     return os.path.realpath(file)
 
 
+_MODULES_FOUND: dict = {}  # (id(obj), roots, len(sys.modules)) -> (obj, modules): the walk, once per set of modules
+
+
 def implementation_modules(obj, roots: tuple[str, ...]) -> list:
-    """The loaded modules whose code lies under ``roots`` (and the implementation object itself)."""
+    """The loaded modules whose code lies under ``roots`` (and the implementation object itself). The walk over
+    ``sys.modules`` is kept until a module is loaded or dropped: a failing run substitutes a thousand times."""
+    key = (id(obj), roots, len(sys.modules))
+    kept = _MODULES_FOUND.get(key)
+    if kept is not None and kept[0] is obj:
+        return list(kept[1])
+    found = _walk_modules(obj, roots)
+    _MODULES_FOUND[key] = (obj, found)
+    return list(found)
+
+
+def _walk_modules(obj, roots: tuple[str, ...]) -> list:
     found = [obj] if inspect.ismodule(obj) or hasattr(obj, "__dict__") else []
     package = getattr(obj, "__name__", "") if inspect.ismodule(obj) else ""
     for module in list(sys.modules.values()):
