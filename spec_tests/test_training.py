@@ -397,6 +397,8 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None, left=None):
             for m in range(1, rows)
         ]
 
+    left = None if left is None else functools.cache(left)  # one train_step read by both clipping variants
+
     def unless_left(compute, clipped: bool):
         """``compute``, unless the gradients train_step leaves (``left()``) are ``clipped`` (at most max_grad_norm) or
         not as given: clipping after the step and no clipping step alike, and only the gradients left tell them."""
