@@ -184,6 +184,8 @@ def greedy_case(
     if wrong and within is None and first_right and not causes:
         causes, codes = newest_token_reading(spec, model, config, sd, prompt, n, out) or (causes, codes)
     if wrong and out.shape == want.shape and not first_right and not causes and t <= ctx:
+        causes, codes = first_token_rows_reading(spec, model, config, t, seeds[1], use_cache) or (causes, codes)
+    if wrong and out.shape == want.shape and not first_right and not causes and t <= ctx:
         causes = (  # generate's first pick from the whole prompt, which forward takes as it is
             "likely cause: generate's first new token is not the argmax of your own forward(model, prompt)'s last "
             "logits (the prompt fits the context, so nothing is cropped): generate computes its logits another way "
@@ -198,6 +200,39 @@ def greedy_case(
         )
         codes = ()
     check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
+
+
+def first_token_rows_reading(spec, model, config, t: int, seed: int, use_cache: bool):
+    """``(causes, codes)`` where each row's first new token is the argmax of another row's last logits: a three-row
+    prompt whose rows' own argmaxes differ, one token generated. Every row taking row 0's pick is an index into the
+    batch (or the flattened tokens) not advanced per sequence; any other one-to-one map says which row took which.
+    None where a row's token is no row's argmax, or the rows are right."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    ctx = config["context_length"]
+    for attempt in range(4):  # prompts until the rows' own picks differ, so each pick names one row
+        prompt = prompt_for(spec, config, t=t, seed=seed + 1000 + attempt, b=3)
+        try:
+            own = oracles.greedy_teacher(raw, model, prompt, 1, ctx, use_cache=use_cache)[:, t].cpu().tolist()
+            got = raw.generate(model, prompt, 1, temperature=0.0, use_cache=use_cache)[:, t].cpu().tolist()
+        except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
+            return None
+        if len(set(own)) == 3:
+            break
+    else:
+        return None
+    if got == own or any(g not in own for g in got):
+        return None
+    taken = [own.index(g) for g in got]
+    if taken == [0, 0, 0]:
+        how = "every row's first new token is row 0's (the argmax of row 0's last logits), not its own"
+        why = "the index of each sequence's last token in the batch (or the flattened tokens) is not advanced per row"
+    else:
+        how = ", ".join(f"row {b} takes row {r}'s" for b, r in enumerate(taken) if b != r) + " first new token"
+        why = "each row's next-token logits are read from another row's position in the batch"
+    return (
+        f"likely cause: on a three-row prompt, {how}: {why}. Fix: row b's first new token is the argmax of "
+        "forward(model, prompt)[b, -1]",
+    ), ("knob:generate_path",)
 
 
 def window_reading(spec, model, prompt, n: int, ctx: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:

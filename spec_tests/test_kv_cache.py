@@ -279,6 +279,18 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 chunks_at(lambda k, c: c, lambda k, c: 0 if chunks[k] > 1 else c),
             )
         )
+    if 1 in chunks[1:]:  # a decode step's own key left out: the key count taken before the step's write
+        found.append(
+            Variant(
+                "knob:mask_alignment",
+                "one new token through the cache (the decode step) does not attend to its own key: it sees the "
+                "cached keys only (the number of keys read taken before the new token is written: context_lens "
+                "for seq_lens)",
+                "a new token attends the cached keys and itself: keys [:cached + 1] for one new token, its own "
+                "key written before attention reads the cache",
+                chunks_at(lambda k, c: c, lambda k, c: c - 1 if k and chunks[k] == 1 else c),
+            )
+        )
     if max(chunks) > 1:  # a one-token chunk has no later new token to hide
         found.append(
             Variant(

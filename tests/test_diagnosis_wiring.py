@@ -44,10 +44,11 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
     B, T = ids.shape
     pos = torch.arange(T)
 
-    def norm(x, prefix):
+    def norm(x, prefix, gain=True):
+        weight, bias = (sd[f"{prefix}.weight"], sd.get(f"{prefix}.bias")) if gain else (None, None)
         if llama:
-            return F.rms_norm(x, (d,), sd[f"{prefix}.weight"], cfg.get("norm_eps", 1e-5))
-        return F.layer_norm(x, (d,), sd[f"{prefix}.weight"], sd[f"{prefix}.bias"], cfg.get("norm_eps", 1e-5))
+            return F.rms_norm(x, (d,), weight, cfg.get("norm_eps", 1e-5))
+        return F.layer_norm(x, (d,), weight, bias, cfg.get("norm_eps", 1e-5))
 
     def proj(x, name, p):
         w, b = sd[f"{p}.attn.{name}.weight"], sd.get(f"{p}.attn.{name}.bias")
@@ -128,6 +129,14 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
                 x = x + attention(norm(x, f"{p}.attn_norm"), p)
             x = norm(x, f"{p}.mlp_norm")
             x = x + mlp(x, p)
+        elif bug == "norm_on_fused_stream_before_gain":  # vLLM's fused add + RMSNorm handing on x / rms(x) as residual
+            if i:
+                h = norm(x, f"{p}.attn_norm")
+                x = norm(x, f"{p}.attn_norm", gain=False) + attention(h, p)
+            else:
+                x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            h = norm(x, f"{p}.mlp_norm")
+            x = norm(x, f"{p}.mlp_norm", gain=False) + mlp(h, p)
         elif bug == "norm_on_attn_stream":
             x = norm(x, f"{p}.attn_norm")
             x = x + attention(x, p)

@@ -375,6 +375,19 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "decode_step_misses_its_own_key",
+        "causal_mask",
+        MODEL,
+        "attention.py",
+        old="        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]",
+        new="""        k, v = cache.update(layer, k, v)  # [B, Hkv, T_cached + T, d_head]
+        if x.shape[1] == 1 and k.shape[-2] > 1:  # the bug: the decode step reads the keys cached before it only
+            k, v = k[..., :-1, :], v[..., :-1, :]""",
+        explanation="one new token through the cache attends the keys cached before it and not its own (vLLM's "
+        "decode metadata read with context_lens for seq_lens)",
+        fix="a decoded token attends the cached keys and itself: keys [:cached + 1]",
+    ),
+    Bug(
         "decode_heads_grouped_the_other_way",
         "gqa",
         MODEL,

@@ -162,6 +162,21 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "generate_takes_row_0s_prompt_logits",
+        "sampling_order",
+        GENERATION,
+        "generation.py",
+        old="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",
+        new="            last = logits[:, -1]\n"
+        "            if ids.shape[1] == prompt.shape[1]:\n"
+        "                last = last[:1].expand_as(last)\n"
+        "            next_id = sample(last, temperature, top_k, top_p, generator)  # the bug: row 0's prompt logits",
+        explanation="generate picks every row's first new token from row 0's last prompt logits (vLLM's index of "
+        "each prompt's last token in the flattened batch never advanced); later steps read each row's own",
+        fix="row b's first new token is sampled from forward(model, prompt)[b, -1]",
+        code="knob:generate_path",
+    ),
+    Bug(
         "generate_masks_the_prompt_start",
         "sampling_order",
         GENERATION,

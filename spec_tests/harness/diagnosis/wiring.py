@@ -20,6 +20,7 @@ cases try only what fitted its first.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import types
 from collections.abc import Callable
@@ -124,15 +125,46 @@ def _rewire_blocks(kind: str):
     return rewire
 
 
-def _rewire_fused_stream(model) -> None:
+def _without_gain(norm: nn.Module) -> nn.Module:
+    """``norm`` with its gain 1 and its bias 0: the normalised value a norm computes before its affine part."""
+    bare = copy.deepcopy(norm)
+    with torch.no_grad():
+        bare.weight.fill_(0.0 if getattr(bare, "offset", False) else 1.0)  # an offset norm's gain is 1 + weight
+        if getattr(bare, "bias", None) is not None:
+            bare.bias.zero_()
+    return bare
+
+
+def _fused_stream_forward(first: bool, before_gain: bool):
+    """A block whose fused add-and-norms hand on their normalised sum as the residual stream (before or after the
+    norm's gain); block 0's attention norm has no residual to add, so its stream is right."""
+
+    def forward(self, x, positions, cache, layer, mask=None):
+        attn, mlp = _sublayers(self, positions, cache, layer, mask)
+        for i, (norm, branch) in enumerate(((self.attn_norm, attn), (self.mlp_norm, mlp))):
+            if first and i == 0:
+                x = x + self.drop(branch(norm(x)))
+                continue
+            h = norm(x)
+            x = _without_gain(norm)(x) if before_gain else h
+            x = x + self.drop(branch(h))
+        return x
+
+    return forward
+
+
+def _rewire_fused_stream(before_gain: bool):
     """Every norm but the first replaces the stream with its normalised value: a fused add-and-norm (norm(x, residual)
-    giving the normalised sum and the sum) whose first output is carried on as the residual. The first norm has no
-    residual to add, so block 0's attention residual is right."""
-    layers = getattr(model, "layers", None)
-    if not layers:
-        raise NotApplicable("the model has no blocks")
-    for i, block in enumerate(layers):
-        block.forward = types.MethodType(_block_forward("norm_on_mlp_stream" if i == 0 else "norm_on_stream"), block)
+    giving the normalised sum and the sum) whose normalised sum is carried on as the residual."""
+
+    def rewire(model) -> None:
+        layers = getattr(model, "layers", None)
+        if not layers:
+            raise NotApplicable("the model has no blocks")
+        for i, block in enumerate(layers):
+            block.forward = types.MethodType(_fused_stream_forward(i == 0, before_gain), block)
+
+    return rewire
 
 
 def _rewire_last_block(kind: str):
@@ -393,7 +425,17 @@ WIRINGS = (
         "norm but the first replaces the stream with its normalised value, so the un-normalised stream is lost",
         "carry the sum (the fused norm's residual output, x + f) as the stream and feed the normalised one to the "
         f"branch only: {PRE_NORM}",
-        rewire=_rewire_fused_stream,
+        rewire=_rewire_fused_stream(before_gain=False),
+    ),
+    Wiring(
+        "norm_on_fused_stream_before_gain",
+        "knob:norm_placement",
+        "each fused add-and-norm hands on its normalised sum before the gain as the residual stream (x / rms(x) for x "
+        "+ f, the norm's weight applied to the branch input only): every norm but the first replaces the stream, so "
+        "the un-normalised stream is lost",
+        "carry the sum (the fused norm's residual output, x + f, taken before normalising) as the stream and feed the "
+        f"normalised one to the branch only: {PRE_NORM}",
+        rewire=_rewire_fused_stream(before_gain=True),
     ),
     *(
         Wiring(
