@@ -52,6 +52,10 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
 
     def proj(x, name, p):
         w, b = sd[f"{p}.attn.{name}.weight"], sd.get(f"{p}.attn.{name}.bias")
+        if bug == "rope_rows_permuted_to_half" and name in ("wq", "wk"):  # a converter's permute, rows 2i, 2i+1 -> i
+            n = H if name == "wq" else H_kv
+            w = w.view(n, dh // 2, 2, d).transpose(1, 2).reshape(n * dh, d)
+            b = None if b is None else b.view(n, dh // 2, 2).transpose(1, 2).reshape(n * dh)
         return _linear(x, w, b, transposed=bug == f"transposed_{name}" or bug == "transposed_attention")
 
     def heads(t, n):
@@ -240,6 +244,14 @@ def test_each_wiring_mistake_is_named_by_its_own_variant_alone(config, bug):
 def test_no_wiring_names_a_mistake_of_another_kind(config, other):
     cfg, sd, ids = _inputs(config)
     assert _fitting(config, OTHER_BUGS[other](cfg, sd, ids)) == set()
+
+
+def test_a_permute_toward_the_declared_rope_pairing_is_left_to_the_style_knob():
+    """Rows permuted for the declared (interleaved) pairing give the other pairing's scores, which the rope_style knob
+    names; the permute for the other pairing (held-out 81's NEOX rotation of NORMAL rows) is a wiring of its own."""
+    assert "rope_rows_permuted_to_half" in _applicable("llama_gqa")
+    assert "rope_rows_permuted_to_interleaved" not in _applicable("llama_gqa")
+    assert "rope_rows_permuted_to_half" not in _applicable("gpt2")
 
 
 def test_grouped_keys_offer_no_swap_of_unequal_projections():

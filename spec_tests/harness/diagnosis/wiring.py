@@ -324,6 +324,31 @@ def _not_head_major(with_output: bool):
     return transform
 
 
+def _rope_rows_permuted(to: str):
+    """The q and k rows of each head permuted at load as for the other RoPE pairing while the model rotates with its
+    declared one: a converter's permute (Hugging Face's halves to Meta's interleaved rows, ``to="interleaved"``, or
+    back) applied to rows that already suit the model's rotation. Toward the declared pairing itself the permute only
+    reorders the rotated channels, the same scores as the other pairing (the rope_style knob), so it is not offered."""
+
+    def rewire(model) -> None:
+        attns = [block.attn for block in getattr(model, "layers", None) or ()]
+        if not attns or any(getattr(a, "theta", None) is None for a in attns):
+            raise NotApplicable("no RoPE")
+        for attn in attns:
+            d_head = attn.config.d_head
+            if attn.rope_style == to or d_head < 4 or d_head % 2:
+                raise NotApplicable("the permute toward the declared pairing is the rope_style knob's")
+            split = (2, d_head // 2) if to == "interleaved" else (d_head // 2, 2)  # row 2i <- i, 2i + 1 <- d/2 + i
+            with torch.no_grad():
+                for proj in (attn.wq, attn.wk):
+                    for p in (proj.weight, proj.bias):
+                        if p is not None:
+                            heads = p.shape[0] // d_head
+                            p.copy_(p.reshape(heads, *split, *p.shape[1:]).transpose(1, 2).reshape(p.shape))
+
+    return rewire
+
+
 def _fused_qkv_per_head(state_dict: dict, config) -> dict:
     """A fused ``[wq; wk; wv]`` matrix read per head (``[heads, 3, d_head]``, GPT-NeoX's layout) instead of as
     the three projections one after the other."""
@@ -578,6 +603,22 @@ WIRINGS = (
         "the q, k, v rows and wo's columns are read as [d_head, n_heads] instead of head-major [n_heads, d_head]",
         "canonical rows (and wo's columns) are head-major: view(n_heads, d_head, ...)",
         weights=_not_head_major(with_output=True),
+    ),
+    *(
+        Wiring(
+            f"rope_rows_permuted_to_{to}",
+            "knob:qkv_layout",
+            f"the q and k rows of each head are permuted at load for {to} RoPE pairs ({how}) while the model rotates "
+            f"with the declared {other} pairing: a converter's permute for the other rotary type (llama.cpp's NORMAL "
+            "and NEOX, Meta's and Hugging Face's layouts)",
+            f"rotate with the pairing the rows were permuted for ({to}), or load wq and wk as the canonical rows for "
+            f"the declared {other} style",
+            rewire=_rope_rows_permuted(to),
+        )
+        for to, other, how in (
+            ("interleaved", "half", "row 2i from row i, row 2i + 1 from row d_head/2 + i"),
+            ("half", "interleaved", "row i from row 2i, row d_head/2 + i from row 2i + 1"),
+        )
     ),
     Wiring(
         "fused_qkv_per_head",
