@@ -142,6 +142,40 @@ def windows(n_tokens: int, context_length: int) -> list[tuple[int, int]]:
     return spans
 
 
+def evaluate_with_own_loss(
+    impl, model, data: torch.Tensor, context_length: int, device: str = "cpu", *, batch_size: int = 8
+) -> list[float]:
+    """The losses a token-weighted evaluate gets from the implementation's own ``cross_entropy`` on padded batches:
+    each batch of ``batch_size`` windows padded (inputs with token 0, targets with ``ignore_index`` -100) to its
+    longest window, or to ``context_length``, its ``cross_entropy`` weighted by the batch's predicted tokens; and one
+    call over every window padded to ``context_length``. With a correct ``cross_entropy`` each is the protocol's loss,
+    so an evaluate that equals one where ``cross_entropy`` fails is that failure's consequence."""
+    spans = windows(len(data), context_length)
+    n_pred = len(data) - 1
+
+    def padded(group, width):
+        x = torch.zeros(len(group), width, dtype=torch.long)
+        y = torch.full((len(group), width), -100, dtype=torch.long)
+        for row, (start, length) in enumerate(group):
+            x[row, :length] = data[start : start + length].long()
+            y[row, :length] = data[start + 1 : start + length + 1].long()
+        return impl.forward(model, x.to(device)).detach(), y.to(device)
+
+    def loss(logits, y) -> float:
+        return float(torch.as_tensor(impl.cross_entropy(logits, y)).detach().double().cpu())
+
+    out = []
+    for to_context in (False, True):
+        total = 0.0
+        for i in range(0, len(spans), batch_size):
+            group = spans[i : i + batch_size]
+            width = context_length if to_context else max(n for _, n in group)
+            total += loss(*padded(group, width)) * sum(n for _, n in group)
+        out.append(total / n_pred)
+    out.append(loss(*padded(spans, context_length)))
+    return out
+
+
 def batch_perplexities(
     impl, model, data: torch.Tensor, context_length: int, device: str = "cpu", *, batch_size: int = 8, alone: bool
 ) -> float:

@@ -1478,6 +1478,7 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) = the model's "
         "own token-weighted loss"
     )
+    own_loss_consequence(spec, model, data, context_length, batch_size, got, want, behaviour)
     # the model's own loss on a window is evaluate's only where the model is right: a model whose logits depend on
     # what else is in the batch, or on the padding after a short window, makes any batching differ from the teacher's
     why = "fails its own tests, so the model's loss on a window may depend on how evaluate batches and pads the windows"
@@ -1496,6 +1497,32 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         behaviour="perplexity = exp(loss)",
         found=f"perplexity {got['perplexity']}, exp(loss) {math.exp(got['loss'])}",
     )
+
+
+def own_loss_consequence(spec, model, data, context_length, batch_size, got, want, behaviour) -> None:
+    """Where evaluate's loss is wrong while cross_entropy fails its own tests, and a token-weighted evaluate over
+    padded batches that calls the implementation's own cross_entropy gets evaluate's loss
+    (``oracles.evaluate_with_own_loss``), the failure is cross_entropy's consequence (one loss helper behind both,
+    held out: GPT-NeoX's loss mask averaged over every position)."""
+    tol = tolerance("model", device=spec.device)
+    if not isinstance(got, dict) or mismatch(got.get("loss"), want["loss"], tol) is None:
+        return
+    failing = spec.failing(("cross_entropy",))
+    if not failing:
+        return
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    try:
+        own = oracles.evaluate_with_own_loss(raw, model, data, context_length, spec.device, batch_size=batch_size)
+    except Exception:  # noqa: BLE001 - a composition that cannot run explains nothing
+        return
+    if any(mismatch(got["loss"], loss, tol) is None for loss in own):
+        raise spec.defer(
+            failing,
+            behaviour,
+            f"consequence of failing cross_entropy: evaluate's loss {got['loss']:.6g} (expected {want['loss']:.6g}) "
+            "is what a token-weighted evaluate gets from your own cross_entropy on padded batches (the padding's "
+            "targets ignore_index). Fix cross_entropy first.",
+        )
 
 
 def one_prediction_reading(spec, model, data, context_length) -> Callable:
@@ -1633,6 +1660,7 @@ def test_evaluate_keeps_nothing_from_an_earlier_call(spec, family):
             pooled,
         )
     ]
+    own_loss_consequence(spec, model, second, 7, 2, got, want, behaviour)
     with spec.unless_failing(("forward", "build_model"), behaviour, why):
         spec.close(got, want, kind="model", behaviour=behaviour, variants=variants)
 

@@ -1230,3 +1230,42 @@ def test_a_padded_prefill_read_through_a_failing_cache_is_the_cache_s(pytester):
     ).stdout
     roots = out.split("root causes")[-1]
     assert "new_cache: " in roots and "forward: " not in roots, out[-3000:]
+
+
+PADDED_EVALUATE = (
+    """            for length in sorted({n for _, n in group}):  # the short last window goes alone
+                starts = torch.tensor([s for s, n in group if n == length])
+                offsets = starts[:, None] + torch.arange(length)[None, :]
+                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                total += token_nll(model(x), y).sum().double().cpu()
+""",
+    """            x = torch.zeros(len(group), context_length, dtype=torch.long)
+            y = torch.full((len(group), context_length), -100, dtype=torch.long)
+            for row, (s, n) in enumerate(group):  # every window padded to the context, its padding's targets ignored
+                x[row, :n], y[row, :n] = tokens[s : s + n], tokens[s + 1 : s + n + 1]
+            total += cross_entropy(model(x.to(device)), y.to(device)).double().cpu() * sum(n for _, n in group)
+""",
+)
+
+
+@pytest.mark.parametrize("evaluate_wrong", [False, True], ids=["evaluate-right", "evaluate-wrong-too"])
+def test_an_evaluate_that_pads_batches_for_its_own_cross_entropy_is_its_consequence(tmp_path, pytester, evaluate_wrong):
+    """An evaluate that pads each batch to the context and calls the implementation's own cross_entropy (the padding's
+    targets ignored), whose cross_entropy counts ignored targets: evaluate's failures equal a token-weighted evaluate
+    over padded batches through that cross_entropy, so they are its consequences, one charge (held out: GPT-NeoX's
+    loss mask averaged over every position cost cross_entropy and evaluate). An evaluate that also weighs its batches
+    wrongly (each batch's loss counted once, not by its tokens) equals no such composition and stays charged."""
+    patches = [("training.py", *PADDED_EVALUATE)]
+    if evaluate_wrong:
+        patches.append(
+            ("training.py", "    loss = (total / n_pred).item()", "    loss = (total / n_pred * len(windows)).item()")
+        )
+        patches.append(("training.py", " * sum(n for _, n in group)\n", "\n"))
+    folder = implementation(tmp_path, "cross_entropy_counts_ignored", patches=patches)
+    selected = "test_cross_entropy or test_evaluate_is_token_weighted or test_evaluate_keeps_nothing"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "cross_entropy: " in roots, out[-3000:]
+    assert ("evaluate: " in roots) == evaluate_wrong, out[-3000:]
+    if not evaluate_wrong:
+        assert " consequences in " in out.splitlines()[-1], out[-3000:]
