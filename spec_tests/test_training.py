@@ -30,7 +30,7 @@ from .harness.diagnosis.variant import Variant
 from .harness.judging.compare import mismatch
 from .harness.judging.tolerances import EXACT, Tolerance, tolerance
 from .harness.plugin.markers import judges
-from .harness.subject.model_ops import EPS_HAT
+from .harness.subject.model_ops import ADAMW_SETTINGS, EPS_HAT
 
 pytestmark = pytest.mark.component("training")
 
@@ -232,10 +232,13 @@ def losses_with_own_train_step(
     train test rebased on it leaves a failing ``train_step``'s mistake to ``train_step``'s own tests.
 
     ``near`` (with ``kind="adamw"``): train's own losses; the loop is run with each correct AdamW formulation
-    (PyTorch's, fairseq's and Keras' Kingma-Ba forms, ``model_ops.EPS_HAT``) and the losses nearest to them are
-    returned, as ``nearest_adamw`` judges train (held out: fairseq's Adam around a train_step that clips wrongly)."""
+    (PyTorch's, fairseq's and Keras' Kingma-Ba forms, ``model_ops.EPS_HAT``; PyTorch's with beta2 0.95 and weight
+    decay 0.01, 0.1 or 0, ``model_ops.ADAMW_SETTINGS``, which train's tests leave open) and the losses nearest to them
+    are returned, as ``nearest_adamw`` judges train (held out: fairseq's Adam around a train_step that clips wrongly;
+    llama.cpp's train with beta2 0.95 around a train_step that never clears the gradients)."""
     if near is not None and kind == "adamw":
-        runs = [losses_with_own_train_step(m, cfg, sd, batches, k, lr, max_grad_norm) for k in ("adamw", *EPS_HAT)]
+        kinds = ("adamw", *EPS_HAT, *ADAMW_SETTINGS)
+        runs = [losses_with_own_train_step(m, cfg, sd, batches, k, lr, max_grad_norm) for k in kinds]
         far = lambda run: max((abs(a - float(b)) for a, b in zip(run, near)), default=0.0)
         return min(runs, key=far) if len(near) == len(batches) else runs[0]
     model = models.build(m, cfg, sd, training=True)

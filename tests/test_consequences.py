@@ -1269,3 +1269,19 @@ def test_an_evaluate_that_pads_batches_for_its_own_cross_entropy_is_its_conseque
     assert ("evaluate: " in roots) == evaluate_wrong, out[-3000:]
     if not evaluate_wrong:
         assert " consequences in " in out.splitlines()[-1], out[-3000:]
+
+
+def test_train_around_a_train_step_that_keeps_gradients_is_its_consequence_with_beta2_0_95(tmp_path, pytester):
+    """A train that runs AdamW with beta2 0.95 (hyperparameters the protocol leaves open) around a train_step that
+    never clears the gradients: train's clipping test equals a correct loop with that AdamW around the implementation's
+    own train_step, so it is train_step's consequence, one charge (held out: llama.cpp's ggml_opt_fit cost train_step
+    and train)."""
+    betas = (
+        "    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        "    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)",
+    )
+    folder = implementation(tmp_path, "train_step_no_zero_grad", patch=("training.py", *betas))
+    selected = "test_train_step_matches_reference or test_train_clips_at_the_given_max_grad_norm"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "train_step: " in roots and "train: " not in roots, out[-3000:]

@@ -110,6 +110,9 @@ def seed_global_rng(seed: int) -> None:
 
 # the correct AdamW formulations besides PyTorch's: (eps, whether only weights of two or more dims decay)
 EPS_HAT = {"adamw_paper": (1e-8, False), "adamw_keras": (1e-7, True)}
+# PyTorch's AdamW with the hyperparameters the protocol leaves open set as training code often sets them:
+# (beta2, weight decay); GPT-style training takes beta2 0.95 and decay 0 or 0.1
+ADAMW_SETTINGS = {"adamw_beta2_0.95": (0.95, 0.01), "adamw_gpt": (0.95, 0.1), "adamw_no_decay": (0.95, 0.0)}
 
 
 def make_optimizer(impl, model, kind: str, lr: float, eps: float = 1e-8):
@@ -121,6 +124,9 @@ def make_optimizer(impl, model, kind: str, lr: float, eps: float = 1e-8):
         return torch.optim.SGD(params, lr=lr)
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=lr, eps=eps)
+    if kind in ADAMW_SETTINGS:
+        beta2, decay = ADAMW_SETTINGS[kind]
+        return torch.optim.AdamW(params, lr=lr, eps=eps, betas=(0.9, beta2), weight_decay=decay)
     if kind in EPS_HAT:
         eps, matrices_only = EPS_HAT[kind]
         groups = [
@@ -130,7 +136,8 @@ def make_optimizer(impl, model, kind: str, lr: float, eps: float = 1e-8):
         from ..diagnosis.bookkeeping import AdamWRule
 
         return AdamWRule([g for g in groups if g["params"]], lr=lr, eps=eps, eps_hat=True)
-    raise ValueError(f"make_optimizer: unknown optimizer {kind!r}; known: sgd, adamw, {', '.join(EPS_HAT)}")
+    known = ", ".join(["sgd", "adamw", *EPS_HAT, *ADAMW_SETTINGS])
+    raise ValueError(f"make_optimizer: unknown optimizer {kind!r}; known: {known}")
 
 
 def _storage_ids(tensors) -> list[int]:
