@@ -1285,3 +1285,15 @@ def test_train_around_a_train_step_that_keeps_gradients_is_its_consequence_with_
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = root_block(out)
     assert "train_step: " in roots and "train: " not in roots, out[-3000:]
+
+
+def test_keys_a_cached_path_rotated_at_other_positions_are_new_cache_s(tmp_path, pytester):
+    """Layers after the first take their positions from the cache's length after layer 0 advanced it: the keys each
+    layer writes are right but for their positions, so what cache_kv reads back is the cached path's mistake, judged
+    by new_cache's cached-logits tests, and cache_kv is not charged (held out: a student's KV cache read with
+    get_seq_length() of layer 0 cost new_cache and cache_kv)."""
+    folder = implementation(tmp_path, "layers_read_the_cache_length_after_layer_0")
+    selected = "test_cache_holds_the_specified or test_cached_logits_equal_full_forward"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "new_cache: " in roots and "cache_kv: " not in roots, out[-3000:]
