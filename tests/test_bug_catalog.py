@@ -309,6 +309,7 @@ READINGS = [
      "the cached keys are the specified ones rotated to other positions (layer 1's by"),
     ("rope_pairs_counted_from_one", "test_rope and not frequencies and not relative and not norms and not odd",
      "pair i turns at pair i + 1's frequency"),
+    ("embedding_rows_scaled_by_sqrt_d_model", "test_embedding_lookup", "the rows are multiplied by sqrt(d_model)"),
     ("generate_takes_row_0s_prompt_logits", "greedy_generation_follows_the_model",
      "every row's first new token is row 0's"),
     ("decode_step_misses_its_own_key", "cached_logits_equal_full_forward",

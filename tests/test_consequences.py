@@ -1297,3 +1297,21 @@ def test_keys_a_cached_path_rotated_at_other_positions_are_new_cache_s(tmp_path,
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = root_block(out)
     assert "new_cache: " in roots and "cache_kv: " not in roots, out[-3000:]
+
+
+def test_a_failing_function_the_model_calls_at_one_of_two_places_explains_the_model(tmp_path, pytester):
+    """embedding scales its rows by sqrt(d_model) and the model looks up its position embeddings without it (a gpt2
+    whose token embedding is the failing function, its positions another path): the reference composed with the
+    implementation's embedding at the token lookup alone gives the model's logits, so forward's failures are
+    embedding's consequences, one charge (held out: the Annotated Transformer's Embeddings cost embedding and forward);
+    composed at both places it would not match."""
+    scaled = ("    return weight[ids]", "    return weight[ids] * weight.shape[-1] ** 0.5")
+    positions = (
+        "            x = x + embedding(positions, self.pos_embeddings.weight)",
+        "            x = x + self.pos_embeddings.weight[positions]",
+    )
+    folder = implementation(tmp_path, patches=[("primitives.py", *scaled), ("model.py", *positions)])
+    selected = "test_embedding_lookup or test_logits_match_reference"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "embedding: " in roots and "forward: " not in roots, out[-3000:]

@@ -18,6 +18,18 @@ BUGS = (
         fix="weights are stored [out_features, in_features]: compute x @ W.T (+ b)",
     ),
     Bug(
+        "embedding_rows_scaled_by_sqrt_d_model",
+        "wiring",
+        ("embedding", *MODEL),
+        "primitives.py",
+        old="    return weight[ids]",
+        new="    return weight[ids] * weight.shape[-1] ** 0.5  # the bug: the original Transformer's scale",
+        explanation="embedding multiplies the rows by sqrt(d_model) (the original Transformer's embedding scale, "
+        "written into the lookup), so every model's embeddings are scaled too",
+        fix="give the rows as they are: only embed_scale (Gemma's) scales the token embeddings, in the model",
+        code="knob:embed_scale",
+    ),
+    Bug(
         "softmax_ignores_dim",
         "softmax_dim",
         ("softmax",),

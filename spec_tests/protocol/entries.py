@@ -181,7 +181,9 @@ ENTRIES: tuple[Entry, ...] = (
         any_leading_dims=True,
         none_means=("bias",),
     ),
-    Entry("embedding", "primitives", model_part=True, substitutable=True, any_leading_dims=True),
+    Entry(
+        "embedding", "primitives", model_part=True, substitutable=True, any_leading_dims=True, knob_family="_embedding"
+    ),
     Entry(
         "softmax",
         "primitives",

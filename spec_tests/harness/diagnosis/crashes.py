@@ -269,6 +269,16 @@ def _rank_probes(name, args, kwargs) -> list[Probe]:
             )  # fmt: skip
         )
     probes.append(Probe(f"{n}-D input", f"{n + 1}-D (a leading dim added)", *_map(args, kwargs, add_to_first), note))
+    same_rank = [t for t in _tensors(args, kwargs) if t is not x and t.ndim == n]
+    if same_rank and len(together) < len(same_rank):  # q, k, v of one rank whose first dims differ (GQA heads)
+        probes.append(
+            Probe(
+                f"{n}-D input",
+                f"{n + 1}-D (a leading dim added to every {n}-D input)",
+                *_map(args, kwargs, lambda t: t.unsqueeze(0) if t.ndim == n else t),
+                note,
+            )
+        )
     core = ENTRY[name].core_rank
     lead = x.shape[: n - core]
     if n > core and 2 <= math.prod(lead) <= 64:  # leading dims: a row alone has none
@@ -1954,9 +1964,16 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
         working = [replace(p, weak=True, clue=other) if p.meaning and not p.weak else p for p in working]
         causes = [p for p in causes if not p.meaning]
     if any(p.rank for p in causes) and any(not (p.rank or p.fallback) for p in causes):
-        kept = "another change that keeps the rank runs as well"
-        working = [replace(p, weak=True, clue=kept) if p.rank else p for p in working]
-        causes = [p for p in causes if not p.rank]
+        # each change alone runs, another rank and another property at this rank: the crash needs both together
+        r = next(p for p in causes if p.rank)
+        both = [
+            replace(p, failing=f"{p.failing} with {r.failing}", working=f"{p.working}, and for {r.working}",
+                    note=f" (each change alone runs, so it raises on the two together){p.note}{r.note}")
+            if not (p.rank or p.fallback) else p
+            for p in causes
+        ]  # fmt: skip
+        working = [p for p in working if p not in causes] + [p for p in both if not p.rank]
+        causes = [p for p in both if not p.rank]
     clues = [
         f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: {p.clue})"
         for p in working

@@ -298,6 +298,23 @@ def _linear(args, kwargs, style):
     return (lambda: plus(x @ w.T)), out
 
 
+def _embedding(args, kwargs, style):
+    p = _bind("ids, weight", args, kwargs)
+    ids, w = p.ids.long(), p.weight
+    rows = lambda: w[ids]
+    d = w.shape[-1]
+    out = [
+        Variant(
+            "knob:embed_scale",
+            f"the rows are multiplied by sqrt(d_model) = sqrt({d}) (the original Transformer's embedding scale)",
+            where="the end of embedding",
+            fix="give the rows as they are: only embed_scale (Gemma's) scales the token embeddings, in the model",
+            compute=lambda: w[ids] * math.sqrt(d),
+        )
+    ]
+    return rows, out
+
+
 def _gelu_tanh(x, cubic=0.044715):
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + cubic * x**3)))
 

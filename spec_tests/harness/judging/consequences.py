@@ -22,6 +22,7 @@ upstream names, and which names are the roots.
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -160,9 +161,19 @@ class Composition:
     names: tuple[str, ...]
     calls: list[tuple[str, tuple, dict, object]] = field(default_factory=list)
     raised: str | None = None  # the name whose implementation raised inside a bridge
+    # ``{name: sites}``: the places in the reference's code (file, line) where ``name`` is answered by the
+    # implementation; elsewhere the reference's own function answers (a model whose own token embedding is the
+    # failing function, its position embedding another path). None: everywhere
+    only: dict | None = None
+    sites: dict = field(default_factory=dict)  # name -> the places it was called from, in order of first call
 
-    def bridge(self, name: str):
+    def bridge(self, name: str, own=None):
         def call(*args, **kwargs):
+            caller = sys._getframe(1)
+            site = (caller.f_code.co_filename, caller.f_lineno)
+            self.sites.setdefault(name, {})[site] = None
+            if own is not None and self.only is not None and name in self.only and site not in self.only[name]:
+                return own(*args, **kwargs)
             a, k, post = protocol_call(name, args, kwargs)
             with torch.no_grad():
                 try:
@@ -209,25 +220,45 @@ UNFUSE = ("scaled_dot_product_attention", "swiglu", "silu", "cross_entropy")
 
 
 @contextlib.contextmanager
-def composed(reference, impl, names):
-    """The reference with each of ``names`` answered by the implementation; yields the ``Composition``."""
-    comp = Composition(impl, tuple(names))
+def composed(reference, impl, names, only=None):
+    """The reference with each of ``names`` answered by the implementation (``only``: at those call sites alone);
+    yields the ``Composition``."""
+    comp = Composition(impl, tuple(names), only=only)
     replacements = {n: _unfused(getattr(reference.obj, n)) for n in UNFUSE if hasattr(reference.obj, n)}
-    replacements.update({n: comp.bridge(n) for n in names})
+    replacements.update({n: comp.bridge(n, replacements.get(n, getattr(reference.obj, n, None))) for n in names})
     with reference.substituted(replacements):
         yield comp
 
 
-def _matches(compute, reference, impl, names, args64, actual, tol):
+def _matches(compute, reference, impl, names, args64, actual, tol, only=None):
     """The composition over ``names`` (or None when it cannot run), and whether it equals ``actual``."""
     from .compare import mismatch
 
     try:
-        with composed(reference, impl, names) as comp:
+        with composed(reference, impl, names, only) as comp:
             out = compute(reference, *args64)
     except _REFUSALS:  # a composition that cannot run explains nothing
         return None, False
     return comp, mismatch(actual, out, tol) is None
+
+
+MAX_SITES = 3  # a name called from more places than this is composed everywhere or not at all
+
+
+def _matches_at_sites(compute, reference, impl, names, args64, actual, tol, tried):
+    """Where the composition everywhere (``tried``) differs from ``actual``: each name the reference calls from two
+    or three places composed at one place alone (the others everywhere), the first that equals ``actual``."""
+    if tried is None:
+        return None, False
+    for name in names:
+        sites = list(tried.sites.get(name, ()))
+        if not 2 <= len(sites) <= MAX_SITES:
+            continue
+        for site in sites:
+            comp, ok = _matches(compute, reference, impl, names, args64, actual, tol, only={name: {site}})
+            if ok:
+                return comp, ok
+    return None, False
 
 
 def explain(compute, args64, actual, tol, reference, impl, candidates) -> list[str]:
@@ -238,13 +269,15 @@ def explain(compute, args64, actual, tol, reference, impl, candidates) -> list[s
         return []
     comp, ok = _matches(compute, reference, impl, names, args64, actual, tol)
     if not ok:
+        comp, ok = _matches_at_sites(compute, reference, impl, names, args64, actual, tol, comp)
+    if not ok:
         return []
-    needed = comp.called
+    needed, only = comp.called, comp.only
     for name in list(reversed(needed)):  # drop names the match does not need, downstream first
         if len(needed) == 1:
             break
         trial = [n for n in needed if n != name]
-        smaller, still = _matches(compute, reference, impl, trial, args64, actual, tol)
+        smaller, still = _matches(compute, reference, impl, trial, args64, actual, tol, only)
         if still:
             needed, comp = trial, smaller
     if not needed or not comp.consistent(tol):
