@@ -236,7 +236,9 @@ def evaluate_teacher(
     the last batch), ``"tail_right_aligned"`` (the short last window made full length, ending at the last token,
     every target of it scored: the tokens it shares with the window before count twice), ``"pad_target"`` and
     ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its first padded target, or
-    every one, scored as a prediction of token 0: a loss mask one too long, or none).
+    every one, scored as a prediction of token 0: a loss mask one too long, or none); ``"pad_targets_zero_inputs"``
+    (the same, every padded target, with the inputs padded with 0 right after the window: inputs and targets padded
+    apart, the targets with 0 instead of ignore_index).
     """
     nll, targets = [], []
     spans = windows(len(data), context_length)
@@ -250,11 +252,13 @@ def evaluate_teacher(
         logits = impl.forward(model, x)[0].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0])
         targets.append(y)
-    if reduction in ("pad_target", "pad_targets") and spans[-1][1] < context_length:
+    if reduction in ("pad_target", "pad_targets", "pad_targets_zero_inputs") and spans[-1][1] < context_length:
         start, length = spans[-1]  # its padding: inputs the window and its last target, then 0s; targets 0s
         pads = 1 if reduction == "pad_target" else context_length - length
-        x = torch.cat([data[start : start + length + 1].long(), data.new_zeros(pads - 1).long()])[None].to(device)
-        logits = impl.forward(model, x)[0, length:].detach().double().cpu()
+        x = torch.cat([data[start : start + length + 1].long(), data.new_zeros(pads - 1).long()])
+        if reduction == "pad_targets_zero_inputs":  # inputs and targets padded apart: 0s right after the window
+            x = torch.cat([data[start : start + length].long(), data.new_zeros(pads).long()])
+        logits = impl.forward(model, x[None].to(device))[0, length:].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1)[:, 0])
 
     def batched(short_alone: bool) -> list[torch.Tensor]:
@@ -332,7 +336,7 @@ def evaluate_teacher(
         scored = [n[context_length // 2 :] for n in nll]
         kept = torch.cat(scored)
         loss = float(kept.mean()) if kept.numel() else math.nan
-    elif reduction in ("chunks", "pad_target", "pad_targets"):
+    elif reduction in ("chunks", "pad_target", "pad_targets", "pad_targets_zero_inputs"):
         loss = float(torch.cat(nll).mean())
     else:
         loss = float(torch.cat(nll).sum() / (len(data) - 1))

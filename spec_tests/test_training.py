@@ -1458,6 +1458,10 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             for reduction, which in (
                 ("pad_target", "its first padded target"),
                 ("pad_targets", "every padded target"),
+                (
+                    "pad_targets_zero_inputs",
+                    "every padded target (the inputs padded with 0 apart, the targets with 0 instead of ignore_index)",
+                ),
             )
         ),
         *(

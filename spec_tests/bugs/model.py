@@ -120,6 +120,32 @@ BUGS = (
         code="knob:layer_weights",
     ),
     Bug(
+        "one_norm_module_for_both_branches",
+        "wiring",
+        (*FORWARD, *MODEL),
+        "model.py",
+        old="""        params[name].copy_(value)
+
+
+def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    \"\"\"The weights under canonical names (``lm_head.weight`` only when untied).\"\"\"
+    return {name: p.detach() for name, p in model.named_parameters()}""",
+        new="""        params[name].copy_(value)
+    for block in model.layers:  # the bug: one norm module for both branches, the MLP's (loaded last)
+        block.attn_norm = block.mlp_norm
+
+
+def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    \"\"\"The weights under canonical names (``lm_head.weight`` only when untied).\"\"\"
+    tied = model.lm_head.weight is model.tok_embeddings.weight
+    named = model.named_parameters(remove_duplicate=False)
+    return {name: p.detach() for name, p in named if not (tied and name == "lm_head.weight")}""",
+        explanation="each block uses one norm module for both branches (the attention's norm is the MLP's), so "
+        "attn_norm's weight is shared with mlp_norm's and loading one writes over the other",
+        fix="give each branch its own norm: attn_norm and mlp_norm are two modules",
+        code="knob:layer_weights",
+    ),
+    Bug(
         "layers_stacked_and_reshaped_at_load",
         "wiring",
         FORWARD,

@@ -144,6 +144,23 @@ BUGS = (
         code="boundary",
     ),
     Bug(
+        "evaluate_scores_the_padding_as_token_0",
+        "evaluation",
+        ("evaluate",),
+        "training.py",
+        old="""                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                total += token_nll(model(x), y).sum().double().cpu()""",
+        new="""                x, y = tokens[offsets].to(device), tokens[offsets + 1].to(device)
+                pad = context_length - length  # the bug: inputs and targets padded with 0, the padding scored
+                x, y = torch.nn.functional.pad(x, (0, pad)), torch.nn.functional.pad(y, (0, pad))
+                n_pred += pad * len(starts)
+                total += token_nll(model(x), y).sum().double().cpu()""",
+        explanation="evaluate pads a short last window's inputs and targets with token 0 (the targets with 0, not "
+        "ignore_index), so each padded position is scored as a prediction of token 0 and counted",
+        fix="pad the targets with ignore_index (or score the short window as it is): only real targets count",
+        code="knob:ignore_index",
+    ),
+    Bug(
         "get_batch_keeps_the_data_dtype",
         "get_batch",
         TRAINING,

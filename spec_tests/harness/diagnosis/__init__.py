@@ -88,7 +88,7 @@ def _first_differing_leaf(expected, actual, tol):
 _LAYER = re.compile(r"\.\d+\.")
 
 
-def _named_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
+def _named_elsewhere(expected, path: str, actual, tol, actual_tree=None) -> list[Cause]:
     """The weight given back under ``path`` equals the one expected under another name of the same mapping: weights
     loaded or given back under each other's names (wq where wk belongs)."""
     from ..judging.compare import mismatch
@@ -98,6 +98,29 @@ def _named_elsewhere(expected, path: str, actual, tol) -> list[Cause]:
     ]
     if len(others) != 1:
         return []
+    source = dict((p, e) for p, _, e in _leaves(expected))[others[0]]
+    sharing = [
+        p
+        for p, keys, _ in _leaves(expected)
+        if isinstance(a := _at(actual_tree, keys), torch.Tensor) and a.shape == source.shape
+        and mismatch(a, source, tol) is None
+    ] if actual_tree is not None else []  # fmt: skip
+    if others[0] in sharing and len(sharing) >= 2:  # the source itself comes back right, and others with it
+        shown = ", ".join(sharing[:4]) + (f" and {len(sharing) - 4} more" if len(sharing) > 4 else "")
+        return [
+            Cause(
+                "layout",
+                f"{len(sharing)} canonical weights give back one tensor, the weight given as {others[0]} (the last "
+                f"loaded of them): {shown}. The model holds one module where the config asks for several (the same "
+                "instance put in each place: [module] * n, a clones() without deepcopy, one norm shared by both "
+                "branches), so each load writes over the others",
+                "where the model's layers and projections are created",
+                "create a new module for each place (copy.deepcopy, or construct each one), so every canonical "
+                "weight has its own parameter",
+                f"{shown} all equal the expected {others[0]} within tolerance",
+                0.95,
+            )
+        ]
     return [
         Cause(
             "layout",
@@ -248,7 +271,7 @@ def diagnose(
         leaf = _first_differing_leaf(expected, actual, tol)
         if leaf is not None:
             path, e, a = leaf
-            named = _named_elsewhere(expected, path, a, tol) or _rows_from_elsewhere(expected, path, a, tol)
+            named = _named_elsewhere(expected, path, a, tol, actual) or _rows_from_elsewhere(expected, path, a, tol)
             found = [] if named else structural_causes(e, a, axes=None, inputs={}, atol=tol.atol, rtol=tol.rtol)
             causes += named
             weights = {

@@ -324,6 +324,23 @@ def cross_entropy_grads(impl, model, x, y) -> dict:
     return {"loss": float(loss.item()), "grads": grads}
 
 
+def shared_canonical_names(impl, model) -> list[list[str]]:
+    """The canonical names that share an element of the model's parameters, in groups (canonical order): one
+    parameter behind several names, where each canonical weight should have its own (a module put in several places).
+    Names whose sources cannot be traced share nothing here."""
+    sources = canonical_sources(impl, model)
+    order = {name: i for i, name in enumerate(sources)}
+    groups: list[tuple[set, list[str]]] = []  # (elements, names)
+    for name, index in sources.items():
+        if index is None or index.numel() == 0:
+            continue
+        elements = set(index.reshape(-1).tolist())
+        met = [g for g in groups if g[0] & elements]
+        groups = [g for g in groups if not g[0] & elements]
+        groups.append((elements.union(*(g[0] for g in met)), [n for g in met for n in g[1]] + [name]))
+    return [sorted(names, key=order.get) for _, names in groups if len(names) > 1]
+
+
 def parameter_count(impl, model) -> int:
     """The number of elements of the model's unique parameters (``model.parameters()`` yields a shared one once):
     what ``count_parameters`` counts, on the implementation's own model."""
@@ -386,6 +403,7 @@ OPS = {
         cross_entropy_grads,
         input_grads,
         parameter_count,
+        shared_canonical_names,
         correct_steps,
     )
 }
@@ -394,6 +412,7 @@ OP_USES = {
     "build": ("build_model",),
     "parameter_facts": ("canonical_state_dict",),
     "parameter_order": ("canonical_state_dict",),
+    "shared_canonical_names": ("canonical_state_dict",),
     "embedding_grad": ("canonical_state_dict", "forward"),
     "cross_entropy_grads": ("forward", "canonical_state_dict"),
     "correct_steps": ("forward",),

@@ -161,6 +161,9 @@ class Subject:
     def parameter_count(self, model) -> int:
         return self.op("parameter_count", model)
 
+    def shared_canonical_names(self, model) -> list[list[str]]:
+        return self.op("shared_canonical_names", model)
+
     def correct_steps(
         self, model, kind, lr, eps, x, y, max_grad_norm=None, steps=2, weight_decay=None, betas=None, clip_each=False
     ):
