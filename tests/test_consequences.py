@@ -1315,3 +1315,15 @@ def test_a_failing_function_the_model_calls_at_one_of_two_places_explains_the_mo
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = root_block(out)
     assert "embedding: " in roots and "forward: " not in roots, out[-3000:]
+
+
+def test_train_around_a_get_batch_with_unshifted_targets_is_its_consequence(tmp_path, pytester):
+    """get_batch gives the inputs as their own targets and train draws its batches from it: train's first loss equals
+    a correct train's with the targets the implementation's own get_batch pairs with each window, so it is get_batch's
+    consequence, one charge (held out: the Annotated Transformer's Batch with tgt_y unshifted cost get_batch and
+    train)."""
+    folder = implementation(tmp_path, "get_batch_unshifted_targets")
+    selected = "test_get_batch_windows_and_shift or test_train_losses_are_next_token_losses"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "get_batch: " in roots and "train: " not in roots, out[-3000:]

@@ -1495,6 +1495,14 @@ def _lm_loss(args, kwargs, style):
         ),
         Variant(
             "knob:label_shift",
+            "labels are not shifted while the logits are sliced: logits[:, :-1] scored against ids[:, :-1] (each "
+            "position against its own token, the last dropped)",
+            where=where,
+            fix=fix,
+            compute=lambda: _ce(lg[:, :-1], ids[:, :-1]),
+        ),
+        Variant(
+            "knob:label_shift",
             "labels are shifted twice (logits at t scored against ids at t+2)",
             where=where,
             fix=fix,

@@ -226,8 +226,8 @@ class Spec:
 
         The tolerance is the table's math tolerance for ``kind``, unless ``tol`` is given.
 
-        ``rebase = (names, own)``: when the check fails while some of ``names`` (model-bound names
-        that cannot be swapped for correct ones) fail their own tests, ``own()`` gives what a correct
+        ``rebase = (names, own)`` (or a list of them, tried in turn): when the check fails while some of ``names``
+        (model-bound names that cannot be swapped for correct ones) fail their own tests, ``own()`` gives what a correct
         subject computes on top of the implementation's own (failing) upstream. Matching it makes the
         failure a consequence of those names; not matching it leaves the failure charged here.
 
@@ -572,6 +572,10 @@ class Spec:
             self._crash_consequence(name, roots, exc, why)
 
     def _rebase(self, result: CheckResult, rebase, actual, tol: Tolerance) -> None:
+        if isinstance(rebase, list):  # several upstream names, each with its own correct computation: in turn
+            for one in rebase:
+                self._rebase(result, one, actual, tol)
+            return
         names, own = rebase
         failing = self.failing(names)
         if not failing:
