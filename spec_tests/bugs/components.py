@@ -277,6 +277,17 @@ BUGS = (
         fix="cross_entropy(logits[:, :-1], ids[:, 1:]): drop the last logit and the first id",
     ),
     Bug(
+        "lm_loss_slices_without_shifting",
+        "unshifted_labels",
+        ("lm_loss",),
+        "losses.py",
+        old="return cross_entropy(logits[:, :-1], ids[:, 1:])",
+        new="return cross_entropy(logits[:, :-1], ids[:, :-1])",
+        explanation="lm_loss drops the last logit but does not shift the labels: each position is scored against its "
+        "own token (tgt_y = tgt[:, :-1] for tgt[:, 1:])",
+        fix="cross_entropy(logits[:, :-1], ids[:, 1:]): drop the last logit and the first id",
+    ),
+    Bug(
         "cross_entropy_counts_ignored",
         "ignore_index",
         ("cross_entropy", "lm_loss"),
