@@ -2031,6 +2031,13 @@ def test_train_keeps_its_optimizer_state_across_steps(spec):
                 for how, schedule in (
                     ("decays linearly to 0", lambda t: 1 - t / 3),
                     ("decays to 0 along a cosine", lambda t: 0.5 * (1 + math.cos(math.pi * t / 3))),
+                    *(  # a StepLR (or ExponentialLR) stepped every batch: lr * gamma ** t
+                        (
+                            f"is multiplied by {gamma} at every step (a StepLR or ExponentialLR stepped every batch)",
+                            lambda t, gamma=gamma: gamma**t,
+                        )
+                        for gamma in (0.1, 0.5, 0.8, 0.85, 0.9, 0.95)
+                    ),
                 )
             ),
             in_bits(lambda: want),

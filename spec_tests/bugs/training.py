@@ -473,6 +473,20 @@ BUGS = (
         code="knob:lr_schedule",
     ),
     Bug(
+        "train_lr_stepped_down_every_batch",
+        "training",
+        TRAINING,
+        "training.py",
+        old="""            losses.append(train_step(model, optimizer, x, y, max_grad_norm))""",
+        new="""            losses.append(train_step(model, optimizer, x, y, max_grad_norm))
+            for group in optimizer.param_groups:  # the bug: a StepLR(step_size=1, gamma=0.9) stepped every batch
+                group["lr"] *= 0.9""",
+        explanation="train multiplies the learning rate by 0.9 after every step (a StepLR meant per epoch, stepped "
+        "every batch), where the protocol's lr is every step's",
+        fix="keep lr constant in train: no scheduler",
+        code="knob:lr_schedule",
+    ),
+    Bug(
         "train_one_step_more",
         "training",
         TRAINING,
