@@ -363,6 +363,17 @@ BUGS = (
     ),
     # ------------------------------------------------------------------ the fused path (the model's)
     Bug(
+        "causal_mask_sized_by_the_queries",
+        "causal_mask",
+        ("causal_mask", *MODEL),
+        "attention.py",
+        old="    k_pos = torch.arange(t_k, device=device)[None, :]",
+        new="    k_pos = torch.arange(t_q, device=device)[None, :]  # the bug: the keys counted as the queries",
+        explanation="causal_mask makes its key axis t_q long (torch.triu(ones(t_q, t_q))), forgetting the keys "
+        "cached before the new queries: [t_q, t_q] where [t_q, t_k] belongs",
+        fix="make the mask [t_q, t_k]: key j visible to query i iff j <= i + (t_k - t_q)",
+    ),
+    Bug(
         "model_top_left_mask_with_cache",
         "causal_mask",
         MODEL,

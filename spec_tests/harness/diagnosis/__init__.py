@@ -30,7 +30,7 @@ from .knobs import knob_causes
 from .norm_stats import norm_statistics_causes
 from .order import item_order_causes
 from .ranking import describe, is_ambiguous, rank
-from .structural import structural_causes
+from .structural import argument_size_causes, structural_causes
 
 __all__ = [
     "Cause",
@@ -255,6 +255,7 @@ def diagnose(
     if call is not None:
         named = {**dict(zip(argument_keys(call[0], args64 or (), {}), args64 or (), strict=True)), **call[1]}
         causes += argument_ratio_causes(named, expected, actual, tol.atol, tol.rtol)
+        causes += argument_size_causes(named, expected, actual)
         causes += norm_statistics_causes(call[0], named, actual)
         causes += head_pairing_causes(call[0], args64, call[1], actual, tol.atol, tol.rtol)
     if structural and isinstance(expected, torch.Tensor):

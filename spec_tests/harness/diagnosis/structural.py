@@ -256,6 +256,36 @@ def _dtype_causes(expected, actual, e_raw, a_raw, inputs) -> list[Cause]:
     return out
 
 
+def argument_size_causes(named: Mapping, expected, actual) -> list[Cause]:
+    """Where the output differs from the expected shape along one axis, and the size it has is one integer argument's
+    value while the size expected is another's: the axis is sized by the wrong argument (a mask of [t_q, t_q] where
+    [t_q, t_k] belongs: the keys before the new queries forgotten)."""
+    e_shape, a_shape = tuple(getattr(expected, "shape", ())), tuple(getattr(actual, "shape", ()))
+    if not e_shape or len(e_shape) != len(a_shape):
+        return []
+    diff = [k for k in range(len(e_shape)) if e_shape[k] != a_shape[k]]
+    ints = {k: v for k, v in named.items() if type(v) is int}
+    if len(diff) != 1 or len(ints) < 2:
+        return []
+    k = diff[0]
+    got, want = a_shape[k], e_shape[k]
+    by = [n for n, v in ints.items() if v == got]
+    belongs = [n for n, v in ints.items() if v == want]
+    if len(by) != 1 or len(belongs) != 1 or by == belongs:
+        return []
+    return [
+        Cause(
+            "shape",
+            f"axis {k} of the output has {by[0]} = {got} entries where {belongs[0]} = {want} belong: that axis is "
+            f"sized by {by[0]}, not {belongs[0]}",
+            f"what sizes axis {k} (the argument its range, zeros or ones are made from)",
+            f"make axis {k} of size {belongs[0]}",
+            f"actual shape {list(a_shape)}, expected {list(e_shape)}; {by[0]} = {got}, {belongs[0]} = {want}",
+            EXACT,
+        )
+    ]
+
+
 def _reductions(x: np.ndarray, axis: int):
     n = x.shape[axis]
     yield "the mean over", np.mean(x, axis=axis)
