@@ -86,14 +86,16 @@ def check_chunks(spec, config, chunks, *, seed):
     read = None  # the cache itself read: a cause there is direct evidence, a variant of the logits fitting is not
     if mismatch(cached, full, tol) is not None:
         first, second = ids[:, : chunks[0]], ids[:, chunks[0] : sum(chunks[:2])]
+        # a sliding layer's cache may hold only its last positions (amendment 27): what it holds says nothing here
+        full_cache = config.get("sliding_window") is None
         read = (
-            cache_reading(spec, config, sd, first)
+            (cache_reading(spec, config, sd, first) if full_cache else None)
             or (
                 cache_length_reading(spec, config, sd, first, second)
                 if len(chunks) > 1 and held_otherwise(spec, kept[0], ids.shape[1])
                 else None
             )
-            or (slot_rule_reading(chunks, _steps_held(spec, kept[0])) if len(chunks) > 2 else None)
+            or (slot_rule_reading(chunks, _steps_held(spec, kept[0])) if len(chunks) > 2 and full_cache else None)
             or rows_apart(spec, model, ids, chunks, full, tol)
         )
         hint, hint_code = read or (hint, hint_code)
@@ -562,6 +564,21 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
         ]
 
     fix = "Fix: write each layer's new keys and values into that layer's own cache entry, and keep the result"
+    stride = _row_stride(own, want, same)
+    if stride is not None:
+        steps = want[0][0].shape[2]
+        apart = (
+            "every row's writes land in the same slots"
+            if stride == 0
+            else (f"each row's writes start {stride} slot{'s' if stride > 1 else ''} after the previous row's")
+        )
+        return (
+            f"likely cause: {prefill} the cache's rows hold other rows' keys and values: read as one buffer of slots, "
+            f"{apart} instead of {steps} slot{'s' if steps > 1 else ''} apart (the slots a row holds), so the rows "
+            "are written to one place, a later "
+            f"row's write over an earlier's (a slot index batch_idx * {stride} + position, the row's stride wrong). "
+            "Fix: give each row of the batch its own slots in the cache (batch_idx * slots_per_row + position)"
+        ), "knob:cache_contents"
     held = [blocks(o) for o in own]
     if held == [[i] for i in range(len(own))]:
         return None
@@ -629,6 +646,31 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
             f"note: {prefill} cache_kv holds {', '.join(map(str, sizes))} positions in layers 0 to {len(own) - 1} "
             f"({n} in each expected): each layer's entry should hold exactly the positions written to it"
         ), ""
+    return None
+
+
+def _row_stride(own, want, same) -> int | None:
+    """The row stride ``s`` of a slot index ``row * s + position`` that gives ``own`` (every layer's keys and values
+    ``[B, H, S, d]``, row ``b`` read from slots ``b * C ..`` of one buffer) from the reference's ``want``: the rows
+    written one after the other, a later row's write over an earlier's, slots never written zeros. ``s`` from 0
+    (every row in one place) to ``S - 1``; ``C`` the ``S`` positions read, or a row's region larger than every write
+    (a buffer of context_length slots a row). None where none fits, or where the reference's rows are alike."""
+    rows, steps = want[0][0].shape[0], want[0][0].shape[2]
+    if rows < 2 or any(o[0].shape != w[0].shape or o[1].shape != w[1].shape for o, w in zip(own, want)):
+        return None
+    if same(want[0][0][0], want[0][0][1]):  # the reference's rows alike: nothing to tell apart
+        return None
+
+    def written(w, stride, region):  # what each row reads back: [B, H, S, d]
+        buffer = torch.zeros(rows * region, w.shape[1], w.shape[3], dtype=w.dtype, device=w.device)
+        for r in range(rows):
+            buffer[r * stride : r * stride + steps] = w[r].transpose(0, 1)
+        return torch.stack([buffer[b * region : b * region + steps].transpose(0, 1) for b in range(rows)])
+
+    for region in (steps, rows * steps):
+        for stride in range(steps):
+            if all(same(o[i], written(w[i], stride, region)) for o, w in zip(own, want) for i in (0, 1)):
+                return stride
     return None
 
 
@@ -917,10 +959,17 @@ PREFILL_DIFFERS = (
 
 
 WRITTEN_ELSEWHERE = (
-    "your cached path writes keys that are right but for their positions (rotated at a count off by a constant in "
-    "some layers, or one position per call): the positions a call through the cache takes are new_cache's "
-    "bookkeeping, which test_cached_logits_equal_full_forward judges; cache_kv reads back what was written"
+    "your cached path writes keys that are right but for where they go (rotated at a count off by a constant in some "
+    "layers, one position per call, or every row of the batch to one place): where a call through the cache writes "
+    "is new_cache's bookkeeping, which test_cached_logits_equal_full_forward judges; cache_kv reads back what was "
+    "written"
 )
+
+
+def written_elsewhere(read) -> bool:
+    """Whether ``cache_reading``'s ``read`` says the cached path wrote right values to the wrong place: positions
+    off by a constant, or every row into one row's place."""
+    return read is not None and (read[1] == "knob:position_offset" or "the rows are written to one place" in read[0])
 
 
 def prefill_reads_back(spec, config, sd, ids) -> bool:
@@ -993,6 +1042,16 @@ def test_cache_layout_rotated_keys_plain_values(spec, config):
         )
     if config["family"] == "llama":
         k, v = prefill[0]
+        tol = tolerance("model", device=spec.device)
+        differs = (
+            mismatch(v[:, :, 6], v[:, :, 1], tol) is not None
+            or mismatch(k[:, :, 6].norm(dim=-1), k[:, :, 1].norm(dim=-1), tol) is not None
+            or (k[:, :, 6] - k[:, :, 1]).abs().max().item() <= 1e-6
+        )
+        failing = spec.failing(("new_cache",)) if differs else []
+        if failing and written_elsewhere(cache_reading(spec, config, sd, ids)):
+            raise spec.defer(failing, "cache_kv is judged on a cache its prefill wrote in place",
+                             f"not judged: {WRITTEN_ELSEWHERE}")  # fmt: skip
         spec.close(
             v[:, :, 6],
             v[:, :, 1],
@@ -1074,7 +1133,7 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
             axes="b h t d",
             given=[
                 (("new_cache",), lambda: prefill_reads_back(spec, config, sd, ids), PREFILL_DIFFERS),
-                (("new_cache",), lambda: (reading() or ("", ""))[1] != "knob:position_offset", WRITTEN_ELSEWHERE),
+                (("new_cache",), lambda: not written_elsewhere(reading()), WRITTEN_ELSEWHERE),
             ],
             behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after one prefill of 9 tokens; "
             "[i] is layer i, [i][0] keys, [i][1] values",

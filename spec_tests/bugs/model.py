@@ -642,6 +642,27 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:position_offset",
     ),
     Bug(
+        "cache_rows_written_into_one_place",
+        "kv_cache",
+        (*CACHE, *GENERATION),
+        "kv_cache.py",
+        old="""        self.key_buffers[layer][..., start:end, :] = k
+        self.value_buffers[layer][..., start:end, :] = v
+        self.lengths[layer] = end
+        return self.kv(layer)""",
+        new="""        cached_k, cached_v = self.kv(layer)
+        for r in range(k.shape[0]):  # the bug: every row's keys and values written into row 0's slots
+            self.key_buffers[layer][0, ..., start:end, :] = k[r]
+            self.value_buffers[layer][0, ..., start:end, :] = v[r]
+        self.lengths[layer] = end
+        return torch.cat([cached_k, k], dim=-2), torch.cat([cached_v, v], dim=-2)""",
+        explanation="the cache writes every row of the batch into the same slots (a slot index without the row's "
+        "stride: vLLM's batch_idx * sliding_window left out), so the last row's keys and values are what row 0 "
+        "reads back and the other rows read nothing; each call's own tokens still attend their fresh keys",
+        fix="give each row its own slots: write row b's keys and values into row b of the cache",
+        code="knob:cache_contents",
+    ),
+    Bug(
         "layers_read_the_cache_length_after_layer_0",
         "cache_positions",
         (*CACHE, *GENERATION),
