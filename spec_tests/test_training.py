@@ -1498,6 +1498,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             for alone in (True, False)  # the short last window a batch of its own, or in the last batch
         ),
         in_bits(lambda: want),
+        Variant(
+            "knob:loss_units",
+            "the perplexity is 2 ** loss (a base-2 exponent, as for a loss in bits) while the loss is in nats: "
+            "perplexity = exp(loss) belongs with a natural-log loss",
+            "perplexity = exp(loss) (math.exp, torch.exp), the loss the mean NLL in nats",
+            lambda: {**want, "perplexity": 2.0 ** want["loss"]},
+        ),
     ]
     behaviour = (
         f"evaluate(model, {n_tokens} tokens, context_length {context_length}, batch_size {batch_size}) = the model's "

@@ -144,6 +144,17 @@ BUGS = (
         code="boundary",
     ),
     Bug(
+        "evaluate_perplexity_base_two",
+        "evaluation",
+        ("evaluate",),
+        "training.py",
+        old="""    return {"loss": loss, "perplexity": math.exp(loss)}""",
+        new="""    return {"loss": loss, "perplexity": 2.0**loss}  # the bug: a base-2 exponent over a loss in nats""",
+        explanation="evaluate reports 2 ** loss as the perplexity (mistral-finetune's) while its loss is in nats",
+        fix="perplexity = exp(loss)",
+        code="knob:loss_units",
+    ),
+    Bug(
         "evaluate_scores_the_padding_as_token_0",
         "evaluation",
         ("evaluate",),
