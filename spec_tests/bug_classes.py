@@ -67,6 +67,7 @@ BUG_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
         (MODEL,),
     ),
     "tied_weights": ("tied weights copied instead of shared", (MODEL, TRAINING)),
+    "weight_copies": ("the model keeps the caller's weight tensors instead of copies", (MODEL, TRAINING)),
     "init": ("initialisation scale", (MODEL,)),
     "validation": ("bad configuration accepted silently", (MODEL, POSITIONS)),
     "kv_cache": ("KV cache layout or contents", (CACHE, GENERATION)),

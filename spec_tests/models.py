@@ -238,13 +238,16 @@ BUILD_SEED = 0
 
 
 def build(m, cfg: dict, state_dict: dict | None = None, **kw):
-    """``m.build_model(cfg, state_dict)`` in the weights' dtype and device, in eval mode (``m``: a subject),
-    under the global seed ``BUILD_SEED`` unless ``seed`` is given."""
+    """``m.build_model(cfg, copies of state_dict)`` in the weights' dtype and device, in eval mode (``m``: a
+    subject), under the global seed ``BUILD_SEED`` unless ``seed`` is given."""
     if state_dict is not None:
         first = next(iter(state_dict.values()))
         kw.setdefault("dtype", str(first.dtype).removeprefix("torch."))
         kw.setdefault("device", first.device.type)
         kw.setdefault("seed", BUILD_SEED)
+        # copies: a model that keeps the tensors it is given (test_build_model_copies_the_given_weights) must not
+        # carry its training into the test's own weights, from which the reference and later builds start
+        state_dict = {k: v.clone() for k, v in state_dict.items()}
     return m.build(cfg, state_dict, **kw)
 
 

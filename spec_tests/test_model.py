@@ -83,6 +83,40 @@ FRESH = {  # (config, features it needs): every family tied and untied, and llam
 }
 
 
+@judges("build_model")
+@pytest.mark.bug_class("weight_copies")
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_build_model_copies_the_given_weights(spec, family):
+    """build_model copies the values it is given (protocol amendment 1: copy the given values exactly; Conventions:
+    inputs are never modified in place): changing every parameter of the model built leaves the caller's state_dict
+    as it was. A model that keeps the given tensors as its parameters (load_state_dict(assign=True), nn.Parameter(t))
+    writes every later training step into the caller's tensors."""
+    config = models.family_config(spec.impl, family)
+    sd = models.random_state_dict(config, seed=18, device=spec.device)
+    found = spec.impl.keeps_given_tensors(config, sd, device=spec.device)
+
+    def listed(names):
+        return ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
+
+    spec.require(
+        not found["edited"],
+        behaviour="build_model leaves the given state_dict as it was (inputs are never modified in place)",
+        found=f"building the model changed {len(found['edited'])} of the given tensors: {listed(found['edited'])}",
+    )
+    spec.require(
+        not found["kept"],
+        behaviour="the model holds copies of the given weights: changing it leaves the given state_dict unchanged",
+        found=f"changing the model's parameters changed {len(found['kept'])} of the given tensors: "
+        f"{listed(found['kept'])}",
+        causes=(
+            "likely cause: build_model keeps the caller's tensors as the model's parameters "
+            "(load_state_dict(..., assign=True), nn.Parameter(state_dict[name]) without a copy). Fix: copy them in "
+            "(load_state_dict without assign, or param.copy_(value))",
+        ),
+        codes=("knob:in_place",),
+    )
+
+
 @judges("build_model", uses=("canonical_state_dict",))
 @pytest.mark.bug_class("tied_weights")
 @pytest.mark.parametrize("which", list(FRESH))

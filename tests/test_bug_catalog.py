@@ -315,6 +315,8 @@ READINGS = [
     ("causal_mask_sized_by_the_queries", "test_causal_mask", "that axis is sized by t_q, not t_k"),
     ("cache_rows_written_into_one_place", "cached_logits_equal_full_forward", "the rows are written to one place"),
     ("evaluate_perplexity_base_two", "evaluate_is_token_weighted", "the perplexity is 2 ** loss"),
+    ("build_model_keeps_the_given_tensors", "build_model_copies_the_given_weights",
+     "build_model keeps the caller's tensors"),
     ("one_norm_module_for_both_branches", "each_canonical_weight_has_a_parameter_of_its_own",
      "one module is put in several places"),
     ("generate_takes_row_0s_prompt_logits", "greedy_generation_follows_the_model",

@@ -120,6 +120,18 @@ BUGS = (
         code="knob:layer_weights",
     ),
     Bug(
+        "build_model_keeps_the_given_tensors",
+        "weight_copies",
+        (*MODEL, *TRAINING),
+        "model.py",
+        old="        params[name].copy_(value)",
+        new="        params[name].data = value  # the bug: the caller's tensor kept as the parameter's memory",
+        explanation="build_model keeps the given tensors as its parameters' memory (load_state_dict(assign=True)), "
+        "so every update of the model writes into the caller's state dict",
+        fix="copy the values in: param.copy_(value), or load_state_dict without assign",
+        code="knob:in_place",
+    ),
+    Bug(
         "one_norm_module_for_both_branches",
         "wiring",
         (*FORWARD, *MODEL),

@@ -324,6 +324,23 @@ def cross_entropy_grads(impl, model, x, y) -> dict:
     return {"loss": float(loss.item()), "grads": grads}
 
 
+def keeps_given_tensors(impl, config: dict, state_dict: dict, dtype="float64", device="cpu") -> dict:
+    """``{"edited": names, "kept": names}``: the canonical names whose given tensor building a model from
+    ``state_dict`` changed, and those whose tensor the model keeps as its own memory (every parameter of the model is
+    changed in place and the given tensors are read again: ``load_state_dict(assign=True)`` or ``nn.Parameter(t)``
+    keeps the caller's tensor, so training the model writes into it)."""
+    given = {k: v.clone() for k, v in state_dict.items()}
+    before = {k: v.clone() for k, v in given.items()}
+    model = build(impl, config, given, dtype, device)
+    edited = [k for k in given if not torch.equal(given[k], before[k])]
+    before = {k: v.clone() for k, v in given.items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.add_(1.0)
+    return {"edited": edited, "kept": [k for k in given if not torch.equal(given[k], before[k])]}
+
+
 def shared_canonical_names(impl, model) -> list[list[str]]:
     """The canonical names that share an element of the model's parameters, in groups (canonical order): one
     parameter behind several names, where each canonical weight should have its own (a module put in several places).
@@ -404,6 +421,7 @@ OPS = {
         input_grads,
         parameter_count,
         shared_canonical_names,
+        keeps_given_tensors,
         correct_steps,
     )
 }
@@ -413,6 +431,7 @@ OP_USES = {
     "parameter_facts": ("canonical_state_dict",),
     "parameter_order": ("canonical_state_dict",),
     "shared_canonical_names": ("canonical_state_dict",),
+    "keeps_given_tensors": ("build_model",),
     "embedding_grad": ("canonical_state_dict", "forward"),
     "cross_entropy_grads": ("forward", "canonical_state_dict"),
     "correct_steps": ("forward",),

@@ -164,6 +164,9 @@ class Subject:
     def shared_canonical_names(self, model) -> list[list[str]]:
         return self.op("shared_canonical_names", model)
 
+    def keeps_given_tensors(self, config, state_dict, *, dtype="float64", device="cpu") -> dict:
+        return self.op("keeps_given_tensors", config, state_dict, str(dtype).removeprefix("torch."), str(device))
+
     def correct_steps(
         self, model, kind, lr, eps, x, y, max_grad_norm=None, steps=2, weight_decay=None, betas=None, clip_each=False
     ):
