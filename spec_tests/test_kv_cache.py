@@ -58,6 +58,16 @@ def check_chunks(spec, config, chunks, *, seed):
     cached = cached_logits(spec.impl, model, ids, chunks, keep=kept)
     behaviour = f"cached forward in chunks {chunks} equals the uncached forward of the same model"
     tol = tolerance("model", device=spec.device)
+    roots = own_components(spec, config, sd, ids, chunks, cached, tol) if mismatch(cached, full, tol) else []
+    if roots:
+        names = ", ".join(roots)
+        raise spec.defer(
+            roots,
+            behaviour,
+            f"consequence of failing {names}: your cached chunks equal what a correct model and cache compute with "
+            f"your own {names} (called on the correct intermediate values), so the cache hands on what {names} "
+            f"computes on each chunk. Fix {names} first.",
+        )
     if mismatch(cached, full, tol) is not None and spec.failing(("forward",)):
         # a model mistake only a multi-token forward shows (heads merged without a transpose is invisible at T = 1)
         # makes the uncached forward and every multi-token chunk wrong, the cache itself right: where decoding token
@@ -119,6 +129,23 @@ def check_chunks(spec, config, chunks, *, seed):
 
 
 _FORWARD_FITS: dict = {}
+
+
+def own_components(spec, config, sd, ids, chunks, cached, tol) -> list[str]:
+    """The failing component names the model calls (a minimal set) whose own functions, composed with the reference's
+    model and cache, give the implementation's cached chunks (``consequences.explain``): a component that computes a
+    chunk otherwise than the whole sequence (a router's softmax over the tokens) shows through the cache. ``[]``
+    where none does, or outside pytest's judgement."""
+    from .harness.judging.consequences import explain
+    from .harness.judging.treemap import to_float64
+
+    reference = getattr(spec.expectations, "reference", None)
+    names = [n for n in spec.upstream("forward") if n not in ("forward", "new_cache")] if reference is not None else []
+    if not names:
+        return []
+    args64 = to_float64((sd, ids))
+    compute = lambda m, sd, ids: cached_logits(m, models.build(m, config, sd), ids, chunks)
+    return explain(compute, args64, cached, tol, reference, spec.impl._subject, names)
 
 
 def model_mistake(spec, config, sd, ids, chunks, full, cached, tol) -> Variant | None:

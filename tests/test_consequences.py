@@ -1327,3 +1327,15 @@ def test_train_around_a_get_batch_with_unshifted_targets_is_its_consequence(tmp_
     out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
     roots = root_block(out)
     assert "get_batch: " in roots and "train: " not in roots, out[-3000:]
+
+
+def test_a_cache_check_a_failing_component_explains_is_that_component_s(tmp_path, pytester):
+    """A router whose softmax runs over the tokens: a chunk through the cache routes otherwise than the whole
+    sequence, and the cached chunks equal what the reference's model and cache compute with the implementation's own
+    moe_mlp, so the cache check is moe_mlp's consequence, one charge (held out: mistral-inference's MoE cost moe_mlp
+    and new_cache)."""
+    folder = implementation(tmp_path, "moe_router_softmax_over_tokens")
+    selected = "test_moe_mlp or test_cache_equals_no_cache_with_moe"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "moe_mlp: " in roots and "new_cache: " not in roots, out[-3000:]
