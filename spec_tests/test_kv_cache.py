@@ -339,6 +339,30 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 chunks_at(lambda k, n: n, window=False),
             )
         )
+        w = int(config["sliding_window"])
+
+        def slot_order(q, k, v, mask=None, *args, **kwargs):  # a rotating buffer of w slots read in slot order
+            cached = k.shape[-2] - q.shape[-2]
+            if mask is None or cached <= w:  # a layer without the window, or a buffer not yet wrapped
+                return attention(q, k, v, mask, *args, **kwargs)
+            held = list(range(cached - w, cached))  # the w positions the buffer holds, position p in slot p % w
+            new = list(range(cached, k.shape[-2]))
+            order = torch.tensor(sorted(held, key=lambda p: p % w) + new, device=k.device)
+            times = torch.tensor(held + new, device=k.device)  # the positions the mask's columns are built for
+            mask = mask.to(torch.bool)[..., times]
+            return attention(q, k[..., order, :], v[..., order, :], mask, *args, **kwargs)
+
+        found.append(
+            Variant(
+                "knob:sliding_window",
+                f"once more than sliding_window ({w}) positions are cached, the rotating buffer is read in slot order "
+                f"(position p at slot p % {w}) instead of time order, while the mask is built for time order: the "
+                "cached keys and values are unrotated the wrong way",
+                "read a wrapped buffer back in time order (the oldest slot first: slots (next .. w) then (0 .. next)) "
+                "before attention and cache_kv",
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": slot_order}),
+            )
+        )
     if 1 < models.n_kv(config) < config["n_heads"]:
 
         def tiled(q, k, v, *args, **kwargs):  # query head h reads kv head h % n_kv_heads

@@ -317,6 +317,8 @@ READINGS = [
     ("evaluate_perplexity_base_two", "evaluate_is_token_weighted", "the perplexity is 2 ** loss"),
     ("build_model_keeps_the_given_tensors", "build_model_copies_the_given_weights",
      "build_model keeps the caller's tensors"),
+    ("rotating_buffer_read_in_slot_order", "cache_equals_no_cache_past_the_window",
+     "the rotating buffer is read in slot order"),
     ("one_norm_module_for_both_branches", "each_canonical_weight_has_a_parameter_of_its_own",
      "one module is put in several places"),
     ("generate_takes_row_0s_prompt_logits", "greedy_generation_follows_the_model",

@@ -10,6 +10,23 @@ FIX = "in a sliding layer query i attends the keys j with i - W < j <= i (W keys
 
 BUGS = (
     Bug(
+        "rotating_buffer_read_in_slot_order",
+        "sliding_window",
+        (*CACHE, *GENERATION),
+        "attention.py",
+        old="    if window is not None:  # protocol v2 (sliding_window): the causal mask narrowed to the last `window` "
+        "keys",
+        new="""    if window is not None and cache is not None and k.shape[-2] - q.shape[-2] > window:  # the bug: a
+        cached = k.shape[-2] - q.shape[-2]  # rotating buffer of `window` slots read back in slot order
+        held = sorted(range(cached - window, cached), key=lambda p: p % window)
+        order = torch.tensor(held + list(range(cached, k.shape[-2])), device=k.device)
+        k, v = k[..., order, :], v[..., order, :]
+    if window is not None:  # protocol v2 (sliding_window): the causal mask narrowed to the last `window` keys""",
+        explanation="a cache of sliding_window slots (position p at slot p % W) is read back in slot order once it "
+        "has wrapped, while the mask is built for time order (mistral-inference's unrotate)",
+        fix="read a wrapped buffer back in time order, the oldest slot first",
+    ),
+    Bug(
         "window_mask_python_and",
         "sliding_window",
         ("causal_mask", MHA, *FORWARD, *CACHE, *GENERATION),
