@@ -707,7 +707,9 @@ def _row_stride(own, want, same) -> int | None:
     (every row in one place) to ``S - 1``; ``C`` the ``S`` positions read, or a row's region larger than every write
     (a buffer of context_length slots a row). None where none fits, or where the reference's rows are alike."""
     rows, steps = want[0][0].shape[0], want[0][0].shape[2]
-    if rows < 2 or any(o[0].shape != w[0].shape or o[1].shape != w[1].shape for o, w in zip(own, want)):
+    if rows < 2 or any(
+        not isinstance(t, torch.Tensor) or t.shape != r.shape for o, w in zip(own, want) for t, r in zip(o, w)
+    ):  # a layer holding nothing (None), or another layout: other readings say so
         return None
     if same(want[0][0][0], want[0][0][1]):  # the reference's rows alike: nothing to tell apart
         return None
