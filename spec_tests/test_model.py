@@ -123,7 +123,7 @@ def test_build_model_copies_the_given_weights(spec, family):
 def test_each_canonical_weight_has_a_parameter_of_its_own(spec, which):
     """build_model(config, sd) holds each canonical weight in parameters of its own: no two canonical names share an
     element of the model's parameters (a tied head is one matrix under one name) (protocol: canonical weight names;
-    count_parameters counts unique parameters, a tied matrix once). One module put in several places ([module] * n,
+    count_parameters). One module put in several places ([module] * n,
     a clones() without deepcopy, one norm for both branches) shares its weight, and loading each name writes over the
     others. Every family, tied and untied, and llama's GQA."""
     base, need = FRESH[which]
