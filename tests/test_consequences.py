@@ -76,6 +76,15 @@ def root_block(out: str) -> str:
     return out.split("root causes")[-1].split("short test summary")[0]
 
 
+def charged_alone(folder, tmp_path, pytester, selected: str, root: str, spared: str) -> str:
+    """Run the tests ``selected`` on ``folder``: ``root`` is among the root causes and ``spared`` is not (its failures
+    are ``root``'s consequences). The run's output."""
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert f"{root}: " in roots and f"{spared}: " not in roots, out[-3000:]
+    return out
+
+
 def test_failure_kinds():
     from spec_tests.harness.judging.results import CheckResult
     from spec_tests.harness.judging.spec import SpecFailure
@@ -1281,10 +1290,14 @@ def test_train_around_a_train_step_that_keeps_gradients_is_its_consequence_with_
         "    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)",
     )
     folder = implementation(tmp_path, "train_step_no_zero_grad", patch=("training.py", *betas))
-    selected = "test_train_step_matches_reference or test_train_clips_at_the_given_max_grad_norm"
-    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = root_block(out)
-    assert "train_step: " in roots and "train: " not in roots, out[-3000:]
+    charged_alone(
+        folder,
+        tmp_path,
+        pytester,
+        "test_train_step_matches_reference or test_train_clips_at_the_given_max_grad_norm",
+        "train_step",
+        "train",
+    )
 
 
 def test_keys_a_cached_path_rotated_at_other_positions_are_new_cache_s(tmp_path, pytester):
@@ -1293,10 +1306,14 @@ def test_keys_a_cached_path_rotated_at_other_positions_are_new_cache_s(tmp_path,
     by new_cache's cached-logits tests, and cache_kv is not charged (held out: a student's KV cache read with
     get_seq_length() of layer 0 cost new_cache and cache_kv)."""
     folder = implementation(tmp_path, "layers_read_the_cache_length_after_layer_0")
-    selected = "test_cache_holds_the_specified or test_cached_logits_equal_full_forward"
-    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = root_block(out)
-    assert "new_cache: " in roots and "cache_kv: " not in roots, out[-3000:]
+    charged_alone(
+        folder,
+        tmp_path,
+        pytester,
+        "test_cache_holds_the_specified or test_cached_logits_equal_full_forward",
+        "new_cache",
+        "cache_kv",
+    )
 
 
 def test_a_failing_function_the_model_calls_at_one_of_two_places_explains_the_model(tmp_path, pytester):
@@ -1311,10 +1328,9 @@ def test_a_failing_function_the_model_calls_at_one_of_two_places_explains_the_mo
         "            x = x + self.pos_embeddings.weight[positions]",
     )
     folder = implementation(tmp_path, patches=[("primitives.py", *scaled), ("model.py", *positions)])
-    selected = "test_embedding_lookup or test_logits_match_reference"
-    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = root_block(out)
-    assert "embedding: " in roots and "forward: " not in roots, out[-3000:]
+    charged_alone(
+        folder, tmp_path, pytester, "test_embedding_lookup or test_logits_match_reference", "embedding", "forward"
+    )
 
 
 def test_train_around_a_get_batch_with_unshifted_targets_is_its_consequence(tmp_path, pytester):
@@ -1323,10 +1339,14 @@ def test_train_around_a_get_batch_with_unshifted_targets_is_its_consequence(tmp_
     consequence, one charge (held out: the Annotated Transformer's Batch with tgt_y unshifted cost get_batch and
     train)."""
     folder = implementation(tmp_path, "get_batch_unshifted_targets")
-    selected = "test_get_batch_windows_and_shift or test_train_losses_are_next_token_losses"
-    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = root_block(out)
-    assert "get_batch: " in roots and "train: " not in roots, out[-3000:]
+    charged_alone(
+        folder,
+        tmp_path,
+        pytester,
+        "test_get_batch_windows_and_shift or test_train_losses_are_next_token_losses",
+        "get_batch",
+        "train",
+    )
 
 
 def test_a_cache_check_a_failing_component_explains_is_that_component_s(tmp_path, pytester):
@@ -1335,7 +1355,6 @@ def test_a_cache_check_a_failing_component_explains_is_that_component_s(tmp_path
     moe_mlp, so the cache check is moe_mlp's consequence, one charge (held out: mistral-inference's MoE cost moe_mlp
     and new_cache)."""
     folder = implementation(tmp_path, "moe_router_softmax_over_tokens")
-    selected = "test_moe_mlp or test_cache_equals_no_cache_with_moe"
-    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
-    roots = root_block(out)
-    assert "moe_mlp: " in roots and "new_cache: " not in roots, out[-3000:]
+    charged_alone(
+        folder, tmp_path, pytester, "test_moe_mlp or test_cache_equals_no_cache_with_moe", "moe_mlp", "new_cache"
+    )
