@@ -1186,7 +1186,13 @@ def test_cache_holds_the_specified_keys_and_values(spec, config):
             axes="b h t d",
             given=[
                 (("new_cache",), lambda: prefill_reads_back(spec, config, sd, ids), PREFILL_DIFFERS),
-                (("new_cache",), lambda: not written_elsewhere(reading()), WRITTEN_ELSEWHERE),
+                # only while new_cache fails tests of its own: keys one position off leave every logit as it is (RoPE
+                # is relative), and then this check is where the mistake shows, said by its reading
+                (
+                    ("new_cache",),
+                    lambda: not (spec.failing(("new_cache",)) and written_elsewhere(reading())),
+                    WRITTEN_ELSEWHERE,
+                ),
             ],
             behaviour="cache_kv(cache, layer) = (keys after RoPE, values as projected) after one prefill of 9 tokens; "
             "[i] is layer i, [i][0] keys, [i][1] values",
