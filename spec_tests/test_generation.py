@@ -184,15 +184,15 @@ def greedy_case(
     if wrong and within is None and first_right and not causes:
         causes, codes = newest_token_reading(spec, model, config, sd, prompt, n, out) or (causes, codes)
     if wrong and out.shape == want.shape and not first_right and not causes and t <= ctx:
-        causes, codes = first_token_rows_reading(spec, model, config, t, seeds[1], use_cache) or (causes, codes)
-    if wrong and out.shape == want.shape and not first_right and not causes and t <= ctx:
-        causes = (  # generate's first pick from the whole prompt, which forward takes as it is
-            "likely cause: generate's first new token is not the argmax of your own forward(model, prompt)'s last "
-            "logits (the prompt fits the context, so nothing is cropped): generate computes its logits another way "
-            "than forward (a mask, positions or a model path of its own) or does not pick the argmax at temperature "
-            "0. Fix: the first token is argmax(forward(model, prompt)[:, -1])",
+        causes, codes = first_token_rows_reading(spec, model, config, t, seeds[1], use_cache) or (
+            (  # generate's first pick from the whole prompt, which forward takes as it is
+                "likely cause: generate's first new token is not the argmax of your own forward(model, prompt)'s last "
+                "logits (the prompt fits the context, so nothing is cropped): generate computes its logits another "
+                "way than forward (a mask, positions or a model path of its own) or does not pick the argmax at "
+                "temperature 0. Fix: the first token is argmax(forward(model, prompt)[:, -1])",
+            ),
+            ("knob:generate_path",),
         )
-        codes = ("knob:generate_path",)
     if prompt_causes and wrong and window is None and first_right:
         causes = (
             "note: the first new token is right in every row, so the prompt was cropped; a later token differs, once "

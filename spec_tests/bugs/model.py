@@ -672,7 +672,7 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         "stride: vLLM's batch_idx * sliding_window left out), so the last row's keys and values are what row 0 "
         "reads back and the other rows read nothing; each call's own tokens still attend their fresh keys",
         fix="give each row its own slots: write row b's keys and values into row b of the cache",
-        code="knob:cache_contents",
+        code="knob:cache_slots",
     ),
     Bug(
         "layers_read_the_cache_length_after_layer_0",

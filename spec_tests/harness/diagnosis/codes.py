@@ -97,6 +97,8 @@ KNOBS = {
     "in_place": "an input is edited in place (scaled, shifted, masked or sorted in the caller's memory)",
     "norm_placement": "a norm is applied after the residual add (post-LN) or skipped",
     "cache_contents": "the KV cache holds the wrong tensors (keys before RoPE, values rotated, another layer's)",
+    "cache_slots": "the rows of a batch are written into one another's cache slots (a slot index with the wrong row "
+    "stride)",
     "generate_path": "generate computes its first logits otherwise than forward on the prompt, or picks otherwise",
     "evaluate_path": "evaluate scores logits other than those of forward on its windows, or other targets",
     "train_path": "train_step computes its loss otherwise than cross_entropy(forward(model, x), y) of its own forward",

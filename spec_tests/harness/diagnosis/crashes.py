@@ -1972,7 +1972,7 @@ def _probe(name: str, run: Callable, args: tuple, kwargs: dict, ledger) -> tuple
             if not (p.rank or p.fallback) else p
             for p in causes
         ]  # fmt: skip
-        working = [p for p in working if p not in causes] + [p for p in both if not p.rank]
+        working = [p for p in working if not any(p is c for c in causes)] + [p for p in both if not p.rank]
         causes = [p for p in both if not p.rank]
     clues = [
         f"note: {name} raises for {p.failing} and works for {p.working}{p.note} (a clue, not a cause: {p.clue})"

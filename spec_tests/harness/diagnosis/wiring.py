@@ -135,19 +135,20 @@ def _without_gain(norm: nn.Module) -> nn.Module:
     return bare
 
 
-def _fused_stream_forward(first: bool, before_gain: bool):
-    """A block whose fused add-and-norms hand on their normalised sum as the residual stream (before or after the
-    norm's gain); block 0's attention norm has no residual to add, so its stream is right."""
+def _fused_stream_forward(first: bool, carried: tuple | None):
+    """A block whose fused add-and-norms hand on their normalised sum as the residual stream: ``carried``, the
+    (attention, MLP) norms whose output is the stream (the block's own norms without their gain), or None for the
+    block's norms themselves; block 0's attention norm has no residual to add, so its stream is right."""
 
     def forward(self, x, positions, cache, layer, mask=None):
         attn, mlp = _sublayers(self, positions, cache, layer, mask)
-        for i, (norm, branch) in enumerate(((self.attn_norm, attn), (self.mlp_norm, mlp))):
+        norms = (self.attn_norm, self.mlp_norm)
+        for i, (norm, stream, branch) in enumerate(zip(norms, carried or norms, (attn, mlp), strict=True)):
             if first and i == 0:
                 x = x + self.drop(branch(norm(x)))
                 continue
             h = norm(x)
-            x = _without_gain(norm)(x) if before_gain else h
-            x = x + self.drop(branch(h))
+            x = (h if stream is norm else stream(x)) + self.drop(branch(h))
         return x
 
     return forward
@@ -162,7 +163,8 @@ def _rewire_fused_stream(before_gain: bool):
         if not layers:
             raise NotApplicable("the model has no blocks")
         for i, block in enumerate(layers):
-            block.forward = types.MethodType(_fused_stream_forward(i == 0, before_gain), block)
+            carried = tuple(_without_gain(n) for n in (block.attn_norm, block.mlp_norm)) if before_gain else None
+            block.forward = types.MethodType(_fused_stream_forward(i == 0, carried), block)
 
     return rewire
 
