@@ -44,6 +44,7 @@ def test_float64_computed_in_float64(spec, name):
         name,
         *args,
         tol=EXACT,
+        kind=ENTRY[name].tolerance or "pointwise",  # the float32 rounding an upstream's may carry (consequences)
         behaviour=f"{name} of float64 inputs, to float64 rounding",
         **kwargs,
     )
@@ -78,6 +79,7 @@ def test_float64_model_computed_in_float64(spec, name):
         sd,
         ids,
         tol=EXACT,
+        kind="model",
         axes="b t v",
         behaviour=f"logits of a float64 {config['family']} model, to float64 rounding",
         given=held_weights(spec, config, sd, ids, tol=EXACT),  # weights rounded at load: the roundtrip's to report
@@ -114,7 +116,9 @@ def test_float64_attention_without_rope_computed_in_float64(spec, name):
     Conventions, ground truth in float64; amendment 11; amendment 21)."""
     args, _ = inputs_for(spec, name)
     math_first(spec, name, lambda m, *a: m.multihead_self_attention(*a), args)
-    spec.call(name, *args, tol=EXACT, behaviour="multihead_self_attention without RoPE of float64 inputs")
+    spec.call(
+        name, *args, tol=EXACT, kind="attention", behaviour="multihead_self_attention without RoPE of float64 inputs"
+    )
 
 
 @pytest.mark.parametrize("name", [_param("new_cache", uses=("build_model", "forward"))])
@@ -152,6 +156,7 @@ def test_float64_cached_model_computed_in_float64(spec, name):
         sd,
         ids,
         tol=EXACT,
+        kind="model",
         axes="b t v",
         behaviour=f"logits of a float64 {config['family']} model through a new cache (chunks 6, 1, 4), to float64 "
         "rounding",

@@ -652,6 +652,57 @@ def test_a_float32_statistic_in_rmsnorm_explains_the_float64_models_rounding(tmp
     assert "consequence" in out, out[-3000:]
 
 
+# rope rotating in complex64 (mistral-inference's ``xq.float()``): float64 queries and keys come back rounded
+ROPE_IN_COMPLEX64 = (
+    "positions.py",
+    "    x0, x1 = pairs[..., 0], pairs[..., 1]\n"
+    "    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)\n"
+    "    return rearrange(rotated, _UNPAIR_PATTERN[style])\n",
+    "    z = torch.view_as_complex(pairs.float().contiguous()) * torch.complex(cos.float(), sin.float())\n"
+    "    return rearrange(torch.view_as_real(z), _UNPAIR_PATTERN[style]).to(x.dtype)\n",
+)
+
+
+def test_attention_rotating_through_its_own_float32_rope_on_another_layout_is_rope_s(tmp_path, pytester):
+    """rope rotates in complex64, and attention calls it on queries laid out [B, T, H, d] (as code whose heads come
+    last does): the same float32 arithmetic rounds differently on that layout, so attention's float64 result is not
+    bit for bit the reference composed with its rope. It carries rope's rounding all the same (nearer the
+    composition than the float64 result), so its precision failure is rope's consequence. A held-out bug (88's
+    float32 rotary detour) was charged to rope and to multihead_self_attention."""
+    q_on_heads_last = (
+        "attention.py",
+        "        q = rope(q, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n",
+        "        at = positions[..., None] if positions.dim() == 1 else rearrange(positions, 'b 1 t -> b t 1')\n"
+        "        q = rope(q.transpose(1, 2), at, theta, style=rope_style).transpose(1, 2)\n",
+    )
+    folder = implementation(tmp_path, patches=[ROPE_IN_COMPLEX64, q_on_heads_last])
+    selected = "test_float64_computed_in_float64 and (rope or multihead)"
+    out = charged_alone(folder, tmp_path, pytester, selected, "rope", "multihead_self_attention")
+    assert "consequence" in out, out[-3000:]
+
+
+def test_attention_rounding_on_its_own_beside_a_float32_rope_is_charged(tmp_path, pytester):
+    """The protocol's rope rounds to float32, but attention rotates with its own float64 path and rounds its output:
+    its error does not carry rope's rounding (it lies farther from the composition than from the float64 result),
+    so both are charged."""
+    rope_rounded = (
+        "__init__.py",
+        "from .positions import rope, sinusoidal_positions\n",
+        "from .positions import rope as _rope, sinusoidal_positions\n\n\n"
+        "def rope(x, *args, **kwargs):\n    return _rope(x, *args, **kwargs).float().to(x.dtype)\n",
+    )
+    output_rounded = (
+        "attention.py",
+        "    return linear(merge_heads(out), wo, bo)\n",
+        "    return linear(merge_heads(out), wo, bo).float().to(x.dtype)\n",
+    )
+    folder = implementation(tmp_path, patches=[rope_rounded, output_rounded])
+    selected = "test_float64_computed_in_float64 and (rope or multihead)"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "rope: " in roots and "multihead_self_attention: " in roots, out[-3000:]
+
+
 def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_training_checks(tmp_path, pytester):
     """A copy of the reference whose canonical_state_dict gives wq's rows back reordered (a load permutation applied
     again at export, held out): the roundtrip names the reordering, and the train_step checks, which read the

@@ -13,6 +13,10 @@ upstream names, and which names are the roots.
 - **Which failures can explain** (``rootcause.failure_kind``): a precision (float64 exactness),
   validation (error type) or convention (initialisation, memory accounting) failure cannot explain a
   check at math tolerance; only math failures and crashes can.
+- **Carried rounding** (``explain_rounding``): a check to float64 rounding whose error is the float32 rounding
+  of an upstream failing for that alone, though not bit for bit (the same float32 arithmetic rounds differently on
+  another layout), is that upstream's consequence where the composition equals it to float32 rounding and lies
+  nearer to it than the float64 result does.
 - **Dependency order** (``dependency_order``) and **settling** (``settle``: the one decision both
   pytest's summary and the grade read) live in ``settling.py`` (no torch: the grader imports it).
   A consequence holds only while each of its roots is charged with a real failure (failed or error;
@@ -283,6 +287,52 @@ def explain(compute, args64, actual, tol, reference, impl, candidates) -> list[s
     if not needed or not comp.consistent(tol):
         return []
     return needed
+
+
+def _leaves(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x.detach().to(torch.float64).reshape(-1)] if x.is_floating_point() else []
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _leaves(item)]
+    if isinstance(x, dict):
+        return [t for item in x.values() for t in _leaves(item)]
+    return [torch.tensor([float(x)], dtype=torch.float64)] if isinstance(x, float) else []
+
+
+def _distance(a, b) -> float | None:
+    """The L2 distance between two results of one shape (their floating tensors); None where they differ in
+    shape."""
+    xs, ys = _leaves(a), _leaves(b)
+    if len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys)):
+        return None
+    return sum(float((x.cpu() - y.cpu()).square().sum()) for x, y in zip(xs, ys)) ** 0.5
+
+
+def explain_rounding(compute, args64, actual, expected, loose, reference, impl, candidates) -> list[str]:
+    """For a check to float64 rounding: the failing upstream names, each failing for float32 rounding alone, whose
+    rounding ``actual`` carries; ``[]`` when it does not. The reference composed with them must differ from
+    ``expected`` (their rounding reaches this result), equal ``actual`` at ``loose`` (float32 rounding) and lie
+    nearer to ``actual`` than ``expected`` does (in L2): ``actual``'s error is theirs, not a rounding of its own
+    that only resembles it in size. Exact equality is not asked: the same float32 arithmetic rounds differently
+    on another layout (a complex product broadcast another way), so code rounding in the same place as its own
+    upstream function need not match the composition bit for bit."""
+    from .compare import mismatch
+    from .tolerances import EXACT
+
+    names = dependency_order(n for n in candidates if n in COMPOSABLE and impl.provides(n))
+    if not names or reference is None:
+        return []
+    try:
+        with composed(reference, impl, names) as comp:
+            out = compute(reference, *args64)
+    except _REFUSALS:  # a composition that cannot run explains nothing
+        return []
+    if not comp.called or mismatch(actual, out, loose) is not None or mismatch(out, expected, EXACT) is None:
+        return []
+    near, far = _distance(actual, out), _distance(actual, expected)
+    if near is None or far is None or not near < far or not comp.consistent(loose):
+        return []
+    return comp.called
 
 
 def explain_crash(compute, args64, exc, reference, impl, candidates) -> list[str]:

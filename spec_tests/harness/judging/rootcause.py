@@ -182,6 +182,12 @@ class FailureRegistry:
         kinds = EXPLAINING_KINDS | {"precision"} if precision else EXPLAINING_KINDS
         return dependency_order(n for n in self.explaining(names, kinds) if n in consequences.COMPOSABLE)
 
+    def rounding_upstream_of(self, subject: str) -> list[str]:
+        """Composable names ``subject`` may call that fail for float32 rounding alone (precision failures, nothing
+        else): a check to float64 rounding may carry their rounding (``consequences.explain_rounding``)."""
+        names = upstream_closure([subject]) - {subject}
+        return dependency_order(n for n in names if self.kinds.get(n) == {"precision"} and n in consequences.COMPOSABLE)
+
     def upstream_failing(self, subjects, used, *, composable: bool = True) -> list[str]:
         """Failing names the test may depend on, other than what it judges (dependency order)."""
         candidates = (upstream_closure(used) | set(used)) - set(subjects)

@@ -125,6 +125,7 @@ class Spec:
         sink=None,
         failing=lambda names, **_: [],
         upstream=lambda subject, precision=False: [],
+        rounding_upstream=lambda subject: [],
         crash_consequences: bool = True,
         charged_upstream=lambda name, exc, subjects=(): [],
     ):
@@ -136,6 +137,7 @@ class Spec:
         self._checking = False  # inside ``check``'s computation: a crash is composed there, as that computation
         self.failing = failing  # names -> those of them whose own failures can explain a math check
         self.upstream = upstream  # subject -> the failing upstream names it may call (consequences.py)
+        self.rounding_upstream = rounding_upstream  # subject -> those failing for float32 rounding alone
         self.crash_consequences = crash_consequences  # not in grading (rootcause.FailureRegistry)
         # (name, exc, subjects) -> upstream names charged with the same crash at the same place: not probed again
         self.charged_upstream = charged_upstream
@@ -293,7 +295,7 @@ class Spec:
             result.causes.append(hint)
             result.cause_codes += [hint_code] if hint_code else []
         reference = getattr(self.expectations, "reference", None)
-        self._composed(result, compute, args64, actual, tol, reference)
+        self._composed(result, compute, args64, actual, tol, reference, expected, kind)
         if rebase is not None:
             self._rebase(result, rebase, actual, tol)
         for presumed in given if isinstance(given, list) else [] if given is None else [given]:
@@ -422,9 +424,13 @@ class Spec:
 
         raise SpecFailure(result, diagnose)
 
-    def _composed(self, result: CheckResult, compute, args64, actual, tol: Tolerance, reference) -> None:
+    def _composed(
+        self, result: CheckResult, compute, args64, actual, tol: Tolerance, reference, expected=None, kind="model"
+    ) -> None:
         """Raise ``ConsequenceFailure`` when the reference composed with the implementation's own failing
-        upstream functions computes ``actual`` (consequences.py); otherwise the failure stays charged."""
+        upstream functions computes ``actual`` (consequences.py); otherwise the failure stays charged. A check
+        to float64 rounding whose error is the float32 rounding of an upstream failing for that alone is its
+        consequence too (``explain_rounding``)."""
         composing = getattr(self, "composing", False)  # a rerun on the composed reference: no nesting
         precision = tol.describe() == EXACT.describe()  # a check to float64 rounding
         candidates = (
@@ -432,17 +438,32 @@ class Spec:
         )
         if not candidates:
             return
-        from .consequences import explain
+        from .consequences import explain, explain_rounding
 
         roots = explain(compute, args64, actual, tol, reference, self.impl._subject, candidates)
-        if not roots:
+        rounded = []
+        if not roots and precision and expected is not None:
+            loose = self._tolerance(kind, args64, None)
+            rounding = [n for n in self.rounding_upstream(result.subject) if n in candidates]
+            impl = self.impl._subject
+            rounded = explain_rounding(compute, args64, actual, expected, loose, reference, impl, rounding)
+        if not roots and not rounded:
             return
-        names = ", ".join(roots)
-        result.found = (
-            f"consequence of failing {names}: your result equals what a correct {result.subject} computes with "
-            f"your own {names} (called on the correct intermediate values). Fix {names} first.\n  "
-            f"(it failed with: {result.found})"
-        )
+        names = ", ".join(roots or rounded)
+        if rounded:
+            result.found = (
+                f"consequence of failing {names}: your result carries {names}'s float32 rounding (it equals, to "
+                f"float32 rounding, what a correct {result.subject} computes with your own {names}, and lies nearer "
+                f"to that than to the float64 result). Fix {names} first and rerun: a float32 step of "
+                f"{result.subject}'s own would then show here.\n  (it failed with: {result.found})"
+            )
+            roots = rounded
+        else:
+            result.found = (
+                f"consequence of failing {names}: your result equals what a correct {result.subject} computes with "
+                f"your own {names} (called on the correct intermediate values). Fix {names} first.\n  "
+                f"(it failed with: {result.found})"
+            )
         result.causes, result.cause_codes = [], []  # the roots' own tests say what is wrong
         raise ConsequenceFailure(result, roots)
 

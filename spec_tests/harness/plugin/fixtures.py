@@ -38,6 +38,7 @@ def spec(request, impl, device):
         sink=run.results if run is not None else None,
         failing=state.registry.behaving_wrongly,
         upstream=state.registry.upstream_of,
+        rounding_upstream=state.registry.rounding_upstream_of,
         crash_consequences=state.registry.crash_consequences,
         charged_upstream=state.registry.charged_upstream,
     )
