@@ -239,6 +239,11 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
         rotated[0] += 1
         return rope(x, *args, **kwargs) if rotated[0] % 2 else x
 
+    def keys_from_zero(x, positions, *args, **kwargs):  # q at its positions, k at arange(T) of the call
+        rotated[0] += 1
+        at = positions if rotated[0] % 2 else torch.arange(x.shape[-2], device=x.device)
+        return rope(x, at, *args, **kwargs)
+
     fix = "positions = arange(cached, cached + T): each chunk continues from the number of tokens the cache holds"
     if config["family"] == "gpt2":  # learned positions: each constant is another model
         rules = [
@@ -496,6 +501,15 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 "attention reads them from it)",
                 "rotate the new keys at their positions, then append them: the cache stores keys after RoPE",
                 chunks_at(lambda k, n: n, replacements={"rope": queries_only}),
+            )
+        )
+        found.append(  # with one token per call the same as unrotated keys: said together there (one code)
+            Variant(
+                "knob:cache_contents",
+                "the keys are rotated at positions counted from 0 in each call (the queries at their own): the "
+                "positions never reach the keys' RoPE",
+                "rotate the keys at the same positions as the queries (those continuing from the cache length)",
+                chunks_at(lambda k, n: n, replacements={"rope": keys_from_zero}),
             )
         )
     return found

@@ -360,7 +360,8 @@ def start_range(seen: set[int], want: set[int], context_length: int) -> tuple[st
 
 def count_variants(sizes: dict[str, int], want: int) -> list[Variant]:
     """Parameter counts off by exactly one group of weights (``sizes``: canonical name -> elements): the
-    difference names the group."""
+    difference names the group. Groups of one size (the token embedding and an untied head, both ``V x d``) are
+    one line naming each: a count cannot tell them apart."""
     fix = "count every parameter of model.parameters(), which yields a shared parameter once"
 
     def group(test) -> int:
@@ -368,19 +369,27 @@ def count_variants(sizes: dict[str, int], want: int) -> list[Variant]:
 
     groups = [
         ("the token embedding left out", group(lambda k: k == "tok_embeddings.weight")),
+        (
+            "the untied output head left out (the trunk's parameters counted alone)",
+            group(lambda k: k == "lm_head.weight"),
+        ),
         ("the position embeddings left out (a non-embedding count)", group(lambda k: k == "pos_embeddings.weight")),
         ("the norm weights (and norm biases) left out", group(lambda k: "norm." in k)),
         ("the biases left out (only weights counted)", group(lambda k: k.endswith(".bias"))),
         ("the vectors left out (only matrices counted: no norm gains, no biases)", None),
     ]
-    variants = []
+    by_size: dict[int, list[str]] = {}
     for label, n in groups:
         if n is None:  # the vectors: every name that is not a matrix
             n = group(lambda k: k.endswith(".bias") or "norm." in k)
             if n in (group(lambda k: "norm." in k), group(lambda k: k.endswith(".bias"))):
                 continue  # the same count as one of the groups above: that group's line says it
         if n:
-            variants.append(Variant("knob:parameter_groups", label, fix, lambda n=n: want - n))
+            by_size.setdefault(n, []).append(label)
+    variants = [
+        Variant("knob:parameter_groups", " or ".join(labels), fix, lambda n=n: want - n)
+        for n, labels in by_size.items()
+    ]
     variants += _block_count_variants(sizes, want, fix)
     if "lm_head.weight" not in sizes and "tok_embeddings.weight" in sizes:  # tied: the matrix must count once
         twice = "the tied embedding/head matrix is counted twice (state_dict() lists it under both names)"

@@ -1016,6 +1016,7 @@ def _mha(
     channel_major=None,
     rope_values=False,
     rope_q_only=False,
+    keys_from_zero=False,
     rope_flat=None,
     time_major=(),
     group_minor_merge=False,
@@ -1050,7 +1051,7 @@ def _mha(
         pos = positions if positions is not None else torch.arange(t)
         q = _rope(q, pos, theta, style)
         if not rope_q_only:
-            k = _rope(k, pos, theta, style)
+            k = _rope(k, torch.arange(t) if keys_from_zero else pos, theta, style)
         if rope_values:
             v = _rope(v, pos, theta, style)
     mask = attend.pop("mask", _causal(t, t))
@@ -1347,6 +1348,16 @@ def _mha_family(args, kwargs, style):
                     where="the positions passed to RoPE",
                     fix="use the given positions",
                     compute=m(positions=None),
+                ),
+            )
+            out.append(
+                Variant(
+                    "knob:position_offset",
+                    "the keys are rotated at arange(T), not at the given positions (which reach the queries' RoPE "
+                    "only)",
+                    where="the positions passed to the keys' RoPE",
+                    fix="rotate the keys at the same positions as the queries",
+                    compute=m(keys_from_zero=True),
                 )
             )
         if not math.isclose(theta, 10000.0):

@@ -34,14 +34,31 @@ def tree_leaves(value, path: str = "", *, leaf: type | tuple = torch.Tensor) -> 
             yield from tree_leaves(v, f"{path}[{i}]", leaf=leaf)
 
 
+def copy_laid_out(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A detached copy of ``t`` (in ``dtype``) with ``t``'s strides: a slice stays non-contiguous, so a composition
+    or a rerun on the copy meets what the call met (``clone`` makes a slice with gaps contiguous). A tensor whose
+    entries share memory (an expanded one) is copied contiguous."""
+    dtype = t.dtype if dtype is None else dtype
+    if t.layout != torch.strided or any(s == 0 for s, n in zip(t.stride(), t.shape) if n > 1) or t.is_contiguous():
+        return t.detach().to(dtype=dtype, copy=True)
+    out = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=t.device)
+    return out.copy_(t.detach())
+
+
 def to_float64(value):
-    """Floating tensors inside ``value`` as float64; everything else as it is."""
-    return tree_map(lambda t: t.to(torch.float64) if t.is_floating_point() else t, value)
+    """Floating tensors inside ``value`` as float64 (laid out as they are); everything else as it is."""
+
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point() or t.requires_grad or (t.dtype == torch.float64 and t.is_contiguous()):
+            return t.to(torch.float64) if t.is_floating_point() else t
+        return copy_laid_out(t, torch.float64)
+
+    return tree_map(widen, value)
 
 
 def clone_tensors(value):
-    """A copy of ``value`` with every tensor detached and cloned."""
-    return tree_map(lambda t: t.detach().clone(), value)
+    """A copy of ``value`` with every tensor detached and copied, laid out as it is."""
+    return tree_map(copy_laid_out, value)
 
 
 def floating_dtype(value) -> torch.dtype | None:
