@@ -85,3 +85,19 @@ def draw_causes(who: str, counts: torch.Tensor, n_draws: int, kw: dict, probs_wi
         f"likely cause: {who} draws from {reading}: its frequencies follow it within 5.5 standard errors, and not "
         f"sampling_probs(logits, **{kw}). Fix: draw from sampling_probs with every option given",
     ), (code,)
+
+
+def one_draw_causes(counts: torch.Tensor, probs: torch.Tensor, n_draws: int) -> tuple[tuple, tuple]:
+    """``(causes, codes)`` where every one of ``n_draws`` rows with the same probabilities drew the same token, though
+    no token has half the probability: one draw (or one row of noise) shared by the batch's rows; where that token is
+    the argmax, greedy picking fits as well and is said beside it. Nothing otherwise."""
+    if float(counts.max()) != 1.0 or float(probs.max()) >= 0.5:
+        return (), ()
+    token = int(counts.argmax())
+    argmax = token == int(probs.argmax())
+    return (
+        f"likely cause: all {n_draws} rows (the same probabilities) drew the same token, {token}"
+        + (" (the argmax: greedy picking, or" if argmax else " (not the argmax:")
+        + " one draw or one row of noise shared by every row of the batch). Fix: draw each row on its own "
+        "(torch.multinomial(probs, 1) over [B, V]; an exponential-noise race with noise of shape [B, V])",
+    ), ("knob:draw",)

@@ -738,18 +738,27 @@ def test_tied_head_is_the_embedding_parameter(spec, family):
     if facts["embedding"] is not None:
         shape = tuple(facts["shapes"][facts["embedding"]])
     v_by_d = [s for s in facts["shapes"] if tuple(s) == shape]
-    copied = len(v_by_d) == 2  # two such matrices: the head's own copy (none or more: another layout)
+    two = len(v_by_d) == 2  # two such matrices: the head's own (none or more: another layout)
+    copied = two and (facts["embedding"] is None or bool(facts.get("embedding_copies")))
     spec.require(
         len(v_by_d) == 1,
         behaviour=f"a tied model holds one {list(shape)} parameter (the embedding's)",
-        found=f"it holds {len(v_by_d)}" + (": the head was copied, not shared" if copied else ""),
+        found=f"it holds {len(v_by_d)}"
+        + (": the head was copied, not shared" if copied else ": the head is one of its own" if two else ""),
         causes=(
             "likely cause: the LM head was given a copy of the embedding matrix. Fix: assign the "
             "same Parameter (lm_head.weight = tok_embeddings.weight)",
         )
         if copied
+        else (
+            "likely cause: the LM head is a parameter of its own that does not even hold the embedding's values: the "
+            "tying is skipped (on the path that builds a model from given weights, or before loading replaced the "
+            "embedding) and the head keeps its own initialisation. Fix: assign the same Parameter "
+            "(lm_head.weight = tok_embeddings.weight) once the weights are loaded",
+        )
+        if two
         else (),
-        codes=("knob:tying",) if copied else (),
+        codes=("knob:tying",) if two else (),
     )
     spec.require(
         facts["embedding"] is not None,

@@ -269,7 +269,8 @@ def variant_steps(
     the step; ``micro=m``: the batch taken in micro-batches of ``m`` rows, gradients accumulated, the loss the mean
     of their means (``clip="micro"``: each weighted by its tokens, and the accumulated gradients clipped after each
     micro-batch's backward pass; ``summed``: the sum of their means, each micro-batch normalised by its own tokens);
-    ``reduction="sum"``: the loss summed over the batch's target tokens, not averaged."""
+    ``reduction="sum"``: the loss summed over the batch's target tokens, not averaged; ``"sequences"``: summed and
+    divided by the batch's rows (normalised by sequences, as a translation toolkit's "sents")."""
     model = models.build(ref, cfg, sd)
     opt = ref.make_optimizer(model, optimizer, **OPTIMIZERS[optimizer])
     params, losses = list(model.parameters()), []
@@ -299,7 +300,12 @@ def variant_steps(
             continue
         logits = ref.forward(model, x)
         lg, tg = {"y": (logits, y), "twice": (logits[:, :-1], y[:, 1:]), "x": (logits, x)}[targets]
-        loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1), reduction=reduction)
+        flat = (lg.reshape(-1, lg.shape[-1]), tg.reshape(-1))
+        loss = (
+            F.cross_entropy(*flat, reduction="sum") / tg.shape[0]  # per sequence: summed, divided by the rows
+            if reduction == "sequences"
+            else F.cross_entropy(*flat, reduction=reduction)
+        )
         loss.backward()
         if max_grad_norm is not None and clip == "before":
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -445,6 +451,14 @@ def step_variants(cfg, optimizer, max_grad_norm, rows=3, own=None, left=None):
             "too",
             "average the NLL over the target tokens: cross_entropy's default reduction='mean'",
             with_(reduction="sum"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the loss is summed over each sequence's target tokens and averaged over the sequences (normalised by "
+            "the batch's rows, not its tokens): T times the mean, its gradients too",
+            "average the NLL over the target tokens (divide the summed NLL by the number of target tokens, not of "
+            "sequences)",
+            with_(reduction="sequences"),
         ),
         Variant(
             "knob:returned_loss",

@@ -16,6 +16,18 @@ MHA = "multihead_self_attention"
 SDPA = "scaled_dot_product_attention"
 
 BUGS = (
+    Bug(
+        "mha_keys_rotated_from_zero",
+        "rope",
+        (MHA, *MODEL),
+        "attention.py",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)",
+        new="        k = rope(k, torch.arange(k.shape[-2], device=k.device), theta, style=rope_style, "
+        "table_size=rope_table_size, scaling=rope_scaling)  # the bug: the keys' RoPE without the positions",
+        explanation="the keys are rotated at arange(T) whatever the positions (torchtune's pos_embeddings(k) without "
+        "input_pos): the queries turn at their positions, the keys at 0..T-1",
+        fix="rotate the keys at the same positions as the queries",
+    ),
     # ------------------------------------------------------------------ masks and head sharing
     Bug(
         "attention_output_weight_transposed",

@@ -7,6 +7,23 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
+        "sample_one_noise_row_for_the_batch",
+        "sampling_order",
+        (*SAMPLING, *GENERATION),
+        "sampling.py",
+        old="""    ids = torch.multinomial(
+        flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat, 1, generator=generator
+    )
+""",
+        new="""    noise = torch.empty_like(flat[:1]).exponential_(1, generator=generator)  # the bug: one row of noise
+    ids = (flat / noise).argmax(dim=-1, keepdim=True)  # an exponential race, every row racing the same noise
+""",
+        explanation="sample draws by an exponential race (probs / q, q ~ Exp(1), as torchtune does) with one row of "
+        "noise shared by every row of the batch: rows with the same probabilities always draw the same token",
+        fix="draw noise of the probabilities' full shape [B, V] (or torch.multinomial over [B, V])",
+        corner=True,
+    ),
+    Bug(
         "temperature_divides_the_logits_in_place",
         "sampling_order",
         SAMPLING,

@@ -44,6 +44,17 @@ _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW writte
 
 BUGS = (
     Bug(
+        "train_step_loss_per_sequence",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster",
+        new="    loss = cross_entropy(model(x), y, fused=True) * y.shape[-1]  # the bug: summed per row, / rows",
+        explanation="train_step's loss is the NLL summed over each sequence and averaged over the sequences "
+        "(normalised by sentences, as a translation toolkit's default): T times the mean, its gradients too",
+        fix="average the NLL over the target tokens",
+    ),
+    Bug(
         "train_lr_module_constant",
         "training",
         TRAINING,

@@ -205,15 +205,23 @@ def parameter_facts(impl, model) -> dict:
     ``storage`` numbers tell shared parameters apart without leaking addresses; ``embedding`` is the
     index of the parameter that every element of the canonical token embedding comes from (found through
     ``canonical_sources``: the whole parameter, or a slice of it, as a vocabulary padded to a multiple of 128
-    holds it; amendment 16), None if no one parameter does.
+    holds it; amendment 16), None if no one parameter does; ``embedding_copies``: the other parameters holding its
+    values.
     """
     params = list(model.parameters())
     found = _embedding_source(impl, model, params)
+    emb = None if found is None else params[found[0]]
     return {
         "shapes": [list(p.shape) for p in params],
         "storage": _storage_ids(params),
         "embedding": None if found is None else found[0],
         "n_embedding_matches": 0 if found is None else 1,
+        # other parameters holding the embedding parameter's values (a head copied from it)
+        "embedding_copies": [
+            i
+            for i, p in enumerate(params)
+            if emb is not None and p is not emb and p.shape == emb.shape and torch.equal(p.detach(), emb.detach())
+        ],
     }
 
 
