@@ -93,6 +93,8 @@ def check_chunks(spec, config, chunks, *, seed):
                 "uncached forward and your cached chunks, so the cache hands on what that model computes; "
                 "test_model.py reports it. Fix forward first.",
             )
+    if mismatch(cached, full, tol) is not None and (found := attention_wrong_past_zero(spec, config)):
+        raise spec.defer(["multihead_self_attention"], behaviour, found)
     hint, hint_code = chunk_hint(cached, full, chunks)
     read = None  # the cache itself read: a cause there is direct evidence, a variant of the logits fitting is not
     if mismatch(cached, full, tol) is not None:
@@ -130,6 +132,43 @@ def check_chunks(spec, config, chunks, *, seed):
 
 
 _FORWARD_FITS: dict = {}
+
+
+def attention_wrong_past_zero(spec, config) -> str | None:
+    """Why the cached chunks cannot judge the cache, where the implementation's multihead_self_attention (with the
+    config's RoPE) gives the reference's output at positions arange(T) and not at the same tokens' positions moved
+    on by 7: every chunk after the first reaches attention at such positions through the cache, and the uncached
+    forward never does. None where it is right at both (or cannot be asked)."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: attention's own tests report its crashes
+    if config.get("rope_theta") is None or config["family"] == "gpt2" or not raw.provides("multihead_self_attention"):
+        return None
+    h, h_kv = config["n_heads"], config.get("n_kv_heads") or config["n_heads"]
+    d, dh = config["d_model"], config["d_model"] // config["n_heads"]
+    x = spec.inputs.randn(2, 6, d, seed=611)
+    weights = tuple(
+        spec.inputs.fan_in_weight(rows, cols, seed=612 + i)
+        for i, (rows, cols) in enumerate([(h * dh, d), (h_kv * dh, d), (h_kv * dh, d), (d, h * dh)])
+    )
+    theta = float(config["rope_theta"])
+    tol = tolerance("attention", device=spec.device)
+
+    def right_at(start: int) -> bool:
+        positions = torch.arange(start, start + 6, device=x.device)
+        call = lambda m, x, *w: m.multihead_self_attention(x, *w, h, h_kv, theta, positions)
+        actual = raw.multihead_self_attention(x, *weights, h, h_kv, theta, positions)
+        return mismatch(actual, spec.expected(call, x, *weights, label=f"attention_at_{start}"), tol) is None
+
+    try:
+        if not right_at(0) or right_at(7):
+            return None
+    except Exception:  # noqa: BLE001 - what cannot be asked explains nothing
+        return None
+    return (
+        "consequence of failing multihead_self_attention: your attention gives the specified output at positions "
+        "0..5 and another at the same tokens' positions 7..12, and every chunk after the first reaches attention at "
+        "positions past 0 through the cache (the uncached forward never does), so these chunks cannot judge the "
+        "cache (test_attention.py reports how attention differs). Fix multihead_self_attention first."
+    )
 
 
 def own_components(spec, config, sd, ids, chunks, cached, tol) -> list[str]:

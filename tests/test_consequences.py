@@ -703,6 +703,16 @@ def test_attention_rounding_on_its_own_beside_a_float32_rope_is_charged(tmp_path
     assert "rope: " in roots and "multihead_self_attention: " in roots, out[-3000:]
 
 
+def test_cached_chunks_through_attention_wrong_past_position_0_are_its_consequence(tmp_path, pytester):
+    """Attention whose keys ignore the positions (rotated at arange(T)): right at positions 0..T-1, so the uncached
+    model passes, and wrong at the positions past 0 that every chunk after the first reaches through the cache. The
+    cached checks are attention's consequence, not new_cache's. A held-out bug (92's keys rotated without
+    `input_pos`) was charged to multihead_self_attention and to new_cache."""
+    folder = implementation(tmp_path, "mha_keys_rotated_from_zero")
+    selected = "test_cached_logits_equal_full_forward or test_multihead_attention_with_rope"
+    charged_alone(folder, tmp_path, pytester, selected, "multihead_self_attention", "new_cache")
+
+
 def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_training_checks(tmp_path, pytester):
     """A copy of the reference whose canonical_state_dict gives wq's rows back reordered (a load permutation applied
     again at export, held out): the roundtrip names the reordering, and the train_step checks, which read the
