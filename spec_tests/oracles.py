@@ -223,7 +223,9 @@ def evaluate_teacher(
     (the total NLL divided by the windows times ``context_length``: a short window counted as full),
     ``"all_tokens"`` (divided by len(data) instead of the predicted len(data) - 1), ``"chunks"`` (windows
     ``context_length + 1`` apart: the data cut into chunks of inputs and targets, so the token after each chunk is
-    never predicted; divided by the tokens predicted), ``"plus_windows"`` (divided by the predicted tokens plus the
+    never predicted; divided by the tokens predicted), ``"static_batches"`` (divided by every slot of the batches
+    padded to a static ``[batch_size, context_length]``, the missing rows too), ``"plus_windows"`` (divided by the
+    predicted tokens plus the
     number of windows: each window counted by its input's length or its mask's ones, one more than it predicts),
     ``"padded_sums"`` (each batch's NLL divided by all its padded slots, windows times ``context_length``, as Keras'
     ``sum_over_batch_size`` reduction does, the batches then averaged weighted by their predicted tokens),
@@ -310,6 +312,8 @@ def evaluate_teacher(
         loss = total / (len(data) - 1)
     elif reduction == "full_windows":  # every window counted as context_length predictions
         loss = float(torch.cat(nll).sum() / (len(spans) * context_length))
+    elif reduction == "static_batches":  # every slot of batches padded to a static [batch_size, context_length]
+        loss = float(torch.cat(nll).sum() / (math.ceil(len(spans) / batch_size) * batch_size * context_length))
     elif reduction == "all_tokens":
         loss = float(torch.cat(nll).sum() / len(data))
     elif reduction == "plus_windows":  # each window counted with one token more than it predicts

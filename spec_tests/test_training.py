@@ -211,7 +211,7 @@ def two_steps(m, cfg, sd, x, y, optimizer, max_grad_norm, stale=None):
     return {"losses": losses, "weights": weights_of(m, model)}
 
 
-def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm, clip_each=False):
+def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm, clip_each=False, zero_unused=False):
     """Two correct optimisation steps on the implementation's own model, as ``two_steps`` takes them with a correct
     ``train_step``: its own forward, loss and gradients, on its own parameters however they are laid out or shared
     (a head copied from the embedding is its own parameter there too), the optimizer and clipping as specified
@@ -219,7 +219,9 @@ def steps_on_own_model(m, cfg, sd, x, y, optimizer, max_grad_norm, clip_each=Fal
     model = models.build(m, cfg, sd)
     kw = OPTIMIZERS[optimizer]
     kind = "sgd" if optimizer == "sgd" else "adamw"
-    losses = m.correct_steps(model, kind, kw["lr"], kw.get("eps", 1e-8), x, y, max_grad_norm, 2, clip_each=clip_each)
+    losses = m.correct_steps(
+        model, kind, kw["lr"], kw.get("eps", 1e-8), x, y, max_grad_norm, 2, clip_each=clip_each, zero_unused=zero_unused
+    )
     return {"losses": losses, "weights": weights_of(m, model)}
 
 
@@ -681,10 +683,15 @@ def check_two_steps(spec, config, sd, x, y, optimizer, max_grad_norm, *, behavio
         y,
         kind="training",
         behaviour=behaviour,
-        rebase=(
-            ("forward", "build_model", "canonical_state_dict"),
-            lambda: steps_on_own_model(spec.impl, config, sd, x, y, optimizer, max_grad_norm),
-        ),
+        rebase=[  # a weight the implementation's model leaves unused: stepped with a zero gradient, or skipped
+            (
+                ("forward", "build_model", "canonical_state_dict"),
+                lambda zero=zero: steps_on_own_model(
+                    spec.impl, config, sd, x, y, optimizer, max_grad_norm, zero_unused=zero
+                ),
+            )
+            for zero in (False, True)
+        ],
         variants=variants,
         step=sgd_step_reading(config),
         readings=[first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm)],
@@ -1401,6 +1408,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "the total NLL is divided by the windows times context_length: a short last window counts as full",
             "divide by the number of predicted tokens (len(data) - 1)",
             teacher("full_windows"),
+        ),
+        Variant(
+            "knob:loss_reduction",
+            "the total NLL is divided by every slot of the batches padded to a static [batch_size, context_length] "
+            "shape: the padding of a short window and the rows that fill up the last batch count as predictions",
+            "divide by the number of predicted tokens (the sum of the padded batches' target weights, not their size)",
+            teacher("static_batches"),
         ),
         Variant(
             "boundary",

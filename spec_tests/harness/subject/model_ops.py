@@ -373,14 +373,27 @@ def parameter_count(impl, model) -> int:
 
 
 def correct_steps(
-    impl, model, kind: str, lr: float, eps: float, x, y, max_grad_norm=None, steps: int = 2, adamw=None, clip_each=False
+    impl,
+    model,
+    kind: str,
+    lr: float,
+    eps: float,
+    x,
+    y,
+    max_grad_norm=None,
+    steps: int = 2,
+    adamw=None,
+    clip_each=False,
+    zero_unused=False,
 ) -> list:
     """``steps`` optimisation steps as the protocol's ``train_step`` takes them, on the implementation's own model:
     in training mode, ``cross_entropy(forward(model, x), y)`` backward, clipping by the global norm when asked, one
     step of one fresh ``make_optimizer`` over ``model.parameters()`` (``adamw``: ``{"weight_decay", "betas"}`` of an
     AdamW instead). The losses; the model is updated in place. ``clip_each`` (a mistake, for diagnosis): each of the
     model's own parameter tensors clipped alone, however it lays them out (a fused qkv is one tensor); ``"sum"``:
-    clipped by the sum of the tensors' norms instead of their global (2-)norm.
+    clipped by the sum of the tensors' norms instead of their global (2-)norm. ``zero_unused``: a parameter the loss
+    does not reach gets a zero gradient (as a functional step's gradient of every parameter has), so the optimizer
+    decays it, where PyTorch's skips a parameter without a gradient: the protocol leaves an unused weight's step open.
 
     What a correct ``train_step`` does with the implementation's own model, however its parameters are laid out
     or shared (used to tell a training failure caused by a failing model from one of the step itself)."""
@@ -398,6 +411,9 @@ def correct_steps(
         logits = impl.forward(model, x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
+        for p in params if zero_unused else ():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if max_grad_norm is not None and clip_each == "sum":
             total = sum(float(p.grad.norm()) for p in params if p.grad is not None)
             for p in params:

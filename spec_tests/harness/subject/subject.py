@@ -168,7 +168,19 @@ class Subject:
         return self.op("keeps_given_tensors", config, state_dict, str(dtype).removeprefix("torch."), str(device))
 
     def correct_steps(
-        self, model, kind, lr, eps, x, y, max_grad_norm=None, steps=2, weight_decay=None, betas=None, clip_each=False
+        self,
+        model,
+        kind,
+        lr,
+        eps,
+        x,
+        y,
+        max_grad_norm=None,
+        steps=2,
+        weight_decay=None,
+        betas=None,
+        clip_each=False,
+        zero_unused=False,
     ):
         clip = None if max_grad_norm is None else float(max_grad_norm)
         adamw = None if weight_decay is None else {"weight_decay": float(weight_decay), "betas": list(betas)}
@@ -184,6 +196,7 @@ class Subject:
             int(steps),
             adamw,
             clip_each if isinstance(clip_each, str) else bool(clip_each),
+            bool(zero_unused),
         )
 
     # the reference composed with other functions (root causes, the knob search)
