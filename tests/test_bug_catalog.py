@@ -315,6 +315,8 @@ READINGS = [
     ("sample_one_noise_row_for_the_batch", "sample_frequencies_follow or samples_from_sampling_probs",
      "one draw or one row of noise shared by every row of the batch"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
+    ("evaluate_divides_by_static_batch_slots", "evaluate",
+     "divided by every slot of the batches padded to a static [batch_size, context_length]"),
     ("train_step_loss_per_sequence", "train_step_matches_reference",
      "summed over each sequence's target tokens and averaged over the sequences"),
     ("causal_mask_sized_by_the_queries", "test_causal_mask", "that axis is sized by t_q, not t_k"),

@@ -713,6 +713,31 @@ def test_cached_chunks_through_attention_wrong_past_position_0_are_its_consequen
     charged_alone(folder, tmp_path, pytester, selected, "multihead_self_attention", "new_cache")
 
 
+def test_a_functional_step_of_a_model_that_leaves_a_weight_unused_is_the_model_s(tmp_path, pytester):
+    """The MLP reads the attention's normalised input, so mlp_norm's gain is never used, and train_step gives every
+    parameter a gradient (zero for the unused one, as a functional step does), so AdamW decays that gain where
+    PyTorch's own step would skip it. train_step is right for the model it is given: its failures are forward's. A
+    held-out bug (97's MLP reading the attention's norm, under an optax-like chain) was charged to forward and
+    train_step."""
+    unused_norm = (
+        "model.py",
+        """        x = x + self.drop(self.attn(self.attn_norm(x), positions, cache, layer, mask))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))""",
+        """        h = self.attn_norm(x)
+        x = x + self.drop(self.attn(h, positions, cache, layer, mask))
+        return x + self.drop(self.mlp(h))""",
+    )
+    every_grad = (
+        "training.py",
+        "    loss.backward()\n    if max_grad_norm is not None:\n",
+        "    loss.backward()\n    for p in model.parameters():  # a functional step: every parameter has a gradient\n"
+        "        p.grad = torch.zeros_like(p) if p.grad is None else p.grad\n    if max_grad_norm is not None:\n",
+    )
+    folder = implementation(tmp_path, patches=[unused_norm, every_grad])
+    selected = "test_logits_match_reference or test_train_step_matches_reference"
+    charged_alone(folder, tmp_path, pytester, selected, "forward", "train_step")
+
+
 def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_training_checks(tmp_path, pytester):
     """A copy of the reference whose canonical_state_dict gives wq's rows back reordered (a load permutation applied
     again at export, held out): the roundtrip names the reordering, and the train_step checks, which read the

@@ -44,6 +44,18 @@ _ADAMW_WRITTEN_OUT = """    class _AdamW(torch.optim.Optimizer):  # AdamW writte
 
 BUGS = (
     Bug(
+        "evaluate_divides_by_static_batch_slots",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="    loss = (total / n_pred).item()",
+        new="    loss = (total / (-(-len(windows) // batch_size) * batch_size * context_length)).item()  # the bug",
+        explanation="evaluate divides the total NLL by every slot of its batches padded to a static [batch_size, "
+        "context_length] shape (as a JAX-style loader pads them), the short window's padding and the missing rows "
+        "counted as predictions",
+        fix="divide by the number of predicted tokens, len(data) - 1",
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
