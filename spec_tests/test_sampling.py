@@ -358,6 +358,27 @@ def test_at_least_one_token_kept(spec, seed, top_p, float32):
     )
 
 
+@judges("sampling_probs")
+@pytest.mark.bug_class("top_p")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_top_p_on_a_flat_distribution_keeps_one_token(spec, dtype):
+    """Every logit equal (an untrained model's flat distribution) and top_p below 1 / V: the nucleus is one token,
+    which one being unspecified, kept with probability 1 (protocol: sampling_probs, the smallest set whose mass reaches
+    top_p; at least one token always kept). A prefilter that drops every token below a cutoff such as
+    (1 - top_p) / (V - 1) (llama2.c's) drops them all here."""
+    spec.impl.require_capability("top_p")
+    top_p = 0.5 / S.V
+    logits = torch.zeros(3, S.V, dtype=dtype, device=spec.device)
+    probs = spec.impl.sampling_probs(logits, top_p=top_p)
+    ones = [int((row == 1).sum()) for row in probs]
+    spec.require(
+        ones == [1, 1, 1] and bool(((probs == 0) | (probs == 1)).all()),
+        behaviour=f"top_p={top_p:.3g} on {S.V} equal logits keeps one token per row, with probability 1",
+        found=f"tokens at probability 1 per row: {ones}; probabilities other than 0 and 1: "
+        f"{int(((probs != 0) & (probs != 1)).sum())}",
+    )
+
+
 def tiny_top_p_cause(probs, at_top, alone=None, top=None) -> dict:
     """What a tiny top_p's wrong output shows: rows that keep their argmax alone and not together (``alone``: each
     row's output computed by itself), every token dropped (NaN), the top token dropped (0 at the argmax), or the

@@ -2131,3 +2131,21 @@ def test_a_none_given_its_meaning_is_a_clue_where_a_change_of_the_input_runs_too
     causes = [line for line in lines if line.startswith("likely cause")]
     assert len(causes) == 1 and "top_k=9, above the last axis's 7 entries" in causes[0], lines
     assert any(line.startswith("note: sampling_probs raises for top_p=None") for line in lines), lines
+
+
+def probs_with_a_cutoff_prefilter(logits, temperature=1.0, top_k=None, top_p=None):
+    probs = torch.softmax(logits / temperature, -1)
+    if top_p is not None:  # the bug (llama2.c's prefilter): no token survives a flat row with a small top_p
+        kept = probs >= (1 - top_p) / (probs.shape[-1] - 1)
+        if not bool(kept.any(dim=-1).all()):
+            raise IndexError("index 0 is out of bounds for dimension 0 with size 0")
+    return probs
+
+
+def test_a_row_of_tied_values_is_named():
+    """Held out (batch 95): llama2.c's top-p cutoff drops every token of a flat row. The crash needs the ties, not
+    top_p alone: the line names the tied row, which the same values made distinct mend."""
+    lines, _ = probe(
+        "sampling_probs", probs_with_a_cutoff_prefilter, (torch.zeros(3, 67, dtype=torch.float64),), {"top_p": 0.005}
+    )
+    assert any("raises for a row of equal values along the last axis" in line for line in lines), lines

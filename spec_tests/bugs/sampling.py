@@ -7,6 +7,19 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
+        "top_p_prefilter_cutoff_drops_a_flat_row",
+        "top_p",
+        SAMPLING,
+        "sampling.py",
+        old="    drop = drop_sorted.scatter(-1, order, drop_sorted)\n",
+        new="    drop = drop_sorted.scatter(-1, order, drop_sorted)\n"
+        "    drop |= probs < (1 - p) / (probs.shape[-1] - 1)  # the bug: llama2.c's prefilter\n",
+        explanation="top-p first drops every token below (1 - top_p) / (V - 1) (llama2.c's prefilter: such a token "
+        "can never be in the nucleus), which on a flat distribution with top_p below 1 / V drops every token",
+        fix="keep the top token whatever a prefilter says (or filter by the nucleus alone)",
+        corner=True,
+    ),
+    Bug(
         "sample_one_noise_row_for_the_batch",
         "sampling_order",
         (*SAMPLING, *GENERATION),

@@ -493,6 +493,28 @@ def _zero_float_probes(name, args, kwargs) -> list[Probe]:
     ]
 
 
+def _tie_probes(name, args, kwargs) -> list[Probe]:
+    """A floating input with a row whose entries along the last axis are all equal (a flat distribution: every logit
+    tied) given with those entries made distinct by a small ramp: a filter that drops every entry below a cutoff, or
+    picks by a strict comparison, finds none where all are tied."""
+    first = _primary(args, kwargs)
+    if first is None or not first.is_floating_point() or first.dim() < 1 or first.shape[-1] < 2:
+        return []
+    rows = first.detach().reshape(-1, first.shape[-1])
+    if not bool((rows == rows[:, :1]).all(dim=-1).any()):
+        return []
+    ramp = torch.linspace(0, 0.5, first.shape[-1], dtype=first.dtype, device=first.device)
+    return [
+        Probe(
+            f"a row of equal values along the last axis ({first.shape[-1]} entries tied)",
+            "the same values made distinct (a ramp of up to 0.5 added along the last axis)",
+            *_map(args, kwargs, lambda t: t + ramp if t is first else t),
+            "",
+            "boundary",
+        )
+    ]
+
+
 def _filled(name, args, kwargs, n: int) -> str:
     """How a stream of ``n`` entries meets a ``context_length`` argument: its ``n - 1`` predictions (or its ``n``
     entries) an exact number of windows, or ``""``."""
@@ -1544,6 +1566,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
     boundary = _boundary_probes(name, args, kwargs)
     found = (
         _layout_probes(name, args, kwargs)
+        + _tie_probes(name, args, kwargs)
         + _none_probes(name, args, kwargs)
         + _given_none_probes(name, args, kwargs)
         + _speed_only_probes(name, args, kwargs)
