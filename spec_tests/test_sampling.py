@@ -723,8 +723,28 @@ def test_sample_frequencies_follow_sampling_probs(spec, kw):
     filters.require(spec.impl, kw)
     logits = batch_logits(spec, 36, rows=3)[2]  # a peaked row
     probs = spec.expected(lambda m, lg: m.sampling_probs(lg, **kw), logits)
+    before = logits.clone()
     draws = spec.impl.sample(logits.expand(N_DRAWS, -1), generator=spec.inputs.generator(0), **kw)
     counts = torch.bincount(draws.flatten().cpu(), minlength=S.V).double() / N_DRAWS
+    edited = not torch.equal(logits, before)  # the caller's logits changed: the draws read them while they changed
+    if edited and spec.failing(("sampling_probs",)):
+        raise spec.defer(
+            ["sampling_probs"],
+            f"sample({kw}) frequencies match the distribution",
+            "consequence of failing sampling_probs: sample changed the logits it was given in place, as your "
+            "sampling_probs does (its own tests report it), so its draws (one expanded row read 40,000 times) came "
+            "from logits that changed while it drew. Fix sampling_probs first.",
+        )
+    spec.require(
+        not edited,
+        behaviour=f"sample({kw}) leaves the logits it is given as they are (protocol v1, Conventions)",
+        found="the logits given to sample changed during the call",
+        causes=(
+            "likely cause: sample edits its logits in place (x /= temperature, a softmax or a filter written into "
+            "the caller's tensor). Fix: compute on a copy",
+        ),
+        codes=("knob:in_place",),
+    )
     outside = [t for t in torch.nonzero(counts > 0).flatten().tolist() if probs[t] == 0]
     follows_own_sampling_probs(spec, logits, kw, counts, probs)
 

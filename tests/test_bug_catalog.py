@@ -315,6 +315,8 @@ READINGS = [
     ("sample_one_noise_row_for_the_batch", "sample_frequencies_follow or samples_from_sampling_probs",
      "one draw or one row of noise shared by every row of the batch"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
+    ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
+     "RoPE rotates the values instead of the keys"),
     ("top_p_prefilter_cutoff_drops_a_flat_row", "top_p_on_a_flat_distribution", "tokens at probability 1 per row"),
     ("evaluate_divides_by_static_batch_slots", "evaluate",
      "divided by every slot of the batches padded to a static [batch_size, context_length]"),

@@ -17,6 +17,22 @@ SDPA = "scaled_dot_product_attention"
 
 BUGS = (
     Bug(
+        "cached_path_rotates_values_not_keys",
+        "rope_on_values",
+        (*CACHE, *GENERATION),
+        "attention.py",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)",
+        new="        turn = dict(style=rope_style, table_size=rope_table_size, scaling=rope_scaling)\n"
+        "        if cache is None:\n"
+        "            k = rope(k, positions, theta, **turn)\n"
+        "        else:  # the bug: the cached path's rotation lands on the value row (llama2.c's per-token loop)\n"
+        "            v = rope(v, positions, theta, **turn)",
+        explanation="on the cached path RoPE rotates the values instead of the keys (a per-token loop rotating the "
+        "wrong cache row): the cache holds unrotated keys and rotated values, while the uncached forward is right",
+        fix="rotate the keys (never the values) before they are cached",
+        corner=True,
+    ),
+    Bug(
         "mha_keys_rotated_from_zero",
         "rope",
         (MHA, *MODEL),
