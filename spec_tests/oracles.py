@@ -240,7 +240,9 @@ def evaluate_teacher(
     ``"pad_targets"`` (a short last window padded with token 0 to ``context_length`` and its first padded target, or
     every one, scored as a prediction of token 0: a loss mask one too long, or none); ``"pad_targets_zero_inputs"``
     (the same, every padded target, with the inputs padded with 0 right after the window: inputs and targets padded
-    apart, the targets with 0 instead of ignore_index).
+    apart, the targets with 0 instead of ignore_index); ``"zero_counted_out"`` (every target scored, the total divided
+    by the padded windows' slots whose label is not 0: the count compares the labels with a pad id of 0 while the
+    padding is marked with ignore_index).
     """
     nll, targets = [], []
     spans = windows(len(data), context_length)
@@ -276,6 +278,10 @@ def evaluate_teacher(
     if reduction == "zero_ignored":  # targets equal to token 0 left out, as a pad id of 0 used as the ignored label
         kept = torch.cat(targets) != 0
         loss = float(torch.cat(nll)[kept].sum() / kept.sum()) if bool(kept.any()) else math.nan
+    elif reduction == "zero_counted_out":  # the total over every target, divided by the slots of the padded
+        # windows whose label is not 0: a count of labels != pad id 0, where the padding is marked otherwise
+        zeros = int((torch.cat(targets) == 0).sum())
+        loss = float(torch.cat(nll).sum() / (len(spans) * context_length - zeros))
     elif reduction == "window_means":
         loss = float(torch.stack([n.mean() for n in nll]).mean())
     elif reduction == "batch_means":  # full windows batch_size at a time, the short last one on its own

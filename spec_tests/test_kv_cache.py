@@ -768,6 +768,19 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
     )
     if carried:
         return carried[0], "knob:cache_contents"
+    layers = len(own)
+    if layers > 1 and all(s == n * layers for s in sizes):
+        heads_right = all(
+            same(o[0][:, :, :n], w[0]) and same(o[1][:, :, :n], w[1]) for o, w in zip(own, want, strict=True)
+        )
+        if heads_right:
+            return (
+                f"likely cause: {prefill} every layer's entry holds {n * layers} positions, {layers} (the layers) "
+                f"times the {n} written, and its first {n} are the specified keys and values: the cache's length is "
+                "advanced by every layer that writes (once per layer, not once per call), so the next call's "
+                "positions and slots start too far on. Fix: advance the length once per call (or keep one per layer "
+                "and read layer 0's)"
+            ), "knob:position_offset"
     if any(s != n for s in sizes):
         return (
             f"note: {prefill} cache_kv holds {', '.join(map(str, sizes))} positions in layers 0 to {len(own) - 1} "

@@ -1494,6 +1494,13 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "ignore only what is padding (the short last window's, marked by ignore_index), never a real token 0",
             teacher("zero_ignored"),
         ),
+        Variant(
+            "knob:ignore_index",
+            "the predicted tokens are counted as the labels other than 0 (a pad id of 0) while the padding is marked "
+            "with ignore_index: the short window's padding is counted as predictions and every real target 0 is not",
+            "count the targets that are not ignore_index (the same mask the loss uses)",
+            teacher("zero_counted_out"),
+        ),
         *(
             Variant(
                 "knob:ignore_index",
