@@ -49,7 +49,7 @@ def to_float64(value):
     """Floating tensors inside ``value`` as float64 (laid out as they are); everything else as it is."""
 
     def widen(t: torch.Tensor) -> torch.Tensor:
-        if not t.is_floating_point() or t.requires_grad or (t.dtype == torch.float64 and t.is_contiguous()):
+        if not t.is_floating_point() or t.requires_grad or t.dtype == torch.float64:  # float64: the tensor itself
             return t.to(torch.float64) if t.is_floating_point() else t
         return copy_laid_out(t, torch.float64)
 
