@@ -738,6 +738,32 @@ def test_a_functional_step_of_a_model_that_leaves_a_weight_unused_is_the_model_s
     charged_alone(folder, tmp_path, pytester, selected, "forward", "train_step")
 
 
+def test_a_crash_a_consequence_raised_is_its_roots_for_the_tests_that_meet_it_later(tmp_path, pytester):
+    """cross_entropy flattens its logits, then its targets, with .view, and get_batch hands out y as a slice of one
+    window: cross_entropy raises on its sliced logits in its own tests; train_step's crash on sliced targets (another
+    line) is its consequence by composition; train, whose own get_batch gives the slice (a correct train on the
+    reference's contiguous windows would run), raises at train_step's place: cross_entropy's too, recorded with the
+    consequence, not a name of its own. A held-out bug (92's loss `.view`) cost train."""
+    flatten = (
+        "losses.py",
+        "    if fused:\n        check_targets(logits, targets)",
+        "    logits.view(-1, logits.shape[-1])  # flattens that need contiguous memory, one line each\n"
+        "    targets.view(-1)\n"
+        "    if fused:\n        check_targets(logits, targets)",
+    )
+    windows = (
+        "training.py",
+        "    x, y = tokens[offsets], tokens[offsets + 1]\n",
+        "    window = tokens[starts[:, None] + torch.arange(context_length + 1)[None, :]]\n"
+        "    x, y = window[:, :-1], window[:, 1:]  # views of one window\n",
+    )
+    folder = implementation(tmp_path, patches=[flatten, windows])
+    selected = "(test_leading_dims and cross_entropy) or test_train_step_matches_reference or test_train_"
+    out = run_suite(f"--impl={folder}", "-k", selected, cwd=tmp_path, pytester=pytester).stdout
+    roots = root_block(out)
+    assert "cross_entropy: " in roots and "train_step: " not in roots and "train: " not in roots, out[-3000:]
+
+
 def test_weights_exported_permuted_are_canonical_state_dict_s_and_explain_the_training_checks(tmp_path, pytester):
     """A copy of the reference whose canonical_state_dict gives wq's rows back reordered (a load permutation applied
     again at export, held out): the roundtrip names the reordering, and the train_step checks, which read the

@@ -243,6 +243,8 @@ def judge_failure(
         run.set_verdict(Status.CONSEQUENCE, exc.root, first_line(exc))
         if not expected:
             registry.mark_explained(failing_subjects(exc, run.subjects), run.test)
+            if isinstance(exc.__cause__, ImplementationError):  # a crash its roots' function raises: where it raised
+                registry.record_crash(list(exc.root), exc.__cause__)  # is theirs for the tests that meet it later
         return exc
     status, name = classify(exc, run.subjects)
     used = set(run.subjects) | set(run.uses) | set(getattr(impl, "calls", ()))
