@@ -278,15 +278,11 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
         rotated[0] += 1
         return rope(x, *args, **kwargs) if rotated[0] % 2 else x
 
-    rope_call: dict = {}  # the reference's rope arguments after the positions (theta, style, table)
-
-    def values_for_keys(x, positions, *args, **kwargs):  # q rotated, k not: its rotation goes to the values
-        rope_call.update(args=args, kwargs=kwargs)
-        return queries_only(x, positions, *args, **kwargs)
-
-    def values_rotated(q, k, v, *args, **kwargs):  # each value at its key's position (the cache starts at 0)
-        at = torch.arange(v.shape[-2], device=v.device)
-        return attention(q, k, rope(v, at, *rope_call["args"], **rope_call["kwargs"]), *args, **kwargs)
+    def values_rotated(q, k, v, *args, **kwargs):  # the keys' rotation undone, each value rotated at its key's
+        # position (the cache starts at 0): what a cache holding unrotated keys and rotated values hands attention
+        at, theta = torch.arange(k.shape[-2], device=k.device), float(config["rope_theta"])
+        plain = rope(k, -at, theta, style=ref.rope_style)
+        return attention(q, plain, rope(v, at, theta, style=ref.rope_style), *args, **kwargs)
 
     def keys_from_zero(x, positions, *args, **kwargs):  # q at its positions, k at arange(T) of the call
         rotated[0] += 1
@@ -558,10 +554,7 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 "on the cached path RoPE rotates the values instead of the keys: the cache holds unrotated keys and "
                 "rotated values",
                 "rotate the keys (never the values) at their positions before they are cached",
-                chunks_at(
-                    lambda k, n: n,
-                    replacements={"rope": values_for_keys, "scaled_dot_product_attention": values_rotated},
-                ),
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": values_rotated}),
             )
         )
         found.append(  # with one token per call the same as unrotated keys: said together there (one code)
