@@ -33,6 +33,7 @@ import torch
 
 from ...protocol import FIXED_RANK, MAY_CALL, SUBSTITUTABLE
 from .settling import dependency_order
+from .treemap import tree_leaves
 
 # Names the reference's computations call by module-level name and that can be asked of the
 # implementation as black boxes: deterministic functions of tensors (not sample's random draw).
@@ -289,23 +290,21 @@ def explain(compute, args64, actual, tol, reference, impl, candidates) -> list[s
     return needed
 
 
-def _leaves(x) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x.detach().to(torch.float64).reshape(-1)] if x.is_floating_point() else []
-    if isinstance(x, (tuple, list)):
-        return [t for item in x for t in _leaves(item)]
-    if isinstance(x, dict):
-        return [t for item in x.values() for t in _leaves(item)]
-    return [torch.tensor([float(x)], dtype=torch.float64)] if isinstance(x, float) else []
-
-
 def _distance(a, b) -> float | None:
     """The L2 distance between two results of one shape (their floating tensors); None where they differ in
     shape."""
-    xs, ys = _leaves(a), _leaves(b)
+
+    def leaves(x):  # floating tensors and float scalars, flat, in float64
+        return [
+            torch.as_tensor(t, dtype=torch.float64).detach().reshape(-1).cpu()
+            for _, t in tree_leaves(x, leaf=(torch.Tensor, float))
+            if not isinstance(t, torch.Tensor) or t.is_floating_point()
+        ]
+
+    xs, ys = leaves(a), leaves(b)
     if len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys)):
         return None
-    return sum(float((x.cpu() - y.cpu()).square().sum()) for x, y in zip(xs, ys)) ** 0.5
+    return sum(float((x - y).square().sum()) for x, y in zip(xs, ys)) ** 0.5
 
 
 def explain_rounding(compute, args64, actual, expected, loose, reference, impl, candidates) -> list[str]:
