@@ -173,9 +173,12 @@ def greedy_case(
             codes = tuple(c if c.startswith("~") else "~" + c for c in codes)
     wrong = not torch.equal(out.cpu(), want.cpu())
     reads = wrong and within is not None and right_within
-    window = window_reading(spec, model, prompt, n, ctx, out) if reads else None
-    if window is not None and use_cache and uncached_right(spec, model, prompt, n, ctx):
-        window = cached_window(window)
+    right_uncached = reads and use_cache and uncached_right(spec, model, prompt, n, ctx)
+    window = rolled_cache_reading(spec, config, sd, prompt, n, out) if right_uncached else None
+    if window is None:
+        window = window_reading(spec, model, prompt, n, ctx, out) if reads else None
+        if window is not None and right_uncached:
+            window = cached_window(window)
     if window is not None:
         causes, codes = window
     elif reads:  # wrong past the context only, and no other window fits: the cropping is wrong somehow, which the
@@ -263,6 +266,52 @@ def cached_window(window):
         for c in causes
     )
     return causes, tuple(c if c.startswith("~") else "~" + c for c in codes)
+
+
+@torch.no_grad()
+def rolled_cache_reading(spec, config, sd, prompt, n: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:
+    """``(causes, codes)`` where ``out`` is, token for token, the greedy continuation of a cache that, once it holds
+    context_length positions, drops its oldest entry in every layer and keeps the others as they were computed (at
+    their old positions, over their old windows) instead of re-encoding the window, the new token placed at the
+    cache's length (context_length - 1). Decoded by the reference on the same weights, its cache rolled through its
+    own ``update``. None where that does not give every token of every row."""
+    ref = getattr(spec.expectations, "reference", None)
+    b, t = prompt.shape
+    ctx = config["context_length"]
+    if ref is None or out.shape != (b, t + n):
+        return None
+    twin = models.build(ref, config, sd).eval()
+    ids = prompt[:, -ctx:]
+    cache = ref.new_cache(twin, b)
+    logits = ref.forward(twin, ids, cache)
+    for _ in range(n):
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        ids = torch.cat((ids, token), dim=1)
+        if cache.length == ctx:
+            cache = _dropped_oldest(ref, twin, cache)
+        logits = ref.forward(twin, token, cache)  # at the cache's length
+    if not torch.equal(ids[:, -n:].cpu(), out[:, t:].cpu()):
+        return None
+    return (
+        (
+            "likely cause: once the window is full, generate's cache drops its oldest entry and keeps the others "
+            "as they were computed (at their old positions, over their old windows) instead of re-encoding the "
+            f"last {ctx} tokens, each new token placed at the cache's length (context_length - 1). Fix: when the "
+            "sequence passes context_length, start a fresh cache and feed it the last context_length tokens: "
+            f"every position shifts (evidence: a cache rolled that way gives every one of your {n} new tokens in "
+            "every row, and without the cache generate is right)",
+        ),
+        ("knob:window",),
+    )
+
+
+def _dropped_oldest(ref, twin, cache):
+    """A reference cache holding ``cache``'s keys and values without their oldest position, in every layer."""
+    rolled = ref.new_cache(twin, cache.batch_size)
+    for layer in range(len(cache.lengths)):
+        k, v = ref.cache_kv(cache, layer)
+        rolled.update(layer, k[..., 1:, :], v[..., 1:, :])
+    return rolled
 
 
 def window_reading(spec, model, prompt, n: int, ctx: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:

@@ -314,6 +314,8 @@ READINGS = [
     ("train_lr_stepped_down_every_batch", "train_keeps_its_optimizer_state", "is multiplied by 0.9 at every step"),
     ("sample_one_noise_row_for_the_batch", "sample_frequencies_follow or samples_from_sampling_probs",
      "one draw or one row of noise shared by every row of the batch"),
+    ("generate_rolls_a_full_cache", "generation_slides_past_the_context or long_prompt_is_cropped",
+     "generate's cache drops its oldest entry and keeps the others as they were computed"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

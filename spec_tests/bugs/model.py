@@ -526,6 +526,27 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:state_carried",
     ),
     Bug(
+        "generate_rolls_a_full_cache",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="            if cache is not None and ids.shape[1] <= ctx:\n",
+        new="""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: a full cache rolled
+                held = [cache.kv(layer) for layer in range(len(cache.lengths))]
+                cache = new_cache(model, ids.shape[0])
+                for layer, (k, v) in enumerate(held):
+                    cache.update(layer, k[..., 1:, :], v[..., 1:, :])
+                logits = model(ids[:, -1:], cache)
+            elif cache is not None and ids.shape[1] <= ctx:
+""",
+        explanation="once the sequence passes the context, generate's cache drops its oldest entry and goes on with "
+        "the others as they were computed (at their old positions, over their old windows), the new token at "
+        "context_length - 1, instead of re-encoding the window (GPT-2's sample.py past n_ctx, minGPT-style rolls)",
+        fix="past the context, start a fresh cache and feed it the last context_length tokens",
+        code="knob:window",
+        corner=True,
+    ),
+    Bug(
         "generate_cached_step_feeds_the_token_before",
         "kv_cache",
         GENERATION,
