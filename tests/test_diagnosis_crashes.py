@@ -115,6 +115,32 @@ def test_a_size_that_matters_against_a_keyword_is_said_against_it():
     assert not any("assumes a size of at least" in line for line in lines), lines
 
 
+def angles_of_each_row_against_the_heads(x, positions=None):
+    """Held out (batch 98): per-row angles ``[B, T, d/2]`` broadcast against ``[B, H, T, d/2]`` without a head axis,
+    so the batch axis meets the heads' axis: right for a batch of one row, a shape error for others."""
+    b, h, t, d = x.shape
+    angles = torch.arange(t, dtype=x.dtype)[None, :, None].expand(b, t, d)
+    return x * angles.cos()  # the bug: angles[:, None] was meant
+
+
+def test_a_batch_of_several_rows_is_named_where_each_row_alone_runs():
+    lines, _ = probe("rope", angles_of_each_row_against_the_heads, (randn(3, 4, 5, 2),), {})
+    assert any("rope raises for a batch of 3 rows and works for one row alone" in line for line in lines), lines
+
+
+def one_bad_row(x, w):
+    if bool((x[2:3] > 1e3).any()):  # the control: the third row's values, not the number of rows
+        raise ValueError("overflow")
+    return x * w
+
+
+def test_a_row_whose_values_raise_is_not_read_as_the_batch_size():
+    x = randn(3, 4, 8)
+    x[2] += 1e4
+    lines, _ = probe("rmsnorm", one_bad_row, (x, randn(8)), {})
+    assert not any("a batch of 3 rows" in line for line in lines), lines
+
+
 def float32_only(x):
     if x.dtype != torch.float32:
         raise TypeError("expected float32")

@@ -16,7 +16,9 @@ variants of its input, each one property changed and each as cheap as the origin
   a count of the last axis's entries above its size (``top_k > V``) given that size; an odd integer size
   (``d_model``) given as the next even one; an integer count of 1 given as 2, and one of 2 to 9 given ten times
   larger (``batch_size=1``, ``steps=3``; never an axis such as ``dim``); an odd batch of ``[B, T]`` ids given one
-  more row; k and v with more positions than q given as many as q has (their last);
+  more row; k and v with more positions than q given as many as q has (their last); a float input of B >= 2 rows
+  (a batch axis before time) given as one row, where the second row alone runs too (the number of rows, not a
+  row's values);
 - a config that leaves optional keys out given with the protocol's defaults written out;
 - GQA: k and v with fewer heads than q given repeated to q's heads, and attention weights with fewer key/value
   heads given with their key and value rows repeated to ``n_heads``; several kv heads (k and v, or
@@ -1196,6 +1198,28 @@ def _odd_batch_probes(args, kwargs) -> list[Probe]:
     return [Probe(f"a batch of {b} rows (odd)", f"{b + 1} rows", new_args, new_kwargs, "", "boundary")]
 
 
+def _batch_row_probes(args, kwargs) -> list[Probe]:
+    """A float first argument of B >= 2 rows with a batch axis before time (``[B, T, d]``, ``[B, H, T, d]``) given as
+    its first row alone, every input sharing its B rows alike (integer and bool tensors, and floats of 3-D or more:
+    never a 2-D weight). Controls: the second row alone runs too, and, with B >= 3, the first two rows raise, so what
+    it raises on is the number of rows, not one row's values."""
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if first is None or not first.is_floating_point() or first.ndim < 3 or first.shape[0] < 2:
+        return []
+    b = first.shape[0]
+
+    def rows(part: slice):
+        def cut(t):
+            batched = t.ndim >= 3 or not t.is_floating_point()
+            return t[part] if batched and t.ndim >= 1 and t.shape[0] == b else t
+
+        return _map(args, kwargs, cut)
+
+    controls = ((*rows(slice(1, 2)), True), *(((*rows(slice(0, 2)), False),) if b >= 3 else ()))
+    return [Probe(f"a batch of {b} rows", "one row alone (row 0; row 1 alone runs as well)", *rows(slice(0, 1)), "",
+                  "boundary", controls=controls)]  # fmt: skip
+
+
 def _key_length_probes(args, kwargs) -> list[Probe]:
     """Per-head q ``[..., Tq, d]`` beside k and v of more positions ``[..., Tk, d]`` (a chunk after a cached
     prefix) given k and v cut to their last Tq positions, a mask's key axis alike: as many keys as queries."""
@@ -1588,6 +1612,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _empty_probes(name, args, kwargs)
         + _zero_float_probes(name, args, kwargs)
         + _rank_probes(name, args, kwargs)
+        + _batch_row_probes(args, kwargs)
         + ([] if cached else boundary)
         + _key_length_probes(args, kwargs)
         + _odd_batch_probes(args, kwargs)
