@@ -1309,8 +1309,11 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
     # divisors or two batchings can coincide, and the one that fits by coincidence would be named
     second = {}
 
-    def confirmed(reduction, perplexity=None) -> bool:
+    def confirmed(reduction, perplexity=None, window=None) -> bool:
+        """``window``: the windows' length the variant takes whatever context_length evaluate is given."""
         n, c, b = CONFIRM
+        if window == c:  # the variant is the protocol's there: nothing to confirm
+            return False
         if "got" not in second:
             raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
             try:
@@ -1319,7 +1322,9 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
                 second["got"] = None
         if second["got"] is None:
             return False
-        other = oracles.evaluate_teacher(spec.impl, model, data[:n], c, spec.device, batch_size=b, reduction=reduction)
+        other = oracles.evaluate_teacher(
+            spec.impl, model, data[:n], window or c, spec.device, batch_size=b, reduction=reduction
+        )
         if perplexity is not None:
             other["perplexity"] = oracles.evaluate_teacher(spec.impl, model, data[:n], c, spec.device)["perplexity"]
         return mismatch(second["got"], other, tolerance("model", device=spec.device)) is None
@@ -1339,7 +1344,25 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
 
         return compute
 
+    def windows_of(length):
+        """Windows of ``length`` tokens, whatever context_length evaluate is given."""
+
+        def compute():
+            if length == context_length or not confirmed("tokens", window=length):
+                raise ValueError(f"windows of {length} do not give evaluate's result on {CONFIRM}")
+            return oracles.evaluate_teacher(spec.impl, model, data, length, spec.device, batch_size=batch_size)
+
+        return compute
+
+    own = config["context_length"]
     variants = [
+        Variant(
+            "knob:data_windows",
+            f"the windows are the model's own context_length ({own} tokens), not the context_length given to "
+            f"evaluate ({context_length}): the argument is ignored",
+            "cut the data into windows of the context_length argument (at most the model's)",
+            windows_of(own),
+        ),
         Variant(
             "knob:loss_reduction",
             "the loss is the mean of per-window means, so a short last window weighs like a full one",

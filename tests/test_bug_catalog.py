@@ -316,6 +316,8 @@ READINGS = [
      "one draw or one row of noise shared by every row of the batch"),
     ("generate_rolls_a_full_cache", "generation_slides_past_the_context or long_prompt_is_cropped",
      "generate's cache drops its oldest entry and keeps the others as they were computed"),
+    ("evaluate_windows_of_the_model_context", "evaluate_is_token_weighted",
+     "the windows are the model's own context_length"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -56,6 +56,19 @@ BUGS = (
         fix="divide by the number of predicted tokens, len(data) - 1",
     ),
     Bug(
+        "evaluate_windows_of_the_model_context",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="    n_pred = len(tokens) - 1\n",
+        new="    n_pred = len(tokens) - 1\n"
+        "    context_length = model.config.context_length  # the bug: the argument ignored\n",
+        explanation="evaluate cuts its windows at the model's own context_length, ignoring the context_length it is "
+        "given (a notebook's max_seq_len read where the argument belongs)",
+        fix="windows of the context_length argument",
+        corner=True,
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
