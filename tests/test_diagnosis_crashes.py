@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import torch
 from suite_subprocess import implementation, run_suite
@@ -139,6 +140,25 @@ def test_a_row_whose_values_raise_is_not_read_as_the_batch_size():
     x[2] += 1e4
     lines, _ = probe("rmsnorm", one_bad_row, (x, randn(8)), {})
     assert not any("a batch of 3 rows" in line for line in lines), lines
+
+
+def evaluate_padding_short_windows_with_minus_one(data, context_length, batch_size=8):
+    """Held out (batch 99): windows padded with -1 into one batch, the padding fed to the embedding; a short last
+    window raises only where it shares a batch with a full one and is more than one token short."""
+    n = len(data) - 1
+    starts = list(range(0, n, context_length))
+    for b in range(0, len(starts), batch_size):
+        lens = [min(context_length, n - s) for s in starts[b : b + batch_size]]
+        if max(lens) - min(lens) > 1:  # the -1 padding reaches the inputs
+            raise IndexError("index out of range in self")
+    return {"loss": 1.0, "perplexity": math.e}
+
+
+def test_a_window_structure_that_varies_with_a_size_is_not_read_as_its_parity():
+    lines, _ = probe(
+        "evaluate", evaluate_padding_short_windows_with_minus_one, (torch.arange(40), 7), {"batch_size": 3}
+    )
+    assert not any("an odd size" in line for line in lines), lines
 
 
 def float32_only(x):
