@@ -318,6 +318,7 @@ READINGS = [
      "generate's cache drops its oldest entry and keeps the others as they were computed"),
     ("evaluate_windows_of_the_model_context", "evaluate_is_token_weighted",
      "the windows are the model's own context_length"),
+    ("rope_model_table_loses_its_sine", "logits_match_reference", "the rotation's sine is lost"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

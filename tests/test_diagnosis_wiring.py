@@ -80,6 +80,10 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         if llama:
             theta = cfg.get("rope_theta", 10000.0)
             q, k = rope_complex(q, pos, theta), rope_complex(k, pos, theta)
+            if bug == "rope_cos_only":  # a complex freqs_cis cast to real: x * cos(angle), the sine term lost
+                cos = torch.cos(pos[:, None].double() * theta ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh))
+                cos = cos.repeat_interleave(2, dim=-1)  # interleaved pairs share their angle
+                q, k = heads(proj(h, nq, p), H) * cos, heads(proj(h, nk, p), H_kv) * cos
         if late:
             q, k = q + late["wq"], k + late["wk"]
         scale = 1 / math.sqrt(dh) / (1 + int(p.split(".")[1]) if bug == "scores_scaled_by_layer" else 1)
@@ -313,6 +317,7 @@ CATALOG_WIRING = {
     "position_embeddings_scaled_down": "position_embeddings_scaled_down",
     # the lookup scaled inside embedding: llama's only embedding is the tokens' (gpt2's positions are scaled too)
     "embedding_rows_scaled_by_sqrt_d_model": ("embedding_scale", ("llama_gqa", "llama_mha")),
+    "rope_model_table_loses_its_sine": "rope_cos_only",  # gpt2 has no RoPE: its logits do not change
 }
 
 

@@ -338,6 +338,20 @@ BUGS = (
         code="knob:rope_base",
     ),
     Bug(
+        "rope_model_table_loses_its_sine",
+        "rope",
+        MODEL,
+        "positions.py",
+        old="        return angles.cos().to(dtype), angles.sin().to(dtype)\n",
+        new="        return angles.cos().to(dtype), torch.zeros_like(angles).to(dtype)  # a complex table made real\n",
+        explanation="the model's rotary table keeps only the cosine (a complex freqs_cis buffer that model.to(dtype) "
+        "cast to a real dtype, its imaginary part discarded): each query and key channel is multiplied by cos(angle), "
+        "never rotated; the rope function itself is right",
+        fix="rotate each pair by (cos, sin); keep complex tables out of the module's buffers, or store cos and sin",
+        corner=True,
+        code="knob:rope_table",
+    ),
+    Bug(
         "rope_table_sin_for_cos",
         "rope",
         ("rope", "multihead_self_attention", *MODEL),

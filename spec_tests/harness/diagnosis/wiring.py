@@ -220,6 +220,39 @@ def _qkv_bias_after_rope(model) -> None:
         attn.forward = types.MethodType(_bias_after_rope_forward(type(attn).forward), attn)
 
 
+def _cos_only_forward(forward):
+    """An attention ``forward`` whose RoPE keeps only the cosine: the reference attention's own code run with its
+    ``rope`` answering ``x * cos(angle)`` (the mean of the rotations by the angle and by its negative)."""
+    try:
+        names = forward.__globals__["multihead_self_attention"].__globals__
+        names["rope"]
+    except (AttributeError, KeyError):
+        raise NotApplicable("the attention computes RoPE elsewhere") from None
+
+    def wrapped(self, x, positions, cache, layer, mask=None):
+        rope = names["rope"]
+
+        def cos_only(t, at, *args, **kwargs):
+            back = rope(t, -at, *args, **{**kwargs, "table_size": None})  # negative positions: no table lookup
+            return (rope(t, at, *args, **kwargs) + back) / 2
+
+        names["rope"] = cos_only
+        try:
+            return forward(self, x, positions, cache, layer, mask)
+        finally:
+            names["rope"] = rope
+
+    return wrapped
+
+
+def _rope_cos_only(model) -> None:
+    attns = [block.attn for block in getattr(model, "layers", None) or ()]
+    if not attns or any(getattr(a, "theta", None) is None or getattr(a.config, "rope_scaling", None) for a in attns):
+        raise NotApplicable("no RoPE, or a scaled one (its dynamic length read from the positions)")
+    for attn in attns:
+        attn.forward = types.MethodType(_cos_only_forward(type(attn).forward), attn)
+
+
 def _no_final_norm(model) -> None:
     model.final_norm = nn.Identity()
 
@@ -482,6 +515,16 @@ WIRINGS = (
         "are not rotated with them",
         "add bq, bk to x wq^T, x wk^T before RoPE: rope(x wq^T + bq), rope(x wk^T + bk)",
         rewire=_qkv_bias_after_rope,
+    ),
+    Wiring(
+        "rope_cos_only",
+        "knob:rope_table",
+        "RoPE multiplies each query and key channel by cos(angle) and never mixes in its pair's sine term: the "
+        "rotation's sine is lost (a complex frequency buffer cast to a real dtype by model.to(dtype) keeps only its "
+        "real part, with a warning that the imaginary part is discarded)",
+        "rotate each pair by its angle, (x0 cos - x1 sin, x0 sin + x1 cos); keep a complex table out of the module's "
+        "buffers (or re-create it in the right dtype after .to), or store cos and sin as real tables",
+        rewire=_rope_cos_only,
     ),
     Wiring(
         "no_final_norm",
