@@ -272,6 +272,27 @@ def test_model_honours_rope_scaling(spec, kind):
     config = models.family_config(spec.impl, "llama", rope_scaling=SCALINGS[kind])
     sd = models.random_state_dict(config, seed=144, device=spec.device)
     plain = dict(config, rope_scaling=None)
+    factored = []  # YaRN's attention factor f applied otherwise: scores carry f ** 2 as q and k carry f each
+    if kind == "yarn":
+        f = 0.1 * math.log(SCALINGS[kind]["factor"]) + 1  # the default attention factor (mscale)
+        factored = [
+            Variant(
+                "knob:rope_scaling",
+                f"YaRN's attention factor {f:.4g} is applied {how}",
+                "multiply cos and sin by the attention factor once, and leave the softmax scale at 1 / sqrt(d_head)",
+                lambda ref, sd, ids, a=a: models.logits(
+                    ref, dict(config, rope_scaling={**SCALINGS[kind], "attention_factor": a}), sd, ids
+                ),
+            )
+            for how, a in (
+                ("twice: on cos and sin, and again on the softmax scale (the scores carry f ** 4, not f ** 2)", f**2),
+                (
+                    "to the scores once (the softmax scale) instead of to cos and sin: the scores carry f, not f ** 2",
+                    f**0.5,
+                ),  # fmt: skip
+                ("nowhere: cos and sin are not multiplied by it", 1.0),
+            )
+        ]
     for t in (config["context_length"], *((9,) if kind == "dynamic" else ())):
         ids = spec.inputs.token_ids(2, t, vocab=config["vocab_size"], seed=145)
         models.check_option_logits(
@@ -286,7 +307,8 @@ def test_model_honours_rope_scaling(spec, kind):
                     "the model ignores config rope_scaling (plain RoPE)",
                     "pass the config's rope_scaling to every attention layer's RoPE",
                     lambda ref, sd, ids: models.logits(ref, plain, sd, ids),
-                )
+                ),
+                *factored,
             ],
             behaviour=f"logits of a llama model with rope_scaling {SCALINGS[kind]} for {t} tokens",
         )

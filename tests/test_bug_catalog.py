@@ -319,6 +319,8 @@ READINGS = [
     ("evaluate_windows_of_the_model_context", "evaluate_is_token_weighted",
      "the windows are the model's own context_length"),
     ("rope_model_table_loses_its_sine", "logits_match_reference", "the rotation's sine is lost"),
+    ("yarn_attention_factor_applied_twice", "model_honours_rope_scaling",
+     "YaRN's attention factor 1.208 is applied twice"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

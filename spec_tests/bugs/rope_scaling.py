@@ -7,6 +7,23 @@ from .model_components import FORWARD
 
 BUGS = (
     Bug(
+        "yarn_attention_factor_applied_twice",
+        "rope_scaling",
+        FORWARD,
+        "model.py",
+        old="            rope_scaling=cfg.rope_scaling,\n",
+        new="""            rope_scaling=(  # the bug: the attention factor again on the scores (f ** 2 on cos and sin)
+                {**cfg.rope_scaling, "attention_factor": (0.1 * math.log(cfg.rope_scaling["factor"]) + 1) ** 2}
+                if cfg.rope_scaling and cfg.rope_scaling["rope_type"] == "yarn"
+                else cfg.rope_scaling
+            ),
+""",
+        explanation="the model applies YaRN's attention factor twice (on cos and sin, as Hugging Face does, and again "
+        "on the softmax scale, as DeepSeek's MLA does), so the scores carry f ** 4; the rope function is right",
+        fix="multiply cos and sin by the attention factor once; the softmax scale stays 1 / sqrt(d_head)",
+        corner=True,
+    ),
+    Bug(
         "llama3_blend_weights_swapped",
         "rope_scaling",
         ("rope", *FORWARD),
