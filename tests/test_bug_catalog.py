@@ -321,6 +321,8 @@ READINGS = [
     ("rope_model_table_loses_its_sine", "logits_match_reference", "the rotation's sine is lost"),
     ("yarn_attention_factor_applied_twice", "model_honours_rope_scaling",
      "YaRN's attention factor 1.208 is applied twice"),
+    ("merge_heads_unfolds_the_batch_head_major", "multihead_attention_layout",
+     "are unfolded as if indexed h * B + b"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

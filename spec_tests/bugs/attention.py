@@ -380,6 +380,20 @@ BUGS = (
         code="knob:head_layout",
     ),
     Bug(
+        "merge_heads_unfolds_the_batch_head_major",
+        "layout",
+        (MHA, *MODEL),
+        "attention.py",
+        old='    return rearrange(x, "b h t d -> b t (h d)")',
+        new="    b, h = x.shape[0], x.shape[1]  # the bug: (b h) folded, unfolded as (h b)\n"
+        '    return rearrange(x.reshape(h, b, *x.shape[2:]), "h b t d -> b t (h d)")',
+        explanation="the heads, folded into the batch as [B * H, T, d] (Trax's SplitIntoHeads, index b * H + h), are "
+        "unfolded as if indexed h * B + b, so each row's output takes heads of other rows; right for a batch of one",
+        fix="rearrange(o, '(b h) t d -> b t (h d)', h=n_heads): unfold in the order the heads were folded",
+        corner=True,
+        code="knob:head_layout",
+    ),
+    Bug(
         "split_heads_without_transpose",
         "layout",
         (MHA, *MODEL),

@@ -1021,6 +1021,7 @@ def _mha(
     time_major=(),
     group_minor_merge=False,
     group_minor_split=False,
+    batch_minor_merge=False,
     **attend,
 ):
     b, t, _ = x.shape
@@ -1056,6 +1057,8 @@ def _mha(
             v = _rope(v, pos, theta, style)
     mask = attend.pop("mask", _causal(t, t))
     o = _attend(q, k, v, mask, **attend)
+    if batch_minor_merge:  # heads folded into the batch as (b h), unfolded as if (h b): rows and heads mixed
+        o = o.reshape(h, b, t, dh).transpose(0, 1)
     if group_minor_merge:  # heads indexed (g r) merged as if indexed (r g): each group's heads spread apart
         o = o.reshape(b, hkv, h // hkv, t, dh).transpose(1, 2).reshape(b, h, t, dh)
     if channel_major in ("merge", "both"):
@@ -1236,6 +1239,20 @@ def _mha_family(args, kwargs, style):
                 ),
             ]
             if 1 < hkv < h
+            else []
+        ),
+        *(
+            [
+                Variant(
+                    "knob:head_layout",
+                    "the heads, folded into the batch as [B * H, T, d_head] with index b * H + h, are unfolded as if "
+                    "indexed h * B + b: each row's merged output takes heads of other rows (right for a batch of one)",
+                    where="the reshape that unfolds [B * H, T, d_head] back into rows and heads before wo",
+                    fix="unfold as rearrange(o, '(b h) t d -> b t (h d)', h=n_heads), the order they were folded in",
+                    compute=m(batch_minor_merge=True),
+                )
+            ]
+            if p.x.shape[0] > 1 and h > 1
             else []
         ),
         *_swapped_projections(p, h, hkv, theta, style),
