@@ -323,6 +323,7 @@ READINGS = [
      "YaRN's attention factor 1.208 is applied twice"),
     ("merge_heads_unfolds_the_batch_head_major", "multihead_attention_layout",
      "are unfolded as if indexed h * B + b"),
+    ("model_reads_its_ids_shifted_right", "logits_match_reference", "the model reads its ids shifted right by one"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -101,6 +101,8 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
         hidden = F.gelu(F.linear(h, sd[f"{p}.mlp.w_fc.weight"], sd[f"{p}.mlp.w_fc.bias"]), approximate="tanh")
         return F.linear(hidden, sd[f"{p}.mlp.w_proj.weight"], sd[f"{p}.mlp.w_proj.bias"])
 
+    if bug == "ids_shifted_right":  # Trax's ShiftRight kept in a language model: a 0 in front, the last id dropped
+        ids = F.pad(ids[:, :-1], (1, 0))
     x = F.embedding(ids, sd["tok_embeddings.weight"])
     if bug == "embedding_scale":
         x = x * math.sqrt(d)
@@ -317,6 +319,7 @@ CATALOG_WIRING = {
     "position_embeddings_scaled_down": "position_embeddings_scaled_down",
     # the lookup scaled inside embedding: llama's only embedding is the tokens' (gpt2's positions are scaled too)
     "embedding_rows_scaled_by_sqrt_d_model": ("embedding_scale", ("llama_gqa", "llama_mha")),
+    "model_reads_its_ids_shifted_right": "ids_shifted_right",
     "rope_model_table_loses_its_sine": "rope_cos_only",  # gpt2 has no RoPE: its logits do not change
 }
 

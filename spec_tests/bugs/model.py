@@ -526,6 +526,20 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:state_carried",
     ),
     Bug(
+        "model_reads_its_ids_shifted_right",
+        "wiring",
+        (*FORWARD, *TRAINING, *EVALUATION),
+        "model.py",
+        old="        check_ids(ids, self.config.vocab_size)\n",
+        new="        check_ids(ids, self.config.vocab_size)\n"
+        "        if cache is None:  # the bug: Trax's ShiftRight kept in a language model\n"
+        "            ids = torch.nn.functional.pad(ids[:, :-1], (1, 0))\n",
+        explanation="the model shifts its ids right by one (a 0 in front, the last id dropped: Trax's ShiftRight, a "
+        "decoder start token) outside the cached path, so the logits at t never see token t",
+        fix="feed the ids as given; the shift belongs to the targets (ids[:, 1:])",
+        code="knob:label_shift",
+    ),
+    Bug(
         "generate_rolls_a_full_cache",
         "kv_cache",
         GENERATION,

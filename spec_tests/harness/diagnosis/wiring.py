@@ -257,6 +257,19 @@ def _no_final_norm(model) -> None:
     model.final_norm = nn.Identity()
 
 
+def _ids_shifted_right(model) -> None:
+    """The model reads its ids shifted right by one, a 0 in front and the last id dropped (Trax's ShiftRight kept in a
+    language model); through a cache it reads them as given (Trax's predict mode does not shift)."""
+    forward = model.forward
+
+    def shifted(ids, cache=None, **kwargs):
+        if cache is None:
+            ids = torch.cat((torch.zeros_like(ids[:, :1]), ids[:, :-1]), dim=1)
+        return forward(ids, cache, **kwargs)
+
+    model.forward = shifted
+
+
 def _toggle_embedding_scale(model) -> None:
     config = model.config
     if not any(f.name == "embed_scale" for f in dataclasses.fields(config)):
@@ -525,6 +538,15 @@ WIRINGS = (
         "rotate each pair by its angle, (x0 cos - x1 sin, x0 sin + x1 cos); keep a complex table out of the module's "
         "buffers (or re-create it in the right dtype after .to), or store cos and sin as real tables",
         rewire=_rope_cos_only,
+    ),
+    Wiring(
+        "ids_shifted_right",
+        "knob:label_shift",
+        "the model reads its ids shifted right by one (a 0 in front, the last id dropped, as Trax's ShiftRight or a "
+        "decoder_start_token does): the logits at position t see the tokens before t, never token t itself",
+        "feed the ids as given: the logits at t predict token t + 1 from tokens 0..t (shifting belongs to the "
+        "targets, ids[:, 1:], never to the model's input)",
+        rewire=_ids_shifted_right,
     ),
     Wiring(
         "no_final_norm",
