@@ -189,14 +189,18 @@ def greedy_case(
     if wrong and within is None and first_right and not causes:
         causes, codes = newest_token_reading(spec, model, config, sd, prompt, n, out) or (causes, codes)
     if wrong and out.shape == want.shape and not first_right and not causes and t <= ctx:
-        causes, codes = first_token_rows_reading(spec, model, config, t, seeds[1], use_cache) or (
-            (  # generate's first pick from the whole prompt, which forward takes as it is
-                "likely cause: generate's first new token is not the argmax of your own forward(model, prompt)'s last "
-                "logits (the prompt fits the context, so nothing is cropped): generate computes its logits another "
-                "way than forward (a mask, positions or a model path of its own) or does not pick the argmax at "
-                "temperature 0. Fix: the first token is argmax(forward(model, prompt)[:, -1])",
-            ),
-            ("knob:generate_path",),
+        causes, codes = (
+            prefixed_reading(spec, model, prompt, n, ctx, out, use_cache)
+            or first_token_rows_reading(spec, model, config, t, seeds[1], use_cache)
+            or (
+                (  # generate's first pick from the whole prompt, which forward takes as it is
+                    "likely cause: generate's first new token is not the argmax of your own forward(model, prompt)'s "
+                    "last logits (the prompt fits the context, so nothing is cropped): generate computes its logits "
+                    "another way than forward (a mask, positions or a model path of its own) or does not pick the "
+                    "argmax at temperature 0. Fix: the first token is argmax(forward(model, prompt)[:, -1])",
+                ),
+                ("knob:generate_path",),
+            )
         )
     if prompt_causes and wrong and window is None and first_right:
         causes = (
@@ -205,6 +209,32 @@ def greedy_case(
         )
         codes = ()
     check_tokens(spec, out, want, behaviour=behaviour, causes=causes, codes=codes)
+
+
+def prefixed_reading(spec, model, prompt, n: int, ctx: int, out, use_cache: bool):
+    """``(causes, codes)`` where every new token of ``out`` is the model's own greedy continuation of the prompt with
+    a token 0 put in front of it (a start token: Trax's ``start_id``, a ``decoder_start_token_id``), the prompt
+    returned without it. None where that does not give every new token, or where the prompt starts with 0."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    t = prompt.shape[1]
+    if bool((prompt[:, 0] == 0).any()) or t + 1 > ctx:
+        return None
+    started = torch.cat((torch.zeros_like(prompt[:, :1]), prompt), dim=1)
+    try:
+        want = oracles.greedy_teacher(raw, model, started, n, ctx, use_cache=use_cache)
+    except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
+        return None
+    if not torch.equal(want[:, t + 1 :].cpu(), out[:, t:].to(want.device).cpu()):
+        return None
+    return (
+        (
+            "likely cause: generate puts a token 0 in front of the prompt (a start token, as Trax's start_id or a "
+            "decoder_start_token_id does) and decodes from that sequence: every new token, in every row, is your "
+            "model's greedy continuation of [0] + prompt. Fix: decode from the prompt as given; a decoder-only "
+            "model's prompt is its own start",
+        ),
+        ("knob:generate_path",),
+    )
 
 
 def first_token_rows_reading(spec, model, config, t: int, seed: int, use_cache: bool):

@@ -324,6 +324,8 @@ READINGS = [
     ("merge_heads_unfolds_the_batch_head_major", "multihead_attention_layout",
      "are unfolded as if indexed h * B + b"),
     ("model_reads_its_ids_shifted_right", "logits_match_reference", "the model reads its ids shifted right by one"),
+    ("generate_prefixes_a_start_token", "greedy_generation_follows_the_model",
+     "generate puts a token 0 in front of the prompt"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -540,6 +540,19 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:label_shift",
     ),
     Bug(
+        "generate_prefixes_a_start_token",
+        "prompt_cropping",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -ctx:], cache, **padded(mask, ctx))",
+        new="                started = torch.cat((torch.zeros_like(ids[:, :1]), ids), dim=1)  # the bug: a start id\n"
+        "                logits = model(started[:, -ctx:], cache, **padded(mask, ctx))",
+        explanation="generate puts a token 0 in front of the sequence it encodes (Trax's start_id, a "
+        "decoder_start_token_id) and returns the prompt without it: every new token follows [0] + prompt",
+        fix="encode the prompt as given",
+        code="knob:generate_path",
+    ),
+    Bug(
         "generate_rolls_a_full_cache",
         "kv_cache",
         GENERATION,
