@@ -660,7 +660,7 @@ def one_sgd_step(m, cfg, sd, x, y):
     """The loss and the weights after one SGD train_step from ``sd`` (a reading: which weights' step differs)."""
     model = models.build(m, cfg, sd)
     loss = float(m.train_step(model, m.make_optimizer(model, "sgd", **OPTIMIZERS["sgd"]), x, y))
-    return {"loss": loss, "weights": weights_of(m, model)}
+    return {"loss": loss, "weights": weights_of(m, model), "start": sd}
 
 
 def sgd_step_reading(cfg, taken: str = " from the same weights") -> tuple[str, Callable]:

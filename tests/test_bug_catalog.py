@@ -326,6 +326,8 @@ READINGS = [
     ("model_reads_its_ids_shifted_right", "logits_match_reference", "the model reads its ids shifted right by one"),
     ("generate_prefixes_a_start_token", "greedy_generation_follows_the_model",
      "generate puts a token 0 in front of the prompt"),
+    ("train_step_gradients_over_the_time_axis", "train_step_matches_reference",
+     "every weight's step is 0.2727 times the specified one"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -69,6 +69,19 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "train_step_gradients_over_the_time_axis",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    loss.backward()\n",
+        new="    (loss * x.shape[0] / x.shape[1]).backward()  # the bug: a batch size read from the time axis\n",
+        explanation="train_step's gradients are those of the mean loss times B / T (GluonNLP's "
+        "trainer.step(batch_size) given the time axis of an NTC batch, a TNC script's habit): the reported loss is "
+        "right, every step is B / T times the specified one",
+        fix="backward the mean loss itself (or rescale by the batch's real size)",
+        corner=True,
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,

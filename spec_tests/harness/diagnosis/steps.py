@@ -57,6 +57,9 @@ def step_lines(what: str, run_impl: Callable, run_ref: Callable, tol) -> tuple[l
         return [], []
     order = list(theirs)  # the reference's canonical order: the forward's, embeddings first, the head last
     wrong = [k for k in order if mismatch(mine[k], theirs[k], tol) is not None]
+    scaled = _scaled_step(mine, theirs, want.get("start"), wrong, tol)
+    if scaled is not None:
+        return scaled
     if not wrong or len(wrong) == len(order):
         return [], []
     last = order.index(wrong[-1])
@@ -90,6 +93,36 @@ def step_lines(what: str, run_impl: Callable, run_ref: Callable, tol) -> tuple[l
         where=where,
         fix="each weight's step is -lr times the gradient of the loss with respect to it",
         evidence="one step from the same weights on the implementation and the specification",
+        confidence=LOCAL,
+    )
+    return [cause.line()], [cause.code]
+
+
+def _scaled_step(mine: dict, theirs: dict, start: dict | None, wrong: list[str], tol):
+    """``(lines, codes)`` where every weight's step (from ``start``, the weights both steps began at) is the specified
+    one times one factor c, fitted by least squares over the weights that differ: the gradients (or the rate) scaled
+    alike. None where no factor gives every weight, or c is 1 or not positive."""
+    if start is None or not wrong or any(k not in start for k in theirs):
+        return None
+    moved = [(mine[k].double() - start[k].double(), theirs[k].double() - start[k].double()) for k in wrong]
+    norm = sum(float((t * t).sum()) for _, t in moved)
+    if norm == 0:
+        return None
+    c = sum(float((m * t).sum()) for m, t in moved) / norm
+    if c <= 0 or abs(c - 1) < 0.01:
+        return None
+    for k in theirs:
+        if mismatch(mine[k], start[k].double() + c * (theirs[k].double() - start[k].double()), tol) is not None:
+            return None
+    cause = Cause(
+        "knob:loss_reduction",
+        f"every weight's step is {c:.4g} times the specified one (one factor for all {len(wrong)} tensors that "
+        "move): the gradients are scaled alike, as by a loss divided by another count than the specified mean's (a "
+        "batch size read from another axis, sequences for tokens, a sum over the batch) or a learning rate scaled",
+        where="what the loss is divided by before the backward pass (and any factor on the gradients or the rate)",
+        fix="the loss is the mean over the batch's target tokens; each weight's step is -lr times its gradient",
+        evidence=f"one step from the same weights: the implementation's step equals the specified step times {c:.4g} "
+        "in every weight",
         confidence=LOCAL,
     )
     return [cause.line()], [cause.code]
