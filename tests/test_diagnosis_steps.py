@@ -110,3 +110,17 @@ def test_the_learning_rate_the_steps_took_is_fitted():
     assert fitted_lr_lines([3.0, 2.9, 2.0], correct, 4e-3, TOL) == ([], [])  # no one rate gives every loss
     assert fitted_lr_lines([3.5, 2.9, 2.5], correct, 4e-3, TOL) == ([], [])  # the first loss differs already
     assert fitted_lr_lines(correct(6e-4)[:2], correct, 4e-3, TOL) == ([], [])  # two losses: any rate fits the second
+
+
+def test_a_step_scaled_alike_in_every_weight_is_named_with_its_factor():
+    """Held out (batch 101): gradients scaled by B / T (a batch size read from the time axis): every weight's step is
+    the specified one times 0.25, the loss agrees. Named with the factor; a step scaled in some weights only is not."""
+    start = weights()
+    step = {k: torch.linspace(-1, 1, 3) * (1 + i) for i, k in enumerate(start)}
+    theirs = {k: start[k] + step[k] for k in start}
+    mine = {k: start[k] + 0.25 * step[k] for k in start}
+    lines, codes = step_lines("after one SGD step", run(2.5, mine), lambda: {**run(2.5, theirs)(), "start": start}, TOL)
+    assert codes == ["knob:loss_reduction"] and "every weight's step is 0.25 times the specified one" in lines[0]
+    mine["layers.0.wq"] = theirs["layers.0.wq"]  # one weight stepped as specified: no common factor
+    lines, codes = step_lines("after one SGD step", run(2.5, mine), lambda: {**run(2.5, theirs)(), "start": start}, TOL)
+    assert codes == ["partial_update"], lines
