@@ -316,6 +316,11 @@ def evaluate_teacher(
         batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
         total = sum(float(torch.cat(b).sum()) / (len(b) * context_length) * sum(len(n) for n in b) for b in batches)
         loss = total / (len(data) - 1)
+    elif reduction == "row_means_rescaled":  # each window's NLL averaged over its batch's padded width (masked
+        # slots as 0), then multiplied by its own length to make a sum again: a short window beside full ones shrinks
+        batches = [nll[i : i + batch_size] for i in range(0, len(nll), batch_size)]
+        total = sum(float(n.sum()) * len(n) / max(len(m) for m in b) for b in batches for n in b)
+        loss = total / (len(data) - 1)
     elif reduction == "full_windows":  # every window counted as context_length predictions
         loss = float(torch.cat(nll).sum() / (len(spans) * context_length))
     elif reduction == "static_batches":  # every slot of batches padded to a static [batch_size, context_length]

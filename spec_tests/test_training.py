@@ -1428,6 +1428,14 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
         ),
         Variant(
             "knob:loss_reduction",
+            "each window's loss is its mean over the batch's padded width (the padding's masked slots counted as 0) "
+            "multiplied back by its own length, so a short window batched with full ones adds only length / width "
+            "of its NLL",
+            "sum each window's NLL over its real targets (or divide the masked sum by the real count, then multiply)",
+            teacher("row_means_rescaled"),
+        ),
+        Variant(
+            "knob:loss_reduction",
             "the total NLL is divided by the windows times context_length: a short last window counts as full",
             "divide by the number of predicted tokens (len(data) - 1)",
             teacher("full_windows"),

@@ -328,6 +328,8 @@ READINGS = [
      "generate puts a token 0 in front of the prompt"),
     ("train_step_gradients_over_the_time_axis", "train_step_matches_reference",
      "every weight's step is 0.2727 times the specified one"),
+    ("evaluate_rescales_padded_row_means", "evaluate_is_token_weighted",
+     "each window's loss is its mean over the batch's padded width"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -82,6 +82,20 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "evaluate_rescales_padded_row_means",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="                total += token_nll(model(x), y).sum().double().cpu()",
+        new="                width = max(n for _, n in group)  # the bug: a mean over the padded width\n"
+        "                total += token_nll(model(x), y).sum().double().cpu() * length / width",
+        explanation="each window's loss is its masked mean over the batch's padded width, multiplied by its own "
+        "length (GluonNLP's MaskedSoftmaxCELoss times valid_length): a short window batched with full ones adds only "
+        "length / width of its NLL",
+        fix="sum each window's NLL over its real targets",
+        corner=True,
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
