@@ -330,6 +330,8 @@ READINGS = [
      "every weight's step is 0.2727 times the specified one"),
     ("evaluate_rescales_padded_row_means", "evaluate_is_token_weighted",
      "each window's loss is its mean over the batch's padded width"),
+    ("top_p_mask_scattered_to_ascending_ids", "sampling_probs_match_reference",
+     "is scattered back to the token ids of an ascending sort"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

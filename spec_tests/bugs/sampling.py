@@ -20,6 +20,18 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "top_p_mask_scattered_to_ascending_ids",
+        "top_p",
+        SAMPLING,
+        "sampling.py",
+        old="    drop = drop_sorted.scatter(-1, order, drop_sorted)\n",
+        new="    drop = drop_sorted.scatter(-1, probs.argsort(dim=-1, stable=True), drop_sorted)  # the bug\n",
+        explanation="the top-p mask, made on the probabilities sorted in descending order, is scattered back with the "
+        "indices of an ascending argsort (MXNet's is_ascend default): the nucleus's decisions land on the least "
+        "probable tokens",
+        fix="scatter the mask with the indices of the descending sort it was made in",
+    ),
+    Bug(
         "sample_one_noise_row_for_the_batch",
         "sampling_order",
         (*SAMPLING, *GENERATION),

@@ -1637,6 +1637,7 @@ def _sampling(
     keep_least=False,
     fill=-math.inf,
     mask_gathered=None,
+    mask_to_ascending=False,
 ):
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(F64)
@@ -1671,6 +1672,9 @@ def _sampling(
         keep = keep.scatter(-1, least, True)
     if mask_gathered is not None:  # the keep mask, made in sorted order, put back with the permutation, not its inverse
         keep = _gathered_twice(keep, logits, mask_gathered)
+    if mask_to_ascending:  # the keep mask made in descending order, scattered to the ids of an ascending sort
+        made = keep.gather(-1, zk.argsort(dim=-1, descending=True, stable=True))
+        keep = torch.zeros_like(keep).scatter(-1, zk.argsort(dim=-1, descending=False, stable=True), made)
     if fill != -math.inf:  # the filtered logits set to a finite value: they keep weight in the softmax
         return torch.softmax(torch.where(torch.isfinite(zk) & keep, z, torch.full_like(z, fill)), -1)
     if renorm == "unfiltered":  # the filters zero probabilities of the whole softmax, and nothing renormalises
@@ -1921,6 +1925,16 @@ def _sampling_probs(args, kwargs, style):
                 compute=lambda descending=descending: _sampling(lg, t, k, tp, mask_gathered=descending),
             )
             for order, descending in (("descending", True), ("ascending", False))
+        ] + [
+            Variant(
+                "knob:unsort",
+                "the top-p keep mask, made on the probabilities sorted in descending order, is scattered back to the "
+                "token ids of an ascending sort (an argsort left at its ascending default): the nucleus's decisions "
+                "land on the least probable tokens",
+                where="the order of the indices the top-p mask is scattered back with",
+                fix="scatter the mask with the indices of the same (descending) sort it was made in",
+                compute=s(mask_to_ascending=True),
+            )
         ]
     if k is not None:
         out += [
