@@ -506,6 +506,9 @@ def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, cause
         except Exception:  # noqa: BLE001 - what does not run reads nothing
             return causes, codes
         if right_without:  # right without the cache, the cache right when fed as specified
+            fed_twice = last_token_fed_twice(raw, model, prompt, n, config["context_length"], out)
+            if fed_twice is not None:
+                return fed_twice
             return (
                 "likely cause: generate's own cached path feeds its cache otherwise than the protocol's loop: without "
                 "the cache it picks your model's greedy tokens, and so does your forward through a new cache fed the "
@@ -529,6 +532,33 @@ def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, cause
         "note: your model's cached forward picks other tokens than its uncached forward on this prompt "
         "(test_kv_cache judges the cache), so the tokens also depend on how generate feeds the cache",
     ), codes
+
+
+@torch.no_grad()
+def last_token_fed_twice(raw, model, prompt, n: int, ctx: int, out):
+    """``(causes, codes)`` where ``out``'s new tokens are those of the implementation's own cached forward fed the
+    prompt, then the prompt's last token again (a sampler that starts its loop from the last input token, as
+    GluonNLP's does), then each new token; None where that does not give them all, or would pass the context."""
+    t = prompt.shape[1]
+    if t + n + 1 > ctx:
+        return None
+    try:
+        cache = raw.new_cache(model, prompt.shape[0])
+        raw.forward(model, prompt, cache)
+        step, picked = prompt[:, -1:], []
+        for _ in range(n):
+            step = raw.forward(model, step, cache)[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)
+            picked.append(step)
+    except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
+        return None
+    if not torch.equal(torch.cat(picked, dim=1).cpu(), out[:, t:].cpu()):
+        return None
+    return (
+        "likely cause: generate's cached path feeds the prompt's last token again after the prompt (a decoding loop "
+        "started from the last input token), so that token is cached twice and every later position is one further "
+        "on: your model's forward through a cache fed the prompt, then its last token again, then each new token, "
+        "gives every one of your new tokens. Fix: after the prompt, feed only each newly picked token",
+    ), ("knob:cache_feeding",)
 
 
 def masked_mistake(spec, model, prompt, n, config, out, behaviour) -> None:

@@ -553,6 +553,21 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:generate_path",
     ),
     Bug(
+        "generate_feeds_the_prompts_last_token_again",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -ctx:], cache, **padded(mask, ctx))",
+        new="                logits = model(ids[:, -ctx:], cache, **padded(mask, ctx))\n"
+        "                if cache is not None and mask is None:  # the bug: the loop starts from the last input token\n"
+        "                    logits = model(ids[:, -1:], cache)",
+        explanation="after encoding the prompt into the cache, generate feeds the prompt's last token again as its "
+        "first step (GluonNLP's sampler starts from the last input token), so that token is cached twice and every "
+        "later position is one further on",
+        fix="after the prompt, feed only each newly picked token",
+        code="knob:cache_feeding",
+    ),
+    Bug(
         "generate_rolls_a_full_cache",
         "kv_cache",
         GENERATION,
