@@ -334,6 +334,8 @@ READINGS = [
      "is scattered back to the token ids of an ascending sort"),
     ("generate_feeds_the_prompts_last_token_again", "greedy_generation_follows_the_model",
      "feeds the prompt's last token again after the prompt"),
+    ("causal_mask_from_the_rope_positions", "multihead_attention_with_rope",
+     "the causal mask compares the RoPE positions"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

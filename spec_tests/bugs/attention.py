@@ -380,6 +380,23 @@ BUGS = (
         code="knob:head_layout",
     ),
     Bug(
+        "causal_mask_from_the_rope_positions",
+        "causal_mask",
+        (MHA, *MODEL),
+        "attention.py",
+        old="    if window is not None:  # protocol v2 (sliding_window): the causal mask narrowed",
+        new="""    if cache is None and positions is not None and positions.dim() == 1 and mask is window is None:
+        out = scaled_dot_product_attention(q, k, v, positions[None, :] <= positions[:, None])  # the bug
+        return linear(merge_heads(out), wo, bo)
+    if window is not None:  # protocol v2 (sliding_window): the causal mask narrowed""",
+        explanation="multihead_self_attention builds its causal mask from the RoPE positions (key j visible where "
+        "positions[j] <= positions[i], Penzai's mask reading the token_positions side input) instead of the order "
+        "in the sequence: right for increasing positions, wrong for scattered ones",
+        fix="mask by the sequence index, j <= i, whatever the positions",
+        corner=True,
+        code="knob:mask_alignment",
+    ),
+    Bug(
         "merge_heads_unfolds_the_batch_head_major",
         "layout",
         (MHA, *MODEL),

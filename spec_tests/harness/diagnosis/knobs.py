@@ -1271,6 +1271,23 @@ def _mha_family(args, kwargs, style):
             fix="allow j <= i",
             compute=m(mask=_causal(t, t, shift=-1)),
         ),
+        *(
+            [
+                Variant(
+                    "knob:mask_alignment",
+                    "the causal mask compares the RoPE positions (key j visible where positions[j] <= positions[i]) "
+                    "instead of the tokens' order in the sequence, so with positions that are not increasing a query "
+                    "sees later tokens and misses earlier ones",
+                    where="what the causal mask of self-attention is built from",
+                    fix="mask by the sequence index: key j visible to query i iff j <= i, whatever the positions",
+                    compute=m(mask=p.positions[None, :].cpu() <= p.positions[:, None].cpu()),
+                )
+            ]
+            if isinstance(p.positions, torch.Tensor)
+            and p.positions.ndim == 1
+            and bool((p.positions[1:] < p.positions[:-1]).any())
+            else []
+        ),
         Variant(
             "knob:reduction_dim",
             "the softmax runs over the queries",
