@@ -336,6 +336,8 @@ READINGS = [
      "feeds the prompt's last token again after the prompt"),
     ("causal_mask_from_the_rope_positions", "multihead_attention_with_rope",
      "the causal mask compares the RoPE positions"),
+    ("keys_rotated_at_the_default_theta", "logits_match_reference",
+     "the keys' RoPE turns at the default theta 10000"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -79,7 +79,9 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             q, k = q - late["wq"], k - late["wk"]
         if llama:
             theta = cfg.get("rope_theta", 10000.0)
-            q, k = rope_complex(q, pos, theta), rope_complex(k, pos, theta)
+            q_theta = 10000.0 if bug == "queries_default_theta" else theta  # a rotary layer without theta passed
+            k_theta = 10000.0 if bug == "keys_default_theta" else theta
+            q, k = rope_complex(q, pos, q_theta), rope_complex(k, pos, k_theta)
             if bug == "rope_cos_only":  # a complex freqs_cis cast to real: x * cos(angle), the sine term lost
                 cos = torch.cos(pos[:, None].double() * theta ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh))
                 cos = cos.repeat_interleave(2, dim=-1)  # interleaved pairs share their angle
@@ -320,7 +322,8 @@ CATALOG_WIRING = {
     # the lookup scaled inside embedding: llama's only embedding is the tokens' (gpt2's positions are scaled too)
     "embedding_rows_scaled_by_sqrt_d_model": ("embedding_scale", ("llama_gqa", "llama_mha")),
     "model_reads_its_ids_shifted_right": "ids_shifted_right",
-    "rope_model_table_loses_its_sine": "rope_cos_only",  # gpt2 has no RoPE: its logits do not change
+    "rope_model_table_loses_its_sine": "rope_cos_only",
+    "keys_rotated_at_the_default_theta": "keys_default_theta",  # gpt2 has no RoPE: its logits do not change
 }
 
 

@@ -397,6 +397,20 @@ BUGS = (
         code="knob:mask_alignment",
     ),
     Bug(
+        "keys_rotated_at_the_default_theta",
+        "rope_frequency",
+        (MHA, *MODEL),
+        "attention.py",
+        old="        k = rope(k, positions, theta, style=rope_style, table_size=rope_table_size, scaling=rope_scaling)",
+        new="        k = rope(k, positions, 10000.0, style=rope_style, table_size=rope_table_size, "
+        "scaling=rope_scaling)",
+        explanation="the keys' RoPE turns at the default theta 10000 whatever theta is given (a rotary layer built for "
+        "the keys without max_wavelength passed on), the queries' at the given one: right only where theta is 10000",
+        fix="rotate queries and keys at the same, given theta",
+        corner=True,
+        code="knob:rope_theta",
+    ),
+    Bug(
         "merge_heads_unfolds_the_batch_head_major",
         "layout",
         (MHA, *MODEL),

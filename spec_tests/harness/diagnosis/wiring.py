@@ -245,6 +245,41 @@ def _cos_only_forward(forward):
     return wrapped
 
 
+def _default_theta_forward(forward, which: int):
+    """An attention ``forward`` whose ``which``-th RoPE call (0: the queries, 1: the keys) turns at the default
+    theta 10000 instead of the model's."""
+    try:
+        names = forward.__globals__["multihead_self_attention"].__globals__
+        names["rope"]
+    except (AttributeError, KeyError):
+        raise NotApplicable("the attention computes RoPE elsewhere") from None
+
+    def wrapped(self, x, positions, cache, layer, mask=None):
+        rope, calls = names["rope"], iter(range(2))
+
+        def per_call(t, at, theta, *args, **kwargs):
+            return rope(t, at, 10000.0 if next(calls, None) == which else theta, *args, **kwargs)
+
+        names["rope"] = per_call
+        try:
+            return forward(self, x, positions, cache, layer, mask)
+        finally:
+            names["rope"] = rope
+
+    return wrapped
+
+
+def _rope_default_theta(which: int):
+    def rewire(model) -> None:
+        attns = [block.attn for block in getattr(model, "layers", None) or ()]
+        if not attns or any(getattr(a, "theta", None) in (None, 10000.0) for a in attns):
+            raise NotApplicable("no RoPE, or its theta is the default already")
+        for attn in attns:
+            attn.forward = types.MethodType(_default_theta_forward(type(attn).forward, which), attn)
+
+    return rewire
+
+
 def _rope_cos_only(model) -> None:
     attns = [block.attn for block in getattr(model, "layers", None) or ()]
     if not attns or any(getattr(a, "theta", None) is None or getattr(a.config, "rope_scaling", None) for a in attns):
@@ -528,6 +563,17 @@ WIRINGS = (
         "are not rotated with them",
         "add bq, bk to x wq^T, x wk^T before RoPE: rope(x wq^T + bq), rope(x wk^T + bk)",
         rewire=_qkv_bias_after_rope,
+    ),
+    *(
+        Wiring(
+            f"{role}_default_theta",
+            "knob:rope_theta",
+            f"the {role}' RoPE turns at the default theta 10000, not the config's rope_theta (the {other}' does): "
+            f"a rotary layer built for the {role} without the theta passed on keeps its default",
+            "pass rope_theta to the RoPE of the queries and of the keys alike",
+            rewire=_rope_default_theta(which),
+        )
+        for which, role, other in ((0, "queries", "keys"), (1, "keys", "queries"))
     ),
     Wiring(
         "rope_cos_only",
