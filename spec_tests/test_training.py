@@ -1948,10 +1948,17 @@ def unstepped(losses_with, sd) -> list[Variant]:
     """Weights train's optimizer never steps (``losses_with(frozen=names)``: AdamW's losses with those left out): an
     untied output head outside the module the parameter groups are built from, the embeddings, or every weight of
     fewer than two dims (norm gains and biases) given to a group with no learning rate."""
+    embeddings = tuple(k for k in sd if k.endswith("embeddings.weight"))
+    small = tuple(k for k, v in sd.items() if v.dim() < 2)
     groups = [
         (("lm_head.weight",), "the untied output head lm_head.weight"),
-        (tuple(k for k in sd if k.endswith("embeddings.weight")), "the embeddings"),
-        (tuple(k for k, v in sd.items() if v.dim() < 2), "every weight of fewer than two dims (norm gains, biases)"),
+        (embeddings, "the embeddings"),
+        (small, "every weight of fewer than two dims (norm gains, biases)"),
+        (  # a decay group of the Linear matrices alone, its no-decay counterpart never added (held out: batch 102)
+            embeddings + small,
+            "the embeddings or any weight of fewer than two dims (norm gains, biases): only the linear layers' "
+            "matrices, a weight-decay group whose no-decay group was never added",
+        ),
     ]
     return [
         Variant(

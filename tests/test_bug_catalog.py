@@ -338,6 +338,8 @@ READINGS = [
      "the causal mask compares the RoPE positions"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
+    ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",
+     "only the linear layers' matrices, a weight-decay group"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -96,6 +96,18 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "train_steps_only_the_linear_matrices",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)",
+        new="    decayed = [p for n, p in model.named_parameters() if p.dim() >= 2 and 'embeddings' not in n]\n"
+        "    optimizer = torch.optim.AdamW(decayed, lr=lr)  # the bug: no no-decay group",
+        explanation="train's AdamW is given only the weight-decay group, the linear layers' matrices: its no-decay "
+        "group (the embeddings, norm gains, biases) was never added, so those weights never change",
+        fix="give the optimizer every parameter: both groups",
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
