@@ -1470,3 +1470,28 @@ def test_a_cache_check_a_failing_component_explains_is_that_component_s(tmp_path
     charged_alone(
         folder, tmp_path, pytester, "test_moe_mlp or test_cache_equals_no_cache_with_moe", "moe_mlp", "new_cache"
     )
+
+
+def test_a_mask_without_its_diagonal_costs_the_mask_once_through_attention_and_the_model(tmp_path, pytester):
+    """The implementation's causal_mask leaves out the diagonal and its own attention builds its mask with it,
+    giving the first query, which then sees no key, zero weights (no NaN). The correct attention composed with that
+    mask leaves the first query's row undefined (NaN: no key to attend), a row the protocol leaves unspecified, and
+    equals the implementation elsewhere: attention is the mask's consequence. The model's failures are attention's,
+    whose own are the mask's: a chain, settled to the mask alone. A held-out bug (101's broadcast_lesser) was charged
+    to causal_mask and multihead_self_attention, then to causal_mask and forward."""
+    no_diagonal = ("attention.py", "    return k_pos <= q_pos\n", "    return k_pos < q_pos  # the diagonal left out\n")
+    own_mask = (  # the implementation's attention always builds its mask with causal_mask, and zero-fills empty rows
+        "attention.py",
+        "    if fused and softcap is None:\n        if causal and mask is None and t_q == 1 and n_rep > 1:",
+        "    if False:\n        if causal and mask is None and t_q == 1 and n_rep > 1:",
+    )
+    zero_rows = (
+        "attention.py",
+        '    return einsum(weights, v, "... h tq tk, ... h tk d -> ... h tq d")\n\n\ndef flash_attention(',
+        '    return einsum(weights.nan_to_num(0.0), v, "... h tq tk, ... h tk d -> ... h tq d")\n\n\n'
+        "def flash_attention(",
+    )
+    folder = implementation(tmp_path, patches=[no_diagonal, own_mask, zero_rows])
+    selected = "test_causal_mask_bottom_right or test_multihead_attention_layout or test_logits_match_reference"
+    out = charged_alone(folder, tmp_path, pytester, selected, "causal_mask", "multihead_self_attention")
+    assert "forward: " not in root_block(out), out[-3000:]

@@ -175,12 +175,14 @@ class FailureRegistry:
         return self.same_crash(exc, upstream_closure([name]) - {name} - set(subjects))
 
     def upstream_of(self, subject: str, *, precision: bool = False) -> list[str]:
-        """Failing, composable names ``subject`` may call whose failures can explain a math check; with
+        """Failing, composable names ``subject`` may call whose failures can explain a math check (their own, or
+        consequences of other names: settling resolves such a root to its roots); with
         ``precision``, a check to float64 rounding, whose failure a precision failure upstream explains too (a
         float32 statistic in rmsnorm rounds a float64 model's logits)."""
         names = upstream_closure([subject]) - {subject}
         kinds = EXPLAINING_KINDS | {"precision"} if precision else EXPLAINING_KINDS
-        return dependency_order(n for n in self.explaining(names, kinds) if n in consequences.COMPOSABLE)
+        wrong = [n for n in names if self.explaining([n], kinds) or n in self.explained]  # a chain settling resolves
+        return dependency_order(n for n in wrong if n in consequences.COMPOSABLE)
 
     def rounding_upstream_of(self, subject: str) -> list[str]:
         """Composable names ``subject`` may call that fail for float32 rounding alone (precision failures, nothing
@@ -189,9 +191,12 @@ class FailureRegistry:
         return dependency_order(n for n in names if self.kinds.get(n) == {"precision"} and n in consequences.COMPOSABLE)
 
     def upstream_failing(self, subjects, used, *, composable: bool = True) -> list[str]:
-        """Failing names the test may depend on, other than what it judges (dependency order)."""
+        """Failing names the test may depend on, other than what it judges (dependency order): with failures of
+        their own that can explain a math check, or whose failures were consequences themselves (attention whose
+        only failures its causal mask explains; the model composed with that attention is a chain settling
+        resolves to the mask)."""
         candidates = (upstream_closure(used) | set(used)) - set(subjects)
-        names = self.explaining(candidates)
+        names = [n for n in candidates if self.explaining([n]) or n in self.explained]
         return dependency_order(n for n in names if n in consequences.COMPOSABLE or not composable)
 
 
