@@ -397,7 +397,11 @@ def check_logits(spec, config, sd, ids, *, behaviour: str, **options) -> None:
         kind="model",
         axes="b t v",
         behaviour=behaviour,
-        given=[undetermined(spec, config, sd, ids), held_weights(spec, config, sd, ids)],
+        given=[
+            undetermined(spec, config, sd, ids),
+            held_weights(spec, config, sd, ids),
+            shared_weights(spec, config, sd, ids),
+        ],
         **options,
     )
 
@@ -480,6 +484,34 @@ def held_weights(spec, config, sd, ids, tol=None):
         "those it was given: they were loaded wrong"
     )
     return ("canonical_state_dict",), holds, why
+
+
+def shared_weights(spec, config, sd, ids):
+    """``spec.check``'s ``given``: where build_model fails and its model holds canonical weights in one shared
+    parameter (``shared_canonical_names``), a model that computes the specified logits of the weights it gives back
+    (each group one value: the last loaded) is right for what loading could hold; the sharing is build_model's
+    (held out: a GluonNLP head built with the embedding's params whatever tie_embeddings says)."""
+
+    def holds() -> bool:
+        if not spec.failing(("build_model",)):
+            return True
+        raw = unprobed(spec)
+        model = models.build(raw, config, sd)
+        if not raw.shared_canonical_names(model):
+            return True
+        held = {
+            k: v.detach().clone().to(sd[k].dtype if k in sd else v.dtype)
+            for k, v in raw.canonical_state_dict(model).items()
+        }
+        want = spec.expected(lambda m, held, ids: models.logits(m, config, held, ids), held, ids, label="shared")
+        return mismatch(raw.forward(model, ids), want, tolerance("model", device=spec.device)) is not None
+
+    why = (
+        "your model holds some canonical weights in one shared parameter (test_each_canonical_weight_has_a_parameter_"
+        "of_its_own), so loading one writes over the others, and it computes the specified logits of the weights it "
+        "holds"
+    )
+    return ("build_model",), holds, why
 
 
 def _logits_with_eps(ref, config, sd, ids, *, final: bool):

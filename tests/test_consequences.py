@@ -1495,3 +1495,31 @@ def test_a_mask_without_its_diagonal_costs_the_mask_once_through_attention_and_t
     selected = "test_causal_mask_bottom_right or test_multihead_attention_layout or test_logits_match_reference"
     out = charged_alone(folder, tmp_path, pytester, selected, "causal_mask", "multihead_self_attention")
     assert "forward: " not in root_block(out), out[-3000:]
+
+
+def test_logits_of_a_model_that_shares_an_untied_head_with_the_embedding_are_build_model_s(tmp_path, pytester):
+    """An untied gpt2 head built on the embedding's parameter (GluonNLP's params=self._embed.params whatever
+    tie_embeddings says): loading lm_head.weight writes over the embedding, and the model computes the specified
+    logits of the one matrix it holds for both. The logits check is build_model's consequence (its
+    parameter-of-its-own check fails), not forward's. A held-out bug (101) was charged to build_model and forward."""
+    shared = [
+        (
+            "model.py",
+            "        if cfg.tie_embeddings:\n",
+            "        if True:  # the bug: shared whatever the config says\n",
+        ),
+        (
+            "model.py",
+            "    params = dict(model.named_parameters())  # a tied lm_head is not listed separately",
+            "    params = dict(model.named_parameters(remove_duplicate=model.config.tie_embeddings))",
+        ),
+        (
+            "model.py",
+            "    return {name: p.detach() for name, p in model.named_parameters()}",
+            "    tied = model.config.tie_embeddings\n"
+            "    return {name: p.detach() for name, p in model.named_parameters(remove_duplicate=tied)}",
+        ),
+    ]
+    folder = implementation(tmp_path, patches=shared)
+    selected = "test_logits_match_reference_with_an_untied_gpt2_head or test_each_canonical_weight_has_a_parameter"
+    charged_alone(folder, tmp_path, pytester, selected, "build_model", "forward")
