@@ -1523,3 +1523,14 @@ def test_logits_of_a_model_that_shares_an_untied_head_with_the_embedding_are_bui
     folder = implementation(tmp_path, patches=shared)
     selected = "test_logits_match_reference_with_an_untied_gpt2_head or test_each_canonical_weight_has_a_parameter"
     charged_alone(folder, tmp_path, pytester, selected, "build_model", "forward")
+
+
+def test_keys_that_are_no_rotation_in_a_cache_that_reads_back_are_the_model_s(tmp_path, pytester):
+    """The model's RoPE table keeps only the cosine (a complex buffer cast to a real dtype): its keys are not a
+    rotation of themselves, so cache_kv's check that the same token's key keeps its length fails, while the cache,
+    fed the tokens in chunks, gives the model's own uncached logits. The cache holds what its model computes: that
+    check is forward's consequence. A held-out bug (99's freqs_cis buffer) was charged to forward and cache_kv; a
+    cache that stores keys before RoPE still costs cache_kv (its chunks do not read back)."""
+    folder = implementation(tmp_path, "rope_model_table_loses_its_sine")
+    selected = "test_logits_match_reference or test_cache_layout_rotated_keys_plain_values"
+    charged_alone(folder, tmp_path, pytester, selected, "forward", "cache_kv")
