@@ -179,50 +179,10 @@ def _rewire_last_block(kind: str):
     return rewire
 
 
-def _bias_after_rope_forward(forward):
-    """An attention ``forward`` whose q and k biases are added after RoPE: the reference attention's own code run
-    with those biases zeroed and its ``rope`` answering each rotated tensor with the bias added (q first, then k)."""
-    try:
-        names = forward.__globals__["multihead_self_attention"].__globals__
-        names["rope"]
-    except (AttributeError, KeyError):
-        raise NotApplicable("the attention computes RoPE elsewhere") from None
-
-    def wrapped(self, x, positions, cache, layer, mask=None):
-        rope, d_head = names["rope"], self.config.d_head
-        biases = iter([self.wq.bias.detach().clone(), self.wk.bias.detach().clone()])
-
-        def rope_then_bias(t, *args, **kwargs):
-            bias = next(biases)
-            return rope(t, *args, **kwargs) + bias.reshape(-1, 1, d_head)  # [heads, 1, d_head] on [B, heads, T, d]
-
-        saved = (self.wq.bias.detach().clone(), self.wk.bias.detach().clone())
-        with torch.no_grad():
-            self.wq.bias.zero_()
-            self.wk.bias.zero_()
-        names["rope"] = rope_then_bias
-        try:
-            return forward(self, x, positions, cache, layer, mask)
-        finally:
-            names["rope"] = rope
-            with torch.no_grad():
-                self.wq.bias.copy_(saved[0])
-                self.wk.bias.copy_(saved[1])
-
-    return wrapped
-
-
-def _qkv_bias_after_rope(model) -> None:
-    attns = [block.attn for block in getattr(model, "layers", None) or ()]
-    if not attns or any(getattr(a, "theta", None) is None or getattr(a.wq, "bias", None) is None for a in attns):
-        raise NotApplicable("no query and key biases beside RoPE")
-    for attn in attns:
-        attn.forward = types.MethodType(_bias_after_rope_forward(type(attn).forward), attn)
-
-
-def _cos_only_forward(forward):
-    """An attention ``forward`` whose RoPE keeps only the cosine: the reference attention's own code run with its
-    ``rope`` answering ``x * cos(angle)`` (the mean of the rotations by the angle and by its negative)."""
+def _with_rope(forward, make, *, zeroed=()):
+    """An attention ``forward`` run with the reference attention's ``rope`` answered by ``make(self, rope)``, made
+    afresh for each call (``NotApplicable`` where the attention computes RoPE elsewhere); ``zeroed``: the attention's
+    projections whose biases are zero during the call."""
     try:
         names = forward.__globals__["multihead_self_attention"].__globals__
         names["rope"]
@@ -231,61 +191,78 @@ def _cos_only_forward(forward):
 
     def wrapped(self, x, positions, cache, layer, mask=None):
         rope = names["rope"]
-
-        def cos_only(t, at, *args, **kwargs):
-            back = rope(t, -at, *args, **{**kwargs, "table_size": None})  # negative positions: no table lookup
-            return (rope(t, at, *args, **kwargs) + back) / 2
-
-        names["rope"] = cos_only
+        names["rope"] = make(self, rope)
+        saved = [getattr(self, p).bias.detach().clone() for p in zeroed]
+        with torch.no_grad():
+            for p in zeroed:
+                getattr(self, p).bias.zero_()
         try:
             return forward(self, x, positions, cache, layer, mask)
         finally:
             names["rope"] = rope
+            with torch.no_grad():
+                for p, bias in zip(zeroed, saved, strict=True):
+                    getattr(self, p).bias.copy_(bias)
 
     return wrapped
 
 
-def _default_theta_forward(forward, which: int):
-    """An attention ``forward`` whose ``which``-th RoPE call (0: the queries, 1: the keys) turns at the default
-    theta 10000 instead of the model's."""
-    try:
-        names = forward.__globals__["multihead_self_attention"].__globals__
-        names["rope"]
-    except (AttributeError, KeyError):
-        raise NotApplicable("the attention computes RoPE elsewhere") from None
+def _rewire_attention(unfit: Callable, why: str, make, **options):
+    """A ``rewire`` giving every layer's attention ``_with_rope(make)`` (``NotApplicable`` where ``unfit(attn)``)."""
 
-    def wrapped(self, x, positions, cache, layer, mask=None):
-        rope, calls = names["rope"], iter(range(2))
-
-        def per_call(t, at, theta, *args, **kwargs):
-            return rope(t, at, 10000.0 if next(calls, None) == which else theta, *args, **kwargs)
-
-        names["rope"] = per_call
-        try:
-            return forward(self, x, positions, cache, layer, mask)
-        finally:
-            names["rope"] = rope
-
-    return wrapped
-
-
-def _rope_default_theta(which: int):
     def rewire(model) -> None:
         attns = [block.attn for block in getattr(model, "layers", None) or ()]
-        if not attns or any(getattr(a, "theta", None) in (None, 10000.0) for a in attns):
-            raise NotApplicable("no RoPE, or its theta is the default already")
+        if not attns or any(unfit(a) for a in attns):
+            raise NotApplicable(why)
         for attn in attns:
-            attn.forward = types.MethodType(_default_theta_forward(type(attn).forward, which), attn)
+            attn.forward = types.MethodType(_with_rope(type(attn).forward, make, **options), attn)
 
     return rewire
 
 
-def _rope_cos_only(model) -> None:
-    attns = [block.attn for block in getattr(model, "layers", None) or ()]
-    if not attns or any(getattr(a, "theta", None) is None or getattr(a.config, "rope_scaling", None) for a in attns):
-        raise NotApplicable("no RoPE, or a scaled one (its dynamic length read from the positions)")
-    for attn in attns:
-        attn.forward = types.MethodType(_cos_only_forward(type(attn).forward), attn)
+def _rope_then_bias(self, rope):
+    """The q and k biases added after RoPE, to each rotated tensor (q first, then k)."""
+    d_head = self.config.d_head
+    biases = iter([self.wq.bias.detach().clone(), self.wk.bias.detach().clone()])
+    return lambda t, *a, **k: (
+        rope(t, *a, **k) + next(biases).reshape(-1, 1, d_head)
+    )  # [heads, 1, d] on [B, heads, T, d]
+
+
+def _cos_only(self, rope):
+    """``x * cos(angle)``: the mean of the rotations by the angle and by its negative (no table for those)."""
+    return lambda t, at, *a, **k: (rope(t, at, *a, **k) + rope(t, -at, *a, **{**k, "table_size": None})) / 2
+
+
+def _default_theta(which: int):
+    """The ``which``-th RoPE call of each attention call (0: the queries, 1: the keys) at the default theta 10000."""
+
+    def make(self, rope):
+        calls = iter(range(2))
+        return lambda t, at, theta, *a, **k: rope(t, at, 10000.0 if next(calls, None) == which else theta, *a, **k)
+
+    return make
+
+
+_qkv_bias_after_rope = _rewire_attention(
+    lambda a: getattr(a, "theta", None) is None or getattr(a.wq, "bias", None) is None,
+    "no query and key biases beside RoPE",
+    _rope_then_bias,
+    zeroed=("wq", "wk"),
+)
+_rope_cos_only = _rewire_attention(
+    lambda a: getattr(a, "theta", None) is None or getattr(a.config, "rope_scaling", None),
+    "no RoPE, or a scaled one (its dynamic length read from the positions)",
+    _cos_only,
+)
+
+
+def _rope_default_theta(which: int):
+    return _rewire_attention(
+        lambda a: getattr(a, "theta", None) in (None, 10000.0),
+        "no RoPE, or its theta is the default already",
+        _default_theta(which),
+    )
 
 
 def _no_final_norm(model) -> None:
