@@ -242,7 +242,8 @@ def evaluate_teacher(
     (the same, every padded target, with the inputs padded with 0 right after the window: inputs and targets padded
     apart, the targets with 0 instead of ignore_index); ``"zero_counted_out"`` (every target scored, the total divided
     by the padded windows' slots whose label is not 0: the count compares the labels with a pad id of 0 while the
-    padding is marked with ignore_index).
+    padding is marked with ignore_index); ``"row_means_rescaled"`` (each window's NLL averaged over its batch's
+    padded width and multiplied back by its own length, as GluonNLP's masked loss times ``valid_length``).
     """
     nll, targets = [], []
     spans = windows(len(data), context_length)
