@@ -340,6 +340,7 @@ READINGS = [
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",
      "only the linear layers' matrices, a weight-decay group"),
+    ("generate_no_prompt_cropping", "long_prompt_is_cropped", "tokens (more than the context_length, 29) and works"),
     ("mha_keys_rotated_from_zero", "multihead_attention_with_rope", "the keys are rotated at arange(T)"),
     ("cached_path_rotates_values_not_keys", "cached_logits_equal_full_forward",
      "RoPE rotates the values instead of the keys"),

@@ -531,10 +531,11 @@ def _filled(name, args, kwargs, n: int) -> str:
     return ""
 
 
-def _boundary_probes(name, args, kwargs) -> list[Probe]:
+def _boundary_probes(name, args, kwargs, context: int | None = None) -> list[Probe]:
     """A 1-D token stream one token longer; a [B, 1] id input with two tokens; a [B, T] one shorter, half as long
     and one token long (a size past a limit, such as the context length, is often further than one token; a
-    cached step of one token is the common case)."""
+    cached step of one token is the common case). ``context``: the model's context_length, said where the length
+    that raises is past it and the one that runs within it (a prompt the protocol crops)."""
     probes = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.dtype == torch.bool:
@@ -569,8 +570,12 @@ def _boundary_probes(name, args, kwargs) -> list[Probe]:
                 kept = a[:, :shorter].repeat(1, -(-t // shorter))[:, :t].contiguous()
                 control = ((*args[:i], kept, *args[i + 1 :]), kwargs, False)
                 # one token runs where a wrong shape broadcasts by chance: a clue, never a cause
+                past = context is not None and shorter <= context < t
+                failing = f"a [B, T] id input of T={t} tokens" + (
+                    f" (more than the context_length, {context})" if past else ""
+                )
                 probes.append(
-                    Probe(f"a [B, T] id input of T={t} tokens", f"T={shorter}", new, kwargs, "", "boundary",
+                    Probe(failing, f"T={shorter}" + (" (within it)" if past else ""), new, kwargs, "", "boundary",
                           weak=shorter == 1 and t > 2, beside_cache=True, controls=(control,), chunk=shorter)
                 )  # fmt: skip
             break
@@ -1594,7 +1599,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
     # through a cache the call's length comes before the model's variants (a block count one off at a length); else
     # after the ranks, where it was (a model's own variants first)
     cached = ledger is not None and any(id(v) in ledger.caches for v in (*args, *kwargs.values()))
-    boundary = _boundary_probes(name, args, kwargs)
+    boundary = _boundary_probes(name, args, kwargs, ledger.context_length(args, kwargs) if ledger else None)
     found = (
         _layout_probes(name, args, kwargs)
         + _tie_probes(name, args, kwargs)

@@ -82,6 +82,16 @@ class Ledger:
                 return entry[0] if at is None else entry[at]
         return None
 
+    def context_length(self, args: tuple, kwargs: dict) -> int | None:
+        """The context_length of the one recorded model among the call's arguments (or its cache's, its
+        optimizer's); None where there is none, or several."""
+        found = {id(m): m for m in map(self._model_of, (*args, *kwargs.values())) if m is not None}
+        if len(found) != 1:
+            return None
+        config = self.models[id(next(iter(found.values())))][1]
+        value = config.get("context_length") if isinstance(config, dict) else None
+        return value if type(value) is int else None
+
     def probes(self, name: str, args: tuple, kwargs: dict, probe_type) -> list:
         """One ``probe_type`` (``crashes.Probe``) per config change that applies to the one model among the call's
         arguments (the model itself, its optimizer or its cache), and for a cache that earlier calls filled, the
