@@ -320,13 +320,17 @@ def test_model_honours_rope_scaling(spec, kind):
     "bad,value",
     [
         ({"rope_type": "cubic", "factor": 2.0}, "cubic"),
-        ({"rope_type": "linear", "factor": 0.5}, "0.5"),
+        ({"factor": 0.5}, "0.5"),  # in the first type the implementation holds
     ],
     ids=["unknown_type", "factor_below_1"],
 )
 def test_rope_scaling_rejects_bad_dicts(spec, bad, value):
-    """An unknown rope_type or a factor below 1 raises ValueError (protocol: amendment 20)."""
+    """An unknown rope_type or a factor below 1 raises ValueError (protocol: amendment 20). The factor is tried in a
+    type the implementation holds (``rope_scaling:<type>``): a code with YaRN alone need not take a linear dict."""
     spec.impl.require_capability("rope_scaling")
+    if "rope_type" not in bad:
+        held = next(t for t in TYPES if f"rope_scaling:{t}" in spec.impl.capabilities)
+        bad = {**SCALINGS[held], **bad}
     x = spec.inputs.per_head(1, 1, 3, S.D_HEAD, seed=146)
     spec.raises(
         ValueError,
