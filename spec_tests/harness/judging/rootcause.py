@@ -191,12 +191,11 @@ class FailureRegistry:
         return dependency_order(n for n in names if self.kinds.get(n) == {"precision"} and n in consequences.COMPOSABLE)
 
     def upstream_failing(self, subjects, used, *, composable: bool = True) -> list[str]:
-        """Failing names the test may depend on, other than what it judges (dependency order): with failures of
-        their own that can explain a math check, or whose failures were consequences themselves (attention whose
-        only failures its causal mask explains; the model composed with that attention is a chain settling
-        resolves to the mask)."""
+        """Failing names the test may depend on, other than what it judges (dependency order). Names whose failures
+        were consequences are left out here (a rerun of a whole test on them found wrong consequences: a mode check
+        of a model whose attention's failures its mask explains); comparisons compose them (``upstream_of``)."""
         candidates = (upstream_closure(used) | set(used)) - set(subjects)
-        names = [n for n in candidates if self.explaining([n]) or n in self.explained]
+        names = self.explaining(candidates)
         return dependency_order(n for n in names if n in consequences.COMPOSABLE or not composable)
 
 
