@@ -180,8 +180,7 @@ class FailureRegistry:
         ``precision``, a check to float64 rounding, whose failure a precision failure upstream explains too (a
         float32 statistic in rmsnorm rounds a float64 model's logits)."""
         names = upstream_closure([subject]) - {subject}
-        kinds = EXPLAINING_KINDS | {"precision"} if precision else EXPLAINING_KINDS
-        wrong = [n for n in names if self.explaining([n], kinds) or n in self.explained]  # a chain settling resolves
+        wrong = self.behaving_wrongly(names, precision=precision)  # consequences too: a chain settling resolves
         return dependency_order(n for n in wrong if n in consequences.COMPOSABLE)
 
     def rounding_upstream_of(self, subject: str) -> list[str]:
