@@ -63,16 +63,22 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             return t.view(B, T, dh, n).transpose(-1, -2).transpose(1, 2)
         return t.view(B, T, n, dh).transpose(1, 2)
 
-    def attention(h, p):
+    suffix = "_from_the_unnormalised_stream"  # those projections read the block's input, not attn_norm's output
+    raw_roles = bug[: -len(suffix)].split("_") if bug and bug.endswith(suffix) else ()
+
+    def attention(h, p, stream=None):
         names = {"wq_wk_swapped": "wk wq wv", "wk_wv_swapped": "wq wv wk", "wq_wv_swapped": "wv wk wq"}
         nq, nk, nv = names.get(bug, "wq wk wv").split()
+        source = {n: stream if n in raw_roles else h for n in ("wq", "wk", "wv")}
         if bug == "fused_qkv_per_head":
             w = torch.cat([sd[f"{p}.attn.{n}.weight"] for n in ("wq", "wk", "wv")])
             bias = None if llama else torch.cat([sd[f"{p}.attn.{n}.bias"] for n in ("wq", "wk", "wv")])
             qkv = F.linear(h, w, bias).view(B, T, H, 3, dh)
             q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))
         else:
-            q, k, v = heads(proj(h, nq, p), H), heads(proj(h, nk, p), H_kv), heads(proj(h, nv, p), H_kv)
+            q, k, v = (
+                heads(proj(source[n], m, p), c) for n, m, c in (("wq", nq, H), ("wk", nk, H_kv), ("wv", nv, H_kv))
+            )
         late = {}  # qkv_bias_after_rope: the query and key biases taken out here, added after the rotation
         if bug == "qkv_bias_after_rope":
             late = {n: sd[f"{p}.attn.{n}.bias"].view(-1, 1, dh) for n in ("wq", "wk")}
@@ -176,7 +182,7 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
             x = 2 * x + attention(norm(x, f"{p}.attn_norm"), p)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
         else:
-            x = x + attention(norm(x, f"{p}.attn_norm"), p)
+            x = x + attention(norm(x, f"{p}.attn_norm"), p, x)
             x = x + mlp(norm(x, f"{p}.mlp_norm"), p)
     if bug != "no_final_norm":
         x = norm(x, "final_norm")

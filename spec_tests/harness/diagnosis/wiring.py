@@ -154,6 +154,55 @@ def _fused_stream_forward(first: bool, carried: tuple | None):
     return forward
 
 
+class _Projection:
+    """A linear layer's weight widened to read ``[normalised, stream]`` (``x`` of twice the width), with the half it
+    does not read zero: ``stream`` picks the second half."""
+
+    def __init__(self, linear: nn.Module, stream: bool):
+        zero = torch.zeros_like(linear.weight)
+        self.weight = torch.cat((zero, linear.weight) if stream else (linear.weight, zero), dim=-1)
+        self.bias = linear.bias
+
+
+class _Reading:
+    """An attention module whose q, k, v projections read the wider input ``[normalised, stream]``: ``roles`` (a
+    subset of ``wq``, ``wk``, ``wv``) the un-normalised stream, the others the normalised one; every other attribute
+    is the module's own."""
+
+    def __init__(self, attn: nn.Module, roles: tuple[str, ...]):
+        self._attn = attn
+        self.wq, self.wk, self.wv = (_Projection(getattr(attn, p), p in roles) for p in ("wq", "wk", "wv"))
+
+    def __getattr__(self, name):
+        return getattr(self._attn, name)
+
+
+def _stream_reading_forward(roles: tuple[str, ...]):
+    """A ``Block.forward`` whose attention projects ``roles`` from the block's un-normalised input (a layer converted
+    from separate query and key/value inputs, cross-attention's, that normalises only one of them)."""
+
+    def forward(self, x, positions, cache, layer, mask=None):
+        both = torch.cat((self.attn_norm(x), x), dim=-1)
+        out = type(self.attn).forward(_Reading(self.attn, roles), both, positions, cache, layer, mask)
+        if getattr(self, "post_norms", False):
+            out = self.attn_post_norm(out)
+        x = x + self.drop(out)
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+    return forward
+
+
+def _rewire_stream_reading(roles: tuple[str, ...]):
+    def rewire(model) -> None:
+        layers = getattr(model, "layers", None)
+        if not layers:
+            raise NotApplicable("the model has no blocks")
+        for block in layers:
+            block.forward = types.MethodType(_stream_reading_forward(roles), block)
+
+    return rewire
+
+
 def _rewire_fused_stream(before_gain: bool):
     """Every norm but the first replaces the stream with its normalised value: a fused add-and-norm (norm(x, residual)
     giving the normalised sum and the sum) whose normalised sum is carried on as the residual."""
@@ -502,6 +551,25 @@ WIRINGS = (
             rewire=_rewire_blocks(f"norm_on_{branch}_stream"),
         )
         for branch, norm in (("attn", "attn_norm"), ("mlp", "mlp_norm"))
+    ),
+    *(
+        Wiring(
+            f"{'_'.join(roles)}_from_the_unnormalised_stream",
+            "knob:norm_placement",
+            f"the attention's {what} projected from the block's un-normalised input (the residual stream) while "
+            f"{rest} read attn_norm(x): a layer written with separate query and key/value inputs that normalises "
+            "only one of them",
+            "project q, k and v all from the one normalised input: h = attn_norm(x); q, k, v = h wq^T, h wk^T, h wv^T",
+            rewire=_rewire_stream_reading(roles),
+        )
+        for roles, what, rest in (
+            (("wk", "wv"), "keys and values are", "the queries"),
+            (("wq",), "queries are", "the keys and values"),
+            (("wv",), "values are", "the queries and keys"),
+            (("wq", "wk"), "queries and keys are", "the values"),
+            (("wk",), "keys are", "the queries and values"),
+            (("wq", "wv"), "queries and values are", "the keys"),
+        )
     ),
     Wiring(
         "norm_on_fused_stream",
