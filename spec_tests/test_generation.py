@@ -155,7 +155,7 @@ def greedy_case(
     if not torch.equal(out.cpu(), want.cpu()):
         own_sampler_consequence(spec, model, prompt, n, ctx, out, use_cache=use_cache, behaviour=behaviour)
     if use_cache and not torch.equal(out.cpu(), want.cpu()):
-        causes, codes = cache_consistent(spec, model, prompt, n, config, want, out, behaviour, causes, codes)
+        causes, codes = cache_consistent(spec, model, prompt, n, config, want, out, behaviour, causes, codes, sd=sd)
     right_within = True  # generation within the context is right: what differs past it is the window's
     if within is not None and causes and not torch.equal(out.cpu(), want.cpu()):
         short = prompt_for(spec, config, t=within[0], seed=seeds[1])
@@ -480,13 +480,14 @@ def own_sampler_consequence(
             )
 
 
-def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, causes, codes):
+def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, causes, codes, *, sd=None):
     """Where cached generation differs from the model's own cached greedy teacher: a consequence of new_cache where
     generation without the cache is right and new_cache fails its own tests; else whether the model's cached
     forward picks the tokens its uncached forward picks on this very prompt. Where it does not, the tokens depend
     on how generate feeds the cache (every way is right for a consistent cache), so this check cannot judge
     generate: a consequence of new_cache or forward where they fail their own tests, else ``causes`` are weak.
-    ``out``: generate's own cached greedy tokens, which differ from ``want``."""
+    ``out``: generate's own cached greedy tokens, which differ from ``want``; ``sd``: the model's canonical weights,
+    for the readings that decode them with the reference."""
     plain = oracles.greedy_teacher(spec.impl, model, prompt, n, config["context_length"], use_cache=False)
     raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
     uncached = functools.cache(lambda: raw.generate(model, prompt, n, temperature=0.0, use_cache=False))
@@ -509,6 +510,9 @@ def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, cause
             fed_twice = last_token_fed_twice(raw, model, prompt, n, config["context_length"], out)
             if fed_twice is not None:
                 return fed_twice
+            shifted = None if sd is None else decode_positions_reading(spec, config, sd, prompt, n, out)
+            if shifted is not None:
+                return shifted
             return (
                 "likely cause: generate's own cached path feeds its cache otherwise than the protocol's loop: without "
                 "the cache it picks your model's greedy tokens, and so does your forward through a new cache fed the "
@@ -558,6 +562,47 @@ def last_token_fed_twice(raw, model, prompt, n: int, ctx: int, out):
         "started from the last input token), so that token is cached twice and every later position is one further "
         "on: your model's forward through a cache fed the prompt, then its last token again, then each new token, "
         "gives every one of your new tokens. Fix: after the prompt, feed only each newly picked token",
+    ), ("knob:cache_feeding",)
+
+
+@torch.no_grad()
+def decode_positions_reading(spec, config, sd, prompt, n: int, out):
+    """``(causes, codes)`` where ``out``'s new tokens are those of the reference on the same weights, the prompt cached
+    at its positions 0..t-1 and the k-th token fed after it at another position than t + k: a step counter advanced
+    by 1 (or not at all) after the prompt, started at 0, or one off. One such rule must give every new token of
+    every row; None where none does, or where the tokens would pass the context."""
+    ref = getattr(spec.expectations, "reference", None)
+    b, t = prompt.shape
+    ctx = config["context_length"]
+    if ref is None or out.shape != (b, t + n) or t + n > ctx:
+        return None
+    twin = models.build(ref, config, sd).eval()
+    rules = (
+        (lambda k: 1 + k, "1, 2, 3, ...: a step counter advanced by one after the prompt instead of by its length"),
+        (lambda k: k, "0, 1, 2, ...: a step counter that starts at 0 after the prompt"),
+        (lambda k: t - 1 + k, f"{t - 1}, {t}, ...: one position early (the prompt's last position reused)"),
+        (lambda k: t + 1 + k, f"{t + 1}, {t + 2}, ...: one position late (a counter advanced twice)"),
+        (lambda k: t, f"{t} at every step: a position that never advances after the prompt"),
+    )
+    found = []
+    for rule, said in rules:
+        cache = ref.new_cache(twin, b)
+        token, picked = ref.forward(twin, prompt, cache)[:, -1].argmax(dim=-1, keepdim=True), []
+        for k in range(n):
+            picked.append(token)
+            if k < n - 1:
+                at = torch.tensor([rule(k)], device=prompt.device)
+                token = ref.forward(twin, token, cache, positions=at)[:, -1].argmax(dim=-1, keepdim=True)
+        if torch.equal(torch.cat(picked, dim=1).cpu(), out[:, t:].cpu()):
+            found.append(said)
+    if len(found) != 1:
+        return None
+    return (
+        "likely cause: generate's cached path gives the tokens it feeds after the prompt the wrong positions: "
+        f"{found[0]}, where the k-th token after a {t}-token prompt is at position {t} + k (the reference on your "
+        f"weights, the prompt cached at 0..{t - 1} and the new tokens fed at those positions, gives every one of "
+        f"your {n} new tokens in every row; without the cache generate is right). Fix: advance the position by the "
+        "number of tokens fed (the cache's length), the prompt's included",
     ), ("knob:cache_feeding",)
 
 
