@@ -336,6 +336,8 @@ READINGS = [
      "feeds the prompt's last token again after the prompt"),
     ("causal_mask_from_the_rope_positions", "multihead_attention_with_rope",
      "the causal mask compares the RoPE positions"),
+    ("generate_counts_the_prompt_as_one_step", "greedy_generation_follows_the_model",
+     "1, 2, 3, ...: a step counter advanced by one after the prompt"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

@@ -568,6 +568,22 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:cache_feeding",
     ),
     Bug(
+        "generate_counts_the_prompt_as_one_step",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -1:], cache, **padded(mask))",
+        new="                step = ids.shape[1] - prompt.shape[1]  # the bug: a step counter, the prompt one step\n"
+        "                at = {} if mask is not None else {'positions': torch.tensor([step], device=ids.device)}\n"
+        "                logits = model(ids[:, -1:], cache, **padded(mask), **at)",
+        explanation="after encoding the prompt, generate's step counter advances by 1 instead of by the prompt's "
+        "length (fairseq2's step_nr), so the tokens it feeds through the cache sit at positions 1, 2, ... instead "
+        "of continuing after the prompt",
+        fix="advance the position by the number of tokens fed, the prompt's included (the cache's length)",
+        corner=True,
+        code="knob:cache_feeding",
+    ),
+    Bug(
         "generate_rolls_a_full_cache",
         "kv_cache",
         GENERATION,
