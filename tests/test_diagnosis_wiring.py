@@ -117,6 +117,10 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
     if not llama:
         scale = {"position_embeddings_scaled_down": d**-0.5, "position_embeddings_scaled_up": d**0.5}.get(bug, 1.0)
         x = x + F.embedding(pos, sd["pos_embeddings.weight"]) * (0.0 if bug == "no_position_embeddings" else scale)
+    if bug == "embeddings_rms_normalised":  # nanochat's parameter-free norm after the embedding
+        x = F.rms_norm(x, (d,), None, cfg.get("norm_eps", 1e-5))
+    elif bug == "embeddings_layer_normalised":
+        x = F.layer_norm(x, (d,), None, None, cfg.get("norm_eps", 1e-5))
     before = x
     for i in range(cfg["n_layers"]):
         p = f"layers.{i}"

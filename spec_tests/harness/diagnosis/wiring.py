@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -329,6 +330,21 @@ def _ids_shifted_right(model) -> None:
         return forward(ids, cache, **kwargs)
 
     model.forward = shifted
+
+
+def _normalised_embeddings(kind: str):
+    """The stream starts normalised: a norm without weights (``kind``: the reference's ``RMSNorm`` or ``LayerNorm``
+    class, at the config's norm_eps) on the embeddings, positions added, before the first block (nanochat's
+    parameter-free norm after the token embedding)."""
+
+    def rewire(model) -> None:
+        norm_class = getattr(sys.modules[type(model.final_norm).__module__], kind, None)
+        if norm_class is None:
+            raise NotApplicable(f"the reference has no {kind}")
+        norm = _without_gain(norm_class(model.config.d_model, model.config.norm_eps))
+        model.drop = nn.Sequential(norm.to(model.final_norm.weight), model.drop)
+
+    return rewire
 
 
 def _toggle_embedding_scale(model) -> None:
@@ -670,6 +686,21 @@ WIRINGS = (
         "multiply the token embeddings by sqrt(d_model) only with embed_scale (Gemma); llama and gpt2 use them "
         "as they are",
         rewire=_toggle_embedding_scale,
+    ),
+    *(
+        Wiring(
+            f"embeddings_{name}",
+            "knob:norm_placement",
+            f"the embeddings are normalised before the first block ({what} without weights, nanochat's norm after "
+            "the token embedding): the residual stream starts at unit scale",
+            "feed the embeddings to the first block as they are: x = tok_embeddings(ids) (+ pos_embeddings); only "
+            "the blocks' own norms normalise, each branch's input",
+            rewire=_normalised_embeddings(kind),
+        )
+        for name, what, kind in (
+            ("rms_normalised", "an RMS norm", "RMSNorm"),
+            ("layer_normalised", "a layer norm", "LayerNorm"),
+        )
     ),
     Wiring(
         "position_embeddings_scaled_down",
