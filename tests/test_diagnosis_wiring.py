@@ -111,16 +111,23 @@ def functional_logits(cfg: dict, sd: dict, ids: torch.Tensor, bug: str | None = 
 
     if bug == "ids_shifted_right":  # Trax's ShiftRight kept in a language model: a 0 in front, the last id dropped
         ids = F.pad(ids[:, :-1], (1, 0))
+
+    def weightless_norm(x):
+        default = bug.endswith("_at_the_default_eps") or "_at_the_default_eps_" in bug
+        if "rms" in bug:
+            return F.rms_norm(x, (d,), None, None if default else cfg.get("norm_eps", 1e-5))
+        return F.layer_norm(x, (d,), None, None, 1e-5 if default else cfg.get("norm_eps", 1e-5))
+
     x = F.embedding(ids, sd["tok_embeddings.weight"])
+    if bug and bug.startswith("embeddings_") and bug.endswith("_before_the_positions"):
+        x = weightless_norm(x)
     if bug == "embedding_scale":
         x = x * math.sqrt(d)
     if not llama:
         scale = {"position_embeddings_scaled_down": d**-0.5, "position_embeddings_scaled_up": d**0.5}.get(bug, 1.0)
         x = x + F.embedding(pos, sd["pos_embeddings.weight"]) * (0.0 if bug == "no_position_embeddings" else scale)
-    if bug == "embeddings_rms_normalised":  # nanochat's parameter-free norm after the embedding
-        x = F.rms_norm(x, (d,), None, cfg.get("norm_eps", 1e-5))
-    elif bug == "embeddings_layer_normalised":
-        x = F.layer_norm(x, (d,), None, None, cfg.get("norm_eps", 1e-5))
+    if bug and bug.startswith("embeddings_") and not bug.endswith("_before_the_positions"):
+        x = weightless_norm(x)  # nanochat's parameter-free norm after the embedding
     before = x
     for i in range(cfg["n_layers"]):
         p = f"layers.{i}"

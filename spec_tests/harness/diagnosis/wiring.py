@@ -332,17 +332,35 @@ def _ids_shifted_right(model) -> None:
     model.forward = shifted
 
 
-def _normalised_embeddings(kind: str):
+# a weightless norm's eps where none is passed: torch.nn.functional.rms_norm's (the dtype's eps), layer_norm's 1e-5
+_DEFAULT_EPS = {"RMSNorm": None, "LayerNorm": 1e-5}
+
+
+def _normalised_embeddings(kind: str, default_eps: bool, tokens: bool):
     """The stream starts normalised: a norm without weights (``kind``: the reference's ``RMSNorm`` or ``LayerNorm``
-    class, at the config's norm_eps) on the embeddings, positions added, before the first block (nanochat's
-    parameter-free norm after the token embedding)."""
+    class; at the config's norm_eps, or where ``default_eps`` at torch's default) on the embeddings before the first
+    block (nanochat's parameter-free norm after the token embedding); ``tokens``: on the token embeddings alone,
+    before gpt2's positions are added (their table's rows normalised), else on their sum."""
 
     def rewire(model) -> None:
         norm_class = getattr(sys.modules[type(model.final_norm).__module__], kind, None)
         if norm_class is None:
             raise NotApplicable(f"the reference has no {kind}")
-        norm = _without_gain(norm_class(model.config.d_model, model.config.norm_eps))
-        model.drop = nn.Sequential(norm.to(model.final_norm.weight), model.drop)
+        if tokens and model.pos_embeddings is None:
+            raise NotApplicable("no position embeddings: the token embeddings are the stream")
+        weight, eps = model.tok_embeddings.weight, model.config.norm_eps
+        if default_eps:
+            default = _DEFAULT_EPS[kind]
+            if default == eps:
+                raise NotApplicable("the config's norm_eps is the default")
+            eps = torch.finfo(weight.dtype).eps if default is None else default
+        norm = _without_gain(norm_class(model.config.d_model, eps)).to(weight)
+        if tokens:
+            table = nn.Embedding(*weight.shape, device=weight.device, dtype=weight.dtype)
+            table.weight.copy_(norm(weight))  # each looked-up row normalised; a tied head keeps the parameter
+            model.tok_embeddings = table
+        else:
+            model.drop = nn.Sequential(norm, model.drop)
 
     return rewire
 
@@ -689,18 +707,22 @@ WIRINGS = (
     ),
     *(
         Wiring(
-            f"embeddings_{name}",
+            f"embeddings_{name}{'_at_the_default_eps' if default else ''}{'_before_the_positions' if tokens else ''}",
             "knob:norm_placement",
-            f"the embeddings are normalised before the first block ({what} without weights, nanochat's norm after "
-            "the token embedding): the residual stream starts at unit scale",
+            f"the {'token embeddings are' if tokens else 'embeddings are'} normalised before "
+            f"{'the positions are added' if tokens else 'the first block'} ({what} without weights"
+            f"{', at torch' + chr(39) + 's default eps' if default else ''}; nanochat's norm after the token "
+            "embedding): the residual stream starts at unit scale",
             "feed the embeddings to the first block as they are: x = tok_embeddings(ids) (+ pos_embeddings); only "
             "the blocks' own norms normalise, each branch's input",
-            rewire=_normalised_embeddings(kind),
+            rewire=_normalised_embeddings(kind, default, tokens),
         )
         for name, what, kind in (
             ("rms_normalised", "an RMS norm", "RMSNorm"),
             ("layer_normalised", "a layer norm", "LayerNorm"),
         )
+        for default in (False, True)
+        for tokens in (False, True)
     ),
     Wiring(
         "position_embeddings_scaled_down",
