@@ -317,6 +317,27 @@ def test_the_model_search_names_a_missing_residual_with_its_code():
     assert [(v.code, v.knob) for v in fit] == [("knob:missing_residual", ("wiring", "no_mlp_residual"))]
 
 
+def test_a_remembered_search_offers_the_fitting_wirings_other_forms():
+    """A test's later cases try what fitted its first (model_knobs' memo); a mistake whose wiring takes another form
+    in another family (the token embeddings normalised: the stream itself in llama, before the positions in gpt2,
+    held-out batch 104) is named in both, in either order."""
+    from spec_tests.harness.diagnosis import model_knobs
+
+    bug, reference = "embeddings_rms_normalised_at_the_default_eps", reference_subject("interleaved")
+    form = {"llama_gqa": bug, "gpt2": f"{bug}_before_the_positions"}  # the form each family's mistake takes
+    for order in (("llama_gqa", "gpt2"), ("gpt2", "llama_gqa")):
+        memo = f"test-memo-{order[0]}"
+        model_knobs._SEARCHED.pop(memo, None)
+        for config in order:
+            cfg, sd, ids = _inputs(config)
+            actual = functional_logits(cfg, sd, ids, form[config])
+            tried = model_variants(_compute(cfg), reference, (sd, ids), memo=memo)
+            fit = fitting_variants(tried, actual, TOL, reference, sd, ids)
+            model_knobs.remember(memo, fit)
+            assert [v.knob for v in fit] == [("wiring", form[config])], (order, config)
+        model_knobs._SEARCHED.pop(memo, None)
+
+
 def test_a_computation_that_builds_no_model_is_not_a_wiring():
     cfg, sd, ids = _inputs("llama_gqa")
     with pytest.raises(NotApplicable):

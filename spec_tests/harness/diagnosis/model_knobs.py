@@ -98,8 +98,9 @@ def model_variants(compute, reference, args, *, memo: str | None = None) -> list
 
             summary = f"{v.summary} (in the model's {name.replace('_', ' ')})"
             found.append(Variant(v.code, summary, v.fix, run, knob=(name, i)))
+    fitted_groups = {w.group for w in WIRINGS if w.group and ("wiring", w.name) in (known or ())}
     for w in WIRINGS:  # how the parts are connected and the weights laid out (wiring.py)
-        if memo in _SEARCHED and (known is None or ("wiring", w.name) not in known):
+        if memo in _SEARCHED and (known is None or ("wiring", w.name) not in known) and w.group not in fitted_groups:
             continue
 
         def run_wiring(ref, *a, w=w):

@@ -523,6 +523,8 @@ class Wiring:
     fix: str
     weights: Callable | None = None
     rewire: Callable | None = None
+    group: str | None = None  # wirings of one mistake in several forms (one applies to llama, another to gpt2): a
+    # search that remembers what fitted a test's first case offers the whole group again on its other cases
 
 
 PRE_NORM = "x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))"
@@ -716,6 +718,7 @@ WIRINGS = (
             "feed the embeddings to the first block as they are: x = tok_embeddings(ids) (+ pos_embeddings); only "
             "the blocks' own norms normalise, each branch's input",
             rewire=_normalised_embeddings(kind, default, tokens),
+            group="embeddings_normalised",
         )
         for name, what, kind in (
             ("rms_normalised", "an RMS norm", "RMSNorm"),
