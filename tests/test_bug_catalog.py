@@ -338,6 +338,8 @@ READINGS = [
      "the causal mask compares the RoPE positions"),
     ("generate_counts_the_prompt_as_one_step", "greedy_generation_follows_the_model",
      "1, 2, 3, ...: a step counter advanced by one after the prompt"),
+    ("train_reseeds_its_batches_every_step", "train_draws_fresh_windows_every_step",
+     "likely cause: every step trains on the same windows"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

@@ -108,6 +108,19 @@ BUGS = (
         fix="give the optimizer every parameter: both groups",
     ),
     Bug(
+        "train_reseeds_its_batches_every_step",
+        "training",
+        TRAINING,
+        "training.py",
+        old="            x, y = get_batch(data, batch_size, context_length, generator, device)",
+        new="            generator = torch.Generator().manual_seed(seed)  # the bug: seeded again at every step\n"
+        "            x, y = get_batch(data, batch_size, context_length, generator, device)",
+        explanation="train seeds its batch generator again at every step (DeepSeek's manual_seed per call), so every "
+        "step draws the same windows",
+        fix="make one generator from the seed before the loop and draw every step's batch from it",
+        code="knob:generator",
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
