@@ -109,6 +109,7 @@ def check_chunks(spec, config, chunks, *, seed):
                 else None
             )
             or (slot_rule_reading(chunks, _steps_held(spec, kept[0])) if len(chunks) > 2 and full_cache else None)
+            or write_slot_reading(spec, config, sd, ids, chunks, kept[0])
             or rows_apart(spec, model, ids, chunks, full, tol)
         )
         hint, hint_code = read or (hint, hint_code)
@@ -620,6 +621,68 @@ def slot_rule_reading(chunks, held: int) -> tuple[str, str] | None:
         f"is what a cache whose write position is {' or '.join(fits)} (instead of advanced by the tokens each call "
         "writes) holds: later calls write over earlier positions. Fix: advance the cache's write position (its "
         "head, length or offset) by the number of tokens each call writes"
+    ), "knob:position_offset"
+
+
+# where each call's keys and values land, for the contents reading (the count reading's rules give wrong counts)
+WRITE_RULES = {
+    "0 at every call (a write index that is never advanced, e.g. a copy of the shared index kept per layer)": (
+        lambda starts: [0] * len(starts)
+    ),
+    "the previous call's length (set to each call's length, not advanced)": lambda starts: (
+        [0] + [b - a for a, b in zip(starts, starts[1:])]
+    ),
+    "advanced by one per call": lambda starts: list(range(len(starts))),
+}
+
+
+def write_slot_reading(spec, config, sd, ids, chunks, cache) -> tuple[str, str] | None:
+    """``(cause, code)`` where layer 0 of the implementation's ``cache``, after the test's calls of ``chunks`` tokens,
+    holds the right number of positions but the keys and values a buffer written by one wrong rule holds
+    (``WRITE_RULES``): each call's keys and values written at that slot, over what was there, the slots never written
+    zeros. Layer 0's keys and values depend on the tokens and their positions alone, so they are the reference's
+    whatever the cache did to the attention. None where the rule fits none, or the cache cannot be read."""
+    ref = getattr(spec.expectations, "reference", None)
+    impl = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    total = sum(chunks)
+    if ref is None or len(chunks) < 2 or not impl.provides("cache_kv") or config.get("sliding_window"):
+        return None
+    try:
+        own = [t.double() for t in impl.cache_kv(cache, 0)]
+        twin = models.build(ref, config, sd)
+        ref_cache = ref.new_cache(twin, ids.shape[0])
+        ref.forward(twin, ids, ref_cache)
+        want = [t.double() for t in ref.cache_kv(ref_cache, 0)]
+    except Exception:  # noqa: BLE001 - whatever the implementation raises: nothing is read
+        return None
+    if any(o.shape != w.shape for o, w in zip(own, want)) or own[0].shape[2] != total:
+        return None
+    tol = tolerance("model", device=spec.device)
+    starts = [sum(chunks[:i]) for i in range(len(chunks))]
+
+    def written(w, slots):
+        buffer = torch.zeros(*w.shape[:2], total + max(chunks), w.shape[3], dtype=w.dtype, device=w.device)
+        for start, n, slot in zip(starts, chunks, slots):
+            buffer[:, :, slot : slot + n] = w[:, :, start : start + n]
+        return buffer[:, :, :total]
+
+    if all(mismatch(o.to(w.device), w, tol) is None for o, w in zip(own, want)):
+        return None
+    fits = []
+    for said, rule in WRITE_RULES.items():
+        slots = rule(starts)
+        if slots == starts:
+            continue
+        if all(mismatch(o.to(w.device), written(w, slots), tol) is None for o, w in zip(own, want)):
+            fits.append(said)
+    if len(fits) != 1:
+        return None
+    return (
+        f"likely cause: after calls of {chunks} tokens, layer 0 of your cache holds {total} positions, as it should, "
+        f"but they are what a cache whose write position is {fits[0]} holds: each call's keys and values written "
+        "at that slot, over the earlier calls' (slots never written hold zeros), where the k-th call writes at the "
+        "number of positions cached before it. Fix: write each call's keys and values at the cached length and "
+        "advance it by the call's tokens, in every layer alike"
     ), "knob:position_offset"
 
 
