@@ -340,6 +340,8 @@ READINGS = [
      "1, 2, 3, ...: a step counter advanced by one after the prompt"),
     ("train_reseeds_its_batches_every_step", "train_draws_fresh_windows_every_step",
      "likely cause: every step trains on the same windows"),
+    ("cache_writes_every_call_at_slot_zero", "cached_logits_equal_full_forward",
+     "whose write position is 0 at every call"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

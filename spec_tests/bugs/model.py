@@ -568,6 +568,20 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:cache_feeding",
     ),
     Bug(
+        "cache_writes_every_call_at_slot_zero",
+        "kv_cache",
+        CACHE,
+        "kv_cache.py",
+        old="        self.key_buffers[layer][..., start:end, :] = k\n        self.value_buffers[layer][..., start:end, :] = v",
+        new="        self.key_buffers[layer][..., : end - start, :] = k  # the bug: written from slot 0, read to end\n"
+        "        self.value_buffers[layer][..., : end - start, :] = v",
+        explanation="the cache writes every call's keys and values from slot 0 (a write index that is never "
+        "advanced, Penzai's cache end index copied into each layer) while its length advances, so each call "
+        "overwrites the first positions and the slots after them are never written",
+        fix="write each call's keys and values at the cached length, then advance it",
+        code="knob:position_offset",
+    ),
+    Bug(
         "generate_counts_the_prompt_as_one_step",
         "kv_cache",
         GENERATION,
