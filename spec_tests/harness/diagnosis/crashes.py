@@ -881,6 +881,41 @@ def _config_probes(args, kwargs) -> list[Probe]:
     return []
 
 
+# a rope_scaling dict's original length (YaRN, llama3, dynamic) tried longer: values derived from it (YaRN's correction
+# range from beta_fast and beta_slow) leave their range at a short length
+SCALING_LENGTHS = (4, 16, 64)
+
+
+def _scaling_length_probes(args, kwargs) -> list[Probe]:
+    """A rope_scaling dict (rope's ``scaling``, or a config's ``rope_scaling``) given with its
+    ``original_max_position_embeddings`` longer (``SCALING_LENGTHS`` times), each length one value of a group: code
+    that asserts what it derives from that length (YaRN's correction range inside ``(0, d_head/2 - 1)``, where Hugging
+    Face clamps it) raises at a short original length and runs at a long one."""
+    key_name = "original_max_position_embeddings"
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, dict):
+            continue
+        scaling, nested = (value.get("rope_scaling"), True) if "n_heads" in value else (value, False)
+        if not isinstance(scaling, dict) or type(scaling.get(key_name)) is not int or scaling[key_name] < 1:
+            continue
+        length, kind = scaling[key_name], scaling.get("rope_type", scaling.get("type"))
+        note = (
+            "; a short original length is allowed: what is derived from it (YaRN's correction range from beta_fast "
+            "and beta_slow) is clamped to the rotary pairs, never asserted in range"
+            if kind == "yarn"
+            else "; a short original length is allowed"
+        )
+        probes = []
+        for times in SCALING_LENGTHS:
+            longer = {**scaling, key_name: length * times}
+            new_value = {**value, "rope_scaling": longer} if nested else longer
+            probes.append(Probe(f"rope_scaling with {key_name}={length}", f"{key_name}={length * times}",
+                                *_with(args, kwargs, key, new_value), note, "crash",
+                                group=(key_name, length * times, length)))  # fmt: skip
+        return probes
+    return []
+
+
 def _option_probes(args, kwargs) -> list[Probe]:
     """A config that sets protocol v2 options: an int option (``sliding_window``) given one smaller, and where it is
     the context length or more, one below the context length, each said as a limit only where one larger raises
@@ -1635,6 +1670,7 @@ def probes_for(name: str, args: tuple, kwargs: dict, ledger=None) -> list[Probe]
         + _window_probes(name, args, kwargs)
         + _count_size_probes(name, args, kwargs)
         + _option_probes(args, kwargs)
+        + _scaling_length_probes(args, kwargs)
         + _config_probes(args, kwargs)
         + _written_default_probes(args, kwargs)
         + _d_ff_probes(args, kwargs)
