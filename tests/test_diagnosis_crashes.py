@@ -2195,3 +2195,24 @@ def test_a_row_of_tied_values_is_named():
         "sampling_probs", probs_with_a_cutoff_prefilter, (torch.zeros(3, 67, dtype=torch.float64),), {"top_p": 0.005}
     )
     assert any("raises for a row of equal values along the last axis" in line for line in lines), lines
+
+
+def test_a_short_original_length_of_a_rope_scaling_dict_is_named():
+    """Held-out batch 105's YaRN kept gpt-oss's ``assert 0 < low < high < d_half - 1`` on the correction range it
+    derives from the original length, where Hugging Face clamps it: rope raises for a short
+    ``original_max_position_embeddings`` and runs for a longer one; the lengths that run are said with those that
+    raise, and the YaRN note says what is derived from it."""
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    x, positions = randn(2, 5, 16), torch.arange(5)
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+    def rope_asserting_its_range(x, positions, theta=10000.0, *, scaling=None):
+        low = math.floor(16 * math.log(scaling["original_max_position_embeddings"] / (32 * 2 * math.pi)) / 2)
+        assert low > 2  # the bug: the correction range asserted, not clamped
+        return subject.rope(x, positions, theta, scaling=scaling)
+
+    lines, _ = probe("rope", rope_asserting_its_range, (x, positions), {"scaling": scaling})
+    said = "rope raises for rope_scaling with original_max_position_embeddings=64 and works for original lengths 1024"
+    assert any(said in ln and "(256 raises too)" in ln and "YaRN's correction range" in ln for ln in lines), lines

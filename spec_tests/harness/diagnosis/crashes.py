@@ -911,7 +911,7 @@ def _scaling_length_probes(args, kwargs) -> list[Probe]:
             new_value = {**value, "rope_scaling": longer} if nested else longer
             probes.append(Probe(f"rope_scaling with {key_name}={length}", f"{key_name}={length * times}",
                                 *_with(args, kwargs, key, new_value), note, "crash",
-                                group=(key_name, length * times, length)))  # fmt: skip
+                                group=("original length", length * times, length)))  # fmt: skip
         return probes
     return []
 
