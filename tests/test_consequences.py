@@ -1534,3 +1534,20 @@ def test_keys_that_are_no_rotation_in_a_cache_that_reads_back_are_the_model_s(tm
     folder = implementation(tmp_path, "rope_model_table_loses_its_sine")
     selected = "test_logits_match_reference or test_cache_layout_rotated_keys_plain_values"
     charged_alone(folder, tmp_path, pytester, selected, "forward", "cache_kv")
+
+
+def test_a_training_step_that_calls_a_failing_loss_is_its_consequence(tmp_path, pytester):
+    """Held-out batch 107's cross_entropy divides the summed NLL by the logits' first axis (a numpy assignment's N),
+    and its train_step hands it [B, T, V] logits: the loss is T times the mean, its gradients too. The composition
+    of the reference's train_step with the implementation's cross_entropy carries the gradient back through it (a
+    bridged call inside a computation autograd records runs with gradients), so train_step is charged to
+    cross_entropy alone."""
+    by_rows = (
+        "losses.py",
+        "    return nll.sum() / (targets != ignore_index).sum()",
+        "    return nll.sum() / targets.shape[0]",
+    )
+    unfused = ("training.py", "cross_entropy(model(x), y, fused=True)", "cross_entropy(model(x), y)")
+    folder = implementation(tmp_path, patches=[by_rows, unfused])
+    charged_alone(folder, tmp_path, pytester, "cross_entropy or train_step_matches_reference", "cross_entropy",
+                  "train_step")  # fmt: skip

@@ -180,12 +180,18 @@ class Composition:
             if own is not None and self.only is not None and name in self.only and site not in self.only[name]:
                 return own(*args, **kwargs)
             a, k, post = protocol_call(name, args, kwargs)
-            with torch.no_grad():
-                try:
-                    out = getattr(self.impl, name)(*a, **k)
-                except _REFUSALS:
-                    self.raised = name  # the implementation's own function raised, not the reference around it
-                    raise
+            # inside a computation autograd records (a training step's loss), the answer carries the gradient back;
+            # code that cannot run with gradients (an in-place op on its input) is asked without, as before
+            for grad in dict.fromkeys((_differentiated(a, k), False)):
+                with torch.set_grad_enabled(grad):
+                    try:
+                        out = getattr(self.impl, name)(*a, **k)
+                        break
+                    except _REFUSALS:
+                        if grad:
+                            continue
+                        self.raised = name  # the implementation's own function raised, not the reference around it
+                        raise
             self.calls.append((name, a, k, out))
             out = out if post is None else post(out)
             return _cast_like(out, args[0] if args else None)
@@ -209,6 +215,14 @@ class Composition:
             if mismatch(again, out, tol) is not None:
                 return False
         return True
+
+
+def _differentiated(args: tuple, kwargs: dict) -> bool:
+    """Whether a bridged call is part of a computation autograd records (a training step's loss): then the
+    implementation's answer must carry the gradient back to the reference's weights; else no graph is built."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values()))
 
 
 def _unfused(fn):
