@@ -48,12 +48,17 @@ def hand_adamw(params, grads_at, steps, slip=None, lr=1e-2, betas=(0.9, 0.999), 
                     g = g + wd * params[i]
                 if slip == "moments_not_stored":  # the updated moments never stored: every step's start from zero
                     m[i], v[i] = torch.zeros_like(g), torch.zeros_like(g)
+                before = {"m": m[i], "v": v[i]}  # the moments' states before this step
                 m[i] = (1 - b1) * m[i] + b1 * g if slip == "moment_weights_swapped" else b1 * m[i] + (1 - b1) * g
+                if slip == "first_moment_from_the_second":  # the second moment's state read for the first's
+                    m[i] = b1 * before["v"] + (1 - b1) * g
                 if slip == "undamped_first_moment":  # classical momentum: the new gradient not damped by 1 - beta1
                     m[i] = m[i] - (1 - b1) * g + g
                 if slip == "shared_moments":  # one tensor for both moments: v's update starts from the new m
                     v[i] = m[i]
                 v[i] = b2 * v[i] + (1 - (b1 if slip == "v_weight_beta1" else b2)) * g**2
+                if slip == "second_moment_from_the_first":  # the first moment's state read for the second's
+                    v[i] = b2 * before["m"] + (1 - b2) * g**2
                 if slip == "shared_moments":
                     m[i] = v[i]
                 mh, vh = (m[i], v[i]) if slip == "no_bias_correction" else (m[i] / (1 - b1**t), v[i] / (1 - b2**t))

@@ -107,6 +107,18 @@ ADAMW_RULES = {
         "gradients, goes negative, and its square root is NaN",
         "give each parameter its own two zero tensors: m = [zeros_like(p) for p], v = [zeros_like(p) for p]",
     ),
+    "second_moment_from_the_first": (
+        "AdamW's second moment is updated from the first moment's previous value (v = beta2 * m + (1 - beta2) * g**2: "
+        "the first moment's state, tree or buffer read where the second's belongs): v is no average of squared "
+        "gradients, goes negative where m does, and its square root is NaN from the second step on",
+        "v = beta2 * v + (1 - beta2) * g**2, from the second moment's own state",
+    ),
+    "first_moment_from_the_second": (
+        "AdamW's first moment is updated from the second moment's previous value (m = beta1 * v + (1 - beta1) * g: "
+        "the second moment's state, tree or buffer read where the first's belongs), so it never changes sign and "
+        "loses its memory of the gradients' direction",
+        "m = beta1 * m + (1 - beta1) * g, from the first moment's own state",
+    ),
     "moments_not_stored": (
         "AdamW's moments are not written back to its state (a functional update that returns the old moments, or "
         "updates a copy), while its step count advances: every step's moments start from zero, so each update is the "
@@ -172,13 +184,19 @@ class AdamWRule(torch.optim.Optimizer):
                 if self.rule == "moments_not_stored":  # each step's moments start from zero again
                     m.zero_()
                     v.zero_()
-                if self.rule == "moment_weights_swapped":
+                m_old, v_old = m.clone(), v.clone()
+                if self.rule == "first_moment_from_the_second":
+                    m.copy_(b1 * v_old + (1 - b1) * g)
+                elif self.rule == "moment_weights_swapped":
                     m.mul_(1 - b1).add_(g, alpha=b1)
                 elif self.rule == "undamped_first_moment":
                     m.mul_(b1).add_(g)
                 else:
                     m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - (b1 if self.rule == "v_weight_beta1" else b2))
+                if self.rule == "second_moment_from_the_first":
+                    v.copy_(b2 * m_old + (1 - b2) * g * g)
+                else:
+                    v.mul_(b2).addcmul_(g, g, value=1 - (b1 if self.rule == "v_weight_beta1" else b2))
                 m_hat, v_hat = (m, v) if self.rule == "no_bias_correction" else (m / (1 - b1**t), v / (1 - b2**t))
                 v_hat = v / (1 - b1**t) if self.rule == "v_hat_beta1" else v_hat
                 if self.rule == "unscaled_decay":
