@@ -1551,3 +1551,17 @@ def test_a_training_step_that_calls_a_failing_loss_is_its_consequence(tmp_path, 
     folder = implementation(tmp_path, patches=[by_rows, unfused])
     charged_alone(folder, tmp_path, pytester, "cross_entropy or train_step_matches_reference", "cross_entropy",
                   "train_step")  # fmt: skip
+
+
+def test_a_crash_message_reads_alike_whatever_the_shapes_it_names():
+    """The same line raises for inputs of other sizes, dtypes and ranks: the shapes torch's message names (their
+    numbers, signs and lengths) are left out of a crash's signature (held out 106: a repeat helper behind repeat_kv and
+    scaled_dot_product_attention raised with "Target sizes: [-1, 4, -1, -1, -1]" and "[4, -1, -1, -1]"); the words
+    stay (control: another message is another crash)."""
+    aside = rootcause.numbers_aside
+    one = "The expanded size of the tensor (4) must match the existing size (2) at non-singleton dimension 1.  Target "
+    five, four = one + "sizes: [-1, 4, -1, -1, -1].  Tensor sizes: [3, 2, 1, 13, 10]", one + "sizes: [4, -1, -1, -1]."
+    assert aside(five.replace("dimension 1", "dimension 0")) == aside(five)
+    assert aside(four + "  Tensor sizes: [2, 1, 13, 10]") == aside(five)
+    assert aside("shape '[2, 5, -1, 64]' is invalid") == aside("shape '[2, -1, 64]' is invalid")
+    assert aside("shape '[2, 5, -1, 64]' is invalid") != aside("size '[2, 5, -1, 64]' is invalid")

@@ -352,7 +352,10 @@ def numbers_aside(message: str) -> str:
     that one mistake (held out: a float32 softmax met a float64 attention in one call, a bfloat16 model in another)."""
     if len(_DTYPE.findall(message)) >= 2 and re.search(r"dtype|scalar type", message, re.IGNORECASE):
         return "<two dtypes meet in one operation>"
-    return re.sub(r"\d+", "#", _DTYPE.sub("<dtype>", message))
+    numbered = re.sub(r"-?\d+", "#", _DTYPE.sub("<dtype>", message))
+    # a shape's length is its rank: the same line raises for inputs of another rank ("Target sizes: [4, -1, -1, -1]"
+    # for 3-D per-head tensors, "[-1, 4, -1, -1, -1]" for 4-D ones: held out, one repeat helper behind two names)
+    return re.sub(r"([\[(])#(?:, ?#)*,?([\])])", r"\1#...\2", numbered)
 
 
 def _own_frame(exc: BaseException | None) -> str:
