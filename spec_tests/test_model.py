@@ -951,7 +951,7 @@ def test_initialisation_statistics(spec, family):
             if want != 0.02:
                 by_layer = residual_stds(sd, name)
                 found += "; this projection's std by layer: " + ", ".join(f"{v:.4g}" for v in by_layer.values())
-                why = residual_scale_reading(by_layer, config["n_layers"], got) or why
+                why = residual_scale_reading(by_layer, config["n_layers"], got, unscaled_apart(sd, residual_std)) or why
             spec.require(
                 abs(got / want - 1) < 0.06,
                 behaviour=f"{name} ~ N(0, {want:.4g})" + (" (residual projection)" if want != 0.02 else ""),
@@ -1027,13 +1027,34 @@ def residual_stds(sd: dict, name: str) -> dict[int, float]:
     }
 
 
-def residual_scale_reading(by_layer: dict[int, float], n_layers: int, got: float) -> str | None:
+def unscaled_apart(sd: dict, residual_std: float) -> tuple[list[str], list[str]]:
+    """``(unscaled, scaled)``: the residual projections (``RESIDUAL``, by canonical suffix) drawn at 0.02 in every
+    layer, and those drawn at ``residual_std`` in every layer, each within 6%."""
+    found: dict[str, list[float]] = {}
+    for k, v in sd.items():
+        suffix = k.split(".", 2)[2] if k.startswith("layers.") else ""
+        if suffix in RESIDUAL:
+            found.setdefault(suffix.removesuffix(".weight"), []).append(v.double().std().item())
+    at = lambda stds, std: all(abs(s / std - 1) < 0.06 for s in stds)
+    return [k for k, s in found.items() if at(s, 0.02)], [k for k, s in found.items() if at(s, residual_std)]
+
+
+def residual_scale_reading(by_layer: dict[int, float], n_layers: int, got: float, apart=((), ())) -> str | None:
     """What scale the residual projections' stds ``by_layer`` show, where one rule fits every layer within 6%: none
-    (0.02), or a depth the layer's own index gives (TorchTitan's depth_init: 0.02/sqrt(2 (i + 1)))."""
+    (0.02), or a depth the layer's own index gives (TorchTitan's depth_init: 0.02/sqrt(2 (i + 1))). ``apart``: the
+    projections at 0.02 and those scaled right (``unscaled_apart``): where some are scaled, the others are named."""
 
     def every(rule) -> bool:
         return len(by_layer) == n_layers and all(abs(v / rule(i) - 1) < 0.06 for i, v in by_layer.items())
 
+    unscaled, scaled = apart
+    if abs(got / 0.02 - 1) < 0.06 and unscaled and scaled:
+        return (
+            f"{' and '.join(unscaled)} {'is' if len(unscaled) == 1 else 'are'} not scaled by 1/sqrt(2 n_layers) while "
+            f"{' and '.join(scaled)} {'is' if len(scaled) == 1 else 'are'}: the scaled init is applied by name to "
+            "some residual projections only (GPT-2's rule for c_proj carried over to one of the projections that "
+            "write to the residual stream)"
+        )
     if abs(got / 0.02 - 1) < 0.06:
         return "the residual projections are not scaled by 1/sqrt(2 n_layers)"
     if n_layers > 1 and every(lambda i: 0.02 / math.sqrt(2 * (i + 1))):

@@ -290,6 +290,19 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         corner=True,
     ),
     Bug(
+        "residual_init_scales_the_attention_output_only",
+        "init",
+        INIT,
+        "model.py",
+        old="        if name.endswith(RESIDUAL_PROJECTIONS):\n            p.normal_(0.0, residual_std)",
+        new="        if name.endswith('attn.wo.weight'):  # the bug: GPT-2's c_proj rule carried over to one name\n"
+        "            p.normal_(0.0, residual_std)",
+        explanation="only the attention's output projection wo is initialised with std 0.02/sqrt(2 n_layers); the "
+        "MLP's output projection (w_down, w_proj) keeps 0.02 (GPT-2's c_proj rule carried over to one name)",
+        fix="scale every projection that writes to the residual stream: wo, w_down and w_proj",
+        corner=True,
+    ),
+    Bug(
         "init_reuses_one_seed",
         "init",
         INIT,
