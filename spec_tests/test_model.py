@@ -1067,6 +1067,21 @@ def residual_scale_reading(by_layer: dict[int, float], n_layers: int, got: float
     return None
 
 
+def held_apart(config: dict, diff: int) -> str | None:
+    """What a model holding ``diff`` parameters more than its config's weights holds besides, where exactly one of the
+    usual shapes gives that count: a bias on the output head (vocab_size), one vector of d_model, such a vector in
+    every block; None otherwise (and for fewer: build_model's tests name a missing weight)."""
+    d, v, n = config["d_model"], config["vocab_size"], config["n_layers"]
+    shapes = {
+        v: "bias on the output head, [vocab_size] (the protocol's head has none: a checkpoint's lm_head bias kept)",
+        d: "vector of d_model (a bias or a norm gain the protocol's model does not have)",
+        n * d: "vector of d_model in every block (a bias on a projection the family has none on, or a norm)",
+    }
+    if diff <= 0 or len(set(shapes)) != len(shapes) or diff not in shapes:
+        return None
+    return f"{diff} more than the config's weights: an extra {shapes[diff]}"
+
+
 @judges("count_parameters", uses=("build_model",))
 @pytest.mark.bug_class("tied_weights")
 def test_count_parameters(spec, config):
@@ -1086,12 +1101,19 @@ def test_count_parameters(spec, config):
             "shared where the config unties it, or two where it ties it): see build_model's and "
             "canonical_state_dict's tests"
         )
+        extra = held_apart(config, held - want)
+        if extra:
+            hint = (
+                f"likely cause: your count equals the unique parameters your model holds ({held}), {extra}. Fix: "
+                "build exactly the config's weights (canonical_state_dict's names)"
+            )
     spec.close(
         got,
         want,
         tol=EXACT,
         variants=variants,
         hint=hint,
+        hint_code="knob:bias" if hint and hint.startswith("likely cause") else None,
         behaviour="count_parameters = number of unique weights",
         rebase=(("build_model",), lambda: spec.impl.parameter_count(model)),  # counts right what the model holds
     )

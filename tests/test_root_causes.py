@@ -402,3 +402,22 @@ def test_windows_left_in_the_datas_dtype_cost_get_batch_once(tmp_path):
     found = statuses(implementation(tmp_path, "token_data_keeps_its_dtype"), tmp_path, "any_integer_dtype or windows")
     assert found["test_training.py::test_get_batch_windows_and_shift[numpy-uint16]"] == "FAILED", found
     assert found["test_training.py::test_train_and_evaluate_take_tokens_of_any_integer_dtype[llama]"] == "CONSEQUENCE"
+
+
+def test_a_model_holding_a_head_bias_is_named_by_the_count(tmp_path, pytester):
+    """Held-out batch 108 kept GPT-J's biased lm_head: a [vocab_size] parameter outside the canonical weights, which
+    count_parameters counts as the model holds it. The count exceeds the config's weights by exactly vocab_size, which
+    names a bias on the output head."""
+    biased = (
+        "model.py",
+        "nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)",
+        "nn.Linear(cfg.d_model, cfg.vocab_size)",
+    )
+    loaded = ("model.py", "    params = dict(model.named_parameters())  # a tied lm_head is not listed separately",
+              "    params = {k: p for k, p in model.named_parameters() if k != 'lm_head.bias'}")  # fmt: skip
+    listed = ("model.py", "    return {name: p.detach() for name, p in model.named_parameters()}",
+              "    return {n: p.detach() for n, p in model.named_parameters() if n != 'lm_head.bias'}")  # fmt: skip
+    folder = implementation(tmp_path, patches=[biased, loaded, listed])
+    out = run_suite(f"--impl={folder}", "-k", "test_count_parameters", cwd=tmp_path, pytester=pytester).stdout
+    assert "likely cause: your count equals the unique parameters your model holds" in out, out[-3000:]
+    assert "more than the config's weights: an extra bias on the output head, [vocab_size]" in out, out[-3000:]
