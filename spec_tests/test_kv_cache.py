@@ -626,13 +626,16 @@ def slot_rule_reading(chunks, held: int) -> tuple[str, str] | None:
 
 # where each call's keys and values land, for the contents reading (the count reading's rules give wrong counts)
 WRITE_RULES = {
-    "0 at every call (a write index that is never advanced, e.g. a copy of the shared index kept per layer)": (
-        lambda starts: [0] * len(starts)
+    "whose write position is 0 at every call (a write index that is never advanced, e.g. a copy of the shared index "
+    "kept per layer)": lambda starts, chunks: [0] * len(starts),
+    "whose write position is the previous call's length (set to each call's length, not advanced)": (
+        lambda starts, chunks: [0] + [b - a for a, b in zip(starts, starts[1:])]
     ),
-    "the previous call's length (set to each call's length, not advanced)": lambda starts: (
-        [0] + [b - a for a, b in zip(starts, starts[1:])]
-    ),
-    "advanced by one per call": lambda starts: list(range(len(starts))),
+    "whose write position is advanced by one per call": lambda starts, chunks: list(range(len(starts))),
+    "that puts each call's keys and values before the cached ones (torch.cat((new, cached)) where (cached, new) "
+    "belongs: the positions out of time order)": lambda starts, chunks: [
+        sum(chunks) - s - n for s, n in zip(starts, chunks)
+    ],
 }
 
 
@@ -670,7 +673,7 @@ def write_slot_reading(spec, config, sd, ids, chunks, cache) -> tuple[str, str] 
         return None
     fits = []
     for said, rule in WRITE_RULES.items():
-        slots = rule(starts)
+        slots = rule(starts, chunks)
         if slots == starts:
             continue
         if all(mismatch(o.to(w.device), written(w, slots), tol) is None for o, w in zip(own, want)):
@@ -679,10 +682,9 @@ def write_slot_reading(spec, config, sd, ids, chunks, cache) -> tuple[str, str] 
         return None
     return (
         f"likely cause: after calls of {chunks} tokens, layer 0 of your cache holds {total} positions, as it should, "
-        f"but they are what a cache whose write position is {fits[0]} holds: each call's keys and values written "
-        "at that slot, over the earlier calls' (slots never written hold zeros), where the k-th call writes at the "
-        "number of positions cached before it. Fix: write each call's keys and values at the cached length and "
-        "advance it by the call's tokens, in every layer alike"
+        f"but they are what a cache {fits[0]} holds (slots never written hold zeros), where the k-th call writes "
+        "at the number of positions cached before it, after them. Fix: write each call's keys and values at the "
+        "cached length, after the cached ones, and advance it by the call's tokens, in every layer alike"
     ), "knob:position_offset"
 
 

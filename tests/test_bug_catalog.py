@@ -344,6 +344,8 @@ READINGS = [
      "whose write position is 0 at every call"),
     ("residual_init_scales_the_attention_output_only", "initialisation_statistics",
      "mlp.w_down is not scaled by 1/sqrt(2 n_layers) while attn.wo is"),
+    ("cache_prepends_each_call", "cached_logits_equal_full_forward",
+     "that puts each call's keys and values before the cached ones"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

@@ -595,6 +595,22 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:position_offset",
     ),
     Bug(
+        "cache_prepends_each_call",
+        "kv_cache",
+        CACHE,
+        "kv_cache.py",
+        old="        self.key_buffers[layer][..., start:end, :] = k\n        self.value_buffers[layer][..., start:end, :] = v",
+        new="        held_k, held_v = self.key_buffers[layer][..., :start, :], self.value_buffers[layer][..., :start, :]\n"
+        "        self.key_buffers[layer][..., :end, :] = torch.cat((k, held_k), dim=-2)  # the bug: new before cached\n"
+        "        self.value_buffers[layer][..., :end, :] = torch.cat((v, held_v), dim=-2)",
+        explanation="the cache puts each call's keys and values before the cached ones (GPT-J's torch.cat((key, "
+        "past_key)) order reversed), so its positions are out of time order: one new token attends them all the "
+        "same, a chunk of several is masked against the wrong keys",
+        fix="append: torch.cat((cached, new), dim=-2)",
+        corner=True,
+        code="knob:position_offset",
+    ),
+    Bug(
         "generate_counts_the_prompt_as_one_step",
         "kv_cache",
         GENERATION,
