@@ -80,6 +80,28 @@ def test_logits_past_the_range_of_exp(spec, dtype):
     )
 
 
+def rows_reordered(ids: torch.Tensor, argmax: torch.Tensor) -> str | None:
+    """A cause where ``ids`` hold every row's argmax, at other rows: the leading axes flattened and restored in
+    different orders (folded back column-major: a Julia-order [T, B] reshape of rows flattened as [B, T]); None
+    where they hold other values, or the right ones."""
+    if ids.shape != argmax.shape or ids.dim() < 2 or torch.equal(ids, argmax):
+        return None
+    if not torch.equal(ids.flatten().sort().values, argmax.flatten().sort().values):
+        return None
+    folded = argmax.flatten().reshape(*reversed(argmax.shape)).permute(*reversed(range(argmax.dim())))
+    if torch.equal(ids, folded):
+        return (
+            f"likely cause: every row's argmax is there, at another row: the rows of logits {list(argmax.shape)} are "
+            "flattened in one order and the ids folded back in the other (row-major [B, T] flattened, read back "
+            "column-major as [T, B] and transposed: a Julia- or Fortran-order reshape). Fix: flatten and restore "
+            "the leading axes in one order: logits.reshape(-1, V), then ids.reshape(logits.shape[:-1])"
+        )
+    return (
+        "likely cause (weak evidence): every row's argmax is there, at another row: the leading axes are flattened "
+        "and restored in different orders. Fix: flatten and restore the leading axes in one order"
+    )
+
+
 @judges("sampling_probs", "sample")
 @pytest.mark.parametrize("shape", [(S.V,), (2, 3, S.V)], ids=["[V]", "[B,T,V]"])
 def test_sampling_probs_any_leading_shape(spec, shape):
@@ -115,13 +137,18 @@ def test_sampling_probs_any_leading_shape(spec, shape):
                     "sampling_probs first.",
                     subject="sample",
                 )
+        shape_causes = ids_shape_causes(ids.shape, shape[:-1])
+        order = rows_reordered(ids.cpu(), argmax) if not shape_causes else None
         spec.require(
             tuple(ids.shape) == shape[:-1] and torch.equal(ids.cpu(), argmax),
             subject="sample",
             behaviour=behaviour,
-            found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]}",
-            causes=ids_shape_causes(ids.shape, shape[:-1]),
-            codes=("shape",) if ids_shape_causes(ids.shape, shape[:-1]) else (),
+            found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]} (the argmax: "
+            f"{argmax.flatten().tolist()[:6]})",
+            causes=shape_causes or ((order,) if order else ()),
+            codes=("shape",)
+            if shape_causes
+            else (("~layout",) if order and "(weak" in order else ("layout",) if order else ()),
         )
     # a draw at temperature > 0 takes the sampling path (torch.multinomial accepts 1-D or 2-D probabilities only; held
     # out: a sampler handing it [B, T, V] as they came), and gives one id of the row's support per row

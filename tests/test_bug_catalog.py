@@ -346,6 +346,8 @@ READINGS = [
      "mlp.w_down is not scaled by 1/sqrt(2 n_layers) while attn.wo is"),
     ("cache_prepends_each_call", "cached_logits_equal_full_forward",
      "that puts each call's keys and values before the cached ones"),
+    ("sample_folds_its_rows_back_column_major", "sampling_probs_any_leading_shape",
+     "flattened in one order and the ids folded back in the other"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

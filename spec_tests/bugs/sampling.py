@@ -7,6 +7,20 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
+        "sample_folds_its_rows_back_column_major",
+        "sampling_order",
+        ("sample",),
+        "sampling.py",
+        old="    return ids.reshape(probs.shape[:-1])",
+        new="    lead = probs.shape[:-1]  # the bug: the ids folded back in Julia's column-major order\n"
+        "    return ids.reshape(*reversed(lead)).permute(*reversed(range(len(lead))))",
+        explanation="sample flattens the rows of [..., V] logits row-major and folds the drawn ids back column-major "
+        "(a Julia-order reshape), so with two or more leading axes each row's id lands at another row",
+        fix="restore the leading axes in the order they were flattened: ids.reshape(logits.shape[:-1])",
+        corner=True,
+        code="layout",
+    ),
+    Bug(
         "top_p_prefilter_cutoff_drops_a_flat_row",
         "top_p",
         SAMPLING,
