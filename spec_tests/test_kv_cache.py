@@ -826,8 +826,15 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
     )
     if carried:
         return carried[0], "knob:cache_contents"
-    layers = len(own)
-    if layers > 1 and all(s == n * layers for s in sizes):
+    layers, rows = len(own), ids.shape[0]
+    if rows > 1 and rows != n and n * layers != rows and all(o[0].shape[2] == o[1].shape[2] == rows for o in own):
+        return (
+            f"likely cause: {prefill} cache_kv holds {rows} positions in every layer, the batch's {rows} rows: the "
+            "cache's length advances by the batch size instead of the tokens written (a size read from the batch "
+            "axis: ids.shape[0], or size(ids, 2) of a features-first [T, B] layout). Fix: advance it by the number "
+            "of new tokens, ids.shape[1]"
+        ), "knob:position_offset"
+    if layers > 1 and n * layers != rows and all(s == n * layers for s in sizes):
         heads_right = all(
             same(o[0][:, :, :n], w[0]) and same(o[1][:, :, :n], w[1]) for o, w in zip(own, want, strict=True)
         )

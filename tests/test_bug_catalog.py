@@ -348,6 +348,8 @@ READINGS = [
      "that puts each call's keys and values before the cached ones"),
     ("sample_folds_its_rows_back_column_major", "sampling_probs_any_leading_shape",
      "flattened in one order and the ids folded back in the other"),
+    ("cache_length_advanced_by_the_batch_size", "cached_logits_equal_full_forward",
+     "the cache's length advances by the batch size instead of the tokens written"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

@@ -5,6 +5,11 @@ from __future__ import annotations
 from .bug import Bug
 from .model_components import CACHE, EVALUATION, FORWARD, GENERATION, INIT, MODEL, TRAINING
 
+# the KV cache's write of one call's keys and values in reference/kv_cache.py (the text two cache bugs replace)
+CACHE_WRITE = (
+    "        self.key_buffers[layer][..., start:end, :] = k\n        self.value_buffers[layer][..., start:end, :] = v"
+)
+
 BUGS = (
     # ------------------------------------------------------------------ the block and the model
     Bug(
@@ -585,7 +590,7 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         "kv_cache",
         CACHE,
         "kv_cache.py",
-        old="        self.key_buffers[layer][..., start:end, :] = k\n        self.value_buffers[layer][..., start:end, :] = v",
+        old=CACHE_WRITE,
         new="        self.key_buffers[layer][..., : end - start, :] = k  # the bug: written from slot 0, read to end\n"
         "        self.value_buffers[layer][..., : end - start, :] = v",
         explanation="the cache writes every call's keys and values from slot 0 (a write index that is never "
@@ -599,8 +604,9 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         "kv_cache",
         CACHE,
         "kv_cache.py",
-        old="        self.key_buffers[layer][..., start:end, :] = k\n        self.value_buffers[layer][..., start:end, :] = v",
-        new="        held_k, held_v = self.key_buffers[layer][..., :start, :], self.value_buffers[layer][..., :start, :]\n"
+        old=CACHE_WRITE,
+        new="        held_k = self.key_buffers[layer][..., :start, :]\n"
+        "        held_v = self.value_buffers[layer][..., :start, :]\n"
         "        self.key_buffers[layer][..., :end, :] = torch.cat((k, held_k), dim=-2)  # the bug: new before cached\n"
         "        self.value_buffers[layer][..., :end, :] = torch.cat((v, held_v), dim=-2)",
         explanation="the cache puts each call's keys and values before the cached ones (GPT-J's torch.cat((key, "
@@ -608,6 +614,18 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         "same, a chunk of several is masked against the wrong keys",
         fix="append: torch.cat((cached, new), dim=-2)",
         corner=True,
+        code="knob:position_offset",
+    ),
+    Bug(
+        "cache_length_advanced_by_the_batch_size",
+        "kv_cache",
+        CACHE,
+        "kv_cache.py",
+        old="        self.lengths[layer] = end",
+        new="        self.lengths[layer] = start + k.shape[0]  # the bug: the batch axis's size (a [T, B] layout's)",
+        explanation="the cache's length advances by the batch size instead of the tokens written (a features-first "
+        "port reading size(ids, 2) of a [T, B] layout in a [B, T] one), so positions and slots drift",
+        fix="advance the cache's length by the number of new tokens, ids.shape[1]",
         code="knob:position_offset",
     ),
     Bug(

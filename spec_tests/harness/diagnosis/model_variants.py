@@ -357,8 +357,9 @@ class Ledger:
 
             failing = f"a batch of {ids.shape[0]} rows through a cache made for {batch_size}"
             return [probe_type(failing, "one row through a cache made for one", args, kwargs,
-                               "; so the cached path handles one row only (a cache holding one sequence whatever batch "
-                               "size it was made for, or a squeezed batch axis)", "crash",
+                               "; so the number of rows matters on the cached path (a cache holding one sequence "
+                               "whatever batch size it was made for, a squeezed batch axis, or a length or offset "
+                               "read from the batch axis)", "crash",
                                make=make)]  # fmt: skip
         return []
 
