@@ -137,18 +137,20 @@ def test_sampling_probs_any_leading_shape(spec, shape):
                     "sampling_probs first.",
                     subject="sample",
                 )
-        shape_causes = ids_shape_causes(ids.shape, shape[:-1])
-        order = rows_reordered(ids.cpu(), argmax) if not shape_causes else None
+        causes, codes = ids_shape_causes(ids.shape, shape[:-1]), ("shape",)
+        order = rows_reordered(ids.cpu(), argmax) if not causes else None
+        if order:
+            causes, codes = (order,), ("~layout",) if "(weak" in order else ("layout",)
+        elif not causes:
+            causes, codes = argmax_axis_causes(ids.reshape(-1), logits.reshape(-1, shape[-1]))
         spec.require(
             tuple(ids.shape) == shape[:-1] and torch.equal(ids.cpu(), argmax),
             subject="sample",
             behaviour=behaviour,
             found=f"shape {tuple(ids.shape)}, values {ids.flatten().tolist()[:6]} (the argmax: "
             f"{argmax.flatten().tolist()[:6]})",
-            causes=shape_causes or ((order,) if order else ()),
-            codes=("shape",)
-            if shape_causes
-            else (("~layout",) if order and "(weak" in order else ("layout",) if order else ()),
+            causes=causes,
+            codes=codes if causes else (),
         )
     # a draw at temperature > 0 takes the sampling path (torch.multinomial accepts 1-D or 2-D probabilities only; held
     # out: a sampler handing it [B, T, V] as they came), and gives one id of the row's support per row
@@ -584,6 +586,14 @@ def argmax_axis_causes(ids, logits) -> tuple[tuple, tuple]:
         for said, value in readings:
             if rows > 1 and ids.shape == value.shape and torch.equal(ids, value):
                 return (f"likely cause: the argmax is taken over {said}. Fix: argmax(dim=-1)",), ("knob:reduction_dim",)
+    argmax = values.argmax(-1)
+    for d in (-1, 1):  # two or more rows, each one off the same way
+        if ids.numel() > 1 and ids.shape == argmax.shape and torch.equal(ids.long(), argmax + d):
+            return (
+                f"likely cause: every id is its row's argmax {'minus' if d < 0 else 'plus'} 1: a token index converted "
+                "between 1-based and 0-based on one side only (a 1-based language's argmax kept, or an id shifted for "
+                "a reserved token). Fix: return argmax(dim=-1) as it is",
+            ), ("offset",)
     return (), ()
 
 

@@ -7,6 +7,18 @@ from .model_components import GENERATION, SAMPLING
 
 BUGS = (
     Bug(
+        "greedy_sample_is_one_based",
+        "sampling_order",
+        ("sample",),
+        "sampling.py",
+        old="        return probs.argmax(dim=-1)",
+        new="        return probs.argmax(dim=-1) + 1  # the bug: a 1-based token index (Julia's argmax) kept",
+        explanation="sample at temperature 0 returns each row's argmax plus 1 (a 1-based language's token index "
+        "carried over), so greedy ids are one above the argmax",
+        fix="return the 0-based argmax: probs.argmax(dim=-1)",
+        code="offset",
+    ),
+    Bug(
         "sample_folds_its_rows_back_column_major",
         "sampling_order",
         ("sample",),
