@@ -2216,3 +2216,33 @@ def test_a_short_original_length_of_a_rope_scaling_dict_is_named():
     lines, _ = probe("rope", rope_asserting_its_range, (x, positions), {"scaling": scaling})
     said = "rope raises for rope_scaling with original_max_position_embeddings=64 and works for original lengths 1024"
     assert any(said in ln and "(256 raises too)" in ln and "YaRN's correction range" in ln for ln in lines), lines
+
+
+def test_a_cache_kept_in_float32_is_named_by_the_models_dtype():
+    """Held-out batch 111 preallocated its key buffers in float32 whatever the model's dtype: a float64 model raises
+    through the cache and runs without one. The model built again in float32 (its weights cast), with a cache made
+    for it and refilled, runs: the dtype is named, not the cached path (a copy of the model in float32 beside the
+    float64 cache raises)."""
+    from spec_tests import models
+    from spec_tests.harness.diagnosis.model_variants import Ledger
+    from spec_tests.harness.subject.subject import reference_subject
+
+    subject = reference_subject("interleaved")
+    config = models.CONFIGS["llama_gqa"]
+    model = subject.build(config, models.random_state_dict(config, seed=1), dtype="float64")
+    ledger = Ledger(subject)
+    ledger.record("build", (config, None), {"dtype": "float64"}, model)
+    cache = subject.new_cache(model, 2)
+    ledger.record("new_cache", (model, 2), {}, cache)
+    ids = torch.randint(0, config["vocab_size"], (2, 3))
+
+    def forward_with_a_float32_cache(m, ids, cache=None):
+        dtype = next(m.parameters()).dtype  # a cache made for another dtype than the model's raises as well
+        if cache is not None and (dtype == torch.float64 or cache.key_buffers[0].dtype != dtype):
+            raise RuntimeError("expected scalar type Float but found Double")
+        return subject.forward(m, ids, cache)
+
+    lines, _ = probe("forward", forward_with_a_float32_cache, (model, ids, cache), {}, ledger)
+    assert any("forward raises for a float64 model and works for the same model in float32" in ln for ln in lines), (
+        lines
+    )

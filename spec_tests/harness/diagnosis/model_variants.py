@@ -120,6 +120,7 @@ class Ledger:
             fuller = self._maker(model, new_config, state, transform, options, args, kwargs, fill=room)
             controls = ((fuller, True),) if room else ()
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
+        probes += self._dtype_probes(model, config, state, options, args, kwargs, probe_type)
         dropout = config.get("dropout")
         if isinstance(dropout, float) and 0 < dropout < 1:  # values change: another rate must raise as well
             other_rate = 0.25 if dropout != 0.25 else 0.5
@@ -156,6 +157,23 @@ class Ledger:
             controls = tuple((self._maker(model, c, None, None, fresh, args, kwargs), False) for c in same)
             probes.append(probe_type(failing, working, args, kwargs, "", "crash", make=make, controls=controls))
         return fill + probes
+
+    def _dtype_probes(self, model, config, state, options, args, kwargs, probe_type) -> list:
+        """The model built again in the other float dtype (16-bit ones as float32), its weights cast, any cache
+        among the call's arguments made for it and refilled: where the model is not a torch module (crashes' own
+        dtype probe copies modules) or a cache goes with it (a copy would meet the cache made for the original)."""
+        dtype = str(options.get("dtype") or "").removeprefix("torch.")
+        other = {"float64": "float32", "float32": "float64", "bfloat16": "float32", "float16": "float32"}.get(dtype)
+        cached = any(id(v) in self.caches for v in (*args, *kwargs.values()))
+        if other is None or (isinstance(model, torch.nn.Module) and not cached):
+            return []
+        to = getattr(torch, other)
+
+        def cast(weights: dict) -> dict:
+            return {k: v.to(to) if v.is_floating_point() else v for k, v in weights.items()}
+
+        make = self._maker(model, config, state, cast, {**options, "dtype": other}, args, kwargs)
+        return [probe_type(f"a {dtype} model", f"the same model in {other}", args, kwargs, "", "crash", make=make)]
 
     def _loaded_maker(self, model, config, options, args, kwargs) -> Callable | None:
         """A maker of the call's arguments with ``model`` (freshly initialised) replaced by the same config built from
