@@ -421,3 +421,16 @@ def test_a_model_holding_a_head_bias_is_named_by_the_count(tmp_path, pytester):
     out = run_suite(f"--impl={folder}", "-k", "test_count_parameters", cwd=tmp_path, pytester=pytester).stdout
     assert "likely cause: your count equals the unique parameters your model holds" in out, out[-3000:]
     assert "more than the config's weights: an extra bias on the output head, [vocab_size]" in out, out[-3000:]
+
+
+def test_attention_whose_rows_reach_each_other_is_named_by_its_rows_alone(tmp_path, pytester):
+    """Held-out batch 113's packed attention started every sequence's key range at the pack's start, so a later row
+    attended the earlier rows' tokens: multihead_self_attention on each row alone is right, the rows together are not.
+    Written here as keys summed over the rows before them; no knob fits, and the rows read says how it differs."""
+    line = "    v = split_heads(linear(x, wv, bv), n_kv_heads)\n"
+    packed = ("attention.py", line, line + "    k = k.cumsum(0)  # earlier rows' keys reached\n")
+    folder = implementation(tmp_path, patch=packed)
+    out = run_suite(f"--impl={folder}", "--spec-diagnosis-bugs=,", "-k", "test_multihead_attention_layout",
+                    cwd=tmp_path, pytester=pytester).stdout  # fmt: skip
+    said = "multihead_self_attention gives the specified output for each row of the batch alone ([1, ...])"
+    assert said in out, out[-3000:]

@@ -5,6 +5,7 @@ of the entries. Everything is importable from ``spec_tests.protocol``."""
 from .entries import (
     ACTIVATION_FIT,
     ANY_LEADING,
+    BATCH_ROWS,
     CAPABILITY_OF,
     CATALOG_GROUPS,
     COMPONENT_OF,
@@ -61,6 +62,7 @@ __all__ = [
     "ALL_CAPABILITIES",
     "ALL_FAMILIES",
     "ANY_LEADING",
+    "BATCH_ROWS",
     "FIXED_RANK",
     "NONE_MEANS",
     "SPEED_ONLY",

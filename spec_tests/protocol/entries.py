@@ -61,6 +61,9 @@ class Entry:
     - ``any_leading_dims``: its protocol shapes are ``[..., d]`` (crash diagnosis says so); ``core_rank``: how many
       dims its first input keeps with no leading dims at all (``[d]`` 1, rope's ``[T, d_head]`` 2, attention's
       per-head ``[H, T, d]`` 3).
+    - ``batch_rows``: its first input has a fixed rank whose dim 0 is the batch (``multihead_self_attention``'s
+      ``[B, T, d_model]``): each row is computed alone, so a failing output's rows are tried alone
+      (``diagnosis/rows.py``), as a name of any leading dims' are.
     - ``fixed_rank``: the rank of its first input where the protocol fixes it (``repeat_kv``'s ``[B, Hkv, T, d]``:
       4); the composition that decides consequences hands it that rank (leading dims merged into the first).
     - ``nan_rows_unspecified``: rows with no allowed key are unspecified (NaN in these computations).
@@ -106,6 +109,7 @@ class Entry:
     catalog_groups: tuple[str, ...] = ()
     knob_family: str | None = None
     any_leading_dims: bool = False
+    batch_rows: bool = False  # a fixed rank whose dim 0 is the batch: each row computed alone all the same
     core_rank: int = 1
     fixed_rank: int | None = None
     nan_rows_unspecified: bool = False
@@ -360,6 +364,7 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         style_keyword="rope_style",
         knob_family="_mha_family",
+        batch_rows=True,
         nan_rows_unspecified=True,
         none_means=("n_kv_heads", "positions"),
         amended_keywords={"q_norm": 24, "k_norm": 24, "norm_eps": 24, "softcap": 25, "window": 27},
@@ -528,6 +533,7 @@ TOLERANCE_KIND = {e.name: e.tolerance for e in ENTRIES if e.tolerance}
 # the names test_float64_computed_in_float64 judges, in protocol order
 PRECISION_FUNCTIONS = tuple(e.name for e in ENTRIES if e.precision_sample is not None)
 ANY_LEADING = frozenset(e.name for e in ENTRIES if e.any_leading_dims)
+BATCH_ROWS = frozenset(e.name for e in ENTRIES if e.batch_rows)
 FIXED_RANK = {e.name: e.fixed_rank for e in ENTRIES if e.fixed_rank is not None}
 NONE_MEANS = {e.name: e.none_means for e in ENTRIES if e.none_means}
 SPEED_ONLY = {e.name: e.speed_only for e in ENTRIES if e.speed_only}

@@ -305,15 +305,20 @@ class Spec:
             from ..diagnosis import diagnose as run
             from ..diagnosis.variant import fitting_variants, variant_lines
 
+            batch_rows = ([], [])
+
             if call is not None:  # each row alone right and the rows together not (diagnosis/rows.py), or the logits
                 # shifted by their max right (shifted.py): every fit to this output is a coincidence, so that is all
+                from ...protocol import BATCH_ROWS
                 from ..diagnosis.rows import rows_alone
                 from ..diagnosis.shifted import shifted
 
                 raw = getattr(self.impl, "_subject", self.impl)
                 for reading in (rows_alone, shifted):
                     found = reading(call[0], lambda *a: compute(raw, *a), args64, call[1], actual, expected, tol)
-                    if found[0]:
+                    if found[0] and reading is rows_alone and call[0] in BATCH_ROWS:
+                        batch_rows = found  # a batch's rows reaching each other: a knob that fits says how
+                    elif found[0]:
                         return found
             tried = list(variants)
             memo = f"{self.impl.label}::{self.test_id.split('[')[0]}"
@@ -393,6 +398,8 @@ class Spec:
                 # catalogued bug that reproduces the output is one of them, no more certain than the others
                 more = [line for line in more if not line.startswith(("matches known bug", "or matches"))]
                 more_codes = [c for c in more_codes if not c.startswith("known_bug:")]
+            if batch_rows[0] and not any(line.startswith("likely cause:") for line in lines + more):
+                return batch_rows  # nothing more specific names how the rows reach each other
             return lines + more, codes + more_codes
 
         def second():
