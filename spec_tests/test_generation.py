@@ -192,6 +192,7 @@ def greedy_case(
         causes, codes = (
             prefixed_reading(spec, model, prompt, n, ctx, out, use_cache)
             or first_token_rows_reading(spec, model, config, t, seeds[1], use_cache)
+            or first_token_position_reading(spec, model, prompt, out)
             or (
                 (  # generate's first pick from the whole prompt, which forward takes as it is
                     "likely cause: generate's first new token is not the argmax of your own forward(model, prompt)'s "
@@ -235,6 +236,31 @@ def prefixed_reading(spec, model, prompt, n: int, ctx: int, out, use_cache: bool
         ),
         ("knob:generate_path",),
     )
+
+
+def first_token_position_reading(spec, model, prompt, out):
+    """``(causes, codes)`` where every row's first new token is the argmax of the implementation's own logits at one
+    other position of the prompt than its last, the same position in every row (its first: the sequences' starts
+    gathered where their ends belong). None where no position, or more than one, gives them all, or with one row."""
+    raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: no crash probing
+    b, t = prompt.shape
+    if b < 2 or t < 2 or out.shape[0] != b or out.shape[1] <= t:
+        return None
+    try:
+        picks = raw.forward(model, prompt).argmax(dim=-1).cpu()  # [B, T]
+    except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
+        return None
+    first = out[:, t].cpu()
+    fits = [p for p in range(t) if torch.equal(picks[:, p], first)]
+    if len(fits) != 1 or fits[0] == t - 1:
+        return None
+    where = "its first position (0)" if fits[0] == 0 else f"position {fits[0]}"
+    return (
+        f"likely cause: every row's first new token is the argmax of your own logits at {where} of the "
+        f"{t}-token prompt, not at its last: the next-token logits are gathered at the wrong index (each "
+        "sequence's start, cu_seqlens[:-1], where its end, cu_seqlens[1:] - 1, belongs; or logits[:, 0] for "
+        "logits[:, -1]). Fix: pick from forward(model, prompt)[:, -1]",
+    ), ("knob:generate_path",)
 
 
 def first_token_rows_reading(spec, model, config, t: int, seed: int, use_cache: bool):

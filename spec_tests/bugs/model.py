@@ -629,6 +629,19 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:position_offset",
     ),
     Bug(
+        "generate_picks_from_the_first_position",
+        "sampling_order",
+        GENERATION,
+        "generation.py",
+        old="            next_id = sample(logits[:, -1], temperature, top_k, top_p, generator)",
+        new="            next_id = sample(logits[:, 0], temperature, top_k, top_p, generator)  # the bug: the start",
+        explanation="generate samples from the logits at the sequence's first position instead of its last (a packed "
+        "batch's starts, cu_seqlens[:-1], gathered where its ends belong): right for one new token fed through the "
+        "cache, wrong for the prompt and every uncached step",
+        fix="sample from the last position's logits: logits[:, -1]",
+        code="knob:generate_path",
+    ),
+    Bug(
         "generate_counts_the_prompt_as_one_step",
         "kv_cache",
         GENERATION,
