@@ -442,6 +442,30 @@ def cases():
             },
         )
     )
+    wk_full, wv_full = (
+        randn(H * D, D_MODEL, seed=63) / math.sqrt(D_MODEL),
+        randn(H * D, D_MODEL, seed=64) / math.sqrt(D_MODEL),
+    )
+
+    def mha_full(per_head=False):  # MHA from one fused [wq; wk; wv] matrix, its output split as [q; k; v] or per head
+        qkv = xa @ torch.cat([wq, wk_full, wv_full]).T  # [B, T, 3 H D]
+        if per_head:  # GPT-NeoX's and Megatron's [H, 3, D] split, where the rows were stacked [q; k; v]
+            qh, kh, vh = (qkv.view(B, T, H, 3, D)[..., i, :].transpose(1, 2) for i in range(3))
+        else:
+            qh, kh, vh = (y.view(B, T, H, D).transpose(1, 2) for y in qkv.split(H * D, dim=-1))
+        pos = torch.arange(T)
+        qh, kh = rope_complex(qh, pos, 10000.0), rope_complex(kh, pos, 10000.0)
+        return sdpa(qh, kh, vh, causal(T, T)).transpose(1, 2).reshape(B, T, H * D) @ wo.T
+
+    out.append(
+        Case(
+            "multihead_self_attention",
+            (xa, wq, wk_full, wv_full, wo, H, H),
+            {"theta": 10000.0},
+            mha_full(),
+            {"fused_qkv_split_per_head": (lambda: mha_full(per_head=True), "knob:qkv_layout")},
+        )
+    )
     out.append(
         Case(
             "multihead_self_attention",

@@ -1088,6 +1088,27 @@ def _swapped_projections(p, h, hkv, theta, style) -> list[Variant]:
     return out
 
 
+def _fused_per_head_projections(p, h, hkv, theta, style) -> list[Variant]:
+    """The fused [wq; wk; wv] matrix split per head ([H, 3, d_head] rows, GPT-NeoX's and Megatron's layout) where it
+    was laid out as the three projections one after the other: MHA only (a GQA split has unequal parts)."""
+    if hkv != h or not (p.wq.shape == p.wk.shape == p.wv.shape):
+        return []
+    dh = p.wq.shape[0] // h
+    rows = torch.cat([p.wq, p.wk, p.wv]).reshape(h, 3, dh, p.wq.shape[1])
+    wq, wk, wv = (rows[:, i].reshape(h * dh, -1) for i in range(3))
+    return [
+        Variant(
+            "knob:qkv_layout",
+            "the fused q, k, v projection is split per head ([n_heads, 3, d_head] rows, GPT-NeoX's and Megatron's "
+            "layout) where its rows are the three projections one after the other ([wq; wk; wv])",
+            where="how the fused qkv output is split into queries, keys and values",
+            fix="split the fused output as [q; k; v] (qkv.split(n_heads * d_head, dim=-1)), the order its weights "
+            "were stacked in, or stack them per head to match a per-head split",
+            compute=lambda: _mha(p.x, wq, wk, wv, p.wo, h, hkv, theta, p.positions, style),
+        )
+    ]
+
+
 def _transposed_projections(p, h, hkv, theta, style) -> list[Variant]:
     """A square weight used transposed: kept [in, out] (a Conv1D, a DenseGeneral kernel) and used as given, or
     reshaped without its transpose where it was converted (held out 79: the output kernel at load)."""
@@ -1256,6 +1277,7 @@ def _mha_family(args, kwargs, style):
             else []
         ),
         *_swapped_projections(p, h, hkv, theta, style),
+        *_fused_per_head_projections(p, h, hkv, theta, style),
         *_transposed_projections(p, h, hkv, theta, style),
         Variant(
             "knob:mask_missing",
