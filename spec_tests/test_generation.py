@@ -539,6 +539,9 @@ def cache_consistent(spec, model, prompt, n, config, want, out, behaviour, cause
             shifted = None if sd is None else decode_positions_reading(spec, config, sd, prompt, n, out)
             if shifted is not None:
                 return shifted
+            cut = prompt_cut_reading(raw, model, prompt, n, out)
+            if cut is not None:
+                return cut
             return (
                 "likely cause: generate's own cached path feeds its cache otherwise than the protocol's loop: without "
                 "the cache it picks your model's greedy tokens, and so does your forward through a new cache fed the "
@@ -589,6 +592,35 @@ def last_token_fed_twice(raw, model, prompt, n: int, ctx: int, out):
         "on: your model's forward through a cache fed the prompt, then its last token again, then each new token, "
         "gives every one of your new tokens. Fix: after the prompt, feed only each newly picked token",
     ), ("knob:cache_feeding",)
+
+
+@torch.no_grad()
+def prompt_cut_reading(raw, model, prompt, n: int, out):
+    """``(causes, codes)`` where ``out``'s new tokens are those of the implementation's own cached forward fed only
+    the prompt's last token (or last two) into the fresh cache, then each new token: a cached path that slices
+    ids[:, -1:] from the first step on, the prompt never encoded. None where that does not give them all."""
+    b, t = prompt.shape
+    for kept in (1, 2):
+        if kept >= t:
+            return None
+        try:
+            cache = raw.new_cache(model, b)
+            step, picked = prompt[:, -kept:], []
+            for _ in range(n):
+                step = raw.forward(model, step, cache)[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)
+                picked.append(step)
+        except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
+            return None
+        if torch.equal(torch.cat(picked, dim=1).cpu(), out[:, t:].cpu()):
+            which = "last token" if kept == 1 else f"last {kept} tokens"
+            return (
+                f"likely cause: generate's cached path feeds only the prompt's {which} into the fresh cache (the "
+                "decoding step's ids[:, -1:] taken from the first step on, while the cache is still empty), so the "
+                f"rest of the prompt is never encoded: your model's forward through a new cache fed the {which}, "
+                "then each new token, gives every one of your new tokens. Fix: feed the whole prompt first, then one "
+                "token per step",
+            ), ("knob:cache_feeding",)
+    return None
 
 
 @torch.no_grad()

@@ -353,6 +353,8 @@ READINGS = [
     ("greedy_sample_is_one_based", "temperature_zero_is_argmax", "every id is its row's argmax plus 1"),
     ("generate_picks_from_the_first_position", "greedy_generation_follows_the_model",
      "the argmax of your own logits at its first position (0)"),
+    ("generate_caches_only_the_prompts_last_token", "greedy_generation_follows_the_model",
+     "feeds only the prompt's last token into the fresh cache"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

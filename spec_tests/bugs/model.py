@@ -642,6 +642,20 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         code="knob:generate_path",
     ),
     Bug(
+        "generate_caches_only_the_prompts_last_token",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -ctx:], cache, **padded(mask, ctx))",
+        new="                fed = ids[:, -1:] if cache is not None and mask is None else ids[:, -ctx:]  # the bug\n"
+        "                logits = model(fed, cache, **padded(mask, ctx))",
+        explanation="with the cache, generate feeds only the prompt's last token into the fresh cache (Hugging "
+        "Face's prepare_inputs_for_generation slicing ids[:, -1:] whenever a cache object exists, the empty one too), "
+        "so the rest of the prompt is never encoded",
+        fix="feed the whole prompt (its last context_length tokens) into a fresh cache, then one token per step",
+        code="knob:cache_feeding",
+    ),
+    Bug(
         "generate_counts_the_prompt_as_one_step",
         "kv_cache",
         GENERATION,
