@@ -709,6 +709,39 @@ def own_loss_term(raw, config, sd, x, y, loss, tol) -> str | None:
     return extra_term(loss, logits, y, tol.atol)
 
 
+def own_loss_prefix(raw, config, sd, x, y, loss: float, tol) -> str | None:
+    """Where ``loss`` is the NLL of only the first ``m`` of the batch's ``N`` target tokens (row-major, as a flattened
+    [B * T] batch is cut into chunks), summed and divided by ``N`` or by ``m``, for exactly one ``m < N``: what a
+    chunked loss that drops its last partial chunk gives. The NLL is the implementation's own forward's."""
+    try:
+        with torch.no_grad():
+            logits = raw.forward(models.build(raw, config, sd), x).double()
+    except Exception:  # noqa: BLE001 - what does not run reads nothing
+        return None
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1).to(logits.device), reduction="none")
+    total, n = torch.cat([nll.new_zeros(1), nll.cumsum(0)]).tolist(), nll.numel()
+    close = lambda value: abs(loss - value) <= tol.atol + tol.rtol * abs(value)
+    fits = [(m, "all") for m in range(n) if close(total[m] / n)]
+    fits += [(m, "kept") for m in range(1, n) if close(total[m] / m)]
+    if len(fits) != 1:
+        return None
+    m, over = fits[0]
+    if m == 0:
+        return (
+            f"is 0: none of the batch's {n} target tokens contributes, as a loss computed in chunks of rows that "
+            f"drops its last, partial chunk (a chunk count by floor division) gives for fewer than a chunk's rows. "
+            "Fix: cover every row: ceil(N / chunk) chunks, the last one shorter, the NLL summed over all N tokens and "
+            "divided by N"
+        )
+    mean = f"divided by all {n}" if over == "all" else f"averaged over those {m}"
+    return (
+        f"is the NLL of only the first {m} of the batch's {n} target tokens ({mean}): the last {n - m} contribute "
+        "nothing, as a loss computed in chunks of rows that drops its last, partial chunk (a chunk count by floor "
+        "division) gives. Fix: cover every row: ceil(N / chunk) chunks, the last one shorter, the NLL summed over all "
+        "N tokens and divided by N"
+    )
+
+
 def first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm) -> Callable:
     """A reading for ``check_two_steps``: where train_step's loss before its first step differs from the cross-entropy
     of the implementation's own forward on the same model (``steps_on_own_model``'s first loss), train_step computes
@@ -728,6 +761,9 @@ def first_loss_reading(spec, config, sd, x, y, optimizer, max_grad_norm) -> Call
             return [f"likely cause: train_step's {term}. Fix: loss = cross_entropy(forward(model, x), y) alone"], [
                 "knob:loss_terms"
             ]
+        dropped = own_loss_prefix(raw, config, sd, x, y, got, tol)
+        if dropped:
+            return [f"likely cause: train_step's loss {dropped}"], ["knob:loss_terms"]
         return [
             f"likely cause: train_step's loss before its first step ({got:.6g}) is not the cross-entropy of your own "
             f"forward(model, x) against y ({own:.6g}): train_step computes its logits or its loss otherwise than "

@@ -355,6 +355,8 @@ READINGS = [
      "the argmax of your own logits at its first position (0)"),
     ("generate_caches_only_the_prompts_last_token", "greedy_generation_follows_the_model",
      "feeds only the prompt's last token into the fresh cache"),
+    ("train_step_loss_drops_its_last_partial_chunk", "train_step_matches_reference",
+     "the last 1 contribute nothing, as a loss computed in chunks of rows"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

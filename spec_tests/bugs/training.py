@@ -121,6 +121,23 @@ BUGS = (
         code="knob:generator",
     ),
     Bug(
+        "train_step_loss_drops_its_last_partial_chunk",
+        "training",
+        TRAINING,
+        "training.py",
+        old="    loss = cross_entropy(model(x), y, fused=True)  # F.cross_entropy: the same value, faster",
+        new="    flat, targets = model(x).flatten(0, -2), y.flatten()  # the bug: chunks of 8 rows, floor division\n"
+        "    loss = sum(\n"
+        "        torch.nn.functional.cross_entropy(flat[i : i + 8], targets[i : i + 8], reduction='sum')\n"
+        "        for i in range(0, len(targets) // 8 * 8, 8)\n"
+        "    ) / len(targets)",
+        explanation="train_step computes its loss in chunks of 8 rows (a fused linear cross-entropy that never "
+        "builds the whole logits), counting the chunks by floor division, so the last, partial chunk's tokens "
+        "contribute nothing while the mean still divides by every token",
+        fix="cover every row: ceil(N / 8) chunks, the last one shorter",
+        corner=True,
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
