@@ -327,47 +327,58 @@ def cached_window(window):
 @torch.no_grad()
 def rolled_cache_reading(spec, config, sd, prompt, n: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:
     """``(causes, codes)`` where ``out`` is, token for token, the greedy continuation of a cache that, once it holds
-    context_length positions, drops its oldest entry in every layer and keeps the others as they were computed (at
-    their old positions, over their old windows) instead of re-encoding the window, the new token placed at the
-    cache's length (context_length - 1). Decoded by the reference on the same weights, its cache rolled through its
-    own ``update``. None where that does not give every token of every row."""
+    context_length positions, drops one entry in every layer (its oldest, rolled; or its newest, cropped to its first
+    context_length - 1 as Hugging Face's DynamicCache.crop does) and keeps the others as they were computed (at their
+    old positions, over their old windows) instead of re-encoding the window, the new token placed at the cache's
+    length (context_length - 1). Decoded by the reference on the same weights, its cache cut through its own
+    ``update``. None where neither gives every token of every row."""
     ref = getattr(spec.expectations, "reference", None)
     b, t = prompt.shape
     ctx = config["context_length"]
     if ref is None or out.shape != (b, t + n):
         return None
     twin = models.build(ref, config, sd).eval()
-    ids = prompt[:, -ctx:]
-    cache = ref.new_cache(twin, b)
-    logits = ref.forward(twin, ids, cache)
-    for _ in range(n):
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)
-        ids = torch.cat((ids, token), dim=1)
-        if cache.length == ctx:
-            cache = _dropped_oldest(ref, twin, cache)
-        logits = ref.forward(twin, token, cache)  # at the cache's length
-    if not torch.equal(ids[:, -n:].cpu(), out[:, t:].cpu()):
+    for keep in ("newest", "oldest"):
+        ids = prompt[:, -ctx:]
+        cache = ref.new_cache(twin, b)
+        logits = ref.forward(twin, ids, cache)
+        for _ in range(n):
+            token = logits[:, -1].argmax(dim=-1, keepdim=True)
+            ids = torch.cat((ids, token), dim=1)
+            if cache.length == ctx:
+                cache = _cut(ref, twin, cache, keep)
+            logits = ref.forward(twin, token, cache)  # at the cache's length
+        if torch.equal(ids[:, -n:].cpu(), out[:, t:].cpu()):
+            break
+    else:
         return None
+    how = (
+        "drops its oldest entry and keeps the others"
+        if keep == "newest"
+        else "is cropped to its first context_length - 1 entries (the newest dropped: DynamicCache.crop keeps the "
+        "oldest), the others kept"
+    )
     return (
         (
-            "likely cause: once the window is full, generate's cache drops its oldest entry and keeps the others "
-            "as they were computed (at their old positions, over their old windows) instead of re-encoding the "
-            f"last {ctx} tokens, each new token placed at the cache's length (context_length - 1). Fix: when the "
-            "sequence passes context_length, start a fresh cache and feed it the last context_length tokens: "
-            f"every position shifts (evidence: a cache rolled that way gives every one of your {n} new tokens in "
-            "every row, and without the cache generate is right)",
+            f"likely cause: once the window is full, generate's cache {how} as they were computed (at their old "
+            f"positions, over their old windows) instead of re-encoding the last {ctx} tokens, each new token placed "
+            "at the cache's length (context_length - 1). Fix: when the sequence passes context_length, start a fresh "
+            f"cache and feed it the last context_length tokens: every position shifts (evidence: a cache cut that way "
+            f"gives every one of your {n} new tokens in every row, and without the cache generate is right)",
         ),
         ("knob:window",),
     )
 
 
-def _dropped_oldest(ref, twin, cache):
-    """A reference cache holding ``cache``'s keys and values without their oldest position, in every layer."""
-    rolled = ref.new_cache(twin, cache.batch_size)
+def _cut(ref, twin, cache, keep: str):
+    """A reference cache holding ``cache``'s keys and values without one position in every layer: ``keep`` "newest"
+    drops the oldest, "oldest" the newest."""
+    cut = ref.new_cache(twin, cache.batch_size)
     for layer in range(len(cache.lengths)):
         k, v = ref.cache_kv(cache, layer)
-        rolled.update(layer, k[..., 1:, :], v[..., 1:, :])
-    return rolled
+        kept = slice(1, None) if keep == "newest" else slice(None, -1)
+        cut.update(layer, k[..., kept, :], v[..., kept, :])
+    return cut
 
 
 def window_reading(spec, model, prompt, n: int, ctx: int, out) -> tuple[tuple[str, ...], tuple[str]] | None:
@@ -627,8 +638,9 @@ def prompt_cut_reading(raw, model, prompt, n: int, out):
 def decode_positions_reading(spec, config, sd, prompt, n: int, out):
     """``(causes, codes)`` where ``out``'s new tokens are those of the reference on the same weights, the prompt cached
     at its positions 0..t-1 and the k-th token fed after it at another position than t + k: a step counter advanced
-    by 1 (or not at all) after the prompt, started at 0, or one off. One such rule must give every new token of
-    every row; None where none does, or where the tokens would pass the context."""
+    by 1 (or not at all) after the prompt, started at 0, one off, or the front of the position ids at every step. One
+    such rule must give every new token of every row; None where none does, or where the tokens would pass the
+    context."""
     ref = getattr(spec.expectations, "reference", None)
     b, t = prompt.shape
     ctx = config["context_length"]
@@ -641,6 +653,11 @@ def decode_positions_reading(spec, config, sd, prompt, n: int, out):
         (lambda k: t - 1 + k, f"{t - 1}, {t}, ...: one position early (the prompt's last position reused)"),
         (lambda k: t + 1 + k, f"{t + 1}, {t + 2}, ...: one position late (a counter advanced twice)"),
         (lambda k: t, f"{t} at every step: a position that never advances after the prompt"),
+        (
+            lambda k: 0,
+            "0 at every step: the new token's position taken from the front of the position ids "
+            "(positions[:, :T_new] where positions[:, -T_new:] belongs)",
+        ),
     )
     found = []
     for rule, said in rules:

@@ -693,6 +693,42 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         corner=True,
     ),
     Bug(
+        "generate_crops_a_full_cache_to_its_oldest",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="            if cache is not None and ids.shape[1] <= ctx:\n",
+        new="""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: cropped, the newest out
+                held = [cache.kv(layer) for layer in range(len(cache.lengths))]
+                cache = new_cache(model, ids.shape[0])
+                for layer, (k, v) in enumerate(held):
+                    cache.update(layer, k[..., :-1, :], v[..., :-1, :])
+                logits = model(ids[:, -1:], cache)
+            elif cache is not None and ids.shape[1] <= ctx:
+""",
+        explanation="once the sequence passes the context, generate crops its cache to the first context_length - 1 "
+        "entries (Hugging Face's DynamicCache.crop keeps the oldest), dropping the newest, and goes on from there "
+        "instead of re-encoding the window",
+        fix="past the context, start a fresh cache and feed it the last context_length tokens",
+        code="knob:window",
+        corner=True,
+    ),
+    Bug(
+        "generate_feeds_every_new_token_at_position_zero",
+        "kv_cache",
+        GENERATION,
+        "generation.py",
+        old="                logits = model(ids[:, -1:], cache, **padded(mask))",
+        new="                zero = torch.zeros(1, dtype=torch.long, device=ids.device)  # the bug: the positions' front\n"
+        "                logits = model(ids[:, -1:], cache, **padded(mask), **({} if mask is not None else "
+        "{'positions': zero}))",
+        explanation="generate feeds each new token through the cache at position 0 (Falcon's prepare_inputs_for_"
+        "generation slicing the front of the position ids, positions[:, :1], where their end belongs)",
+        fix="each new token continues after the cached ones: its position is the cache's length",
+        corner=True,
+        code="knob:cache_feeding",
+    ),
+    Bug(
         "generate_cached_step_feeds_the_token_before",
         "kv_cache",
         GENERATION,
