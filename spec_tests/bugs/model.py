@@ -698,7 +698,7 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         GENERATION,
         "generation.py",
         old="            if cache is not None and ids.shape[1] <= ctx:\n",
-        new="""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: cropped, the newest out
+        new="""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: cropped
                 held = [cache.kv(layer) for layer in range(len(cache.lengths))]
                 cache = new_cache(model, ids.shape[0])
                 for layer, (k, v) in enumerate(held):
@@ -719,7 +719,7 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         GENERATION,
         "generation.py",
         old="                logits = model(ids[:, -1:], cache, **padded(mask))",
-        new="                zero = torch.zeros(1, dtype=torch.long, device=ids.device)  # the bug: the positions' front\n"
+        new="                zero = torch.zeros(1, dtype=torch.long, device=ids.device)  # the bug: at the front\n"
         "                logits = model(ids[:, -1:], cache, **padded(mask), **({} if mask is not None else "
         "{'positions': zero}))",
         explanation="generate feeds each new token through the cache at position 0 (Falcon's prepare_inputs_for_"
