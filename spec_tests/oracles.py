@@ -243,7 +243,10 @@ def evaluate_teacher(
     apart, the targets with 0 instead of ignore_index); ``"zero_counted_out"`` (every target scored, the total divided
     by the padded windows' slots whose label is not 0: the count compares the labels with a pad id of 0 while the
     padding is marked with ignore_index); ``"row_means_rescaled"`` (each window's NLL averaged over its batch's
-    padded width and multiplied back by its own length, as GluonNLP's masked loss times ``valid_length``).
+    padded width and multiplied back by its own length, as GluonNLP's masked loss times ``valid_length``);
+    ``"in_window"`` and ``"mixed_in_window"`` (each window's own tokens given as labels that the model shifts inside,
+    so its prediction of the token after it is dropped, each batch's mean weighted by its windows' lengths: the short
+    window alone or in the last batch).
     """
     nll, targets = [], []
     spans = windows(len(data), context_length)
@@ -348,6 +351,19 @@ def evaluate_teacher(
         tail = -torch.log_softmax(logits, dim=-1).gather(-1, y[:, None])[:, 0]
         scored = torch.cat([*nll[:-1], tail])
         loss = float(scored.mean())
+    elif reduction in ("in_window", "mixed_in_window"):  # each window's own tokens as labels, shifted inside the
+        # model: its last prediction (of the token after it) dropped; each batch's mean over what is left, weighted by
+        # the predictions the caller meant to score (its windows' lengths)
+        idx = list(range(len(nll)))
+        if reduction == "mixed_in_window":
+            groups = [idx[i : i + batch_size] for i in range(0, len(idx), batch_size)]
+        else:  # full windows batch_size at a time, the short last one on its own
+            full = [i for i in idx if spans[i][1] == context_length]
+            groups = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
+            groups += [[i] for i in idx if spans[i][1] != context_length]
+        kept = [(torch.cat([nll[i][:-1] for i in g]), sum(len(nll[i]) for i in g)) for g in groups]
+        kept = [(b, n) for b, n in kept if b.numel()]
+        loss = sum(float(b.mean()) * n for b, n in kept) / sum(n for _, n in kept) if kept else math.nan
     elif reduction == "second_half":  # llama.cpp's perplexity: in each window only the predictions from C // 2 on
         scored = [n[context_length // 2 :] for n in nll]
         kept = torch.cat(scored)

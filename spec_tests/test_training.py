@@ -1565,6 +1565,21 @@ def test_evaluate_is_token_weighted(spec, family, n_tokens, context_length, batc
             "windows start context_length apart (0, C, 2C, ...), each predicting the C tokens after its start",
             teacher("chunks"),
         ),
+        *(
+            Variant(
+                "knob:label_shift",
+                "each window is given its own tokens as labels, which the model shifts inside (Hugging Face's "
+                "labels=input_ids): the prediction of the token after each window is dropped, while each batch's mean "
+                f"is still weighted by all its windows' predictions ({where})",
+                "score the window data[s : s + C] against data[s + 1 : s + C + 1] (shift_labels, or the targets "
+                "passed as they are), every prediction of it",
+                teacher(reduction),
+            )
+            for reduction, where in (
+                ("in_window", "the short last window a batch of its own"),
+                ("mixed_in_window", "the short last window in the last batch"),
+            )
+        ),
         Variant(
             "knob:label_shift",
             "each window's tokens are scored as their own targets (not shifted one ahead)",

@@ -361,6 +361,8 @@ READINGS = [
      "is cropped to its first context_length - 1 entries"),
     ("generate_feeds_every_new_token_at_position_zero", "greedy_generation_follows_the_model",
      "0 at every step: the new token's position taken from the front"),
+    ("evaluate_labels_each_window_with_itself", "evaluate_is_token_weighted",
+     "each window is given its own tokens as labels, which the model shifts inside"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

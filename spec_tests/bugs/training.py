@@ -138,6 +138,21 @@ BUGS = (
         corner=True,
     ),
     Bug(
+        "evaluate_labels_each_window_with_itself",
+        "evaluation",
+        EVALUATION,
+        "training.py",
+        old="                total += token_nll(model(x), y).sum().double().cpu()",
+        new="                inner = token_nll(model(x)[:, :-1], x[:, 1:])  # the bug: labels=x, shifted inside\n"
+        "                total += (inner.mean() * y.numel()).double().cpu()",
+        explanation="evaluate gives each window its own tokens as labels, which are shifted inside (Hugging Face's "
+        "labels=input_ids): the prediction of the token after each window is dropped, and each batch's mean over "
+        "what is left is weighted by all its windows' predictions",
+        fix="score each window against the tokens one ahead, data[s + 1 : s + C + 1], every prediction of it",
+        corner=True,
+        code="knob:label_shift",
+    ),
+    Bug(
         "train_step_loss_per_sequence",
         "training",
         TRAINING,
