@@ -360,6 +360,27 @@ def position_variants(spec, config, sd, ids, chunks, actual) -> list[Variant]:
                 chunks_at(lambda k, c: c, lambda k, c: 0 if chunks[k] > 1 else c),
             )
         )
+    if any(n > 1 for n in chunks[1:]):  # a chunk's mask built new-tokens-first: its triangle over the oldest keys
+
+        def past_after(q, k, v, mask=None, *args, causal=False, **kwargs):
+            t_q, t_k = q.shape[-2], k.shape[-2]
+            if not causal or t_q == 1 or t_k == t_q:
+                return attention(q, k, v, mask, *args, causal=causal, **kwargs)
+            tri = torch.ones(t_q, t_q, dtype=torch.bool, device=q.device).tril()
+            laid = torch.cat([tri, torch.ones(t_q, t_k - t_q, dtype=torch.bool, device=q.device)], dim=-1)
+            return attention(q, k, v, laid if mask is None else mask.to(torch.bool) & laid, *args, **kwargs)
+
+        found.append(
+            Variant(
+                "knob:mask_alignment",
+                "a chunk of several new tokens after cached ones gets its causal mask laid out new-tokens-first (the "
+                "chunk's triangle, then the cached keys' all-visible columns appended after it) while the keys are "
+                "cached-first: the triangle falls on the oldest cached keys and every new token sees the later ones",
+                "put the cached keys' columns first: mask = cat([ones(T_q, cached), tril(T_q, T_q)], dim=-1), the "
+                "order the keys are in",
+                chunks_at(lambda k, n: n, replacements={"scaled_dot_product_attention": past_after}),
+            )
+        )
     if 1 in chunks[1:]:  # a decode step's own key left out: the key count taken before the step's write
         found.append(
             Variant(

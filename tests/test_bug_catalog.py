@@ -363,6 +363,8 @@ READINGS = [
      "0 at every step: the new token's position taken from the front"),
     ("evaluate_labels_each_window_with_itself", "evaluate_is_token_weighted",
      "each window is given its own tokens as labels, which the model shifts inside"),
+    ("cached_chunk_mask_laid_new_tokens_first", "cached_logits_equal_full_forward",
+     "gets its causal mask laid out new-tokens-first"),
     ("keys_rotated_at_the_default_theta", "logits_match_reference",
      "the keys' RoPE turns at the default theta 10000"),
     ("train_steps_only_the_linear_matrices", "train_defaults_to_adamw",

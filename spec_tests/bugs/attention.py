@@ -397,6 +397,21 @@ BUGS = (
         code="knob:mask_alignment",
     ),
     Bug(
+        "cached_chunk_mask_laid_new_tokens_first",
+        "kv_cache",
+        (MHA, *MODEL),
+        "attention.py",
+        old='        out = scaled_dot_product_attention(q, k, v, causal=True, fused=attention == "sdpa")',
+        new="        t_q, t_k, on = q.shape[-2], k.shape[-2], {'dtype': torch.bool, 'device': q.device}\n"
+        "        tri = torch.ones(t_q, t_q, **on).tril()  # the bug: the triangle first, the cached columns after it\n"
+        "        out = scaled_dot_product_attention(q, k, v, torch.cat([tri, torch.ones(t_q, t_k - t_q, **on)], -1))",
+        explanation="a chunk of several new tokens after cached ones gets its causal mask laid out new-tokens-first "
+        "(Phi-3's _make_causal_mask appending the past columns after the triangle) while the keys are cached-first",
+        fix="mask = cat([ones(T_q, cached), tril(T_q, T_q)], dim=-1): the cached keys' columns first",
+        corner=True,
+        code="knob:mask_alignment",
+    ),
+    Bug(
         "keys_rotated_at_the_default_theta",
         "rope_frequency",
         (MHA, *MODEL),
