@@ -1486,12 +1486,23 @@ def test_cache_overflow_raises(spec, family):
         ),
         ("boundary",),
     )
-    if held == 1 and ctx - 2 > 1:  # one call of several tokens, one step held: a count per call (held out 79)
+    two_rows = _steps_held_by_two_rows(spec, model, ids[:, : ctx - 2]) if held == 1 and ctx - 2 > 1 else None
+    if held == 1 and ctx - 2 > 1 and two_rows == 2:  # one row held 1, two rows 2: the batch size (held out 111)
+        causes = (f"likely cause: the cache's length advances by the batch size, not by the tokens: after one call of "
+                  f"{ctx - 2} tokens a cache of one row holds 1 time step and one of two rows holds 2 (cache_kv): a "
+                  "size read from the batch axis (ids.shape[0], or size(ids, 2) of a features-first [T, B] layout). "
+                  "Fix: advance it by the number of new tokens, ids.shape[1]",)  # fmt: skip
+        codes = ("knob:position_offset",)
+    elif held == 1 and ctx - 2 > 1 and two_rows in (1, None):  # one step held whatever the rows: a count per call
         causes = (f"likely cause: the cache counts calls, not tokens: after one call of {ctx - 2} tokens it holds 1 "
                   "time step (cache_kv), so its length advances by one per call instead of by the tokens written "
                   "(or it keeps only the newest position). Fix: advance the cache's length (its index or offset) by "
                   "the number of tokens each call writes",)  # fmt: skip
         codes = ("knob:cache_contents",)
+    elif held == 1 and ctx - 2 > 1:
+        causes = (f"note: after one call of {ctx - 2} tokens a cache of one row holds 1 time step (cache_kv), and "
+                  f"one of two rows {two_rows}: the cache does not count the tokens written",)  # fmt: skip
+        codes = ()
     elif held != ctx - 2:  # the check may count right: the cache itself did not take the tokens
         causes = (f"note: after {ctx - 2} tokens the cache holds {held} time steps (cache_kv), so what it counts "
                   "is not what was fed: test_cached_logits_equal_full_forward tells more",)  # fmt: skip
@@ -1521,6 +1532,18 @@ def _continues(spec, model, ids, cached: int) -> bool:
         return mismatch(stepped, raw.forward(model, ids)[:, cached:], tolerance("model", device=spec.device)) is None
     except (Exception, NotImplementedInImpl):  # noqa: BLE001 - a cached step that fails hands on nothing right
         return False
+
+
+def _steps_held_by_two_rows(spec, model, ids) -> int | str | None:
+    """The time steps a new cache of two rows holds (``_steps_held``) after one call of ``ids``' row twice; None where
+    the call raises (a cache of one row is what the test made)."""
+    raw = spec.impl._subject  # unprobed: a side reading
+    try:
+        cache = raw.new_cache(model, 2)
+        raw.forward(model, ids.repeat(2, 1), cache)
+    except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
+        return None
+    return _steps_held(spec, cache)
 
 
 def _steps_held(spec, cache):

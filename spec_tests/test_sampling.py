@@ -515,11 +515,14 @@ def test_temperature_zero_with_filters_is_argmax(spec, kw):
         codes=("~knob:temperature",) if nan else (),
     )
     ids = spec.impl.sample(logits, temperature=0.0, **kw)
+    causes, codes = argmax_axis_causes(ids, logits)
     spec.require(
         torch.equal(ids.cpu(), logits.argmax(-1).cpu()),
         subject="sample",
         behaviour=f"sample(temperature=0, {kw}) returns the argmax",
         found=f"{ids.tolist()} vs {logits.argmax(-1).tolist()}",
+        causes=causes,
+        codes=codes,
     )
 
 
