@@ -10,6 +10,20 @@ CACHE_WRITE = (
     "        self.key_buffers[layer][..., start:end, :] = k\n        self.value_buffers[layer][..., start:end, :] = v"
 )
 
+
+def full_cache_cut(kept: str, what: str) -> str:
+    """generate's cached branch with a full cache cut to the positions ``kept`` (a slice's text) in every layer and
+    decoding going on from it, instead of a fresh cache fed the window (the text two generation bugs put in)."""
+    return f"""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: {what}
+                held = [cache.kv(layer) for layer in range(len(cache.lengths))]
+                cache = new_cache(model, ids.shape[0])
+                for layer, (k, v) in enumerate(held):
+                    cache.update(layer, k[..., {kept}, :], v[..., {kept}, :])
+                logits = model(ids[:, -1:], cache)
+            elif cache is not None and ids.shape[1] <= ctx:
+"""
+
+
 BUGS = (
     # ------------------------------------------------------------------ the block and the model
     Bug(
@@ -677,14 +691,7 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         GENERATION,
         "generation.py",
         old="            if cache is not None and ids.shape[1] <= ctx:\n",
-        new="""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: a full cache rolled
-                held = [cache.kv(layer) for layer in range(len(cache.lengths))]
-                cache = new_cache(model, ids.shape[0])
-                for layer, (k, v) in enumerate(held):
-                    cache.update(layer, k[..., 1:, :], v[..., 1:, :])
-                logits = model(ids[:, -1:], cache)
-            elif cache is not None and ids.shape[1] <= ctx:
-""",
+        new=full_cache_cut("1:", "a full cache rolled"),
         explanation="once the sequence passes the context, generate's cache drops its oldest entry and goes on with "
         "the others as they were computed (at their old positions, over their old windows), the new token at "
         "context_length - 1, instead of re-encoding the window (GPT-2's sample.py past n_ctx, minGPT-style rolls)",
@@ -698,14 +705,7 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         GENERATION,
         "generation.py",
         old="            if cache is not None and ids.shape[1] <= ctx:\n",
-        new="""            if cache is not None and ids.shape[1] > ctx and mask is None:  # the bug: cropped
-                held = [cache.kv(layer) for layer in range(len(cache.lengths))]
-                cache = new_cache(model, ids.shape[0])
-                for layer, (k, v) in enumerate(held):
-                    cache.update(layer, k[..., :-1, :], v[..., :-1, :])
-                logits = model(ids[:, -1:], cache)
-            elif cache is not None and ids.shape[1] <= ctx:
-""",
+        new=full_cache_cut(":-1", "cropped to its oldest"),
         explanation="once the sequence passes the context, generate crops its cache to the first context_length - 1 "
         "entries (Hugging Face's DynamicCache.crop keeps the oldest), dropping the newest, and goes on from there "
         "instead of re-encoding the window",
