@@ -269,15 +269,18 @@ def evaluate_teacher(
         logits = impl.forward(model, x[None].to(device))[0, length:].detach().double().cpu()
         nll.append(-torch.log_softmax(logits, dim=-1)[:, 0])
 
-    def batched(short_alone: bool) -> list[torch.Tensor]:
-        """Each batch's NLL: full windows batch_size at a time and the short last one on its own, or every window in
-        order (the short one in the last batch)."""
+    def groups(short_alone: bool) -> list[list[int]]:
+        """The windows of each batch (indices into ``nll``): full windows batch_size at a time and the short last one
+        on its own, or every window in order (the short one in the last batch)."""
         if not short_alone:
-            return [torch.cat(nll[i : i + batch_size]) for i in range(0, len(nll), batch_size)]
-        full = [n for n, (_, length) in zip(nll, spans) if length == context_length]
-        return [torch.cat(full[i : i + batch_size]) for i in range(0, len(full), batch_size)] + [
-            n for n, (_, length) in zip(nll, spans) if length != context_length
-        ]
+            return [list(range(i, min(i + batch_size, len(nll)))) for i in range(0, len(nll), batch_size)]
+        full = [i for i, (_, length) in enumerate(spans) if length == context_length]
+        short = [[i] for i, (_, length) in enumerate(spans) if length != context_length]
+        return [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + short
+
+    def batched(short_alone: bool) -> list[torch.Tensor]:
+        """Each batch's NLL, its windows as ``groups`` gives them."""
+        return [torch.cat([nll[i] for i in g]) for g in groups(short_alone)]
 
     if reduction == "zero_ignored":  # targets equal to token 0 left out, as a pad id of 0 used as the ignored label
         kept = torch.cat(targets) != 0
@@ -354,14 +357,8 @@ def evaluate_teacher(
     elif reduction in ("in_window", "mixed_in_window"):  # each window's own tokens as labels, shifted inside the
         # model: its last prediction (of the token after it) dropped; each batch's mean over what is left, weighted by
         # the predictions the caller meant to score (its windows' lengths)
-        idx = list(range(len(nll)))
-        if reduction == "mixed_in_window":
-            groups = [idx[i : i + batch_size] for i in range(0, len(idx), batch_size)]
-        else:  # full windows batch_size at a time, the short last one on its own
-            full = [i for i in idx if spans[i][1] == context_length]
-            groups = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
-            groups += [[i] for i in idx if spans[i][1] != context_length]
-        kept = [(torch.cat([nll[i][:-1] for i in g]), sum(len(nll[i]) for i in g)) for g in groups]
+        batches = groups(short_alone=reduction == "in_window")
+        kept = [(torch.cat([nll[i][:-1] for i in g]), sum(len(nll[i]) for i in g)) for g in batches]
         kept = [(b, n) for b, n in kept if b.numel()]
         loss = sum(float(b.mean()) * n for b, n in kept) / sum(n for _, n in kept) if kept else math.nan
     elif reduction == "second_half":  # llama.cpp's perplexity: in each window only the predictions from C // 2 on

@@ -184,9 +184,9 @@ class AdamWRule(torch.optim.Optimizer):
                 if self.rule == "moments_not_stored":  # each step's moments start from zero again
                     m.zero_()
                     v.zero_()
-                m_old, v_old = m.clone(), v.clone()
-                if self.rule == "first_moment_from_the_second":
-                    m.copy_(b1 * v_old + (1 - b1) * g)
+                m_old = m.clone() if self.rule == "second_moment_from_the_first" else m
+                if self.rule == "first_moment_from_the_second":  # from v's state, before v's own update
+                    m.copy_(b1 * v + (1 - b1) * g)
                 elif self.rule == "moment_weights_swapped":
                     m.mul_(1 - b1).add_(g, alpha=b1)
                 elif self.rule == "undamped_first_moment":
