@@ -1204,34 +1204,36 @@ def test_train_draws_fresh_windows_every_step(spec, family):
     data = spec.inputs.token_ids(1, 400, vocab=config["vocab_size"], seed=74)[0].cpu()
     model = models.build(spec.impl, config, sd, training=True)
     losses = [float(v) for v in spec.impl.train(model, data, steps=4, batch_size=2, context_length=8, lr=0.0)]
-    if len(set(losses)) == len(losses):
-        return
-    weak, moving = "likely cause (weak evidence):", []
-    if len(set(losses)) == 1:  # the reported loss moves when the weights do: then its data is what stays
-        trained = models.build(spec.impl, config, sd, training=True)
-        raw = getattr(spec.impl, "_subject", spec.impl)  # a side reading: its crashes are train's own tests'
-        try:
-            moving = [float(v) for v in raw.train(trained, data, steps=4, batch_size=2, context_length=8, lr=0.05)]
-        except Exception:  # noqa: BLE001 - what does not run pins nothing
-            moving = []
+    # one loss at every step pins the windows where the reported loss moves once the weights do
+    moving = training_losses_at(spec, config, sd, data, 0.05) if len(set(losses)) == 1 else []
     pinned = len(set(moving)) == len(moving) == len(losses)
+    evidence = (
+        " (evidence: with lr=0 every step reports one loss, while with lr=0.05 each differs: the loss is computed "
+        "afresh at each step, on the same windows)"
+    )
     spec.require(
-        False,
+        len(set(losses)) == len(losses),
         behaviour="train(..., steps=4, lr=0.0) on 400 random tokens: each step's batch is new, so no loss repeats",
         found=f"losses {losses}" + (f"; with lr=0.05 the losses move: {moving}" if pinned else ""),
         causes=(
-            f"{'likely cause:' if pinned else weak} every step trains on the same windows: the batch generator is "
-            "seeded again (or a new one made from the seed) at every step, or the batch is drawn once before the "
-            "loop. Fix: make one generator from the seed before the loop and draw a batch from it at every step"
-            + (
-                " (evidence: with lr=0 every step reports one loss, while with lr=0.05 each differs: the loss is "
-                "computed afresh at each step, on the same windows)"
-                if pinned
-                else ""
-            ),  # fmt: skip
+            f"{'likely cause:' if pinned else 'likely cause (weak evidence):'} every step trains on the same windows: "
+            "the batch generator is seeded again (or a new one made from the seed) at every step, or the batch is "
+            "drawn once before the loop. Fix: make one generator from the seed before the loop and draw a batch from "
+            "it at every step" + (evidence if pinned else ""),
         ),
         codes=("knob:generator",) if pinned else ("~knob:generator",),
     )
+
+
+def training_losses_at(spec, config, sd, data, lr: float) -> list[float]:
+    """train's four losses on a fresh model at ``lr`` (the fresh-windows test's shape), or none where it raises: a
+    side reading, whose crashes are train's own tests'."""
+    raw = getattr(spec.impl, "_subject", spec.impl)
+    try:
+        model = models.build(raw, config, sd, training=True)
+        return [float(v) for v in raw.train(model, data, steps=4, batch_size=2, context_length=8, lr=lr)]
+    except Exception:  # noqa: BLE001 - what does not run pins nothing
+        return []
 
 
 @judges("train", uses=("build_model", "forward"))
