@@ -932,6 +932,7 @@ def test_initialisation_statistics(spec, family):
     config = models.supported(spec.impl, base)
     sd = spec.impl.canonical_state_dict(spec.impl.build(config, None, seed=0))
     residual_std = 0.02 / math.sqrt(2 * config["n_layers"])
+    apart = unscaled_apart(sd, residual_std)
     offsets = models.offset_norm_names(config) if config.get("norm_offset") else set()  # amendment 26: gain 1 + w
     for name, w in sd.items():
         if name in offsets:
@@ -951,7 +952,7 @@ def test_initialisation_statistics(spec, family):
             if want != 0.02:
                 by_layer = residual_stds(sd, name)
                 found += "; this projection's std by layer: " + ", ".join(f"{v:.4g}" for v in by_layer.values())
-                why = residual_scale_reading(by_layer, config["n_layers"], got, unscaled_apart(sd, residual_std)) or why
+                why = residual_scale_reading(by_layer, config["n_layers"], got, apart) or why
             spec.require(
                 abs(got / want - 1) < 0.06,
                 behaviour=f"{name} ~ N(0, {want:.4g})" + (" (residual projection)" if want != 0.02 else ""),
