@@ -113,11 +113,17 @@ def _block_forward(kind: str):
     return forward
 
 
+def _blocks(model):
+    """The model's blocks (``NotApplicable`` where it has none to rewire)."""
+    layers = getattr(model, "layers", None)
+    if not layers:
+        raise NotApplicable("the model has no blocks")
+    return layers
+
+
 def _rewire_blocks(kind: str):
     def rewire(model) -> None:
-        layers = getattr(model, "layers", None)
-        if not layers:
-            raise NotApplicable("the model has no blocks")
+        layers = _blocks(model)
         for block in layers:
             if kind.startswith("post_norm_after") and not getattr(block, "post_norms", False):
                 raise NotApplicable("the blocks have no post norms")
@@ -195,9 +201,7 @@ def _stream_reading_forward(roles: tuple[str, ...]):
 
 def _rewire_stream_reading(roles: tuple[str, ...]):
     def rewire(model) -> None:
-        layers = getattr(model, "layers", None)
-        if not layers:
-            raise NotApplicable("the model has no blocks")
+        layers = _blocks(model)
         for block in layers:
             block.forward = types.MethodType(_stream_reading_forward(roles), block)
 
@@ -209,9 +213,7 @@ def _rewire_fused_stream(before_gain: bool):
     giving the normalised sum and the sum) whose normalised sum is carried on as the residual."""
 
     def rewire(model) -> None:
-        layers = getattr(model, "layers", None)
-        if not layers:
-            raise NotApplicable("the model has no blocks")
+        layers = _blocks(model)
         for i, block in enumerate(layers):
             carried = tuple(_without_gain(n) for n in (block.attn_norm, block.mlp_norm)) if before_gain else None
             block.forward = types.MethodType(_fused_stream_forward(i == 0, carried), block)
@@ -221,9 +223,7 @@ def _rewire_fused_stream(before_gain: bool):
 
 def _rewire_last_block(kind: str):
     def rewire(model) -> None:
-        layers = getattr(model, "layers", None)
-        if not layers:
-            raise NotApplicable("the model has no blocks")
+        layers = _blocks(model)
         layers[-1].forward = types.MethodType(_block_forward(kind), layers[-1])
 
     return rewire
