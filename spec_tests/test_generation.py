@@ -584,18 +584,7 @@ def last_token_fed_twice(raw, model, prompt, n: int, ctx: int, out):
     prompt, then the prompt's last token again (a sampler that starts its loop from the last input token, as
     GluonNLP's does), then each new token; None where that does not give them all, or would pass the context."""
     t = prompt.shape[1]
-    if t + n + 1 > ctx:
-        return None
-    try:
-        cache = raw.new_cache(model, prompt.shape[0])
-        raw.forward(model, prompt, cache)
-        step, picked = prompt[:, -1:], []
-        for _ in range(n):
-            step = raw.forward(model, step, cache)[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)
-            picked.append(step)
-    except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
-        return None
-    if not torch.equal(torch.cat(picked, dim=1).cpu(), out[:, t:].cpu()):
+    if t + n + 1 > ctx or not own_cached_picks(raw, model, [prompt, prompt[:, -1:]], n, out[:, t:]):
         return None
     return (
         "likely cause: generate's cached path feeds the prompt's last token again after the prompt (a decoding loop "
@@ -606,23 +595,33 @@ def last_token_fed_twice(raw, model, prompt, n: int, ctx: int, out):
 
 
 @torch.no_grad()
+def own_cached_picks(raw, model, fed: list, n: int, new_tokens) -> bool:
+    """Whether ``new_tokens`` ``[B, n]`` are the greedy picks of the implementation's own cached forward fed the chunks
+    ``fed`` one after another into a fresh cache, then each picked token: generate's cached path replayed as a
+    mistaken loop feeds it. False where a call raises (the test's own calls report crashes)."""
+    try:
+        cache = raw.new_cache(model, fed[0].shape[0])
+        for chunk in fed[:-1]:
+            raw.forward(model, chunk, cache)
+        step, picked = fed[-1], []
+        for _ in range(n):
+            step = raw.forward(model, step, cache)[:, -1].argmax(dim=-1, keepdim=True).to(fed[-1].dtype)
+            picked.append(step)
+    except Exception:  # noqa: BLE001 - a side reading
+        return False
+    return torch.equal(torch.cat(picked, dim=1).cpu(), new_tokens.cpu())
+
+
+@torch.no_grad()
 def prompt_cut_reading(raw, model, prompt, n: int, out):
     """``(causes, codes)`` where ``out``'s new tokens are those of the implementation's own cached forward fed only
     the prompt's last token (or last two) into the fresh cache, then each new token: a cached path that slices
     ids[:, -1:] from the first step on, the prompt never encoded. None where that does not give them all."""
-    b, t = prompt.shape
+    t = prompt.shape[1]
     for kept in (1, 2):
         if kept >= t:
             return None
-        try:
-            cache = raw.new_cache(model, b)
-            step, picked = prompt[:, -kept:], []
-            for _ in range(n):
-                step = raw.forward(model, step, cache)[:, -1].argmax(dim=-1, keepdim=True).to(prompt.dtype)
-                picked.append(step)
-        except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
-            return None
-        if torch.equal(torch.cat(picked, dim=1).cpu(), out[:, t:].cpu()):
+        if own_cached_picks(raw, model, [prompt[:, -kept:]], n, out[:, t:]):
             which = "last token" if kept == 1 else f"last {kept} tokens"
             return (
                 f"likely cause: generate's cached path feeds only the prompt's {which} into the fresh cache (the "
