@@ -709,6 +709,11 @@ def write_slot_reading(spec, config, sd, ids, chunks, cache) -> tuple[str, str] 
     ), "knob:position_offset"
 
 
+BY_ROWS = (  # a cache length advanced by the batch size: what it is, and the fix
+    "a size read from the batch axis (ids.shape[0], or size(ids, 2) of a features-first [T, B] layout). Fix: advance "
+    "it by the number of new tokens, ids.shape[1]"
+)
+
 ONE_PER_CALL = (
     "the cache grows by one position per call instead of by the call's number of tokens (its length advanced by 1, "
     "or only each call's first position written), so a multi-token call leaves it short and the next call writes over "
@@ -851,9 +856,7 @@ def cache_reading(spec, config, sd, ids) -> tuple[str, str] | None:
     if rows > 1 and rows != n and n * layers != rows and all(o[0].shape[2] == o[1].shape[2] == rows for o in own):
         return (
             f"likely cause: {prefill} cache_kv holds {rows} positions in every layer, the batch's {rows} rows: the "
-            "cache's length advances by the batch size instead of the tokens written (a size read from the batch "
-            "axis: ids.shape[0], or size(ids, 2) of a features-first [T, B] layout). Fix: advance it by the number "
-            "of new tokens, ids.shape[1]"
+            f"cache's length advances by the batch size instead of the tokens written: {BY_ROWS}"
         ), "knob:position_offset"
     if layers > 1 and n * layers != rows and all(s == n * layers for s in sizes):
         heads_right = all(
@@ -1486,23 +1489,8 @@ def test_cache_overflow_raises(spec, family):
         ),
         ("boundary",),
     )
-    two_rows = _steps_held_by_two_rows(spec, model, ids[:, : ctx - 2]) if held == 1 and ctx - 2 > 1 else None
-    if held == 1 and ctx - 2 > 1 and two_rows == 2:  # one row held 1, two rows 2: the batch size (held out 111)
-        causes = (f"likely cause: the cache's length advances by the batch size, not by the tokens: after one call of "
-                  f"{ctx - 2} tokens a cache of one row holds 1 time step and one of two rows holds 2 (cache_kv): a "
-                  "size read from the batch axis (ids.shape[0], or size(ids, 2) of a features-first [T, B] layout). "
-                  "Fix: advance it by the number of new tokens, ids.shape[1]",)  # fmt: skip
-        codes = ("knob:position_offset",)
-    elif held == 1 and ctx - 2 > 1 and two_rows in (1, None):  # one step held whatever the rows: a count per call
-        causes = (f"likely cause: the cache counts calls, not tokens: after one call of {ctx - 2} tokens it holds 1 "
-                  "time step (cache_kv), so its length advances by one per call instead of by the tokens written "
-                  "(or it keeps only the newest position). Fix: advance the cache's length (its index or offset) by "
-                  "the number of tokens each call writes",)  # fmt: skip
-        codes = ("knob:cache_contents",)
-    elif held == 1 and ctx - 2 > 1:
-        causes = (f"note: after one call of {ctx - 2} tokens a cache of one row holds 1 time step (cache_kv), and "
-                  f"one of two rows {two_rows}: the cache does not count the tokens written",)  # fmt: skip
-        codes = ()
+    if held == 1 and ctx - 2 > 1:  # one call of several tokens, one step held: a count per call, or of the rows
+        causes, codes = one_step_held(spec, model, ids[:, : ctx - 2])
     elif held != ctx - 2:  # the check may count right: the cache itself did not take the tokens
         causes = (f"note: after {ctx - 2} tokens the cache holds {held} time steps (cache_kv), so what it counts "
                   "is not what was fed: test_cached_logits_equal_full_forward tells more",)  # fmt: skip
@@ -1534,16 +1522,29 @@ def _continues(spec, model, ids, cached: int) -> bool:
         return False
 
 
-def _steps_held_by_two_rows(spec, model, ids) -> int | str | None:
-    """The time steps a new cache of two rows holds (``_steps_held``) after one call of ``ids``' row twice; None where
-    the call raises (a cache of one row is what the test made)."""
+def one_step_held(spec, model, ids) -> tuple[tuple[str], tuple[str, ...]]:
+    """``(causes, codes)`` where a cache of one row holds 1 time step after one call of ``ids`` (several tokens): a
+    new cache of two rows fed the row twice tells a count per call (1 again, or the call raising: held out 79) from a
+    count of the rows (2: held out 111)."""
     raw = spec.impl._subject  # unprobed: a side reading
+    n = ids.shape[1]
     try:
         cache = raw.new_cache(model, 2)
         raw.forward(model, ids.repeat(2, 1), cache)
+        two_rows = _steps_held(spec, cache)
     except Exception:  # noqa: BLE001 - a side reading; the test's own calls report crashes
-        return None
-    return _steps_held(spec, cache)
+        two_rows = None
+    if two_rows == 2:
+        return (f"likely cause: the cache's length advances by the batch size, not by the tokens: after one call of "
+                f"{n} tokens a cache of one row holds 1 time step and one of two rows holds 2 (cache_kv): {BY_ROWS}",
+                ), ("knob:position_offset",)  # fmt: skip
+    if two_rows in (1, None):
+        return (f"likely cause: the cache counts calls, not tokens: after one call of {n} tokens it holds 1 time step "
+                "(cache_kv), so its length advances by one per call instead of by the tokens written (or it keeps "
+                "only the newest position). Fix: advance the cache's length (its index or offset) by the number of "
+                "tokens each call writes",), ("knob:cache_contents",)  # fmt: skip
+    return (f"note: after one call of {n} tokens a cache of one row holds 1 time step (cache_kv), and one of two rows "
+            f"{two_rows}: the cache does not count the tokens written",), ()  # fmt: skip
 
 
 def _steps_held(spec, cache):
