@@ -104,6 +104,7 @@ from .model_variants import (
     heads_repeated,
     option_off,
     options_set,
+    other_float,
     shares_a_position,
     without,
 )
@@ -595,9 +596,7 @@ def _dtype_probes(args, kwargs) -> list[Probe]:
     if len(dtypes) != 1:
         return []
     (dtype,) = dtypes
-    # 16-bit as float32: code that mixes a float32 table or weight into a bfloat16 model raises only there
-    other = {torch.float64: torch.float32, torch.float32: torch.float64}.get(dtype)
-    other = torch.float32 if dtype in (torch.bfloat16, torch.float16) else other
+    other = other_float(dtype)
     if other is None:
         return []
     name = {t: str(t).removeprefix("torch.") for t in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}

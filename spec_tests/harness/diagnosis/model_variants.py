@@ -163,11 +163,11 @@ class Ledger:
         among the call's arguments made for it and refilled: where the model is not a torch module (crashes' own
         dtype probe copies modules) or a cache goes with it (a copy would meet the cache made for the original)."""
         dtype = str(options.get("dtype") or "").removeprefix("torch.")
-        other = {"float64": "float32", "float32": "float64", "bfloat16": "float32", "float16": "float32"}.get(dtype)
+        to = other_float(getattr(torch, dtype, None))
         cached = any(id(v) in self.caches for v in (*args, *kwargs.values()))
-        if other is None or (isinstance(model, torch.nn.Module) and not cached):
+        if to is None or (isinstance(model, torch.nn.Module) and not cached):
             return []
-        to = getattr(torch, other)
+        other = str(to).removeprefix("torch.")
 
         def cast(weights: dict) -> dict:
             return {k: v.to(to) if v.is_floating_point() else v for k, v in weights.items()}
@@ -423,6 +423,14 @@ class Ledger:
             return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
         return make
+
+
+def other_float(dtype) -> torch.dtype | None:
+    """The float dtype a crash is tried in instead of ``dtype``: float64 and float32 each other's, 16-bit ones float32
+    (code that mixes a float32 table or weight into a bfloat16 model raises only there); None for any other."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return {torch.float64: torch.float32, torch.float32: torch.float64}.get(dtype)
 
 
 def shares_a_position(held: torch.Tensor, filled: torch.Tensor) -> int:
